@@ -1,0 +1,6 @@
+// kiln's public C++ API: include this one header.
+#pragma once
+
+#include "kiln/config.h"
+#include "kiln/trainer.h"
+#include "kiln/version.h"

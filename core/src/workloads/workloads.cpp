@@ -1,0 +1,154 @@
+#include "kiln/workloads.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/modules/pooling.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+namespace kiln {
+namespace {
+
+namespace nn = torch::nn;
+
+struct CausalSelfAttentionImpl : nn::Module {
+  CausalSelfAttentionImpl(int64_t width, int64_t heads) : heads(heads) {
+    qkv = register_module("qkv", nn::Linear(width, 3 * width));
+    proj = register_module("proj", nn::Linear(width, width));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const auto B = x.size(0), T = x.size(1), C = x.size(2);
+    auto parts = qkv->forward(x).split(C, 2);
+    auto shape = [&](const at::Tensor& t) { return t.view({B, T, heads, C / heads}).transpose(1, 2); };
+    auto y = at::scaled_dot_product_attention(shape(parts[0]), shape(parts[1]), shape(parts[2]),
+                                              /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    return proj->forward(y.transpose(1, 2).contiguous().view({B, T, C}));
+  }
+  int64_t heads;
+  nn::Linear qkv{nullptr}, proj{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct BlockImpl : nn::Module {
+  BlockImpl(int64_t width, int64_t heads) {
+    ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({width})));
+    attn = register_module("attn", CausalSelfAttention(width, heads));
+    ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({width})));
+    fc = register_module("fc", nn::Linear(width, 4 * width));
+    out = register_module("out", nn::Linear(4 * width, width));
+  }
+  at::Tensor forward(at::Tensor x) {
+    x = x + attn->forward(ln1->forward(x));
+    return x + out->forward(at::gelu(fc->forward(ln2->forward(x))));
+  }
+  nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  nn::Linear fc{nullptr}, out{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct CharGptImpl : nn::Module {
+  CharGptImpl(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width) {
+    tok = register_module("tok", nn::Embedding(vocab, width));
+    pos = register_module("pos", nn::Embedding(context, width));
+    for (int64_t i = 0; i < layers; ++i)
+      blocks.push_back(register_module("block" + std::to_string(i), Block(width, heads)));
+    ln_f = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({width})));
+    head = register_module("head", nn::Linear(nn::LinearOptions(width, vocab).bias(false)));
+  }
+  at::Tensor forward(const at::Tensor& idx) {
+    const auto T = idx.size(1);
+    auto positions = at::arange(T, idx.options().dtype(at::kLong));
+    auto x = tok->forward(idx) + pos->forward(positions);
+    for (auto& b : blocks) x = b->forward(x);
+    return head->forward(ln_f->forward(x));
+  }
+  nn::Embedding tok{nullptr}, pos{nullptr};
+  std::vector<Block> blocks;
+  nn::LayerNorm ln_f{nullptr};
+  nn::Linear head{nullptr};
+};
+TORCH_MODULE(CharGpt);
+
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits, target);
+}
+
+}  // namespace
+
+const std::vector<std::string>& workload_names() {
+  static const std::vector<std::string> names = {"mlp", "cnn", "gpt"};
+  return names;
+}
+
+Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
+  const bool cuda = opts.device == "cuda";
+  if (!cuda && opts.device != "cpu")
+    throw std::invalid_argument("unknown device '" + opts.device + "'; use cpu or cuda");
+  const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  torch::manual_seed(opts.seed);
+  Workload w;
+  w.name = name;
+  if (name == "mlp") {
+    const int64_t B = opts.batch ? opts.batch : 256;
+    nn::Sequential net(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(),
+                       nn::Linear(512, 10));
+    net->to(device);
+    w.model = net.ptr();
+    w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
+    w.loss_fn = cross_entropy;
+    w.optimizer = std::make_unique<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    w.input = at::randn({B, 784}, at::TensorOptions(device));
+    w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
+  } else if (name == "cnn") {
+    const int64_t B = opts.batch ? opts.batch : 128;
+    auto conv = [](int64_t in, int64_t out, int64_t stride) {
+      return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
+    };
+    nn::Sequential net(conv(3, 32, 1), nn::BatchNorm2d(32), nn::ReLU(),
+                       conv(32, 64, 2), nn::BatchNorm2d(64), nn::ReLU(),
+                       conv(64, 128, 2), nn::BatchNorm2d(128), nn::ReLU(),
+                       nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(128, 10));
+    net->to(device);
+    w.model = net.ptr();
+    w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
+    w.loss_fn = cross_entropy;
+    w.optimizer = std::make_unique<torch::optim::SGD>(
+        net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    w.input = at::randn({B, 3, 32, 32}, at::TensorOptions(device));
+    w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
+  } else if (name == "gpt") {
+    const int64_t B = opts.batch ? opts.batch : (cuda ? 64 : 8);
+    const int64_t T = cuda ? 256 : 64;
+    CharGpt net(65, T, 6, 6, 384);
+    net->to(device);
+    w.model = net.ptr();
+    w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
+    w.loss_fn = [](const at::Tensor& logits, const at::Tensor& target) {
+      return cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+    };
+    w.optimizer = std::make_unique<torch::optim::AdamW>(
+        net->parameters(), torch::optim::AdamWOptions(1e-3));
+    w.input = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
+    w.target = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
+    w.autocast_bf16 = cuda;
+  } else {
+    throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
+  }
+  return w;
+}
+
+}  // namespace kiln
