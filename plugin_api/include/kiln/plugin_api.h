@@ -1,0 +1,428 @@
+/* kiln plugin ABI, version 1.0: the whole contract between the kiln host and a backend plugin.
+ *
+ * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
+ * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
+ * device memory, the cache directory, plugin options, eager ATen calls) and KilnPluginApi (what the
+ * plugin does: describe itself, say whether it can run here, claim graph nodes, compile them, run
+ * them). Everything that crosses is plain C: no C++ types, no exceptions, no LibTorch.
+ *
+ * Rules that keep old plugins working with new hosts and the reverse (docs/abi.md has the why):
+ *  - ABI major must match; minor is negotiated down to the smaller of the two sides.
+ *  - Every struct begins with `size_t struct_size`, which its writer sets to KILN_<NAME>_STRUCT_SIZE
+ *    (computed from the struct's last field). Fields are only ever added at the end. A reader that
+ *    knows a newer layout checks KILN_HAS_FIELD before reading a field the writer may not have had.
+ *  - Arrays of structs are passed as arrays of pointers, so a struct can grow without changing the
+ *    stride a reader uses.
+ *  - A NULL optional function means "not implemented"; it is never called.
+ *  - Errors are values: a function returns NULL on success or a KilnError* that the receiver owns
+ *    and frees through the error_destroy of the side that made it (the table it came from).
+ *  - Strings are UTF-8 and NUL-terminated. "Borrowed" pointers are valid only for the call they are
+ *    passed to unless stated otherwise.
+ *
+ * Changes are listed in plugin_api/CHANGELOG.md. This header compiles as C99 and as C++. */
+#ifndef KILN_PLUGIN_API_H_
+#define KILN_PLUGIN_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_ABI_VERSION_MAJOR 1
+#define KILN_ABI_VERSION_MINOR 0
+
+/* The one exported symbol. */
+#define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
+
+#if defined(_WIN32)
+#define KILN_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define KILN_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* Size of a struct up to and including `last_field`: what a writer puts in struct_size. */
+#define KILN_STRUCT_SIZE(type, last_field) \
+  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+/* Whether the struct behind `ptr` (which says its own struct_size) is new enough to have `field`. */
+#define KILN_HAS_FIELD(ptr, type, field) \
+  ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+
+/* Compile-time checks that work in C99 (no _Static_assert there) and in C++. */
+#if defined(__cplusplus)
+#define KILN_STATIC_ASSERT(cond, name) static_assert(cond, #name)
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define KILN_STATIC_ASSERT(cond, name) _Static_assert(cond, #name)
+#else
+#define KILN_STATIC_ASSERT(cond, name) typedef char kiln_static_assert_##name[(cond) ? 1 : -1]
+#endif
+
+/* Declares KILN_<NAME>_STRUCT_SIZE and checks that `last_field` really is the last field: a field
+ * added after it without updating the macro makes sizeof exceed the macro by at least 8 bytes, as
+ * every field that may be added is 8 bytes wide or packed into an 8-byte group (docs/abi.md). */
+#define KILN_CHECK_STRUCT_SIZE(type, size_macro)                                   \
+  KILN_STATIC_ASSERT(sizeof(type) >= (size_macro) && sizeof(type) - (size_macro) < 8, \
+                     type##_last_field_is_last)
+
+/* ---- Errors ---------------------------------------------------------------------------------- */
+
+/* Opaque. Made by either side; the receiver owns it and frees it with error_destroy from the table
+ * of the side that made it (KilnPluginApi for errors a plugin returns, KilnHostApi for errors a
+ * host service returns). */
+typedef struct KilnError KilnError;
+
+typedef int32_t KilnErrorCode;
+enum {
+  KILN_ERROR_UNKNOWN = 1,
+  KILN_ERROR_INVALID_ARGUMENT = 2, /* bad graph, bad option value, bad tensors */
+  KILN_ERROR_UNIMPLEMENTED = 3,    /* from compile: "run these nodes eagerly"; never fatal */
+  KILN_ERROR_UNAVAILABLE = 4,      /* a device or runtime this needs is not there */
+  KILN_ERROR_OUT_OF_MEMORY = 5,
+  KILN_ERROR_INTERNAL = 6,         /* a bug in whoever returned it */
+  KILN_ERROR_ABI_MISMATCH = 7      /* the other side speaks an ABI this side cannot */
+};
+
+/* ---- Enumerations (fixed-width values, never C enums in structs) ----------------------------- */
+
+typedef int32_t KilnDeviceKind;
+enum {
+  KILN_DEVICE_CPU = 0,
+  KILN_DEVICE_CUDA = 1,
+  KILN_DEVICE_GAUDI = 2,  /* Intel Gaudi (HPU) */
+  KILN_DEVICE_NEURON = 3  /* AWS Trainium / Inferentia */
+};
+#define KILN_DEVICE_KIND_BIT(kind) (1u << (uint32_t)(kind))
+#define KILN_DEVICE_MASK_CPU KILN_DEVICE_KIND_BIT(KILN_DEVICE_CPU)
+#define KILN_DEVICE_MASK_CUDA KILN_DEVICE_KIND_BIT(KILN_DEVICE_CUDA)
+#define KILN_DEVICE_MASK_GAUDI KILN_DEVICE_KIND_BIT(KILN_DEVICE_GAUDI)
+#define KILN_DEVICE_MASK_NEURON KILN_DEVICE_KIND_BIT(KILN_DEVICE_NEURON)
+
+/* The torch.compile modes, with PyTorch's meanings. */
+typedef int32_t KilnMode;
+enum {
+  KILN_MODE_DEFAULT = 0,
+  KILN_MODE_REDUCE_OVERHEAD = 1,
+  KILN_MODE_MAX_AUTOTUNE = 2,
+  KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS = 3
+};
+#define KILN_MODE_BIT(mode) (1u << (uint32_t)(mode))
+#define KILN_MODE_MASK_ALL 0xFu
+
+/* CPU instruction set features that the CPU has AND the OS has enabled (XCR0 checked). */
+#define KILN_CPU_ISA_AVX2 (1ull << 0)
+#define KILN_CPU_ISA_AVX512F (1ull << 1)
+#define KILN_CPU_ISA_AVX512_BF16 (1ull << 2)
+#define KILN_CPU_ISA_AMX_BF16 (1ull << 3)
+#define KILN_CPU_ISA_AMX_INT8 (1ull << 4)
+#define KILN_CPU_ISA_FMA (1ull << 5)
+#define KILN_CPU_ISA_AVX512_VNNI (1ull << 6)
+#define KILN_CPU_ISA_AMX_TILE (1ull << 7)
+
+typedef int32_t KilnLogLevel; /* same order as spdlog and kiln::LogLevel */
+enum {
+  KILN_LOG_TRACE = 0,
+  KILN_LOG_DEBUG = 1,
+  KILN_LOG_INFO = 2,
+  KILN_LOG_WARN = 3,
+  KILN_LOG_ERROR = 4,
+  KILN_LOG_CRITICAL = 5
+};
+
+/* DLPack 0.8+ type code for bool (DLPack 0.6 lacks it); ATen describes bool tensors with it. */
+#define KILN_DL_BOOL 6
+
+/* Layout and memory format arguments carry c10's numbering. */
+enum { KILN_LAYOUT_STRIDED = 0 };
+enum {
+  KILN_MEMORY_FORMAT_CONTIGUOUS = 0,
+  KILN_MEMORY_FORMAT_PRESERVE = 1,
+  KILN_MEMORY_FORMAT_CHANNELS_LAST = 2,
+  KILN_MEMORY_FORMAT_CHANNELS_LAST_3D = 3
+};
+
+/* ---- Devices --------------------------------------------------------------------------------- */
+
+/* One device found by kiln's hardware probe, as handed to KilnPluginApi.available. Every string is
+ * borrowed for the call and never NULL ("" when unknown); numbers are 0 when unknown or not
+ * meaningful for the kind. */
+typedef struct KilnDeviceInfo {
+  size_t struct_size;
+  KilnDeviceKind kind;           /* KILN_DEVICE_* */
+  int32_t index;                 /* ordinal among devices of this kind: CUDA ordinal, Gaudi accel
+                                    index, Neuron device index; CPU: socket, 0 for the first */
+  const char* name;              /* product name: "NVIDIA H200", "Intel(R) Xeon(R) Platinum 8480+",
+                                    "Gaudi2", "Trainium2" */
+  const char* vendor;            /* CPU: the CPUID vendor string ("GenuineIntel", "AuthenticAMD");
+                                    others: "NVIDIA", "Habana", "AWS" */
+  const char* pci_bus_id;        /* "0000:3b:00.0"; "" for the CPU */
+  uint32_t pci_vendor_id;        /* 0x10de NVIDIA, 0x1da3 Habana, 0x1d0f AWS; 0 for the CPU */
+  uint32_t pci_device_id;
+  int32_t compute_capability_major; /* CUDA only, e.g. 9 for sm_90 */
+  int32_t compute_capability_minor;
+  uint64_t total_memory_bytes;   /* device memory; CPU: installed system memory */
+  int32_t multiprocessor_count;  /* CUDA: SMs; CPU: logical processors; others: cores if known */
+  uint32_t reserved0;            /* 0; keeps cpu_isa 8-byte aligned */
+  uint64_t cpu_isa;              /* CPU only: KILN_CPU_ISA_* bits usable here (CPU and OS agree) */
+} KilnDeviceInfo;
+#define KILN_DEVICE_INFO_STRUCT_SIZE KILN_STRUCT_SIZE(KilnDeviceInfo, cpu_isa)
+KILN_CHECK_STRUCT_SIZE(KilnDeviceInfo, KILN_DEVICE_INFO_STRUCT_SIZE);
+
+/* The answer of KilnPluginApi.available. The host sets struct_size, reason and reason_capacity and
+ * zeroes the rest; the plugin fills the fields marked out. */
+typedef struct KilnAvailability {
+  size_t struct_size;
+  int32_t available;       /* out: nonzero when the plugin can run on these devices */
+  int32_t score;           /* out: preference among available plugins, higher first; 0 = neutral */
+  char* reason;            /* out: host-owned buffer of reason_capacity bytes; the plugin writes a
+                              NUL-terminated reason, why not or what it will use ("CUDA device 0
+                              (NVIDIA H200)"); truncated if longer */
+  size_t reason_capacity;
+} KilnAvailability;
+#define KILN_AVAILABILITY_STRUCT_SIZE KILN_STRUCT_SIZE(KilnAvailability, reason_capacity)
+KILN_CHECK_STRUCT_SIZE(KilnAvailability, KILN_AVAILABILITY_STRUCT_SIZE);
+
+/* ---- Graph view ------------------------------------------------------------------------------ */
+/* A read-only view of a pure (functionalized) graph of ATen ops, built by the host. All of it is
+ * borrowed: valid only during the call it is passed to; a plugin that needs it later copies it.
+ * Values are referred to by their index in KilnGraphView.values ("value index"). */
+
+/* A tensor value. */
+typedef struct KilnValue {
+  size_t struct_size;
+  int64_t id;                /* the host's own id for this value, for messages and dumps */
+  DLDataType dtype;          /* DLPack type; bool is {KILN_DL_BOOL, 8, 1} */
+  int32_t ndim;
+  DLDevice device;
+  const int64_t* shape;      /* ndim sizes; may be NULL when ndim == 0 */
+  const int64_t* strides;    /* ndim strides in elements; NULL means contiguous row-major */
+  int64_t storage_offset;    /* in elements, from the start of its storage; 0 if unknown */
+} KilnValue;
+#define KILN_VALUE_STRUCT_SIZE KILN_STRUCT_SIZE(KilnValue, storage_offset)
+KILN_CHECK_STRUCT_SIZE(KilnValue, KILN_VALUE_STRUCT_SIZE);
+
+typedef int32_t KilnArgTag;
+enum {
+  KILN_ARG_NONE = 0,          /* an omitted optional: None */
+  KILN_ARG_TENSOR = 1,        /* graph view: i = value index; call_eager: tensor */
+  KILN_ARG_TENSOR_LIST = 2,   /* graph view: ints[len] value indices, -1 for a None element of a
+                                 Tensor?[]; call_eager: tensors[len], NULL for None */
+  KILN_ARG_BOOL = 3,          /* i = 0 or 1 */
+  KILN_ARG_INT = 4,           /* i; also an integral Scalar */
+  KILN_ARG_DOUBLE = 5,        /* d; also a floating Scalar */
+  KILN_ARG_INT_LIST = 6,      /* ints[len]; also SymInt[] */
+  KILN_ARG_DOUBLE_LIST = 7,   /* doubles[len] */
+  KILN_ARG_BOOL_LIST = 8,     /* ints[len], each 0 or 1 */
+  KILN_ARG_STRING = 9,        /* s */
+  KILN_ARG_SCALAR_TYPE = 10,  /* dtype */
+  KILN_ARG_DEVICE = 11,       /* device */
+  KILN_ARG_LAYOUT = 12,       /* i = KILN_LAYOUT_* */
+  KILN_ARG_MEMORY_FORMAT = 13 /* i = KILN_MEMORY_FORMAT_* */
+};
+
+/* One argument of an ATen call, tagged. Fields not used by the tag are zero. */
+typedef struct KilnArg {
+  size_t struct_size;
+  KilnArgTag tag;              /* KILN_ARG_* */
+  DLDataType dtype;            /* SCALAR_TYPE */
+  const char* name;            /* the schema's argument name ("alpha"); never NULL */
+  int64_t i;                   /* TENSOR (value index), BOOL, INT, LAYOUT, MEMORY_FORMAT */
+  double d;                    /* DOUBLE */
+  const char* s;               /* STRING */
+  size_t len;                  /* element count of any *_LIST */
+  const int64_t* ints;         /* INT_LIST, BOOL_LIST, TENSOR_LIST (value indices) */
+  const double* doubles;       /* DOUBLE_LIST */
+  DLDevice device;             /* DEVICE */
+  const DLTensor* tensor;      /* call_eager only: TENSOR */
+  const DLTensor* const* tensors; /* call_eager only: TENSOR_LIST */
+} KilnArg;
+#define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, tensors)
+KILN_CHECK_STRUCT_SIZE(KilnArg, KILN_ARG_STRUCT_SIZE);
+
+/* One ATen call. */
+typedef struct KilnNode {
+  size_t struct_size;
+  int64_t id;                  /* the host's own id for this node, for messages and dumps */
+  const char* op;              /* qualified name with overload: "aten::add.Tensor", "aten::relu"
+                                  (the default overload has no suffix) */
+  const char* name;            /* the schema name alone: "aten::add" */
+  const char* overload;        /* the overload alone: "Tensor"; "" for the default */
+  size_t num_args;
+  const KilnArg* const* args;  /* EVERY argument of the schema, in schema order, defaults filled */
+  size_t num_inputs;
+  const int64_t* inputs;       /* value indices of the tensor arguments, in argument order (a
+                                  TENSOR_LIST's elements in place, None elements skipped) */
+  size_t num_outputs;
+  const int64_t* outputs;      /* value indices of the results, in the schema's return order (a
+                                  Tensor[] return contributes its elements in place) */
+} KilnNode;
+#define KILN_NODE_STRUCT_SIZE KILN_STRUCT_SIZE(KilnNode, outputs)
+KILN_CHECK_STRUCT_SIZE(KilnNode, KILN_NODE_STRUCT_SIZE);
+
+typedef struct KilnGraphView {
+  size_t struct_size;
+  size_t num_values;
+  const KilnValue* const* values;
+  size_t num_nodes;
+  const KilnNode* const* nodes; /* in a topological order */
+  size_t num_inputs;
+  const int64_t* inputs;        /* value indices, in the order execute() receives its inputs */
+  size_t num_outputs;
+  const int64_t* outputs;       /* value indices, in the order execute() writes its outputs */
+} KilnGraphView;
+#define KILN_GRAPH_VIEW_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphView, outputs)
+KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
+
+/* ---- Plugin descriptor ----------------------------------------------------------------------- */
+
+/* Owned by the plugin; lives as long as the plugin context it was returned with. */
+typedef struct KilnPluginDescriptor {
+  size_t struct_size;
+  const char* name;            /* required: [a-z0-9_]+, the name users select ("inductor") and the
+                                  key of its [plugin.<name>] option table */
+  const char* version;         /* required: the plugin's own version, "0.1.0" */
+  const char* vendor;          /* required: who made it */
+  const char* description;     /* optional (NULL): one line for `kiln plugins` */
+  uint32_t device_kinds;       /* KILN_DEVICE_MASK_* bits it can compile for; nonzero */
+  uint32_t modes;              /* KILN_MODE_BIT(KILN_MODE_*) bits it supports; includes default */
+  uint32_t concurrent_execution_safe; /* nonzero: execute() may run from several threads at once
+                                         (on the same or distinct executables) */
+  uint32_t reserved0;          /* 0 */
+} KilnPluginDescriptor;
+#define KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0)
+KILN_CHECK_STRUCT_SIZE(KilnPluginDescriptor, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE);
+
+/* ---- Compile and execute --------------------------------------------------------------------- */
+
+/* Opaque, made by compile and owned by the host, which frees it with executable_destroy. */
+typedef struct KilnExecutable KilnExecutable;
+
+/* One `key = value` of the plugin's [plugin.<name>] table, as strings. */
+typedef struct KilnOption {
+  size_t struct_size;
+  const char* key;
+  const char* value;
+} KilnOption;
+#define KILN_OPTION_STRUCT_SIZE KILN_STRUCT_SIZE(KilnOption, value)
+KILN_CHECK_STRUCT_SIZE(KilnOption, KILN_OPTION_STRUCT_SIZE);
+
+/* Borrowed for the compile call. */
+typedef struct KilnCompileOptions {
+  size_t struct_size;
+  KilnMode mode;               /* one the descriptor lists */
+  int32_t reserved0;           /* 0 */
+  size_t num_options;
+  const KilnOption* const* options; /* the plugin's [plugin.<name>] table; unknown keys should be
+                                       rejected with KILN_ERROR_INVALID_ARGUMENT */
+  const char* cache_dir;       /* where the plugin may keep compiled artifacts (its own subfolder
+                                  of it is best); never NULL */
+} KilnCompileOptions;
+#define KILN_COMPILE_OPTIONS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnCompileOptions, cache_dir)
+KILN_CHECK_STRUCT_SIZE(KilnCompileOptions, KILN_COMPILE_OPTIONS_STRUCT_SIZE);
+
+/* ---- Host services (the host's table, handed to kiln_plugin_init) ---------------------------- */
+
+/* Lives until the plugin's shutdown returns; every function is thread-safe. */
+typedef struct KilnHostApi {
+  size_t struct_size;
+  uint32_t abi_major;          /* the host's ABI version */
+  uint32_t abi_minor;
+  /* Errors the host returns to the plugin (from call_eager, device_alloc). Required. */
+  KilnErrorCode (*error_code)(const KilnError* error);
+  const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
+  void (*error_destroy)(KilnError* error);
+  void* host_ctx;              /* opaque; pass it back to the functions below */
+  /* Required. Routes to the host's logger "kiln.<plugin>"; `plugin` is the descriptor name. */
+  void (*log)(void* host_ctx, KilnLogLevel level, const char* plugin, const char* message);
+  /* Optional. Memory on `device` from LibTorch's allocator (CUDA: the caching allocator, ordered
+   * on `stream`, NULL for the current stream). *out is owned by the plugin until device_free. */
+  KilnError* (*device_alloc)(void* host_ctx, DLDevice device, size_t nbytes, void* stream,
+                             void** out);
+  void (*device_free)(void* host_ctx, DLDevice device, void* ptr);
+  /* Required. The compile cache directory; lives as long as the host table. */
+  const char* (*cache_dir)(void* host_ctx);
+  /* Required. The value of `key` in [plugin.<plugin>], or NULL when unset; the string lives as long
+   * as the host table. */
+  const char* (*get_option)(void* host_ctx, const char* plugin, const char* key);
+  /* Optional (NULL in hosts without LibTorch, e.g. `kiln plugins`). Runs ATen op `op`
+   * ("aten::mm", "aten::add.Tensor") eagerly through the dispatcher. `args` holds EVERY schema
+   * argument in order, tensors as KILN_ARG_TENSOR(_LIST) with `tensor(s)` set (wrapped, not
+   * copied). The results are copied into `outputs`, which the caller allocated with the results'
+   * shapes and dtypes, in the schema's return order. All borrowed for the call. */
+  KilnError* (*call_eager)(void* host_ctx, const char* op, const KilnArg* const* args,
+                           size_t num_args, DLTensor* outputs, size_t num_outputs);
+} KilnHostApi;
+#define KILN_HOST_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostApi, call_eager)
+KILN_CHECK_STRUCT_SIZE(KilnHostApi, KILN_HOST_API_STRUCT_SIZE);
+
+/* ---- Plugin API (the plugin's table, returned by kiln_plugin_init) --------------------------- */
+
+typedef struct KilnPluginApi {
+  /* The first six fields keep their place in every ABI major, so that a host can read the
+   * version of a plugin built for another major and the message of a failed init. */
+  size_t struct_size;
+  uint32_t abi_major;          /* the ABI the plugin was built for: KILN_ABI_VERSION_* */
+  uint32_t abi_minor;
+  KilnErrorCode (*error_code)(const KilnError* error);
+  const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
+  void (*error_destroy)(KilnError* error);
+
+  /* ABI 1.0. The table, the context and the descriptor live until shutdown returns. */
+  void* plugin_ctx;            /* opaque; passed back to every call below */
+  const KilnPluginDescriptor* descriptor; /* required */
+
+  /* Optional (NULL: available everywhere its device kinds are). Cheap: no device contexts, no
+   * compilation. `devices` is the hardware probe's list, borrowed. */
+  KilnError* (*available)(void* plugin_ctx, const KilnDeviceInfo* const* devices,
+                          size_t num_devices, KilnAvailability* out);
+
+  /* Required. The plugin writes the indices of the nodes it takes into `claimed_nodes` (capacity:
+   * graph->num_nodes entries, host-owned) and their count into *num_claimed. The host checks them:
+   * every index in range, no duplicates. */
+  KilnError* (*claim)(void* plugin_ctx, const KilnGraphView* graph, int64_t* claimed_nodes,
+                      size_t* num_claimed);
+
+  /* Required. Compiles a subgraph (its own inputs and outputs) into *out, owned by the host.
+   * KILN_ERROR_UNIMPLEMENTED means "run these nodes eagerly": the host does, and goes on. */
+  KilnError* (*compile)(void* plugin_ctx, const KilnGraphView* subgraph,
+                        const KilnCompileOptions* options, KilnExecutable** out);
+
+  /* Required. Runs `executable`. inputs[i] is subgraph input i; outputs[i] is subgraph output i,
+   * preallocated by the host with that value's dtype, shape and strides: the plugin writes into
+   * them and allocates nothing for them. `stream` is the device stream (cudaStream_t on CUDA; NULL
+   * means the default stream, always NULL on CPU). All borrowed for the call. */
+  KilnError* (*execute)(KilnExecutable* executable, const DLTensor* inputs, size_t num_inputs,
+                        DLTensor* outputs, size_t num_outputs, void* stream);
+
+  /* Required. Frees an executable; the host calls it once per executable, before shutdown. */
+  void (*executable_destroy)(KilnExecutable* executable);
+
+  /* Optional. Called once, after the last executable is destroyed and before the library is
+   * unloaded; frees plugin_ctx (and the table, if the plugin allocated it). */
+  void (*shutdown)(void* plugin_ctx);
+} KilnPluginApi;
+#define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, shutdown)
+KILN_CHECK_STRUCT_SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE);
+
+/* ---- Entry point ----------------------------------------------------------------------------- */
+
+/* The one symbol a plugin exports. `host` lives until shutdown returns. host_abi_major/minor are
+ * the host's version (also in host->abi_*). The plugin sets *out to its table, which lives until
+ * shutdown returns, and returns NULL; or it returns an error (code KILN_ERROR_ABI_MISMATCH when the
+ * majors differ) and still sets *out when it can, so that the host can read the message with
+ * (*out)->error_message and free it with (*out)->error_destroy. A host may call it more than once
+ * (one context per call, each ended by its own shutdown). */
+typedef KilnError* (*KilnPluginInitFn)(const KilnHostApi* host, uint32_t host_abi_major,
+                                       uint32_t host_abi_minor, const KilnPluginApi** out);
+
+KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_abi_major,
+                                               uint32_t host_abi_minor, const KilnPluginApi** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KILN_PLUGIN_API_H_ */
