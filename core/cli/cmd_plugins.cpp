@@ -1,5 +1,156 @@
+// `kiln plugins [--json] [--dir DIR]...`: every plugin file found, what it is, and whether it can run
+// on this machine (and why not); every file that failed to load, with the reason.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "kiln/config.h"
+#include "kiln/host_services.h"
+#include "kiln/plugin_registry.h"
 
 namespace kiln::cli {
-int cmd_plugins(int, char**) { return not_available_yet("plugins", "lands with the plugin ABI issue"); }
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_list(const std::string& comma_separated) {
+  std::string out = "[";
+  size_t start = 0;
+  bool first = true;
+  while (start < comma_separated.size()) {
+    size_t end = comma_separated.find(',', start);
+    if (end == std::string::npos) end = comma_separated.size();
+    out += (first ? "" : ", ") + json_string(comma_separated.substr(start, end - start));
+    first = false;
+    start = end + 1;
+  }
+  return out + "]";
+}
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n\n"
+               "Lists the backend plugins found in --dir directories, KILN_PLUGIN_PATH and kiln's own\n"
+               "plugin folder, with availability on this machine, and every file that failed to load.\n"
+               "  --json              a JSON array, one object per file\n"
+               "  --dir DIR           search DIR first (repeatable)\n"
+               "  --no-default-dirs   only the --dir directories\n");
+}
+
+}  // namespace
+
+int cmd_plugins(int argc, char** argv) {
+  bool json = false;
+  PluginSearchOptions search;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (a == "--dir" && i + 1 < argc) {
+      search.dirs.push_back(argv[++i]);
+    } else if (a.rfind("--dir=", 0) == 0) {
+      search.dirs.push_back(a.substr(6));
+    } else if (a == "--no-default-dirs") {
+      search.use_env = false;
+      search.use_builtin = false;
+    } else if (a == "--help" || a == "-h") {
+      usage(stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "kiln plugins: unknown argument '%s'\n\n", a.c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
+
+  TrainingArguments args;
+  args.apply_env();  // KILN_CACHE_DIR; KILN_PLUGIN_PATH is read by the search itself
+  auto host = HostServices::basic(args);
+  PluginRegistry reg = PluginRegistry::load(search, host);
+  // The CPU from /proc; where the hardware probe is linked its full device list goes here.
+  const std::vector<PluginDevice> devices = basic_cpu_devices();
+  DeviceInfoArray device_array(devices);
+
+  struct Row {
+    std::shared_ptr<LoadedPlugin> plugin;
+    PluginAvailability availability;
+  };
+  std::vector<Row> rows;
+  for (const auto& p : reg.plugins()) rows.push_back({p, p->available(device_array.data(), device_array.size())});
+
+  if (json) {
+    std::printf("[");
+    bool first = true;
+    for (const auto& r : rows) {
+      const auto& p = *r.plugin;
+      std::printf("%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
+                  "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
+                  "\"available\": %s, \"reason\": %s, \"path\": %s}",
+                  first ? "" : ",", json_string(p.name()).c_str(), json_string(p.version()).c_str(),
+                  json_string(p.vendor()).c_str(), json_string(p.description()).c_str(),
+                  json_string(p.abi_version()).c_str(), json_list(device_kinds_string(p.device_kinds())).c_str(),
+                  json_list(modes_string(p.modes())).c_str(), p.concurrent_execution_safe() ? "true" : "false",
+                  r.availability.available ? "true" : "false", json_string(r.availability.reason).c_str(),
+                  json_string(p.path()).c_str());
+      first = false;
+    }
+    for (const auto& f : reg.failures()) {
+      std::printf("%s\n  {\"loaded\": false, \"path\": %s, \"error\": %s}", first ? "" : ",",
+                  json_string(f.path).c_str(), json_string(f.message).c_str());
+      first = false;
+    }
+    std::printf("%s]\n", first ? "" : "\n");
+    return 0;
+  }
+
+  if (reg.searched_dirs().empty()) {
+    std::printf("no plugin directories to search (use --dir DIR or KILN_PLUGIN_PATH)\n");
+  } else {
+    std::printf("searched:");
+    for (const auto& d : reg.searched_dirs()) std::printf(" %s", d.c_str());
+    std::printf("\n\n");
+  }
+  if (rows.empty()) std::printf("no plugins found\n");
+  if (!rows.empty()) {
+    std::printf("%-20s %-9s %-8s %-4s %-24s %-55s %s\n", "NAME", "VERSION", "VENDOR", "ABI", "DEVICES", "MODES",
+                "AVAILABLE");
+    for (const auto& r : rows) {
+      const auto& p = *r.plugin;
+      std::printf("%-20s %-9s %-8s %-4s %-24s %-55s %s\n", p.name().c_str(), p.version().c_str(),
+                  p.vendor().c_str(), p.abi_version().c_str(), device_kinds_string(p.device_kinds()).c_str(),
+                  modes_string(p.modes()).c_str(), r.availability.available ? "yes" : "no");
+      std::printf("    %s\n", r.availability.reason.c_str());
+      std::printf("    %s\n", p.path().c_str());
+    }
+  }
+  if (!reg.failures().empty()) {
+    std::printf("\nnot loaded:\n");
+    for (const auto& f : reg.failures()) std::printf("  %s\n    %s\n", f.path.c_str(), f.message.c_str());
+  }
+  return 0;
+}
+
 }  // namespace kiln::cli

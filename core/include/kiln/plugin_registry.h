@@ -1,0 +1,202 @@
+// The plugin loader: finds libkiln_*.so-style backend plugins, loads them with Boost.DLL, checks the
+// ABI handshake and everything a plugin hands back, and wraps each in a LoadedPlugin. No LibTorch.
+//
+// Lifetimes: a LoadedPlugin holds its library and the host table; every PluginExecutable holds its
+// LoadedPlugin. So a library is unloaded only after the last object that could call into it is gone,
+// whatever order the owners are destroyed in.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kiln/host_services.h"
+#include "kiln/plugin_api.h"
+
+namespace boost::dll {
+class shared_library;
+}
+
+namespace kiln {
+
+// A plugin call failed or the plugin returned malformed data. code() is the plugin's error code
+// (KILN_ERROR_UNIMPLEMENTED from compile means "run these nodes eagerly"), or KILN_ERROR_INTERNAL
+// when the host rejected what the plugin returned.
+class PluginError : public std::runtime_error {
+ public:
+  PluginError(KilnErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  KilnErrorCode code() const { return code_; }
+
+ private:
+  KilnErrorCode code_;
+};
+
+// One device as plugins see it (the C++ twin of KilnDeviceInfo, owning its strings). The hardware
+// probe's devices are converted into these; see DeviceInfoArray for the C form.
+struct PluginDevice {
+  KilnDeviceKind kind = KILN_DEVICE_CPU;
+  int32_t index = 0;
+  std::string name;
+  std::string vendor;
+  std::string pci_bus_id;
+  uint32_t pci_vendor_id = 0;
+  uint32_t pci_device_id = 0;
+  int32_t compute_capability_major = 0;
+  int32_t compute_capability_minor = 0;
+  uint64_t total_memory_bytes = 0;
+  int32_t multiprocessor_count = 0;
+  uint64_t cpu_isa = 0;  // KILN_CPU_ISA_* bits
+};
+
+// The C form of a device list, valid as long as this object (it points into `devices`).
+class DeviceInfoArray {
+ public:
+  explicit DeviceInfoArray(std::vector<PluginDevice> devices);
+  DeviceInfoArray(const DeviceInfoArray&) = delete;
+  DeviceInfoArray& operator=(const DeviceInfoArray&) = delete;
+  const KilnDeviceInfo* const* data() const { return pointers_.data(); }
+  size_t size() const { return pointers_.size(); }
+
+ private:
+  std::vector<PluginDevice> devices_;
+  std::vector<KilnDeviceInfo> infos_;
+  std::vector<const KilnDeviceInfo*> pointers_;
+};
+
+// The CPU of this machine from /proc/cpuinfo and /proc/meminfo (vendor, model name, logical CPUs,
+// memory, ISA flags): the device list `kiln plugins` uses. The hardware probe's full list (CUDA,
+// Gaudi, Neuron) replaces it where the probe is linked.
+std::vector<PluginDevice> basic_cpu_devices();
+// Same, from a cpuinfo/meminfo text (tests).
+PluginDevice cpu_device_from_proc(const std::string& cpuinfo, const std::string& meminfo);
+
+std::string device_kinds_string(uint32_t mask);  // "cpu,cuda"
+std::string modes_string(uint32_t mask);         // "default,reduce-overhead"
+
+struct PluginAvailability {
+  bool available = false;
+  int32_t score = 0;
+  std::string reason;
+};
+
+class PluginExecutable;
+
+class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
+ public:
+  ~LoadedPlugin();
+  LoadedPlugin(const LoadedPlugin&) = delete;
+  LoadedPlugin& operator=(const LoadedPlugin&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& version() const { return version_; }
+  const std::string& vendor() const { return vendor_; }
+  const std::string& description() const { return description_; }
+  const std::string& path() const { return path_; }
+  uint32_t device_kinds() const { return device_kinds_; }  // KILN_DEVICE_MASK_*
+  uint32_t modes() const { return modes_; }                // KILN_MODE_BIT(...)
+  bool supports_mode(KilnMode mode) const { return (modes_ & KILN_MODE_BIT(mode)) != 0; }
+  bool concurrent_execution_safe() const { return concurrent_; }
+  uint32_t abi_major() const { return abi_major_; }  // what the plugin was built for
+  uint32_t abi_minor() const { return abi_minor_; }
+  uint32_t negotiated_minor() const { return negotiated_minor_; }
+  std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
+
+  // Never throws: an error from the plugin becomes "unavailable" with the plugin's message.
+  PluginAvailability available(const KilnDeviceInfo* const* devices, size_t num_devices) const;
+  PluginAvailability available(const std::vector<PluginDevice>& devices) const;
+
+  // The node indices the plugin takes, checked: in range and each at most once. Throws PluginError.
+  std::vector<int64_t> claim(const KilnGraphView& graph) const;
+
+  // Compiles a subgraph. Throws PluginError; code() == KILN_ERROR_UNIMPLEMENTED means "run eagerly".
+  std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode,
+                                            const std::map<std::string, std::string>& options,
+                                            const std::string& cache_dir) const;
+  // Same, with the options and cache dir from the host (TrainingArguments' [plugin.<name>] table).
+  std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode) const;
+
+  const KilnPluginApi* api() const { return api_; }
+
+ private:
+  friend class PluginLoader;
+  friend class PluginExecutable;
+  LoadedPlugin() = default;
+  // Reads and frees a plugin error; returns "message" and sets code.
+  std::string take_error(KilnError* error, KilnErrorCode* code) const;
+
+  // Declared first so they are destroyed last: the host table and the library outlive the context.
+  std::shared_ptr<boost::dll::shared_library> library_;
+  std::shared_ptr<const HostServices> host_;
+  const KilnPluginApi* api_ = nullptr;
+  std::string name_, version_, vendor_, description_, path_;
+  uint32_t device_kinds_ = 0, modes_ = 0;
+  bool concurrent_ = false;
+  uint32_t abi_major_ = 0, abi_minor_ = 0, negotiated_minor_ = 0;
+};
+
+// A compiled subgraph. Keeps its plugin (and so its library) alive.
+class PluginExecutable {
+ public:
+  ~PluginExecutable();
+  PluginExecutable(const PluginExecutable&) = delete;
+  PluginExecutable& operator=(const PluginExecutable&) = delete;
+
+  // outputs preallocated by the caller. Throws PluginError.
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               void* stream = nullptr) const;
+  const LoadedPlugin& plugin() const { return *plugin_; }
+
+ private:
+  friend class LoadedPlugin;
+  PluginExecutable(std::shared_ptr<const LoadedPlugin> plugin, KilnExecutable* exe)
+      : plugin_(std::move(plugin)), exe_(exe) {}
+  std::shared_ptr<const LoadedPlugin> plugin_;
+  KilnExecutable* exe_;
+};
+
+// A file that was found but not loaded, or a duplicate that was ignored.
+struct PluginLoadFailure {
+  std::string path;
+  std::string message;
+};
+
+struct PluginSearchOptions {
+  std::vector<std::string> dirs;  // configured plugin_dirs (TrainingArguments::plugin_dirs), first
+  bool use_env = true;            // then the directories in KILN_PLUGIN_PATH (':'-separated)
+  bool use_builtin = true;        // then the install's own plugin folder
+  bool search_current_dir = false;  // the working directory, last; never unless asked
+};
+
+// The install's own plugin folders that exist: <dir of the executable or libkiln>/../plugins (build
+// tree) and <dir>/../lib/kiln/plugins (installed).
+std::vector<std::string> builtin_plugin_dirs();
+// The directories a search would visit, in order, without duplicates.
+std::vector<std::string> plugin_search_dirs(const PluginSearchOptions& options);
+
+class PluginRegistry {
+ public:
+  // Visits every directory, tries every regular file ending in ".so" (sorted by name), keeps the
+  // first plugin of each name. Never throws for a bad file: it becomes a failure.
+  static PluginRegistry load(const PluginSearchOptions& options, std::shared_ptr<const HostServices> host);
+  static PluginRegistry load(const TrainingArguments& args, std::shared_ptr<const HostServices> host);
+
+  // One file (kiln conformance). Throws PluginError(KILN_ERROR_UNAVAILABLE, "<path>: <reason>").
+  static std::shared_ptr<LoadedPlugin> load_file(const std::string& path,
+                                                 std::shared_ptr<const HostServices> host);
+
+  const std::vector<std::shared_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
+  const std::vector<PluginLoadFailure>& failures() const { return failures_; }
+  const std::vector<std::string>& searched_dirs() const { return dirs_; }
+  std::shared_ptr<LoadedPlugin> find(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  std::vector<std::shared_ptr<LoadedPlugin>> plugins_;
+  std::vector<PluginLoadFailure> failures_;
+  std::vector<std::string> dirs_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,673 @@
+// The C++ layer over kiln/plugin_api.h for plugin authors. Header-only, C++17, no LibTorch.
+//
+// A plugin derives from kiln::plugin::Plugin, describes itself, and ends with
+// KILN_DEFINE_PLUGIN(MyPlugin). This layer fills the C function table, turns every exception into
+// a KilnError at the boundary (nothing thrown ever crosses into the host), and gives bounds-checked
+// views over the graph, the arguments and the tensors. The C header stays the contract: nothing
+// here changes what crosses the boundary.
+#pragma once
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kiln/plugin_api.h"
+
+// The concrete error type behind the opaque KilnError of this side of the boundary. Each side
+// (each plugin library, and the host) has its own copy; an error is only ever read and freed
+// through the table of the side that made it.
+struct KilnError {
+  KilnErrorCode code;
+  std::string message;
+};
+
+namespace kiln::plugin {
+
+// Thrown inside a plugin; becomes a KilnError with this code at the boundary.
+class Error : public std::runtime_error {
+ public:
+  Error(KilnErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  KilnErrorCode code() const { return code_; }
+
+ private:
+  KilnErrorCode code_;
+};
+
+// From compile: "I do not compile this (yet); run these nodes eagerly."
+class Unimplemented : public Error {
+ public:
+  explicit Unimplemented(const std::string& message) : Error(KILN_ERROR_UNIMPLEMENTED, message) {}
+};
+
+inline const char* error_code_name(KilnErrorCode code) {
+  switch (code) {
+    case KILN_ERROR_UNKNOWN: return "unknown";
+    case KILN_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case KILN_ERROR_UNIMPLEMENTED: return "unimplemented";
+    case KILN_ERROR_UNAVAILABLE: return "unavailable";
+    case KILN_ERROR_OUT_OF_MEMORY: return "out of memory";
+    case KILN_ERROR_INTERNAL: return "internal";
+    case KILN_ERROR_ABI_MISMATCH: return "ABI mismatch";
+    default: return "unrecognized error code";
+  }
+}
+
+inline const char* mode_name(KilnMode mode) {
+  switch (mode) {
+    case KILN_MODE_DEFAULT: return "default";
+    case KILN_MODE_REDUCE_OVERHEAD: return "reduce-overhead";
+    case KILN_MODE_MAX_AUTOTUNE: return "max-autotune";
+    case KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS: return "max-autotune-no-cudagraphs";
+    default: return "unknown";
+  }
+}
+
+inline const char* device_kind_name(KilnDeviceKind kind) {
+  switch (kind) {
+    case KILN_DEVICE_CPU: return "cpu";
+    case KILN_DEVICE_CUDA: return "cuda";
+    case KILN_DEVICE_GAUDI: return "gaudi";
+    case KILN_DEVICE_NEURON: return "neuron";
+    default: return "unknown";
+  }
+}
+
+// ---- dtypes --------------------------------------------------------------------------------
+
+inline bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+inline constexpr DLDataType dtype_float32() { return DLDataType{kDLFloat, 32, 1}; }
+inline bool is_float32(DLDataType t) { return same_dtype(t, dtype_float32()); }
+
+// "float32", "bfloat16", "int64", "bool", ...
+inline std::string dtype_name(DLDataType t) {
+  std::string base;
+  switch (t.code) {
+    case kDLInt: base = "int"; break;
+    case kDLUInt: base = "uint"; break;
+    case kDLFloat: base = "float"; break;
+    case kDLBfloat: base = "bfloat"; break;
+    case kDLComplex: base = "complex"; break;
+    case KILN_DL_BOOL: return t.lanes == 1 ? "bool" : "bool x" + std::to_string(t.lanes);
+    default: base = "code" + std::to_string(t.code) + "_"; break;
+  }
+  std::string s = base + std::to_string(t.bits);
+  if (t.lanes != 1) s += "x" + std::to_string(t.lanes);
+  return s;
+}
+
+namespace detail {
+
+// Preallocated so that running out of memory can still be reported; never freed.
+inline KilnError* out_of_memory_error() {
+  static KilnError oom{KILN_ERROR_OUT_OF_MEMORY, "out of memory"};
+  return &oom;
+}
+
+inline KilnError* make_error(KilnErrorCode code, const std::string& message) noexcept {
+  try {
+    return new KilnError{code, message};
+  } catch (...) {
+    return out_of_memory_error();
+  }
+}
+
+inline KilnErrorCode error_code(const KilnError* e) { return e ? e->code : KILN_ERROR_INTERNAL; }
+inline const char* error_message(const KilnError* e) { return e ? e->message.c_str() : ""; }
+inline void error_destroy(KilnError* e) {
+  if (e != out_of_memory_error()) delete e;
+}
+
+// Runs `f`; any exception becomes a KilnError (owned by the receiver). Nothing escapes.
+template <class F>
+KilnError* guard(F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (const Error& e) {
+    return make_error(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return out_of_memory_error();
+  } catch (const std::exception& e) {
+    return make_error(KILN_ERROR_INTERNAL, e.what());
+  } catch (...) {
+    return make_error(KILN_ERROR_INTERNAL, "unknown exception");
+  }
+}
+
+[[noreturn]] inline void invalid(const std::string& message) {
+  throw Error(KILN_ERROR_INVALID_ARGUMENT, message);
+}
+
+}  // namespace detail
+
+// ---- Tensors ------------------------------------------------------------------------------------
+
+// A non-owning view of a DLTensor (an execute input or output).
+class Tensor {
+ public:
+  explicit Tensor(const DLTensor* t) : t_(t) {
+    if (!t_) detail::invalid("null DLTensor");
+  }
+  const DLTensor* raw() const { return t_; }
+  int ndim() const { return t_->ndim; }
+  DLDataType dtype() const { return t_->dtype; }
+  DLDevice device() const { return t_->device; }
+  int64_t size(int d) const { return t_->shape[d]; }
+  std::vector<int64_t> shape() const { return std::vector<int64_t>(t_->shape, t_->shape + t_->ndim); }
+  // Strides in elements; DLPack's NULL strides mean contiguous row-major.
+  std::vector<int64_t> strides() const {
+    if (t_->strides) return std::vector<int64_t>(t_->strides, t_->strides + t_->ndim);
+    std::vector<int64_t> s(static_cast<size_t>(t_->ndim));
+    int64_t acc = 1;
+    for (int d = t_->ndim - 1; d >= 0; --d) {
+      s[static_cast<size_t>(d)] = acc;
+      acc *= t_->shape[d];
+    }
+    return s;
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < t_->ndim; ++d) n *= t_->shape[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    if (!t_->strides) return true;
+    int64_t acc = 1;
+    for (int d = t_->ndim - 1; d >= 0; --d) {
+      if (t_->shape[d] != 1 && t_->strides[d] != acc) return false;
+      acc *= t_->shape[d];
+    }
+    return true;
+  }
+  // The first element (byte_offset applied).
+  template <class T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<char*>(t_->data) + t_->byte_offset);
+  }
+
+ private:
+  const DLTensor* t_;
+};
+
+// ---- Graph view ---------------------------------------------------------------------------------
+
+class Value {
+ public:
+  Value(const KilnValue* v, int64_t index) : v_(v), index_(index) {}
+  const KilnValue* raw() const { return v_; }
+  int64_t index() const { return index_; }
+  int64_t id() const { return v_->id; }
+  DLDataType dtype() const { return v_->dtype; }
+  DLDevice device() const { return v_->device; }
+  int ndim() const { return v_->ndim; }
+  std::vector<int64_t> shape() const {
+    return v_->shape ? std::vector<int64_t>(v_->shape, v_->shape + v_->ndim) : std::vector<int64_t>();
+  }
+  std::vector<int64_t> strides() const {
+    if (v_->strides) return std::vector<int64_t>(v_->strides, v_->strides + v_->ndim);
+    std::vector<int64_t> s(static_cast<size_t>(v_->ndim));
+    int64_t acc = 1;
+    for (int d = v_->ndim - 1; d >= 0; --d) {
+      s[static_cast<size_t>(d)] = acc;
+      acc *= v_->shape[d];
+    }
+    return s;
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < v_->ndim; ++d) n *= v_->shape[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    if (!v_->strides) return true;
+    int64_t acc = 1;
+    for (int d = v_->ndim - 1; d >= 0; --d) {
+      if (v_->shape[d] != 1 && v_->strides[d] != acc) return false;
+      acc *= v_->shape[d];
+    }
+    return true;
+  }
+
+ private:
+  const KilnValue* v_;
+  int64_t index_;
+};
+
+class Arg {
+ public:
+  explicit Arg(const KilnArg* a) : a_(a) {}
+  const KilnArg* raw() const { return a_; }
+  KilnArgTag tag() const { return a_->tag; }
+  std::string name() const { return a_->name ? a_->name : ""; }
+  bool is_none() const { return a_->tag == KILN_ARG_NONE; }
+  bool is_tensor() const { return a_->tag == KILN_ARG_TENSOR; }
+  int64_t tensor_index() const { return expect(KILN_ARG_TENSOR, "a tensor"), a_->i; }
+  bool as_bool() const { return expect(KILN_ARG_BOOL, "a bool"), a_->i != 0; }
+  int64_t as_int() const { return expect(KILN_ARG_INT, "an int"), a_->i; }
+  // A number: INT or DOUBLE (a Scalar is either).
+  double as_double() const {
+    if (a_->tag == KILN_ARG_INT) return static_cast<double>(a_->i);
+    return expect(KILN_ARG_DOUBLE, "a number"), a_->d;
+  }
+  std::string as_string() const { return expect(KILN_ARG_STRING, "a string"), std::string(a_->s ? a_->s : ""); }
+  DLDataType as_dtype() const { return expect(KILN_ARG_SCALAR_TYPE, "a dtype"), a_->dtype; }
+  DLDevice as_device() const { return expect(KILN_ARG_DEVICE, "a device"), a_->device; }
+  std::vector<int64_t> as_ints() const {
+    if (a_->tag != KILN_ARG_INT_LIST && a_->tag != KILN_ARG_BOOL_LIST && a_->tag != KILN_ARG_TENSOR_LIST)
+      mismatch("an int list");
+    return a_->ints ? std::vector<int64_t>(a_->ints, a_->ints + a_->len) : std::vector<int64_t>();
+  }
+  std::vector<double> as_doubles() const {
+    expect(KILN_ARG_DOUBLE_LIST, "a double list");
+    return a_->doubles ? std::vector<double>(a_->doubles, a_->doubles + a_->len) : std::vector<double>();
+  }
+
+ private:
+  void expect(KilnArgTag tag, const char* what) const {
+    if (a_->tag != tag) mismatch(what);
+  }
+  [[noreturn]] void mismatch(const char* what) const {
+    detail::invalid("argument '" + name() + "' is not " + what + " (tag " + std::to_string(a_->tag) + ")");
+  }
+  const KilnArg* a_;
+};
+
+class Node {
+ public:
+  Node(const KilnNode* n, int64_t index) : n_(n), index_(index) {}
+  const KilnNode* raw() const { return n_; }
+  int64_t index() const { return index_; }
+  int64_t id() const { return n_->id; }
+  std::string op() const { return n_->op ? n_->op : ""; }          // "aten::add.Tensor"
+  std::string name() const { return n_->name ? n_->name : ""; }    // "aten::add"
+  std::string overload() const { return n_->overload ? n_->overload : ""; }
+  size_t num_args() const { return n_->num_args; }
+  Arg arg(size_t i) const {
+    if (i >= n_->num_args)
+      detail::invalid(op() + " has " + std::to_string(n_->num_args) + " arguments, no argument " + std::to_string(i));
+    return Arg(n_->args[i]);
+  }
+  std::optional<Arg> find_arg(const std::string& name) const {
+    for (size_t i = 0; i < n_->num_args; ++i)
+      if (n_->args[i]->name && name == n_->args[i]->name) return Arg(n_->args[i]);
+    return std::nullopt;
+  }
+  std::vector<int64_t> inputs() const { return std::vector<int64_t>(n_->inputs, n_->inputs + n_->num_inputs); }
+  std::vector<int64_t> outputs() const { return std::vector<int64_t>(n_->outputs, n_->outputs + n_->num_outputs); }
+
+ private:
+  const KilnNode* n_;
+  int64_t index_;
+};
+
+class Graph {
+ public:
+  explicit Graph(const KilnGraphView* g) : g_(g) {
+    if (!g_) detail::invalid("null graph view");
+  }
+  const KilnGraphView* raw() const { return g_; }
+  size_t num_values() const { return g_->num_values; }
+  size_t num_nodes() const { return g_->num_nodes; }
+  Value value(int64_t index) const {
+    if (index < 0 || static_cast<size_t>(index) >= g_->num_values)
+      detail::invalid("value index " + std::to_string(index) + " out of range (graph has " +
+                      std::to_string(g_->num_values) + " values)");
+    return Value(g_->values[index], index);
+  }
+  Node node(int64_t index) const {
+    if (index < 0 || static_cast<size_t>(index) >= g_->num_nodes)
+      detail::invalid("node index " + std::to_string(index) + " out of range (graph has " +
+                      std::to_string(g_->num_nodes) + " nodes)");
+    return Node(g_->nodes[index], index);
+  }
+  std::vector<int64_t> inputs() const { return std::vector<int64_t>(g_->inputs, g_->inputs + g_->num_inputs); }
+  std::vector<int64_t> outputs() const { return std::vector<int64_t>(g_->outputs, g_->outputs + g_->num_outputs); }
+
+ private:
+  const KilnGraphView* g_;
+};
+
+// ---- Devices ------------------------------------------------------------------------------------
+
+class Devices {
+ public:
+  Devices(const KilnDeviceInfo* const* devices, size_t n) : d_(devices), n_(n) {}
+  size_t size() const { return n_; }
+  const KilnDeviceInfo& operator[](size_t i) const { return *d_[i]; }
+  // The first device of `kind`, or nullptr.
+  const KilnDeviceInfo* first(KilnDeviceKind kind) const {
+    for (size_t i = 0; i < n_; ++i)
+      if (d_[i] && d_[i]->kind == kind) return d_[i];
+    return nullptr;
+  }
+  size_t count(KilnDeviceKind kind) const {
+    size_t c = 0;
+    for (size_t i = 0; i < n_; ++i) c += (d_[i] && d_[i]->kind == kind) ? 1 : 0;
+    return c;
+  }
+
+ private:
+  const KilnDeviceInfo* const* d_;
+  size_t n_;
+};
+
+// ---- Host services ------------------------------------------------------------------------------
+
+class Host {
+ public:
+  Host(const KilnHostApi* api, std::string plugin_name) : api_(api), plugin_(std::move(plugin_name)) {}
+  const KilnHostApi* raw() const { return api_; }
+
+  void log(KilnLogLevel level, const std::string& message) const {
+    if (api_ && api_->log) api_->log(api_->host_ctx, level, plugin_.c_str(), message.c_str());
+  }
+  void debug(const std::string& m) const { log(KILN_LOG_DEBUG, m); }
+  void info(const std::string& m) const { log(KILN_LOG_INFO, m); }
+  void warn(const std::string& m) const { log(KILN_LOG_WARN, m); }
+  void error(const std::string& m) const { log(KILN_LOG_ERROR, m); }
+
+  std::string cache_dir() const {
+    const char* d = api_ && api_->cache_dir ? api_->cache_dir(api_->host_ctx) : nullptr;
+    return d ? d : "";
+  }
+  std::optional<std::string> option(const std::string& key) const {
+    if (!api_ || !api_->get_option) return std::nullopt;
+    const char* v = api_->get_option(api_->host_ctx, plugin_.c_str(), key.c_str());
+    if (!v) return std::nullopt;
+    return std::string(v);
+  }
+
+  bool has_device_memory() const { return api_ && api_->device_alloc && api_->device_free; }
+  void* alloc(DLDevice device, size_t nbytes, void* stream = nullptr) const {
+    if (!has_device_memory()) throw Error(KILN_ERROR_UNIMPLEMENTED, "the host offers no device memory");
+    void* p = nullptr;
+    check(api_->device_alloc(api_->host_ctx, device, nbytes, stream, &p));
+    return p;
+  }
+  void free(DLDevice device, void* ptr) const {
+    if (has_device_memory() && ptr) api_->device_free(api_->host_ctx, device, ptr);
+  }
+
+  bool has_call_eager() const { return api_ && api_->call_eager; }
+  // Runs an ATen op eagerly; args hold every schema argument, tensors with `tensor(s)` set.
+  void call_eager(const std::string& op, const std::vector<KilnArg>& args, DLTensor* outputs,
+                  size_t num_outputs) const {
+    if (!has_call_eager()) throw Error(KILN_ERROR_UNIMPLEMENTED, "the host offers no call_eager");
+    std::vector<const KilnArg*> ptrs;
+    ptrs.reserve(args.size());
+    for (const auto& a : args) ptrs.push_back(&a);
+    check(api_->call_eager(api_->host_ctx, op.c_str(), ptrs.data(), ptrs.size(), outputs, num_outputs));
+  }
+
+  // Turns a host error into an exception, freeing it through the host's table.
+  void check(KilnError* e) const {
+    if (!e) return;
+    KilnErrorCode code = api_->error_code(e);
+    std::string msg = api_->error_message(e);
+    api_->error_destroy(e);
+    throw Error(code, msg);
+  }
+
+ private:
+  const KilnHostApi* api_;
+  std::string plugin_;
+};
+
+// Host memory owned RAII-style.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(const Host& host, DLDevice device, size_t nbytes, void* stream = nullptr)
+      : host_(&host), device_(device), ptr_(host.alloc(device, nbytes, stream)) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { host_->free(device_, ptr_); }
+  void* get() const { return ptr_; }
+
+ private:
+  const Host* host_;
+  DLDevice device_;
+  void* ptr_;
+};
+
+// Helpers for building call_eager arguments.
+inline KilnArg make_arg(KilnArgTag tag, const char* name) {
+  KilnArg a;
+  std::memset(&a, 0, sizeof a);
+  a.struct_size = KILN_ARG_STRUCT_SIZE;
+  a.tag = tag;
+  a.name = name;
+  return a;
+}
+inline KilnArg tensor_arg(const char* name, const DLTensor* t) {
+  KilnArg a = make_arg(KILN_ARG_TENSOR, name);
+  a.tensor = t;
+  return a;
+}
+inline KilnArg int_arg(const char* name, int64_t v) {
+  KilnArg a = make_arg(KILN_ARG_INT, name);
+  a.i = v;
+  return a;
+}
+inline KilnArg double_arg(const char* name, double v) {
+  KilnArg a = make_arg(KILN_ARG_DOUBLE, name);
+  a.d = v;
+  return a;
+}
+inline KilnArg bool_arg(const char* name, bool v) {
+  KilnArg a = make_arg(KILN_ARG_BOOL, name);
+  a.i = v ? 1 : 0;
+  return a;
+}
+inline KilnArg none_arg(const char* name) { return make_arg(KILN_ARG_NONE, name); }
+
+// ---- What a plugin implements -------------------------------------------------------------------
+
+struct Descriptor {
+  std::string name;
+  std::string version;
+  std::string vendor;
+  std::string description;
+  uint32_t device_kinds = 0;                       // KILN_DEVICE_MASK_*
+  uint32_t modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);  // KILN_MODE_BIT(...)
+  bool concurrent_execution_safe = false;
+};
+
+struct Availability {
+  bool available = false;
+  std::string reason;
+  int32_t score = 0;
+  static Availability yes(std::string reason, int32_t score = 0) { return {true, std::move(reason), score}; }
+  static Availability no(std::string reason) { return {false, std::move(reason), 0}; }
+};
+
+struct CompileOptions {
+  KilnMode mode = KILN_MODE_DEFAULT;
+  std::map<std::string, std::string> options;  // the [plugin.<name>] table
+  std::string cache_dir;
+};
+
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  // outputs are preallocated by the host; write into them.
+  virtual void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                       void* stream) = 0;
+};
+
+class Plugin {
+ public:
+  explicit Plugin(Host host) : host_(std::move(host)) {}
+  virtual ~Plugin() = default;
+  const Host& host() const { return host_; }
+
+  // Default: available (the host only offers devices of the kinds the descriptor lists).
+  virtual Availability available(const Devices&) { return Availability::yes(""); }
+  // Indices of the nodes this plugin takes.
+  virtual std::vector<int64_t> claim(const Graph& graph) = 0;
+  // Throw Unimplemented to have the host run the subgraph eagerly.
+  virtual std::unique_ptr<Executable> compile(const Graph& subgraph, const CompileOptions& options) = 0;
+
+ private:
+  Host host_;
+};
+
+}  // namespace kiln::plugin
+
+// The executable handle of plugins built on this layer.
+struct KilnExecutable {
+  std::unique_ptr<kiln::plugin::Executable> impl;
+};
+
+namespace kiln::plugin::detail {
+
+// The table returned when init fails before a context exists: only the frozen header, so that the
+// host can read the message and free the error.
+inline const KilnPluginApi* error_only_table() {
+  static const KilnPluginApi table = [] {
+    KilnPluginApi t;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = offsetof(KilnPluginApi, plugin_ctx);
+    t.abi_major = KILN_ABI_VERSION_MAJOR;
+    t.abi_minor = KILN_ABI_VERSION_MINOR;
+    t.error_code = &detail::error_code;
+    t.error_message = &detail::error_message;
+    t.error_destroy = &detail::error_destroy;
+    return t;
+  }();
+  return &table;
+}
+
+template <class P>
+struct PluginState {
+  KilnPluginApi api;
+  Descriptor desc;
+  KilnPluginDescriptor c_desc;
+  std::unique_ptr<P> plugin;
+};
+
+template <class P>
+KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_minor,
+                const KilnPluginApi** out) noexcept {
+  if (!out) return make_error(KILN_ERROR_INVALID_ARGUMENT, "kiln_plugin_init: out is NULL");
+  *out = error_only_table();
+  if (host_major != KILN_ABI_VERSION_MAJOR) {
+    return make_error(KILN_ERROR_ABI_MISMATCH,
+                      "plugin built for kiln plugin ABI " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." +
+                          std::to_string(KILN_ABI_VERSION_MINOR) + ", host speaks " +
+                          std::to_string(host_major) + "." + std::to_string(host_minor));
+  }
+  if (!host || host->struct_size < KILN_HOST_API_STRUCT_SIZE || !host->error_code ||
+      !host->error_message || !host->error_destroy) {
+    return make_error(KILN_ERROR_INVALID_ARGUMENT, "kiln_plugin_init: host table missing or too small");
+  }
+  PluginState<P>* state = nullptr;
+  KilnError* err = guard([&] {
+    auto s = std::make_unique<PluginState<P>>();
+    s->desc = P::describe();
+    s->plugin = std::make_unique<P>(Host(host, s->desc.name));
+    std::memset(&s->c_desc, 0, sizeof s->c_desc);
+    s->c_desc.struct_size = KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE;
+    s->c_desc.name = s->desc.name.c_str();
+    s->c_desc.version = s->desc.version.c_str();
+    s->c_desc.vendor = s->desc.vendor.c_str();
+    s->c_desc.description = s->desc.description.c_str();
+    s->c_desc.device_kinds = s->desc.device_kinds;
+    s->c_desc.modes = s->desc.modes;
+    s->c_desc.concurrent_execution_safe = s->desc.concurrent_execution_safe ? 1u : 0u;
+
+    KilnPluginApi& t = s->api;
+    std::memset(&t, 0, sizeof t);
+    t.struct_size = KILN_PLUGIN_API_STRUCT_SIZE;
+    t.abi_major = KILN_ABI_VERSION_MAJOR;
+    t.abi_minor = KILN_ABI_VERSION_MINOR;
+    t.error_code = &detail::error_code;
+    t.error_message = &detail::error_message;
+    t.error_destroy = &detail::error_destroy;
+    t.plugin_ctx = s.get();
+    t.descriptor = &s->c_desc;
+    t.available = [](void* ctx, const KilnDeviceInfo* const* devices, size_t n,
+                     KilnAvailability* result) -> KilnError* {
+      return guard([&] {
+        if (!result) invalid("available: out is NULL");
+        auto* st = static_cast<PluginState<P>*>(ctx);
+        Availability a = st->plugin->available(Devices(devices, n));
+        result->available = a.available ? 1 : 0;
+        result->score = a.score;
+        if (result->reason && result->reason_capacity > 0)
+          std::snprintf(result->reason, result->reason_capacity, "%s", a.reason.c_str());
+      });
+    };
+    t.claim = [](void* ctx, const KilnGraphView* graph, int64_t* claimed, size_t* num_claimed) -> KilnError* {
+      return guard([&] {
+        if (!claimed && graph && graph->num_nodes > 0) invalid("claim: claimed_nodes is NULL");
+        if (!num_claimed) invalid("claim: num_claimed is NULL");
+        *num_claimed = 0;
+        auto* st = static_cast<PluginState<P>*>(ctx);
+        Graph g(graph);
+        std::vector<int64_t> nodes = st->plugin->claim(g);
+        if (nodes.size() > g.num_nodes())
+          throw Error(KILN_ERROR_INTERNAL, "claim: more claims than nodes");
+        for (size_t i = 0; i < nodes.size(); ++i) claimed[i] = nodes[i];
+        *num_claimed = nodes.size();
+      });
+    };
+    t.compile = [](void* ctx, const KilnGraphView* graph, const KilnCompileOptions* options,
+                   KilnExecutable** result) -> KilnError* {
+      return guard([&] {
+        if (!result) invalid("compile: out is NULL");
+        *result = nullptr;
+        auto* st = static_cast<PluginState<P>*>(ctx);
+        CompileOptions o;
+        if (options) {
+          o.mode = options->mode;
+          for (size_t i = 0; i < options->num_options; ++i) {
+            const KilnOption* kv = options->options[i];
+            if (kv && kv->key) o.options[kv->key] = kv->value ? kv->value : "";
+          }
+          if (options->cache_dir) o.cache_dir = options->cache_dir;
+        }
+        std::unique_ptr<Executable> exe = st->plugin->compile(Graph(graph), o);
+        if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
+        auto box = std::make_unique<KilnExecutable>();
+        box->impl = std::move(exe);
+        *result = box.release();
+      });
+    };
+    t.execute = [](KilnExecutable* exe, const DLTensor* inputs, size_t n_in, DLTensor* outputs,
+                   size_t n_out, void* stream) -> KilnError* {
+      return guard([&] {
+        if (!exe || !exe->impl) invalid("execute: null executable");
+        exe->impl->execute(inputs, n_in, outputs, n_out, stream);
+      });
+    };
+    t.executable_destroy = [](KilnExecutable* exe) { delete exe; };
+    t.shutdown = [](void* ctx) { delete static_cast<PluginState<P>*>(ctx); };
+    state = s.release();
+  });
+  if (err) return err;
+  *out = &state->api;
+  return nullptr;
+}
+
+}  // namespace kiln::plugin::detail
+
+// Defines the plugin's one exported symbol for a kiln::plugin::Plugin subclass that has
+// `static kiln::plugin::Descriptor describe();` and a constructor taking kiln::plugin::Host.
+#define KILN_DEFINE_PLUGIN(PluginClass)                                                              \
+  extern "C" KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(                                         \
+      const KilnHostApi* host, uint32_t host_abi_major, uint32_t host_abi_minor,                     \
+      const KilnPluginApi** out) {                                                                   \
+    return ::kiln::plugin::detail::init<PluginClass>(host, host_abi_major, host_abi_minor, out);     \
+  }
