@@ -1,0 +1,532 @@
+// The loader: every bad file is reported with its path and exact reason, nothing a plugin returns is
+// trusted, libraries stay loaded while their objects live, and the search never touches the working
+// directory unless asked. Also the five in-tree backends' descriptors and availability reasons.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "graph_builder.h"
+#include "kiln/plugin_registry.h"
+
+namespace fs = std::filesystem;
+using kiln::test::GraphBuilder;
+
+namespace {
+
+const std::string kCorpus = KILN_BAD_CORPUS;
+const std::string kGood = KILN_GOOD_DIR;
+const std::string kBuiltin = KILN_BUILTIN_PLUGIN_DIR;
+
+std::shared_ptr<kiln::HostServices> test_host() {
+  return kiln::HostServices::basic("/tmp/kiln-loader-test-cache", {{"c_identity", {{"block", "128"}}}});
+}
+
+kiln::PluginSearchOptions only(std::vector<std::string> dirs) {
+  kiln::PluginSearchOptions o;
+  o.dirs = std::move(dirs);
+  o.use_env = false;
+  o.use_builtin = false;
+  return o;
+}
+
+// The message for the file named `filename`, or "<not reported>".
+std::string failure_for(const kiln::PluginRegistry& reg, const std::string& filename) {
+  for (const auto& f : reg.failures())
+    if (fs::path(f.path).filename() == filename) return f.message;
+  return "<not reported>";
+}
+
+// A fresh empty directory under the test's temp dir.
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("kiln_loader_test_" + std::to_string(getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// A graph of three float32 elementwise nodes over [4] tensors.
+void three_node_graph(GraphBuilder& g) {
+  int64_t a = g.value({4}), b = g.value({4}), c = g.value({4}), d = g.value({4}), e = g.value({4});
+  g.node("aten::mul.Tensor", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", b)}, {c});
+  g.node("aten::relu", {GraphBuilder::tensor("self", c)}, {d});
+  g.node("aten::neg", {GraphBuilder::tensor("self", d)}, {e});
+  g.inputs({a, b});
+  g.outputs({e});
+}
+
+bool library_is_loaded(const std::string& path) {
+  void* h = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (h) dlclose(h);
+  return h != nullptr;
+}
+
+class EnvGuard {
+ public:
+  explicit EnvGuard(const char* name) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+  }
+  ~EnvGuard() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+// ---- the bad-plugin corpus ----------------------------------------------------------------------
+
+TEST(Loader, ReportsEmptyFileWithDlerrorText) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_empty.so"),
+            "not a loadable library: " + kCorpus + "/libkiln_empty.so: file too short");
+}
+
+TEST(Loader, ReportsTextFileNamedSoWithDlerrorText) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_text.so"),
+            "not a loadable library: " + kCorpus + "/libkiln_text.so: invalid ELF header");
+}
+
+TEST(Loader, RejectsLibraryWithoutEntrySymbol) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_no_entry.so"), "not a kiln plugin: no symbol 'kiln_plugin_init'");
+}
+
+TEST(Loader, RejectsPluginWithNewerMajorAbi) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_bad_abi_major.so"),
+            "plugin ABI 2.0 does not match kiln's plugin ABI 1.0 (major versions must be equal)");
+}
+
+TEST(Loader, ReportsInitFailureWithPluginMessage) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_bad_init_fails.so"),
+            "kiln_plugin_init failed (unavailable: license server license.example:27000 unreachable)");
+}
+
+TEST(Loader, RejectsUndersizedFunctionTable) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_bad_undersized.so"),
+            "function table too small: struct_size 40, ABI 1.0 needs " + std::to_string(KILN_PLUGIN_API_STRUCT_SIZE));
+}
+
+TEST(Loader, RejectsNullDescriptorName) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_bad_null_name.so"), "descriptor.name is NULL");
+}
+
+TEST(Loader, RejectsNullRequiredFunction) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_EQ(failure_for(reg, "libkiln_bad_null_execute.so"), "required function 'execute' is NULL");
+}
+
+TEST(Loader, CorpusLoadsOnlyTheWellFormedLibrariesAndReportsEveryOtherFile) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  auto names = reg.names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"bad_claims", "bad_compile_fails", "bad_duplicate_claims"}));
+  std::vector<std::string> failed;
+  for (const auto& f : reg.failures()) {
+    EXPECT_EQ(fs::path(f.path).parent_path(), fs::path(kCorpus)) << f.path;
+    failed.push_back(fs::path(f.path).filename().string());
+  }
+  std::sort(failed.begin(), failed.end());
+  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_bad_abi_major.so", "libkiln_bad_init_fails.so",
+                                              "libkiln_bad_null_execute.so", "libkiln_bad_null_name.so",
+                                              "libkiln_bad_undersized.so", "libkiln_empty.so",
+                                              "libkiln_no_entry.so", "libkiln_text.so"}));
+}
+
+TEST(Loader, LoadFileThrowsWithPathAndReason) {
+  try {
+    kiln::PluginRegistry::load_file(kCorpus + "/libkiln_no_entry.so", test_host());
+    FAIL() << "no exception";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), kCorpus + "/libkiln_no_entry.so: not a kiln plugin: no symbol 'kiln_plugin_init'");
+    EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
+  }
+}
+
+TEST(Loader, RejectsClaimsOfNodesThatDoNotExist) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  auto p = reg.find("bad_claims");
+  ASSERT_TRUE(p);
+  GraphBuilder g;
+  three_node_graph(g);
+  try {
+    p->claim(*g.view());
+    FAIL() << "claims accepted";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), "plugin 'bad_claims' claimed node 7, but the graph has 3 nodes (0..2)");
+    EXPECT_EQ(e.code(), KILN_ERROR_INTERNAL);
+  }
+}
+
+TEST(Loader, RejectsClaimingANodeTwice) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  auto p = reg.find("bad_duplicate_claims");
+  ASSERT_TRUE(p);
+  GraphBuilder g;
+  three_node_graph(g);
+  try {
+    p->claim(*g.view());
+    FAIL() << "claims accepted";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), "plugin 'bad_duplicate_claims' claimed node 0 twice");
+  }
+}
+
+TEST(Loader, ReportsCompileFailureWithPluginCodeAndMessage) {
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  auto p = reg.find("bad_compile_fails");
+  ASSERT_TRUE(p);
+  GraphBuilder g;
+  three_node_graph(g);
+  try {
+    p->compile(*g.view(), KILN_MODE_DEFAULT);
+    FAIL() << "compile succeeded";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), "plugin 'bad_compile_fails': compile failed (invalid argument): node 0 "
+                                     "(aten::mul.Tensor): float64 is not supported");
+    EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT);
+  }
+}
+
+// ---- well-formed plugins ------------------------------------------------------------------------
+
+TEST(Loader, ReadsDescriptorOfCPlugin) {
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  EXPECT_TRUE(reg.failures().empty());
+  auto p = reg.find("c_identity");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->version(), "1.2.3");
+  EXPECT_EQ(p->vendor(), "kiln tests");
+  EXPECT_EQ(p->description(), "a C plugin for the loader tests");
+  EXPECT_EQ(p->device_kinds(), KILN_DEVICE_MASK_CPU);
+  EXPECT_EQ(kiln::modes_string(p->modes()), "default,max-autotune");
+  EXPECT_TRUE(p->concurrent_execution_safe());
+  EXPECT_EQ(p->abi_version(), "1.0");
+  EXPECT_EQ(p->path(), kGood + "/libkiln_c_identity.so");
+}
+
+TEST(Loader, NegotiatesMinorVersionDownToTheHosts) {
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  auto p = reg.find("c_newer_minor");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->abi_version(), "1.7");
+  EXPECT_EQ(p->negotiated_minor(), 0u);
+}
+
+TEST(Loader, ClaimsAreReturnedInThePluginsOrder) {
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  GraphBuilder g;
+  three_node_graph(g);
+  EXPECT_EQ(reg.find("c_identity")->claim(*g.view()), (std::vector<int64_t>{0, 1, 2}));
+}
+
+TEST(Loader, RejectsModeThePluginDoesNotSupport) {
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  GraphBuilder g;
+  three_node_graph(g);
+  try {
+    reg.find("c_identity")->compile(*g.view(), KILN_MODE_REDUCE_OVERHEAD);
+    FAIL() << "compile accepted an unsupported mode";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "plugin 'c_identity' does not support mode 'reduce-overhead' (it supports default,max-autotune)");
+  }
+}
+
+TEST(Loader, KeepsLibraryLoadedWhileAnExecutableLives) {
+  const std::string path = kGood + "/libkiln_c_identity.so";
+  ASSERT_FALSE(library_is_loaded(path));
+  std::unique_ptr<kiln::PluginExecutable> exe;
+  {
+    auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+    GraphBuilder g;
+    three_node_graph(g);
+    exe = reg.find("c_identity")->compile(*g.view(), KILN_MODE_DEFAULT);
+  }  // registry, plugin and host handle gone; only the executable is left
+  ASSERT_TRUE(library_is_loaded(path));
+
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-10.f, 10.f);
+  std::vector<float> in(6), out(6, 0.f);
+  for (auto& v : in) v = dist(rng);
+  int64_t shape[] = {2, 3};
+  DLTensor tin{in.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  DLTensor tout{out.data(), {kDLCPU, 0}, 2, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  exe->execute(&tin, 1, &tout, 1);
+  EXPECT_EQ(out, in);
+
+  exe.reset();
+  EXPECT_FALSE(library_is_loaded(path));
+}
+
+TEST(Loader, ReportsExecuteErrorsWithPluginMessage) {
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  GraphBuilder g;
+  three_node_graph(g);
+  auto exe = reg.find("c_identity")->compile(*g.view(), KILN_MODE_DEFAULT);
+  try {
+    exe->execute(nullptr, 1, nullptr, 0);
+    FAIL() << "no error";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "plugin 'c_identity': execute failed (invalid argument): inputs and outputs differ in count");
+  }
+}
+
+TEST(Loader, ReportsDuplicateNameAndKeepsTheFirst) {
+  fs::path a = fresh_dir("dup_a"), b = fresh_dir("dup_b");
+  fs::copy_file(kGood + "/libkiln_c_identity.so", a / "libkiln_c_identity.so");
+  fs::copy_file(kGood + "/libkiln_c_identity.so", b / "libkiln_c_identity.so");
+  auto reg = kiln::PluginRegistry::load(only({a.string(), b.string()}), test_host());
+  ASSERT_EQ(reg.plugins().size(), 1u);
+  EXPECT_EQ(reg.plugins()[0]->path(), (a / "libkiln_c_identity.so").string());
+  ASSERT_EQ(reg.failures().size(), 1u);
+  EXPECT_EQ(reg.failures()[0].path, (b / "libkiln_c_identity.so").string());
+  EXPECT_EQ(reg.failures()[0].message, "duplicate plugin name 'c_identity': kept " +
+                                           (a / "libkiln_c_identity.so").string() + ", ignored this one");
+}
+
+TEST(Loader, LoadsTheSameFileOnceWhenTwoSearchDirsNameIt) {
+  auto reg = kiln::PluginRegistry::load(only({kGood, kGood + "/."}), test_host());
+  EXPECT_EQ(reg.plugins().size(), 2u);  // c_identity and c_newer_minor, once each
+  EXPECT_TRUE(reg.failures().empty());
+}
+
+TEST(Loader, NeverSearchesTheCurrentDirectoryUnlessAsked) {
+  EnvGuard env("KILN_PLUGIN_PATH");
+  unsetenv("KILN_PLUGIN_PATH");
+  fs::path cwd_dir = fresh_dir("cwd");
+  fs::copy_file(kGood + "/libkiln_c_identity.so", cwd_dir / "libkiln_c_identity.so");
+  fs::path old = fs::current_path();
+  fs::current_path(cwd_dir);
+  kiln::PluginSearchOptions o;
+  o.use_builtin = false;
+  auto reg = kiln::PluginRegistry::load(o, test_host());
+  EXPECT_FALSE(reg.find("c_identity"));
+  EXPECT_TRUE(reg.searched_dirs().empty());
+  o.search_current_dir = true;
+  auto reg2 = kiln::PluginRegistry::load(o, test_host());
+  EXPECT_TRUE(reg2.find("c_identity"));
+  fs::current_path(old);
+}
+
+TEST(Loader, SearchesKilnPluginPathAfterConfiguredDirs) {
+  EnvGuard env("KILN_PLUGIN_PATH");
+  setenv("KILN_PLUGIN_PATH", ("/nonexistent/kiln/plugins:" + kGood).c_str(), 1);
+  kiln::PluginSearchOptions o;
+  o.dirs = {kCorpus};
+  o.use_builtin = false;
+  EXPECT_EQ(kiln::plugin_search_dirs(o),
+            (std::vector<std::string>{kCorpus, "/nonexistent/kiln/plugins", kGood}));
+  auto reg = kiln::PluginRegistry::load(o, test_host());
+  EXPECT_TRUE(reg.find("c_identity"));
+  EXPECT_TRUE(reg.find("bad_claims"));
+}
+
+TEST(Loader, FindsBuiltinPluginFolderNextToTheExecutable) {
+  auto dirs = kiln::builtin_plugin_dirs();
+  ASSERT_FALSE(dirs.empty());
+  EXPECT_EQ(fs::canonical(dirs[0]), fs::canonical(kBuiltin));
+}
+
+// ---- the five in-tree backends ------------------------------------------------------------------
+
+namespace {
+
+kiln::PluginDevice intel_cpu() {
+  kiln::PluginDevice d;
+  d.kind = KILN_DEVICE_CPU;
+  d.name = "Intel(R) Xeon(R) Platinum 8480+";
+  d.vendor = "GenuineIntel";
+  d.multiprocessor_count = 224;
+  d.cpu_isa = KILN_CPU_ISA_AVX2 | KILN_CPU_ISA_AVX512F | KILN_CPU_ISA_AMX_BF16;
+  return d;
+}
+
+kiln::PluginDevice accelerator(KilnDeviceKind kind, const char* name) {
+  kiln::PluginDevice d;
+  d.kind = kind;
+  d.name = name;
+  d.pci_bus_id = "0000:3b:00.0";
+  d.compute_capability_major = kind == KILN_DEVICE_CUDA ? 9 : 0;
+  return d;
+}
+
+const kiln::PluginRegistry& builtin_registry() {
+  static auto host = test_host();
+  static kiln::PluginRegistry reg = kiln::PluginRegistry::load(only({kBuiltin}), host);
+  return reg;
+}
+
+std::string availability(const std::string& plugin, const std::vector<kiln::PluginDevice>& devices) {
+  auto p = builtin_registry().find(plugin);
+  if (!p) return "<not loaded>";
+  auto a = p->available(devices);
+  return std::string(a.available ? "yes: " : "no: ") + a.reason;
+}
+
+}  // namespace
+
+TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
+  const auto& reg = builtin_registry();
+  for (const auto& f : reg.failures()) ADD_FAILURE() << f.path << ": " << f.message;
+  struct Expect {
+    const char* name;
+    const char* kinds;
+    const char* modes;
+  } expected[] = {
+      {"inductor", "cpu,cuda", "default,reduce-overhead,max-autotune,max-autotune-no-cudagraphs"},
+      {"cudagraphs", "cuda", "default,reduce-overhead"},
+      {"ipex", "cpu", "default,max-autotune-no-cudagraphs"},
+      {"hpu_backend", "gaudi", "default"},
+      {"neuron", "neuron", "default"},
+  };
+  for (const auto& e : expected) {
+    auto p = reg.find(e.name);
+    ASSERT_TRUE(p) << e.name;
+    EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), e.kinds) << e.name;
+    EXPECT_EQ(kiln::modes_string(p->modes()), e.modes) << e.name;
+    EXPECT_EQ(p->vendor(), "kiln");
+    EXPECT_EQ(p->abi_version(), "1.0");
+    EXPECT_EQ(fs::path(p->path()).filename(), std::string("libkiln_") + e.name + ".so");
+  }
+}
+
+TEST(InTreeBackends, CompileAnswersUnimplementedSoNodesRunEagerly) {
+  GraphBuilder g;
+  three_node_graph(g);
+  for (const char* name : {"inductor", "cudagraphs", "ipex", "hpu_backend", "neuron"}) {
+    auto p = builtin_registry().find(name);
+    ASSERT_TRUE(p) << name;
+    EXPECT_TRUE(p->claim(*g.view()).empty()) << name;
+    try {
+      p->compile(*g.view(), KILN_MODE_DEFAULT);
+      ADD_FAILURE() << name << " compiled";
+    } catch (const kiln::PluginError& e) {
+      EXPECT_EQ(e.code(), KILN_ERROR_UNIMPLEMENTED) << name << ": " << e.what();
+    }
+  }
+}
+
+TEST(InTreeBackends, InductorRunsOnAnyCpuOrCuda) {
+  EXPECT_EQ(availability("inductor", {intel_cpu()}), "yes: CPU Intel(R) Xeon(R) Platinum 8480+");
+  EXPECT_EQ(availability("inductor", {intel_cpu(), accelerator(KILN_DEVICE_CUDA, "NVIDIA H200")}),
+            "yes: 1 CUDA device(s), first NVIDIA H200 (sm_90); CPU Intel(R) Xeon(R) Platinum 8480+");
+  EXPECT_EQ(availability("inductor", {}), "no: no CPU or CUDA device in the device list");
+}
+
+TEST(InTreeBackends, CudagraphsNeedsACudaDevice) {
+  EXPECT_EQ(availability("cudagraphs", {intel_cpu()}), "no: needs a CUDA device; none found");
+  EXPECT_EQ(availability("cudagraphs", {intel_cpu(), accelerator(KILN_DEVICE_CUDA, "NVIDIA H200")}),
+            "yes: 1 CUDA device(s), first NVIDIA H200");
+}
+
+TEST(InTreeBackends, IpexNeedsAnX86Cpu) {
+  EXPECT_EQ(availability("ipex", {intel_cpu()}), "yes: GenuineIntel CPU, bf16 kernels on (AVX-512-BF16/AMX)");
+  auto amd = intel_cpu();
+  amd.vendor = "AuthenticAMD";
+  amd.cpu_isa = KILN_CPU_ISA_AVX2;
+  EXPECT_EQ(availability("ipex", {amd}), "yes: AuthenticAMD CPU, bf16 kernels off (no AVX-512-BF16 or AMX)");
+  auto arm = intel_cpu();
+  arm.vendor = "ARM implementer 0x41";
+  EXPECT_EQ(availability("ipex", {arm}),
+            "no: needs an x86 CPU (GenuineIntel or AuthenticAMD); this CPU's vendor is 'ARM implementer 0x41'");
+  EXPECT_EQ(availability("ipex", {}), "no: needs an x86 CPU; the device list has no CPU");
+}
+
+TEST(InTreeBackends, HpuBackendNamesTheMissingDeviceAndRuntime) {
+  // This machine has no Synapse runtime, so the runtime part is always missing here.
+  ASSERT_EQ(dlopen("libSynapse.so", RTLD_LAZY | RTLD_NOLOAD), nullptr);
+  const std::string no_lib = "libSynapse.so cannot be loaded (libSynapse.so: cannot open shared object file: No such file or directory)";
+  EXPECT_EQ(availability("hpu_backend", {intel_cpu()}), "no: no Intel Gaudi device found, and " + no_lib);
+  EXPECT_EQ(availability("hpu_backend", {intel_cpu(), accelerator(KILN_DEVICE_GAUDI, "Gaudi2")}),
+            "no: Intel Gaudi device found, but " + no_lib);
+}
+
+TEST(InTreeBackends, NeuronNamesTheMissingDeviceAndRuntime) {
+  const std::string no_lib = "libnrt.so cannot be loaded (libnrt.so: cannot open shared object file: No such file or directory)";
+  EXPECT_EQ(availability("neuron", {intel_cpu()}), "no: no AWS Neuron device found, and " + no_lib);
+  EXPECT_EQ(availability("neuron", {intel_cpu(), accelerator(KILN_DEVICE_NEURON, "Trainium2")}),
+            "no: AWS Neuron device found, but " + no_lib);
+}
+
+// ---- devices and host ---------------------------------------------------------------------------
+
+TEST(Devices, ReadsCpuFromProcFiles) {
+  const std::string cpuinfo =
+      "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6430\n"
+      "flags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile amx_bf16\n\n"
+      "processor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Gold 6430\n"
+      "flags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile amx_bf16\n";
+  const std::string meminfo = "MemTotal:       16384000 kB\nMemFree:         1000 kB\n";
+  kiln::PluginDevice d = kiln::cpu_device_from_proc(cpuinfo, meminfo);
+  EXPECT_EQ(d.kind, KILN_DEVICE_CPU);
+  EXPECT_EQ(d.vendor, "GenuineIntel");
+  EXPECT_EQ(d.name, "Intel(R) Xeon(R) Gold 6430");
+  EXPECT_EQ(d.multiprocessor_count, 2);
+  EXPECT_EQ(d.total_memory_bytes, 16384000ull * 1024);
+  EXPECT_EQ(d.cpu_isa, KILN_CPU_ISA_AVX2 | KILN_CPU_ISA_FMA | KILN_CPU_ISA_AVX512F | KILN_CPU_ISA_AVX512_BF16 |
+                           KILN_CPU_ISA_AMX_TILE | KILN_CPU_ISA_AMX_BF16);
+}
+
+TEST(Devices, ConvertsToCStructsWithSizesAndStrings) {
+  kiln::DeviceInfoArray arr({intel_cpu(), accelerator(KILN_DEVICE_CUDA, "NVIDIA H200")});
+  ASSERT_EQ(arr.size(), 2u);
+  EXPECT_EQ(arr.data()[0]->struct_size, KILN_DEVICE_INFO_STRUCT_SIZE);
+  EXPECT_STREQ(arr.data()[0]->vendor, "GenuineIntel");
+  EXPECT_STREQ(arr.data()[1]->pci_bus_id, "0000:3b:00.0");
+  EXPECT_EQ(arr.data()[1]->kind, KILN_DEVICE_CUDA);
+  EXPECT_EQ(arr.data()[1]->compute_capability_major, 9);
+}
+
+TEST(HostServices, BasicHostServesOptionsCacheDirAndCpuMemory) {
+  auto host = test_host();
+  const KilnHostApi* api = host->api();
+  EXPECT_EQ(api->struct_size, KILN_HOST_API_STRUCT_SIZE);
+  EXPECT_STREQ(api->get_option(api->host_ctx, "c_identity", "block"), "128");
+  EXPECT_EQ(api->get_option(api->host_ctx, "c_identity", "missing"), nullptr);
+  EXPECT_EQ(api->get_option(api->host_ctx, "other", "block"), nullptr);
+  EXPECT_STREQ(api->cache_dir(api->host_ctx), "/tmp/kiln-loader-test-cache");
+  EXPECT_EQ(api->call_eager, nullptr);
+
+  void* p = nullptr;
+  ASSERT_EQ(api->device_alloc(api->host_ctx, DLDevice{kDLCPU, 0}, 1000, nullptr, &p), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  std::memset(p, 1, 1000);
+  api->device_free(api->host_ctx, DLDevice{kDLCPU, 0}, p);
+
+  KilnError* err = api->device_alloc(api->host_ctx, DLDevice{kDLCUDA, 0}, 1000, nullptr, &p);
+  ASSERT_NE(err, nullptr);
+  EXPECT_EQ(api->error_code(err), KILN_ERROR_UNAVAILABLE);
+  EXPECT_STREQ(api->error_message(err), "device_alloc: this host only allocates CPU memory (device type 2)");
+  api->error_destroy(err);
+  EXPECT_EQ(p, nullptr);
+}
+
+namespace {
+// Removes the directories fresh_dir made.
+class TempCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(fs::temp_directory_path() / ("kiln_loader_test_" + std::to_string(getpid())), ec);
+  }
+};
+const auto* const kTempCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
+}  // namespace
