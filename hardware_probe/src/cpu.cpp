@@ -120,12 +120,14 @@ IsaFeatures isa_from_flags(const std::set<std::string>& flags) {
   // already OS-checked; AMX additionally needs the per-process permission, which a described
   // machine cannot be asked for.
   IsaFeatures f;
+  f.fma = flags.count("fma") > 0;
   f.avx2 = flags.count("avx2") > 0;
   f.avx512f = flags.count("avx512f") > 0;
   f.avx512_bf16 = f.avx512f && flags.count("avx512_bf16") > 0;
-  const bool tile = flags.count("amx_tile") > 0;
-  f.amx_bf16 = tile && flags.count("amx_bf16") > 0;
-  f.amx_int8 = tile && flags.count("amx_int8") > 0;
+  f.avx512_vnni = f.avx512f && flags.count("avx512_vnni") > 0;
+  f.amx_tile = flags.count("amx_tile") > 0;
+  f.amx_bf16 = f.amx_tile && flags.count("amx_bf16") > 0;
+  f.amx_int8 = f.amx_tile && flags.count("amx_int8") > 0;
   return f;
 }
 
@@ -157,6 +159,18 @@ Device describe_cpu(const Tree& t, const ProbeOptions& options) {
     cpu.cores = info.cores.empty() ? info.processors : static_cast<int>(info.cores.size());
   }
   read_caches(t, cpu);
+  if (auto meminfo = read_attr(t, t.at("/proc/meminfo"))) {
+    std::istringstream in(*meminfo);
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key) {
+      if (key == "MemTotal:" && in >> kib >> unit) {
+        cpu.memory_bytes = kib * 1024;
+        break;
+      }
+      in.ignore(1 << 12, '\n');
+    }
+  }
 
   std::optional<CpuidLeaves> leaves = options.cpuid;
   if (!leaves && t.live) leaves = read_cpuid();

@@ -22,10 +22,12 @@ namespace {
 constexpr uint32_t bit(int n) { return 1u << n; }
 
 // CPUID bits (Intel SDM vol. 2A, CPUID; AMD APM vol. 3).
+constexpr uint32_t kLeaf1EcxFma = bit(12);
 constexpr uint32_t kLeaf1EcxOsxsave = bit(27);
 constexpr uint32_t kLeaf1EcxAvx = bit(28);
 constexpr uint32_t kLeaf7EbxAvx2 = bit(5);
 constexpr uint32_t kLeaf7EbxAvx512f = bit(16);
+constexpr uint32_t kLeaf7EcxAvx512Vnni = bit(11);
 constexpr uint32_t kLeaf7EdxAmxBf16 = bit(22);
 constexpr uint32_t kLeaf7EdxAmxTile = bit(24);
 constexpr uint32_t kLeaf7EdxAmxInt8 = bit(25);
@@ -60,6 +62,7 @@ CpuidLeaves read_cpuid() {
   if (l.max_leaf >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     l.leaf7_ebx = b;
+    l.leaf7_ecx = c;
     l.leaf7_edx = d;
     const unsigned max_subleaf = a;
     if (max_subleaf >= 1) {
@@ -95,9 +98,11 @@ IsaFeatures decode_isa(const CpuidLeaves& l) {
   const bool has7 = l.max_leaf >= 7;
 
   const bool cpu_avx = (l.leaf1_ecx & kLeaf1EcxAvx) != 0;
+  const bool cpu_fma = cpu_avx && (l.leaf1_ecx & kLeaf1EcxFma);
   const bool cpu_avx2 = has7 && cpu_avx && (l.leaf7_ebx & kLeaf7EbxAvx2);
   const bool cpu_avx512f = has7 && (l.leaf7_ebx & kLeaf7EbxAvx512f);
   const bool cpu_avx512_bf16 = cpu_avx512f && (l.leaf7_1_eax & kLeaf7_1EaxAvx512Bf16);
+  const bool cpu_avx512_vnni = cpu_avx512f && (l.leaf7_ecx & kLeaf7EcxAvx512Vnni);
   const bool cpu_tile = has7 && (l.leaf7_edx & kLeaf7EdxAmxTile);
   const bool cpu_amx_bf16 = cpu_tile && (l.leaf7_edx & kLeaf7EdxAmxBf16);
   const bool cpu_amx_int8 = cpu_tile && (l.leaf7_edx & kLeaf7EdxAmxInt8);
@@ -110,14 +115,17 @@ IsaFeatures decode_isa(const CpuidLeaves& l) {
     out = cpu && os;
     if (cpu && !os) f.disabled_by_os.push_back(std::string(name) + ": CPUID reports it but " + why);
   };
+  gate(cpu_fma, ymm_on, "fma", no_ymm, f.fma);
   gate(cpu_avx2, ymm_on, "avx2", no_ymm, f.avx2);
   gate(cpu_avx512f, zmm_on, "avx512f", no_zmm, f.avx512f);
   gate(cpu_avx512_bf16, zmm_on, "avx512_bf16", no_zmm, f.avx512_bf16);
+  gate(cpu_avx512_vnni, zmm_on, "avx512_vnni", no_zmm, f.avx512_vnni);
 
   std::string no_amx;
   if (!tile_on) no_amx = "XCR0 does not enable the tile state (bits 17-18)";
   else if (!l.amx_permission) no_amx = "Linux refused the AMX permission (arch_prctl ARCH_REQ_XCOMP_PERM)";
   const bool amx_on = tile_on && l.amx_permission;
+  gate(cpu_tile, amx_on, "amx_tile", no_amx, f.amx_tile);
   gate(cpu_amx_bf16, amx_on, "amx_bf16", no_amx, f.amx_bf16);
   gate(cpu_amx_int8, amx_on, "amx_int8", no_amx, f.amx_int8);
   return f;

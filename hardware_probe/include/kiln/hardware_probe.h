@@ -27,8 +27,9 @@ struct CpuidLeaves {
   bool valid = false;             // false off x86 or when CPUID is unusable
   std::string vendor;             // leaf 0: "GenuineIntel", "AuthenticAMD"
   uint32_t max_leaf = 0;          // leaf 0 eax
-  uint32_t leaf1_ecx = 0;         // bit 27 OSXSAVE, bit 28 AVX
+  uint32_t leaf1_ecx = 0;         // bit 12 FMA, bit 27 OSXSAVE, bit 28 AVX
   uint32_t leaf7_ebx = 0;         // subleaf 0: bit 5 AVX2, bit 16 AVX512F
+  uint32_t leaf7_ecx = 0;         // subleaf 0: bit 11 AVX512_VNNI
   uint32_t leaf7_edx = 0;         // subleaf 0: bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8
   uint32_t leaf7_1_eax = 0;       // subleaf 1: bit 5 AVX512_BF16
   uint64_t xcr0 = 0;              // xgetbv(0); meaningful only when OSXSAVE is set
@@ -39,9 +40,12 @@ struct CpuidLeaves {
 CpuidLeaves read_cpuid();
 
 struct IsaFeatures {
+  bool fma = false;
   bool avx2 = false;
   bool avx512f = false;
   bool avx512_bf16 = false;
+  bool avx512_vnni = false;
+  bool amx_tile = false;
   bool amx_bf16 = false;
   bool amx_int8 = false;
   // Features the CPU has but the OS has not enabled, each with why ("avx512f: CPUID reports it
@@ -64,6 +68,7 @@ struct CpuProps {
   uint64_t l1d_bytes = 0;  // per core
   uint64_t l2_bytes = 0;   // per core (or per cluster, as sysfs reports it)
   uint64_t l3_bytes = 0;   // per cache instance, usually per socket or per CCX
+  uint64_t memory_bytes = 0;  // installed system memory (MemTotal)
   IsaFeatures isa;
   std::string isa_source;  // "cpuid" (live, OS-checked) or "proc/cpuinfo flags" (a tree)
 };

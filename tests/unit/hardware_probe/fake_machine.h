@@ -23,6 +23,7 @@ struct CpuSpec {
   int threads_per_core = 2;
   std::string flags = "fpu sse sse2 avx avx2 avx512f avx512_bf16 amx_tile amx_bf16 amx_int8";
   std::string l1d = "48K", l2 = "2048K", l3 = "107520K";
+  unsigned long long mem_kib = 2113470464ull;  // ~2 TiB
 };
 
 class FakeMachine {
@@ -69,6 +70,8 @@ class FakeMachine {
           write(topo + "core_id", std::to_string(core) + "\n");
         }
     write("/proc/cpuinfo", info);
+    write("/proc/meminfo", "MemTotal:       " + std::to_string(s.mem_kib) +
+                               " kB\nMemFree:        1000 kB\n");
     cache(0, 1, "Data", s.l1d);
     cache(1, 1, "Instruction", "32K");
     cache(2, 2, "Unified", s.l2);

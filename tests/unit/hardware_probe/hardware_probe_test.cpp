@@ -61,6 +61,7 @@ TEST(Probe, ReportsOnlyTheCpuOnCpuOnlyTree) {
   spec.l1d = "32K";
   spec.l2 = "1024K";
   spec.l3 = "32768K";
+  spec.mem_kib = 1584882688ull;
   m.cpu(spec);
   auto r = probe_tree(m);
 
@@ -77,6 +78,8 @@ TEST(Probe, ReportsOnlyTheCpuOnCpuOnlyTree) {
   EXPECT_EQ(cpu.cpu.l1d_bytes, 32u * 1024);
   EXPECT_EQ(cpu.cpu.l2_bytes, 1024u * 1024);
   EXPECT_EQ(cpu.cpu.l3_bytes, 32u * 1024 * 1024);
+  EXPECT_EQ(cpu.cpu.memory_bytes, 1584882688ull * 1024);
+  EXPECT_FALSE(cpu.cpu.isa.fma);  // not in this tree's flags
   EXPECT_TRUE(cpu.cpu.isa.avx2);
   EXPECT_TRUE(cpu.cpu.isa.avx512f);
   EXPECT_TRUE(cpu.cpu.isa.avx512_bf16);
@@ -413,8 +416,9 @@ CpuidLeaves sapphire_rapids(uint64_t xcr0, bool amx_permission = true) {
   l.valid = true;
   l.vendor = "GenuineIntel";
   l.max_leaf = 0x20;
-  l.leaf1_ecx = (1u << 27) | (1u << 28);             // OSXSAVE, AVX
+  l.leaf1_ecx = (1u << 12) | (1u << 27) | (1u << 28); // FMA, OSXSAVE, AVX
   l.leaf7_ebx = (1u << 5) | (1u << 16);              // AVX2, AVX512F
+  l.leaf7_ecx = 1u << 11;                            // AVX512_VNNI
   l.leaf7_edx = (1u << 22) | (1u << 24) | (1u << 25);  // AMX-BF16, AMX-TILE, AMX-INT8
   l.leaf7_1_eax = 1u << 5;                           // AVX512_BF16
   l.xcr0 = xcr0;
@@ -426,7 +430,9 @@ constexpr uint64_t kX87Sse = 0x3, kAvx = 0x4, kZmm = 0xe0, kTile = 0x60000;
 TEST(Isa, Avx512FromCpuidWithoutXcr0ZmmStateIsNotReported) {
   auto f = kiln::hw::decode_isa(sapphire_rapids(kX87Sse | kAvx));
   EXPECT_TRUE(f.avx2);
+  EXPECT_TRUE(f.fma);
   EXPECT_FALSE(f.avx512f);
+  EXPECT_FALSE(f.avx512_vnni);
   EXPECT_FALSE(f.avx512_bf16);
   EXPECT_FALSE(f.amx_bf16);
   EXPECT_FALSE(f.amx_int8);
@@ -444,9 +450,12 @@ TEST(Isa, PartialZmmStateIsNotEnough) {
 
 TEST(Isa, EverythingReportedWhenTheOsEnablesAllState) {
   auto f = kiln::hw::decode_isa(sapphire_rapids(kX87Sse | kAvx | kZmm | kTile));
+  EXPECT_TRUE(f.fma);
   EXPECT_TRUE(f.avx2);
   EXPECT_TRUE(f.avx512f);
   EXPECT_TRUE(f.avx512_bf16);
+  EXPECT_TRUE(f.avx512_vnni);
+  EXPECT_TRUE(f.amx_tile);
   EXPECT_TRUE(f.amx_bf16);
   EXPECT_TRUE(f.amx_int8);
   EXPECT_TRUE(f.disabled_by_os.empty());
@@ -508,6 +517,8 @@ TEST(Isa, LiveCpuidAgreesWithTheKernelsFlags) {
   EXPECT_EQ(isa.avx2, has("avx2"));
   EXPECT_EQ(isa.avx512f, has("avx512f"));
   EXPECT_EQ(isa.avx512_bf16, has("avx512_bf16"));
+  EXPECT_EQ(isa.fma, has("fma"));
+  EXPECT_EQ(isa.avx512_vnni, has("avx512_vnni"));
   EXPECT_EQ(isa.amx_bf16, has("amx_bf16") && has("amx_tile"));
 }
 
