@@ -1,4 +1,41 @@
-# Installs the SDK: the plugin API headers, the CMake package `kiln` (kiln::plugin_api and
-# kiln_add_plugin), and the `kiln` tool.
-install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/plugin_api/include/kiln DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# Installs kiln in two components:
+#   sdk   the plugin API headers and the CMake package `kiln` (target kiln::plugin_api and the
+#         kiln_add_plugin function), everything a third party needs to build a backend;
+#   tool  the `kiln` command, libkiln, and the in-tree backends in <prefix>/lib/kiln/plugins,
+#         where the loader looks relative to the executable.
+# `cmake --install build --prefix P` installs both; `--component sdk` only the SDK.
+include(CMakePackageConfigHelpers)
+
+set(KILN_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/kiln)
+# Fixed, not CMAKE_INSTALL_LIBDIR: the loader finds it as <dir of bin/kiln>/../lib/kiln/plugins.
+set(KILN_INSTALL_PLUGINDIR lib/kiln/plugins)
+
+# ---- sdk ----
+install(FILES
+  ${PROJECT_SOURCE_DIR}/plugin_api/include/kiln/plugin_api.h
+  ${PROJECT_SOURCE_DIR}/plugin_api/include/kiln/plugin_api.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kiln COMPONENT sdk)
+set_target_properties(kiln_plugin_api PROPERTIES EXPORT_NAME plugin_api)
+install(TARGETS kiln_plugin_api EXPORT kilnTargets COMPONENT sdk)
+install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR} COMPONENT sdk)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kilnConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/kilnConfig.cmake INSTALL_DESTINATION ${KILN_INSTALL_CMAKEDIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
+install(FILES
+  ${PROJECT_BINARY_DIR}/kilnConfig.cmake
+  ${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake
+  ${PROJECT_SOURCE_DIR}/cmake/KilnPlugin.cmake
+  DESTINATION ${KILN_INSTALL_CMAKEDIR} COMPONENT sdk)
+
+# ---- tool ----
+# The installed tool finds libkiln next to it and LibTorch where it was linked from.
+set_target_properties(kiln_cli kiln PROPERTIES
+  INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}"
+  INSTALL_RPATH_USE_LINK_PATH TRUE)
+install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tool)
+install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT tool)
+get_property(_kiln_in_tree_plugins GLOBAL PROPERTY KILN_IN_TREE_PLUGINS)
+if(_kiln_in_tree_plugins)
+  install(TARGETS ${_kiln_in_tree_plugins} LIBRARY DESTINATION ${KILN_INSTALL_PLUGINDIR} COMPONENT tool)
+endif()

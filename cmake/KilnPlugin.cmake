@@ -1,4 +1,4 @@
-# kiln_add_plugin(NAME <name> SOURCES <src>... [LINK <lib>...])
+# kiln_add_plugin(NAME <name> SOURCES <src>... [LINK <lib>...] [OUTPUT_DIRECTORY <dir>])
 #
 # Builds a kiln backend plugin as a MODULE library named libkiln_<name>.so. Every symbol is
 # hidden except the one entry point, kiln_plugin_init, which a linker version script exports.
@@ -6,7 +6,9 @@
 # This file is installed with the SDK, so third-party backends use the same function.
 include_guard(GLOBAL)
 
-set(_KILN_PLUGIN_CMAKE_DIR ${CMAKE_CURRENT_LIST_DIR})
+if(PROJECT_NAME STREQUAL "kiln" AND NOT DEFINED KILN_SOURCE_DIR)
+  set(KILN_SOURCE_DIR ${PROJECT_SOURCE_DIR})
+endif()
 
 function(kiln_add_plugin)
   cmake_parse_arguments(KP "" "NAME;OUTPUT_DIRECTORY" "SOURCES;LINK" ${ARGN})
@@ -40,5 +42,9 @@ function(kiln_add_plugin)
   endif()
   if(KP_LINK)
     target_link_libraries(${target} PRIVATE ${KP_LINK})
+  endif()
+  # The in-tree backends (plugins/<name>/) are installed with the kiln tool; see KilnInstall.cmake.
+  if(DEFINED KILN_SOURCE_DIR AND CMAKE_CURRENT_SOURCE_DIR MATCHES "^${KILN_SOURCE_DIR}/plugins/")
+    set_property(GLOBAL APPEND PROPERTY KILN_IN_TREE_PLUGINS ${target})
   endif()
 endfunction()

@@ -1,0 +1,21 @@
+# Test fixture: installs kiln's SDK to a fresh prefix, then configures and builds
+# samples/custom_backend out of tree against it with find_package(kiln), exactly as a third party
+# would. Run with -DKILN_BUILD_DIR= -DSAMPLE_DIR= -DWORK_DIR= -DGENERATOR=.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+
+function(run step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${step} failed (${rc}):\n${out}\n${err}")
+  endif()
+  message(STATUS "${step}: ok")
+endfunction()
+
+run("install the kiln SDK" ${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix ${WORK_DIR}/prefix --component sdk)
+run("configure the sample" ${CMAKE_COMMAND} -S ${SAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
+run("build the sample" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+if(NOT EXISTS ${WORK_DIR}/build/libkiln_custom_elementwise.so)
+  message(FATAL_ERROR "the sample built, but ${WORK_DIR}/build/libkiln_custom_elementwise.so is missing")
+endif()
