@@ -7,8 +7,10 @@
 
 #include "commands.h"
 #include "kiln/config.h"
+#include "kiln/hardware_probe.h"
 #include "kiln/host_services.h"
 #include "kiln/plugin_registry.h"
+#include "kiln/selection.h"
 
 namespace kiln::cli {
 
@@ -90,8 +92,9 @@ int cmd_plugins(int argc, char** argv) {
   args.apply_env();  // KILN_CACHE_DIR; KILN_PLUGIN_PATH is read by the search itself
   auto host = HostServices::basic(args);
   PluginRegistry reg = PluginRegistry::load(search, host);
-  // The CPU from /proc; where the hardware probe is linked its full device list goes here.
-  const std::vector<PluginDevice> devices = basic_cpu_devices();
+  // Availability is asked against the hardware probe's devices (CPU, CUDA, Gaudi, Neuron).
+  std::vector<PluginDevice> devices = to_plugin_devices(hw::probe().devices);
+  if (devices.empty()) devices = basic_cpu_devices();
   DeviceInfoArray device_array(devices);
 
   struct Row {
