@@ -1,0 +1,270 @@
+// `kiln probe` end to end: the real binary on machines described as trees, with stand-in plugins
+// whose presence (the --plugins-dir) and availability (KILN_FAKE_UNAVAILABLE) the test decides.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "../hardware_probe/fake_machine.h"
+#include "mini_json.h"
+
+namespace {
+
+using kiln::testing::FakeMachine;
+using kiln::testing::Json;
+
+struct CliRun {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+CliRun kiln_cli(const std::string& args, const std::string& env = "") {
+  const std::string err_file = ::testing::TempDir() + "kiln_probe_stderr.txt";
+  const std::string cmd = "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " +
+                          env + " " + quote(KILN_CLI) + " " + args + " 2>" + quote(err_file);
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(err_file);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+// `kiln probe --json --sysfs-root T --plugins-dir <stand-ins>`, parsed.
+Json probe_json(const FakeMachine& m, const std::string& env = "", const std::string& extra = "") {
+  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " +
+                       quote(KILN_FAKE_PLUGIN_DIR) + " " + extra,
+                   env);
+  EXPECT_EQ(r.status, 0) << r.err;
+  try {
+    return Json::parse(r.out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what() << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err;
+    return Json{};
+  }
+}
+
+std::string reasons_of(const Json& j) {
+  std::string s;
+  if (!j.has("reasons")) return "(no reasons)";
+  for (const auto& r : j["reasons"].items) s += "  " + r.s + "\n";
+  return s;
+}
+
+int count_kind(const Json& j, const std::string& kind) {
+  int n = 0;
+  for (const auto& d : j["devices"].items) n += d["kind"].s == kind;
+  return n;
+}
+
+TEST(CliProbe, PicksHpuBackendOnEightGaudi2Tree) {
+  FakeMachine m;
+  m.cpu();
+  for (int i = 0; i < 8; ++i) m.gaudi(FakeMachine::bus_id(0x19 + i), 0x1020, i);
+  Json j = probe_json(m);
+  ASSERT_EQ(j.type, Json::object);
+  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
+  EXPECT_EQ(count_kind(j, "gaudi"), 8);
+  EXPECT_EQ(j["devices"][1]["pci_bus_id"].s, "0000:19:00.0");
+  EXPECT_EQ(j["reasons"][0].s,
+            "found 8 Intel Gaudi devices (8 × Intel Gaudi2), so hpu_backend comes first; order: "
+            "hpu_backend, inductor, ipex");
+  EXPECT_EQ(j["reasons"][1].s, "chose hpu_backend: installed and available (fake, serving Intel Gaudi2)");
+}
+
+TEST(CliProbe, FallsBackFromUnavailableHpuBackendToInductorAndSaysWhy) {
+  FakeMachine m;
+  m.cpu();
+  for (int i = 0; i < 8; ++i) m.gaudi(FakeMachine::bus_id(0x19 + i), 0x1020, i);
+  Json j = probe_json(m, "KILN_FAKE_UNAVAILABLE=hpu_backend");
+  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["reasons"][1].s,
+            "skipped hpu_backend: installed but unavailable here (made unavailable by the test "
+            "(KILN_FAKE_UNAVAILABLE))");
+  EXPECT_EQ(j["runners_up"][0].s, "ipex");
+}
+
+TEST(CliProbe, PicksHpuBackendOnGaudi3Tree) {
+  FakeMachine m;
+  m.cpu();
+  m.gaudi("0000:4d:00.0", 0x1060, 0);
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
+  EXPECT_EQ(j["devices"][1]["generation"].s, "Gaudi3");
+}
+
+TEST(CliProbe, PicksNeuronOnInferentia2Tree) {
+  FakeMachine m;
+  m.cpu();
+  m.neuron("0000:00:1e.0", 0x7264, 0);
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "neuron") << reasons_of(j);
+  EXPECT_EQ(j["devices"][1]["name"].s, "AWS Inferentia2");
+}
+
+TEST(CliProbe, PicksNeuronOnSixteenTrainiumTree) {
+  FakeMachine m;
+  m.cpu();
+  for (int i = 0; i < 16; ++i) m.neuron(FakeMachine::bus_id(0x10 + i, 0x1e), 0x7164, i);
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "neuron") << reasons_of(j);
+  EXPECT_EQ(count_kind(j, "neuron"), 16);
+  EXPECT_EQ(j["reasons"][0].s,
+            "found 16 AWS Neuron devices (16 × AWS Trainium), so neuron comes first; order: neuron, "
+            "inductor, ipex");
+}
+
+TEST(CliProbe, PicksNeuronOnTrainium2TreeAndFallsBackWhenUnavailable) {
+  FakeMachine m;
+  m.cpu();
+  m.neuron("0000:a0:1e.0", 0x7364, 0);
+  EXPECT_EQ(probe_json(m)["default_backend"].s, "neuron");
+  Json j = probe_json(m, "KILN_FAKE_UNAVAILABLE=neuron,inductor");
+  EXPECT_EQ(j["default_backend"].s, "ipex") << reasons_of(j);
+}
+
+TEST(CliProbe, PicksInductorOnCpuOnlyTree) {
+  FakeMachine m;
+  m.cpu();
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["devices"].size(), 1u);
+  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
+  EXPECT_EQ(j["order"][1].s, "ipex");
+}
+
+TEST(CliProbe, PicksInductorOnTwoNvidiaGpuTree) {
+  FakeMachine m;
+  m.cpu();
+  m.nvidia_gpu("0000:17:00.0");
+  m.nvidia_gpu("0000:65:00.0");
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  ASSERT_EQ(count_kind(j, "cuda"), 2);
+  EXPECT_EQ(j["devices"][1]["name"].s, "NVIDIA H200");
+  EXPECT_EQ(j["devices"][2]["pci_bus_id"].s, "0000:65:00.0");
+  EXPECT_EQ(j["devices"][2]["compute_capability"].s, "9.0");
+  EXPECT_EQ(j["runners_up"][0].s, "cudagraphs");
+}
+
+TEST(CliProbe, PicksHpuBackendOnNvidiaPlusGaudiTree) {
+  FakeMachine m;
+  m.cpu();
+  m.nvidia_gpu("0000:17:00.0", 0x2330);
+  m.gaudi("0000:33:00.0", 0x1020, 0);
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
+  EXPECT_EQ(count_kind(j, "cuda"), 1);
+  EXPECT_EQ(count_kind(j, "gaudi"), 1);
+}
+
+TEST(CliProbe, NoPluginsMeansEagerWithTheReason) {
+  FakeMachine m;
+  m.cpu();
+  m.mkdir("/empty-plugins");
+  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " +
+                   quote(m.root() + "/empty-plugins"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = Json::parse(r.out);
+  EXPECT_EQ(j["default_backend"].s, "eager");
+  EXPECT_EQ(j["plugins"].size(), 0u);
+}
+
+TEST(CliProbe, NamedUnavailableBackendExitsWithThePluginsReason) {
+  FakeMachine m;
+  m.cpu();
+  CliRun r = kiln_cli("probe --json --backend hpu_backend --sysfs-root " + quote(m.root()) + " --plugins-dir " +
+                   quote(KILN_FAKE_PLUGIN_DIR));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("kiln probe: backend 'hpu_backend' was named but is unavailable here: no device of its kind"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(CliProbe, UnknownBackendSuggestsTheNearestThroughKilnBackend) {
+  FakeMachine m;
+  m.cpu();
+  CliRun r = kiln_cli("probe --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR),
+                   "KILN_BACKEND=nueron");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("unknown backend 'nueron'; did you mean 'neuron'?"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Available backends: inductor, ipex"), std::string::npos) << r.err;
+}
+
+TEST(CliProbe, ReadsTheTreeFromKilnSysfsRoot) {
+  FakeMachine m;
+  m.cpu();
+  m.neuron("0000:a0:1e.0", 0x7364, 0);
+  CliRun r = kiln_cli("probe --json --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR), "KILN_SYSFS_ROOT=" + quote(m.root()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = Json::parse(r.out);
+  EXPECT_EQ(j["sysfs_root"].s, m.root());
+  EXPECT_EQ(j["default_backend"].s, "neuron");
+}
+
+TEST(CliProbe, TextOutputIsATableThenTheBackendAndWhy) {
+  FakeMachine m;
+  m.cpu();
+  m.gaudi("0000:19:00.0", 0x1020, 0);
+  CliRun r = kiln_cli("probe --explain --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("gaudi   0   Intel Gaudi2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Default backend: hpu_backend\n  - found 1 Intel Gaudi device"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Plugins:\n"), std::string::npos) << r.out;
+}
+
+TEST(CliProbe, MalformedTreeStillAnswersWithWarnings) {
+  FakeMachine m;
+  m.gaudi("0000:19:00.0", 0x1020, 0);
+  m.write("/sys/devices/pci0000:00/0000:19:00.0/device", "\xff\xfe");
+  m.link("loop", "/sys/bus/pci/devices/loop");
+  Json j = probe_json(m);
+  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_GE(j["warnings"].size(), 3u);  // no cpuinfo, bad device id, the loop
+}
+
+TEST(CliProbe, InTreeHpuBackendSaysWhyItCannotRunOnAGaudiWithoutSynapse) {
+  const std::string plugin = std::string(KILN_INTREE_PLUGIN_DIR) + "/libkiln_hpu_backend.so";
+  if (!std::ifstream(plugin)) GTEST_SKIP() << plugin << " is not built";
+  FakeMachine m;
+  m.cpu();
+  m.gaudi("0000:19:00.0", 0x1020, 0);
+  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_INTREE_PLUGIN_DIR));
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = Json::parse(r.out);
+  EXPECT_NE(j["default_backend"].s, "hpu_backend");
+  EXPECT_NE(j["reasons"][1].s.find("skipped hpu_backend: installed but unavailable here (Intel Gaudi device found, but libSynapse.so"),
+            std::string::npos)
+      << reasons_of(j);
+}
+
+TEST(CliProbe, LiveProbeOfThisMachineIsValidJson) {
+  CliRun r = kiln_cli("probe --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Json j = Json::parse(r.out);
+  EXPECT_TRUE(j["live"].b);
+  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
+  EXPECT_GT(j["devices"][0]["threads"].n, 0);
+  EXPECT_FALSE(j["default_backend"].s.empty());
+  EXPECT_GE(j["reasons"].size(), 1u);
+}
+
+}  // namespace
