@@ -8,6 +8,7 @@
 //     %3 : f32[] = aten::add.Tensor(%2, %2, scalar(1)) backward
 //     %4 : f32[2]{1}, %5 : f32[2]{1} = aten::split.Tensor(%3, 2, 0) list forward
 //     () = aten::_foreach_add_.Scalar(t[%4, %5], scalar(1.5))
+//     %7 : f32[4]{1} &2, _ = aten::some_op($0:scalar(0.5)) optimizer
 //     output %3 result "loss"
 //     output %9 writeback 0 "model.0.weight"
 //   }
@@ -16,7 +17,10 @@
 // " on DEVICE" when the device is not the CPU. Constants: None, true/false, integers, reals
 // (always with '.', 'e', inf or nan), "strings", i[...], f[...], b[...] and t[...] lists (t for
 // tensors, None inside for absent elements), scalar(x) for Scalar parameters, dtype(f32),
-// device("cuda:0"), layout(N), memory_format(N).
+// device("cuda:0"), layout(N), memory_format(N). "$N:" before a scalar makes it run-time scalar N
+// (declared first as `scalar $N float "name"`), bound on every call; "&N" after a type gives the
+// value's storage id (values with one id share memory; only before functionalization); "_" is an
+// undefined tensor result.
 #pragma once
 
 #include <stdexcept>

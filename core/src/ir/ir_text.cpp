@@ -95,7 +95,14 @@ std::string print_type(const TensorMeta& m) {
   return s;
 }
 
+static std::string print_arg_value(const Arg& a);
+
 std::string print_arg(const Arg& a) {
+  if (a.scalar_input >= 0) return "$" + std::to_string(a.scalar_input) + ":" + print_arg_value(a);
+  return print_arg_value(a);
+}
+
+static std::string print_arg_value(const Arg& a) {
   using K = Arg::Kind;
   auto scalar = [&](const std::string& inner) { return a.is_scalar ? "scalar(" + inner + ")" : inner; };
   switch (a.kind) {
@@ -120,14 +127,29 @@ std::string print_arg(const Arg& a) {
 std::string print(const Graph& g) {
   std::ostringstream os;
   os << "graph {\n";
+  for (size_t i = 0; i < g.scalar_inputs.size(); ++i) {
+    const auto& si = g.scalar_inputs[i];
+    os << "  scalar $" << i << " "
+       << (si.kind == Arg::Kind::Int ? "int" : si.kind == Arg::Kind::Bool ? "bool" : "float") << " "
+       << quote(si.name) << "\n";
+  }
   for (const auto& in : g.inputs)
-    os << "  input " << val(in.value) << " : " << print_type(g.value(in.value).meta) << " "
+    os << "  input " << val(in.value) << " : " << print_type(g.value(in.value).meta)
+       << (g.value(in.value).storage >= 0 ? " &" + std::to_string(g.value(in.value).storage) : std::string()) << " "
        << to_string(in.role) << " " << quote(in.name) << "\n";
   for (const auto& n : g.nodes) {
     os << "  ";
     if (n.outputs.empty()) os << "()";
-    for (size_t k = 0; k < n.outputs.size(); ++k)
-      os << (k ? ", " : "") << val(n.outputs[k]) << " : " << print_type(g.value(n.outputs[k]).meta);
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      os << (k ? ", " : "");
+      if (n.outputs[k] == kNoValue) {
+        os << "_";
+        continue;
+      }
+      const Value& v = g.value(n.outputs[k]);
+      os << val(n.outputs[k]) << " : " << print_type(v.meta);
+      if (v.storage >= 0) os << " &" << v.storage;
+    }
     os << " = " << n.op << "(" << join_list(n.args, print_arg) << ")";
     if (n.returns_list) os << " list";
     if (!n.phase.empty()) os << " " << n.phase;
@@ -342,6 +364,18 @@ class Parser {
   }
   Arg arg() {
     skip_blank();
+    if (peek() == '$') {
+      ++pos_;
+      const int64_t index = integer();
+      expect(':');
+      Arg a = arg();
+      if (a.kind != Arg::Kind::Int && a.kind != Arg::Kind::Double && a.kind != Arg::Kind::Bool)
+        fail("a run-time scalar ($N:) holds a number or a boolean");
+      if (index < 0 || static_cast<size_t>(index) >= g_.scalar_inputs.size())
+        fail("run-time scalar $" + std::to_string(index) + " is not declared");
+      a.scalar_input = static_cast<int32_t>(index);
+      return a;
+    }
     char c = peek();
     if (c == '%') return Arg::tensor(value_ref());
     if (c == '"') {
@@ -416,6 +450,10 @@ class Parser {
     pos_ = save;
     fail("expected an argument");
   }
+  int32_t storage_suffix() {
+    if (!accept('&')) return -1;
+    return static_cast<int32_t>(integer());
+  }
   void define(ValueId id, const TensorMeta& m, size_t at) {
     if (static_cast<size_t>(id) >= g_.values.size()) {
       g_.values.resize(id + 1);
@@ -438,6 +476,7 @@ class Parser {
       ValueId id = value_ref();
       expect(':');
       TensorMeta m = type();
+      const int32_t storage = storage_suffix();
       skip_blank();
       const size_t role_at = pos_;
       std::string role = word();
@@ -453,7 +492,24 @@ class Parser {
         fail("unknown input role '" + role + "'");
       }
       define(id, m, at);
+      g_.values[id].storage = storage;
       g_.inputs.push_back({id, r, quoted()});
+      return;
+    }
+    if (w == "scalar") {
+      skip_blank();
+      if (peek() != '$') fail("expected $N");
+      ++pos_;
+      const int64_t index = integer();
+      if (index != static_cast<int64_t>(g_.scalar_inputs.size())) fail("run-time scalars must be declared in order");
+      ScalarInput si;
+      const std::string kind = word();
+      if (kind == "int") si.kind = Arg::Kind::Int;
+      else if (kind == "float") si.kind = Arg::Kind::Double;
+      else if (kind == "bool") si.kind = Arg::Kind::Bool;
+      else fail("unknown scalar kind '" + kind + "'; use int, float or bool");
+      si.name = quoted();
+      g_.scalar_inputs.push_back(std::move(si));
       return;
     }
     if (w == "output") {
@@ -476,10 +532,16 @@ class Parser {
     } else {
       do {
         skip_blank();
+        if (peek() == '_') {
+          ++pos_;
+          n.outputs.push_back(kNoValue);
+          continue;
+        }
         const size_t at = pos_;
         ValueId id = value_ref();
         expect(':');
         define(id, type(), at);
+        g_.values[id].storage = storage_suffix();
         n.outputs.push_back(id);
       } while (accept(','));
     }

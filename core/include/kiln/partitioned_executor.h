@@ -1,0 +1,72 @@
+// Runs a pure graph split between a backend plugin and the eager executor: the plugin claims
+// nodes through the C ABI, the core forms convex groups (partition.h), the plugin compiles each
+// group, and every node outside a compiled group runs eagerly. A group the plugin declines
+// (KILN_ERROR_UNIMPLEMENTED) runs eagerly without a word; a group whose compile fails runs
+// eagerly with one warning naming the plugin and its message. Nothing is lost either way.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+
+#include "kiln/executor.h"
+#include "kiln/ir.h"
+#include "kiln/partition.h"
+#include "kiln/plugin_api.h"
+
+namespace kiln {
+
+class LoadedPlugin;
+class PluginExecutable;
+
+struct PartitionStats {
+  size_t nodes = 0;
+  size_t claimed = 0;           // what the plugin claimed
+  size_t claims_dropped = 0;    // claims the host does not hand out (run-time scalars, undefined results)
+  size_t groups = 0;
+  size_t groups_compiled = 0;   // run by the plugin
+  size_t nodes_compiled = 0;
+  std::vector<std::string> compile_errors;  // one per group that failed (not UNIMPLEMENTED)
+};
+
+class PartitionedExecutor {
+ public:
+  // `keep`: values that must survive the run (graph outputs are always kept). Writes the partition
+  // to <debug_dir>/partition.txt when debug_dir is set.
+  PartitionedExecutor(const ir::Graph& graph, std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
+                      const std::string& debug_dir = "", std::vector<ir::ValueId> keep = {});
+  ~PartitionedExecutor();
+  PartitionedExecutor(const PartitionedExecutor&) = delete;
+  PartitionedExecutor& operator=(const PartitionedExecutor&) = delete;
+
+  // Same contract as EagerExecutor::run. `stream` is handed to the plugin (NULL on CPU).
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr,
+           void* stream = nullptr) const;
+
+  const PartitionStats& stats() const { return stats_; }
+
+ private:
+  struct Group {
+    std::unique_ptr<PluginExecutable> exe;
+    std::vector<ir::ValueId> inputs, outputs;
+    std::vector<ir::TensorMeta> output_meta;
+  };
+  struct Unit {
+    std::unique_ptr<PreparedNode> node;  // eager
+    int32_t group = -1;                  // or a compiled group
+    std::vector<ir::ValueId> free_after;
+  };
+  std::vector<Group> groups_;
+  std::vector<Unit> units_;
+  PartitionStats stats_;
+};
+
+// Whether the host may hand a node to a plugin at all: nodes with run-time scalars (their value
+// changes every call, and ABI 1.0 has no way to pass it) or undefined results stay eager.
+bool node_can_be_claimed(const ir::Node& node);
+
+}  // namespace kiln

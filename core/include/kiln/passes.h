@@ -1,0 +1,54 @@
+// The passes over kiln IR, one function each in core/src/passes/<pass>.cpp, and the pipeline that
+// runs them in order (core/src/passes/pipeline.cpp), dumping the IR after every pass when asked.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "kiln/ir.h"
+
+namespace kiln {
+
+// Tensors bound to Constant graph inputs by value id: what capture saw, plus what constant
+// folding computed. The compiled step keeps them alive and binds them on every call.
+using ConstantTensors = std::unordered_map<ir::ValueId, at::Tensor>;
+
+// In-place ops and view mutations become pure ops plus write-back outputs.
+void functionalize(ir::Graph& graph);
+// Lowers non-core ops to kiln's core op set (docs/architecture.md lists it). Exact rewrites only:
+// the result is bit-identical to the original op.
+void decompose(ir::Graph& graph);
+// Removes nodes whose results nothing uses (never mutating or random ops).
+void eliminate_dead_code(ir::Graph& graph);
+// Merges identical pure nodes (same op, same arguments).
+void eliminate_common_subexpressions(ir::Graph& graph);
+// Evaluates, once, every pure node whose inputs are all constants, and turns its results into
+// Constant inputs whose tensors go to `constants`.
+void fold_constants(ir::Graph& graph, ConstantTensors& constants);
+
+struct PassRecord {
+  std::string name;
+  size_t nodes_before = 0, nodes_after = 0;
+  double ms = 0;
+};
+
+struct PipelineOptions {
+  bool functionalize = true;
+  // Where to dump the IR after every pass ("" = KILN_DEBUG_DIR, or nowhere when that is unset).
+  std::string debug_dir;
+};
+
+// Runs the passes in order: functionalize, decompose, DCE, CSE, constant folding, DCE; verifies the
+// graph after each, dumps it when asked, and returns what each pass did.
+std::vector<PassRecord> run_pipeline(ir::Graph& graph, ConstantTensors& constants,
+                                     const PipelineOptions& options = {});
+
+// The directory to dump into: options.debug_dir, else $KILN_DEBUG_DIR, else "".
+std::string debug_dir(const PipelineOptions& options);
+// Writes `text` to <dir>/<name>, creating dir; logs and goes on when it cannot.
+void dump_debug_file(const std::string& dir, const std::string& name, const std::string& text);
+
+}  // namespace kiln

@@ -1,0 +1,179 @@
+// Convex grouping of claimed nodes.
+//
+// Nodes are visited in graph (topological) order. `reach[v]` is the set of groups that hold an
+// ancestor of value v (its producer's own group included). A claimed node n may join group G, the
+// group of one of its direct producers, unless
+//   - another producer p of n lies outside G yet depends on G: a path G -> ... -> p -> n would leave
+//     G and come back, so G could not run as one step (convexity); or
+//   - n depends on a group X that itself depends on G: joining would make G and X depend on each
+//     other, and no order could run both (group cycles; `group_deps` tracks group-level edges).
+// When no group fits, n starts a new one. Groups only gain nodes later in the order, so a group
+// checked convex stays convex.
+#include <algorithm>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "kiln/ir_text.h"
+#include "kiln/partition.h"
+
+namespace kiln {
+
+void validate_claims(const ir::Graph& g, const std::vector<int64_t>& claimed, const std::string& plugin) {
+  std::vector<char> seen(g.nodes.size(), 0);
+  for (auto c : claimed) {
+    if (c < 0 || static_cast<size_t>(c) >= g.nodes.size())
+      throw std::invalid_argument("plugin '" + plugin + "' claimed node " + std::to_string(c) + ", but the graph has " +
+                                  std::to_string(g.nodes.size()) + " nodes");
+    if (seen[c]) throw std::invalid_argument("plugin '" + plugin + "' claimed node " + std::to_string(c) + " twice");
+    seen[c] = 1;
+  }
+}
+
+Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed) {
+  Partition p;
+  const size_t n_nodes = g.nodes.size();
+  p.group_of.assign(n_nodes, -1);
+  std::vector<char> is_claimed(n_nodes, 0);
+  for (auto c : claimed) is_claimed.at(static_cast<size_t>(c)) = 1;
+
+  // Groups a value depends on (its producer's group included). Small sorted vectors: most values
+  // depend on few groups.
+  std::vector<std::vector<int32_t>> reach(g.values.size());
+  auto contains = [](const std::vector<int32_t>& s, int32_t x) { return std::binary_search(s.begin(), s.end(), x); };
+  auto merge_into = [](std::vector<int32_t>& dst, const std::vector<int32_t>& src) {
+    std::vector<int32_t> out;
+    out.reserve(dst.size() + src.size());
+    std::set_union(dst.begin(), dst.end(), src.begin(), src.end(), std::back_inserter(out));
+    dst.swap(out);
+  };
+  auto producer_group = [&](ir::ValueId v) -> int32_t {
+    const int32_t prod = g.value(v).producer;
+    return prod < 0 ? -1 : p.group_of[prod];
+  };
+
+  // group_deps[X]: the groups X's nodes have ancestors in.
+  std::vector<std::vector<int32_t>> group_deps;
+  auto depends_on = [&](int32_t from, int32_t target) {
+    std::vector<char> seen(group_deps.size(), 0);
+    std::vector<int32_t> stack = {from};
+    while (!stack.empty()) {
+      const int32_t x = stack.back();
+      stack.pop_back();
+      if (x == target) return true;
+      if (seen[x]) continue;
+      seen[x] = 1;
+      for (auto d : group_deps[x]) stack.push_back(d);
+    }
+    return false;
+  };
+
+  for (size_t i = 0; i < n_nodes; ++i) {
+    const ir::Node& n = g.nodes[i];
+    const auto inputs = ir::Graph::node_inputs(n);
+    std::vector<int32_t> deps;
+    for (auto v : inputs) merge_into(deps, reach[v]);
+    int32_t group = -1;
+    if (is_claimed[i]) {
+      for (auto v : inputs) {
+        const int32_t candidate = producer_group(v);
+        if (candidate < 0) continue;
+        bool ok = true;
+        for (auto u : inputs)
+          if (producer_group(u) != candidate && contains(reach[u], candidate)) ok = false;
+        for (auto x : deps)
+          if (ok && x != candidate && depends_on(x, candidate)) ok = false;
+        if (ok) {
+          group = candidate;
+          break;
+        }
+      }
+      if (group < 0) {
+        group = static_cast<int32_t>(p.groups.size());
+        p.groups.emplace_back();
+        group_deps.emplace_back();
+      }
+      for (auto x : deps)
+        if (x != group) merge_into(group_deps[group], {x});
+      p.group_of[i] = group;
+      p.groups[group].nodes.push_back(static_cast<int32_t>(i));
+      merge_into(deps, {group});
+    }
+    for (auto v : n.outputs)
+      if (v != ir::kNoValue) reach[v] = deps;
+  }
+
+  // Each group's inputs and outputs.
+  std::vector<char> is_graph_output(g.values.size(), 0);
+  for (const auto& o : g.outputs) is_graph_output[o.value] = 1;
+  std::vector<std::vector<int32_t>> readers(g.values.size());
+  for (size_t i = 0; i < n_nodes; ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i])) readers[v].push_back(static_cast<int32_t>(i));
+  for (size_t gi = 0; gi < p.groups.size(); ++gi) {
+    auto& grp = p.groups[gi];
+    std::set<ir::ValueId> seen_in;
+    for (auto ni : grp.nodes) {
+      for (auto v : ir::Graph::node_inputs(g.nodes[ni]))
+        if (producer_group(v) != static_cast<int32_t>(gi) && seen_in.insert(v).second) grp.inputs.push_back(v);
+      for (auto v : g.nodes[ni].outputs) {
+        if (v == ir::kNoValue) continue;
+        bool escapes = is_graph_output[v];
+        for (auto r : readers[v]) escapes = escapes || p.group_of[r] != static_cast<int32_t>(gi);
+        if (escapes) grp.outputs.push_back(v);
+      }
+    }
+  }
+
+  // Order: Kahn's algorithm over units (eager nodes and whole groups), ties broken by the position
+  // of the unit's first node so that the order stays close to the captured one.
+  const size_t n_units = n_nodes;  // unit id: node index for eager nodes, first node for groups
+  std::vector<int32_t> unit_of(n_nodes);
+  for (size_t i = 0; i < n_nodes; ++i)
+    unit_of[i] = p.group_of[i] < 0 ? static_cast<int32_t>(i) : p.groups[p.group_of[i]].nodes.front();
+  std::vector<std::set<int32_t>> succ(n_units);
+  std::vector<int32_t> indegree(n_units, 0);
+  for (size_t i = 0; i < n_nodes; ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i])) {
+      const int32_t prod = g.value(v).producer;
+      if (prod < 0) continue;
+      const int32_t a = unit_of[prod], b = unit_of[i];
+      if (a != b && succ[a].insert(b).second) ++indegree[b];
+    }
+  std::set<int32_t> ready;
+  for (size_t i = 0; i < n_nodes; ++i)
+    if (unit_of[i] == static_cast<int32_t>(i) && indegree[i] == 0) ready.insert(static_cast<int32_t>(i));
+  while (!ready.empty()) {
+    const int32_t u = *ready.begin();
+    ready.erase(ready.begin());
+    p.order.push_back(p.group_of[u] < 0 ? u : -(p.group_of[u] + 1));
+    for (auto s : succ[u])
+      if (--indegree[s] == 0) ready.insert(s);
+  }
+  size_t units = 0;
+  for (size_t i = 0; i < n_nodes; ++i) units += unit_of[i] == static_cast<int32_t>(i);
+  if (p.order.size() != units) throw std::logic_error("kiln partition: the groups formed a cycle (a bug in kiln)");
+  return p;
+}
+
+std::string print_partition(const ir::Graph& g, const Partition& p) {
+  std::ostringstream os;
+  auto ids = [](const std::vector<ir::ValueId>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", %" : "%") + std::to_string(v[i]);
+    return s;
+  };
+  for (size_t gi = 0; gi < p.groups.size(); ++gi) {
+    const auto& grp = p.groups[gi];
+    os << "group " << gi << " (" << grp.nodes.size() << " nodes) inputs [" << ids(grp.inputs) << "] outputs ["
+       << ids(grp.outputs) << "]\n";
+    for (auto ni : grp.nodes) os << "  node " << ni << " " << g.nodes[ni].op << "\n";
+  }
+  size_t eager = 0;
+  for (auto x : p.group_of) eager += x < 0;
+  os << "eager: " << eager << " nodes\norder:";
+  for (auto u : p.order) os << " " << (u >= 0 ? "n" + std::to_string(u) : "G" + std::to_string(-u - 1));
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace kiln

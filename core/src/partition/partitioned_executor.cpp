@@ -1,0 +1,142 @@
+#include "kiln/partitioned_executor.h"
+
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/StringUtil.h>
+
+#include "kiln/log.h"
+#include "kiln/passes.h"
+#include "kiln/plugin_registry.h"
+
+namespace kiln {
+
+bool node_can_be_claimed(const ir::Node& node) {
+  for (const auto& a : node.args)
+    if (a.scalar_input >= 0) return false;
+  for (auto v : node.outputs)
+    if (v == ir::kNoValue) return false;
+  return true;
+}
+
+PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<const LoadedPlugin> plugin,
+                                         KilnMode mode, const std::string& debug_dir,
+                                         std::vector<ir::ValueId> keep) {
+  stats_.nodes = g.nodes.size();
+  std::vector<int64_t> claimed;
+  {
+    GraphView view(g);
+    std::vector<int64_t> raw = plugin->claim(view.view());  // checked in range, no duplicates
+    validate_claims(g, raw, plugin->name());
+    stats_.claimed = raw.size();
+    for (auto c : raw) {
+      if (node_can_be_claimed(g.nodes[c])) claimed.push_back(c);
+      else ++stats_.claims_dropped;
+    }
+  }
+  std::sort(claimed.begin(), claimed.end());
+  const Partition part = partition_graph(g, claimed);
+  stats_.groups = part.groups.size();
+
+  // Compile every group; a group that does not compile runs its nodes eagerly.
+  std::vector<char> compiled(part.groups.size(), 0);
+  groups_.resize(part.groups.size());
+  for (size_t gi = 0; gi < part.groups.size(); ++gi) {
+    const auto& pg = part.groups[gi];
+    GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
+    try {
+      groups_[gi].exe = plugin->compile(sub.view(), mode);
+      groups_[gi].inputs = pg.inputs;
+      groups_[gi].outputs = pg.outputs;
+      for (auto v : pg.outputs) groups_[gi].output_meta.push_back(g.value(v).meta);
+      compiled[gi] = 1;
+      ++stats_.groups_compiled;
+      stats_.nodes_compiled += pg.nodes.size();
+    } catch (const PluginError& e) {
+      if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
+        stats_.compile_errors.push_back(e.what());
+        log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(),
+                          " nodes (", g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
+      }
+    }
+  }
+
+  // Units in partition order; a group that did not compile becomes its nodes, in order.
+  for (auto u : part.order) {
+    if (u >= 0) {
+      Unit unit;
+      unit.node = std::make_unique<PreparedNode>(g.nodes[u]);
+      units_.push_back(std::move(unit));
+    } else if (compiled[-u - 1]) {
+      Unit unit;
+      unit.group = -u - 1;
+      units_.push_back(std::move(unit));
+    } else {
+      for (auto ni : part.groups[-u - 1].nodes) {
+        Unit unit;
+        unit.node = std::make_unique<PreparedNode>(g.nodes[ni]);
+        units_.push_back(std::move(unit));
+      }
+    }
+  }
+
+  // Liveness: free each value after the last unit that reads it, unless it must be kept.
+  std::vector<char> kept(g.values.size(), 0);
+  for (const auto& o : g.outputs) kept[o.value] = 1;
+  for (const auto& in : g.inputs) kept[in.value] = 1;  // owned by the caller
+  for (auto v : keep) kept[v] = 1;
+  std::vector<int32_t> last(g.values.size(), -1);
+  // Reconstruct what each unit reads: eager units from their node, groups from their inputs.
+  std::vector<std::vector<ir::ValueId>> reads(units_.size());
+  {
+    size_t ui = 0;
+    for (auto u : part.order) {
+      if (u >= 0) {
+        reads[ui++] = ir::Graph::node_inputs(g.nodes[u]);
+      } else if (compiled[-u - 1]) {
+        reads[ui++] = part.groups[-u - 1].inputs;
+      } else {
+        for (auto ni : part.groups[-u - 1].nodes) reads[ui++] = ir::Graph::node_inputs(g.nodes[ni]);
+      }
+    }
+  }
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    for (auto v : reads[ui]) last[v] = static_cast<int32_t>(ui);
+  for (size_t v = 0; v < last.size(); ++v)
+    if (last[v] >= 0 && !kept[v]) units_[last[v]].free_after.push_back(static_cast<ir::ValueId>(v));
+
+  if (!debug_dir.empty()) {
+    std::string text = print_partition(g, part);
+    text += c10::str("plugin ", plugin->name(), ": claimed ", stats_.claimed, ", dropped ", stats_.claims_dropped,
+                     ", groups ", stats_.groups, ", compiled ", stats_.groups_compiled, " (", stats_.nodes_compiled,
+                     " nodes)\n");
+    for (const auto& e : stats_.compile_errors) text += "compile error: " + e + "\n";
+    dump_debug_file(debug_dir, "partition.txt", text);
+  }
+  log_debug(c10::str("backend '", plugin->name(), "': ", stats_.nodes_compiled, " of ", stats_.nodes,
+                     " nodes in ", stats_.groups_compiled, " compiled groups"));
+}
+
+PartitionedExecutor::~PartitionedExecutor() = default;
+
+void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars,
+                              void* stream) const {
+  std::vector<DLTensor> in, out;
+  for (const auto& unit : units_) {
+    if (unit.node) {
+      unit.node->run(env, scalars);
+    } else {
+      const Group& grp = groups_[unit.group];
+      in.clear();
+      out.clear();
+      for (auto v : grp.inputs) in.push_back(to_dl_tensor(env[v]));
+      for (size_t k = 0; k < grp.outputs.size(); ++k) {
+        const auto& m = grp.output_meta[k];
+        env[grp.outputs[k]] = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
+        out.push_back(to_dl_tensor(env[grp.outputs[k]]));
+      }
+      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), stream);
+    }
+    for (auto v : unit.free_after) env[v] = at::Tensor();
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,209 @@
+// Partitioning: claims are checked, groups are convex and connected, the run order is valid, and
+// the C graph view says what the IR says.
+#include <random>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "kiln/ir_text.h"
+#include "kiln/partition.h"
+
+using namespace kiln;
+
+namespace {
+
+// All nodes reachable from node `from` (not including it).
+std::vector<char> descendants(const ir::Graph& g, int32_t from) {
+  std::vector<char> reach(g.nodes.size(), 0);
+  std::vector<char> live(g.values.size(), 0);
+  for (auto v : g.nodes[from].outputs) live[v] = 1;
+  for (size_t i = from + 1; i < g.nodes.size(); ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i]))
+      if (live[v]) {
+        reach[i] = 1;
+        for (auto o : g.nodes[i].outputs) live[o] = 1;
+        break;
+      }
+  return reach;
+}
+
+void check_partition(const ir::Graph& g, const Partition& p, const std::vector<int64_t>& claimed) {
+  std::set<int64_t> claimed_set(claimed.begin(), claimed.end());
+  // Every claimed node is in exactly one group; no unclaimed node is.
+  for (size_t i = 0; i < g.nodes.size(); ++i) EXPECT_EQ(p.group_of[i] >= 0, claimed_set.count(i) > 0) << i;
+  // Convex: no node outside a group is both downstream and upstream of it.
+  std::vector<std::vector<char>> desc(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) desc[i] = descendants(g, static_cast<int32_t>(i));
+  for (size_t gi = 0; gi < p.groups.size(); ++gi) {
+    const auto& nodes = p.groups[gi].nodes;
+    for (size_t x = 0; x < g.nodes.size(); ++x) {
+      if (p.group_of[x] == static_cast<int32_t>(gi)) continue;
+      bool below = false, above = false;
+      for (auto n : nodes) below = below || desc[n][x], above = above || desc[x][n];
+      EXPECT_FALSE(below && above) << "node " << x << " is inside a path that leaves group " << gi;
+    }
+  }
+  // The order runs every unit once, after everything it reads.
+  std::vector<char> done(g.values.size(), 0);
+  for (const auto& in : g.inputs) done[in.value] = 1;
+  size_t eager_seen = 0;
+  std::set<int32_t> groups_seen;
+  for (auto u : p.order) {
+    std::vector<int32_t> nodes;
+    if (u >= 0) nodes = {u}, ++eager_seen;
+    else nodes = p.groups[-u - 1].nodes, groups_seen.insert(-u - 1);
+    for (auto n : nodes)
+      for (auto v : ir::Graph::node_inputs(g.nodes[n])) {
+        const int32_t prod = g.value(v).producer;
+        const bool inside = u < 0 && prod >= 0 && p.group_of[prod] == -u - 1;
+        EXPECT_TRUE(done[v] || inside) << "unit " << u << " reads %" << v << " before it is computed";
+      }
+    for (auto n : nodes)
+      for (auto v : g.nodes[n].outputs) done[v] = 1;
+  }
+  EXPECT_EQ(eager_seen + claimed.size(), g.nodes.size());
+  EXPECT_EQ(groups_seen.size(), p.groups.size());
+}
+
+ir::Graph chain_with_escape() {
+  // n0 claimed -> n1 eager -> n2 claimed, and n2 also reads n0 directly: merging n2 into n0's group
+  // would need n1 in the middle of the group.
+  return ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  %1 : f32[4]{1} = aten::relu(%0)
+  %2 : f32[4]{1} = aten::sin(%1)
+  %3 : f32[4]{1} = aten::add.Tensor(%1, %2, scalar(1))
+  %4 : f32[4]{1} = aten::neg(%3)
+  output %4 result "y"
+}
+)");
+}
+
+}  // namespace
+
+TEST(Partition, DoesNotMergeAcrossAnEagerNode) {
+  ir::Graph g = chain_with_escape();
+  Partition p = partition_graph(g, {0, 2, 3});
+  ASSERT_EQ(p.groups.size(), 2u);
+  EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0}));
+  EXPECT_EQ(p.groups[1].nodes, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(p.groups[0].inputs, (std::vector<ir::ValueId>{0}));
+  EXPECT_EQ(p.groups[0].outputs, (std::vector<ir::ValueId>{1}));
+  EXPECT_EQ(p.groups[1].inputs, (std::vector<ir::ValueId>{1, 2}));
+  EXPECT_EQ(p.groups[1].outputs, (std::vector<ir::ValueId>{4}));
+  EXPECT_EQ(p.order, (std::vector<int32_t>{-1, 1, -2}));
+  check_partition(g, p, {0, 2, 3});
+}
+
+TEST(Partition, ChainOfClaimedNodesIsOneGroup) {
+  ir::Graph g = chain_with_escape();
+  Partition p = partition_graph(g, {0, 1, 2, 3});
+  ASSERT_EQ(p.groups.size(), 1u);
+  EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p.groups[0].inputs, (std::vector<ir::ValueId>{0}));
+  EXPECT_EQ(p.groups[0].outputs, (std::vector<ir::ValueId>{4}));
+  EXPECT_EQ(p.order, (std::vector<int32_t>{-1}));
+}
+
+TEST(Partition, NothingClaimedRunsEverythingEagerly) {
+  ir::Graph g = chain_with_escape();
+  Partition p = partition_graph(g, {});
+  EXPECT_TRUE(p.groups.empty());
+  EXPECT_EQ(p.order, (std::vector<int32_t>{0, 1, 2, 3}));
+}
+
+TEST(Partition, ValidateClaimsNamesThePluginAndTheNode) {
+  ir::Graph g = chain_with_escape();
+  try {
+    validate_claims(g, {0, 7}, "custom");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "plugin 'custom' claimed node 7, but the graph has 4 nodes");
+  }
+  try {
+    validate_claims(g, {1, 1}, "custom");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "plugin 'custom' claimed node 1 twice");
+  }
+  EXPECT_NO_THROW(validate_claims(g, {3, 0}, "custom"));
+}
+
+// Random DAGs with random claims: groups are always convex and the order always valid.
+TEST(Partition, RandomGraphsGiveConvexGroupsAndAValidOrder) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    ir::Graph g;
+    ir::TensorMeta m;
+    m.shape = {2};
+    m.strides = {1};
+    std::vector<ir::ValueId> avail = {g.add_input(m, ir::InputRole::UserInput, "x"),
+                                      g.add_input(m, ir::InputRole::Parameter, "w")};
+    const int n = 2 + static_cast<int>(rng() % 30);
+    std::vector<int64_t> claimed;
+    for (int i = 0; i < n; ++i) {
+      ir::Node node;
+      node.op = "aten::add.Tensor";
+      node.args = {ir::Arg::tensor(avail[rng() % avail.size()]), ir::Arg::tensor(avail[rng() % avail.size()]),
+                   ir::Arg::integer(1)};
+      node.outputs = {g.add_value(m)};
+      avail.push_back(node.outputs[0]);
+      g.add_node(node);
+      if (rng() % 3) claimed.push_back(i);
+    }
+    g.outputs.push_back({avail.back(), ir::OutputRole::Result, -1, "y"});
+    Partition p = partition_graph(g, claimed);
+    check_partition(g, p, claimed);
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << ir::print(g) << print_partition(g, p);
+      return;
+    }
+  }
+}
+
+TEST(GraphView, DescribesValuesNodesAndArguments) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3]{3,1} input "x"
+  input %1 : bf16[3]{1} on cuda:0 param "b"
+  %2 : f32[2,3]{3,1} = aten::add.Tensor(%0, %0, scalar(2.5))
+  %3 : f32[3,2]{1,3} = aten::permute(%2, i[1, 0])
+  output %3 result "y"
+}
+)");
+  GraphView gv(g);
+  const KilnGraphView& v = gv.view();
+  EXPECT_EQ(v.struct_size, KILN_GRAPH_VIEW_STRUCT_SIZE);
+  ASSERT_EQ(v.num_values, 4u);
+  EXPECT_EQ(v.values[1]->dtype.code, kDLBfloat);
+  EXPECT_EQ(v.values[1]->device.device_type, kDLCUDA);
+  EXPECT_EQ(v.values[3]->strides[0], 1);
+  EXPECT_EQ(v.values[3]->strides[1], 3);
+  ASSERT_EQ(v.num_nodes, 2u);
+  const KilnNode* add = v.nodes[0];
+  EXPECT_STREQ(add->op, "aten::add.Tensor");
+  EXPECT_STREQ(add->name, "aten::add");
+  EXPECT_STREQ(add->overload, "Tensor");
+  ASSERT_EQ(add->num_args, 3u);
+  EXPECT_STREQ(add->args[0]->name, "self");
+  EXPECT_STREQ(add->args[2]->name, "alpha");
+  EXPECT_EQ(add->args[2]->tag, KILN_ARG_DOUBLE);
+  EXPECT_DOUBLE_EQ(add->args[2]->d, 2.5);
+  ASSERT_EQ(add->num_inputs, 2u);
+  EXPECT_EQ(add->inputs[0], 0);
+  EXPECT_EQ(add->outputs[0], 2);
+  EXPECT_STREQ(v.nodes[1]->overload, "");
+  EXPECT_EQ(v.nodes[1]->args[1]->tag, KILN_ARG_INT_LIST);
+  EXPECT_EQ(v.nodes[1]->args[1]->len, 2u);
+  ASSERT_EQ(v.num_outputs, 1u);
+  EXPECT_EQ(v.outputs[0], 3);
+
+  // A subgraph view has dense indices: inputs first, then results.
+  GraphView sub(g, {1}, {2}, {3});
+  EXPECT_EQ(sub.view().num_values, 2u);
+  EXPECT_EQ(sub.view().values[0]->id, 2);
+  EXPECT_EQ(sub.view().nodes[0]->inputs[0], 0);
+  EXPECT_EQ(sub.view().nodes[0]->outputs[0], 1);
+  EXPECT_EQ(sub.view().inputs[0], 0);
+  EXPECT_EQ(sub.view().outputs[0], 1);
+}

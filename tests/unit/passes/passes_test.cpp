@@ -1,0 +1,229 @@
+// The passes, IR in and IR out (golden text), plus numeric checks that rewrites are exact.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <ATen/core/function_schema.h>
+
+#include "kiln/executor.h"
+#include "kiln/ir_text.h"
+#include "kiln/passes.h"
+
+using namespace kiln;
+
+namespace {
+
+std::string run_pass(const std::string& in, void (*pass)(ir::Graph&)) {
+  ir::Graph g = ir::parse(in);
+  pass(g);
+  g.verify();
+  return ir::print(g);
+}
+
+// Evaluates every node of `g` on the given input tensors and returns the graph's outputs.
+std::vector<at::Tensor> evaluate(const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                                 const ConstantTensors& constants = {}) {
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < g.inputs.size(); ++i) {
+    auto c = constants.find(g.inputs[i].value);
+    env[g.inputs[i].value] = c != constants.end() ? c->second : inputs.at(i);
+  }
+  for (const auto& n : g.nodes) EagerExecutor::run_node(n, env);
+  std::vector<at::Tensor> outs;
+  for (const auto& o : g.outputs) outs.push_back(env[o.value]);
+  return outs;
+}
+
+}  // namespace
+
+TEST(Dce, RemovesUnusedPureNodesAndKeepsEffects) {
+  const std::string in = R"(graph {
+  input %0 : f32[4]{1} param "w"
+  %1 : f32[4]{1} = aten::relu(%0)
+  %2 : f32[4]{1} = aten::neg(%1)
+  %3 : f32[4]{1} = aten::sigmoid(%0)
+  %4 : f32[4]{1} = aten::bernoulli(%0, None)
+  %5 : f32[4]{1} = aten::add_.Tensor(%0, %0, scalar(1))
+  %6 : f32[4]{1} = aten::not_an_op(%0)
+  output %2 result "y"
+}
+)";
+  EXPECT_EQ(run_pass(in, eliminate_dead_code), R"(graph {
+  input %0 : f32[4]{1} param "w"
+  %1 : f32[4]{1} = aten::relu(%0)
+  %2 : f32[4]{1} = aten::neg(%1)
+  %4 : f32[4]{1} = aten::bernoulli(%0, None)
+  %5 : f32[4]{1} = aten::add_.Tensor(%0, %0, scalar(1))
+  %6 : f32[4]{1} = aten::not_an_op(%0)
+  output %2 result "y"
+}
+)");
+}
+
+TEST(Cse, MergesIdenticalPureNodesTransitively) {
+  const std::string in = R"(graph {
+  input %0 : f32[4]{1} param "a"
+  input %1 : f32[4]{1} param "b"
+  %2 : f32[4]{1} = aten::mul.Tensor(%0, %1)
+  %3 : f32[4]{1} = aten::mul.Tensor(%0, %1)
+  %4 : f32[4]{1} = aten::relu(%2)
+  %5 : f32[4]{1} = aten::relu(%3)
+  %6 : f32[4]{1} = aten::add.Tensor(%4, %5, scalar(1))
+  %7 : f32[4]{1} = aten::add.Tensor(%4, %5, scalar(2))
+  %8 : f32[4]{1} = aten::bernoulli(%0, None)
+  %9 : f32[4]{1} = aten::bernoulli(%0, None)
+  output %6 result "x"
+  output %7 result "y"
+  output %5 writeback 0 "a"
+  output %9 result "z"
+}
+)";
+  EXPECT_EQ(run_pass(in, eliminate_common_subexpressions), R"(graph {
+  input %0 : f32[4]{1} param "a"
+  input %1 : f32[4]{1} param "b"
+  %2 : f32[4]{1} = aten::mul.Tensor(%0, %1)
+  %4 : f32[4]{1} = aten::relu(%2)
+  %6 : f32[4]{1} = aten::add.Tensor(%4, %4, scalar(1))
+  %7 : f32[4]{1} = aten::add.Tensor(%4, %4, scalar(2))
+  %8 : f32[4]{1} = aten::bernoulli(%0, None)
+  %9 : f32[4]{1} = aten::bernoulli(%0, None)
+  output %6 result "x"
+  output %7 result "y"
+  output %4 writeback 0 "a"
+  output %9 result "z"
+}
+)");
+}
+
+TEST(Cse, KeepsNodesWhoseResultTypesDiffer) {
+  const std::string in = R"(graph {
+  input %0 : f32[4]{1} param "a"
+  %1 : f32[4]{1} = aten::clone(%0, None)
+  %2 : f32[4]{1} = aten::clone(%0, memory_format(0))
+  output %1 result "x"
+  output %2 result "y"
+}
+)";
+  EXPECT_EQ(run_pass(in, eliminate_common_subexpressions), in);
+}
+
+TEST(Decompose, LowersAliasesToCoreOpsExactly) {
+  const std::string in = R"(graph {
+  input %0 : f32[3,5]{5,1} param "w"
+  input %1 : f32[2,3,5]{15,5,1} input "x"
+  %2 : f32[5,3]{1,5} = aten::t(%0)
+  %3 : f32[2,5,3]{15,1,5} = aten::transpose.int(%1, -1, 1)
+  %4 : f32[3,5]{5,1} = aten::ones_like(%0, None, None, None, None, None)
+  %5 : f32[2,3,5]{15,5,1} = aten::zeros_like(%1, None, None, None, None, None)
+  %6 : f32[6,5]{5,1} = aten::_unsafe_view(%1, i[6, 5])
+  output %2 result "a"
+  output %3 result "b"
+  output %4 result "c"
+  output %5 result "d"
+  output %6 result "e"
+}
+)";
+  const std::string out = run_pass(in, decompose);
+  EXPECT_EQ(out, R"(graph {
+  input %0 : f32[3,5]{5,1} param "w"
+  input %1 : f32[2,3,5]{15,5,1} input "x"
+  %2 : f32[5,3]{1,5} = aten::permute(%0, i[1, 0])
+  %3 : f32[2,5,3]{15,1,5} = aten::permute(%1, i[0, 2, 1])
+  %4 : f32[3,5]{5,1} = aten::full(i[3, 5], scalar(1.0), dtype(f32), layout(0), device("cpu"), false)
+  %5 : f32[2,3,5]{15,5,1} = aten::full(i[2, 3, 5], scalar(0.0), dtype(f32), layout(0), device("cpu"), false)
+  %6 : f32[6,5]{5,1} = aten::view(%1, i[6, 5])
+  output %2 result "a"
+  output %3 result "b"
+  output %4 result "c"
+  output %5 result "d"
+  output %6 result "e"
+}
+)");
+  // Same numbers, same strides, on fresh random inputs.
+  std::vector<at::Tensor> inputs = {at::randn({3, 5}), at::randn({2, 3, 5})};
+  auto before = evaluate(ir::parse(in), inputs);
+  auto after = evaluate(ir::parse(out), inputs);
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(at::equal(before[i], after[i])) << "output " << i;
+    EXPECT_EQ(before[i].strides(), after[i].strides()) << "output " << i;
+  }
+}
+
+TEST(ConstantFold, EvaluatesConstantChainsOnceAndLeavesTheRest) {
+  std::mt19937 rng(std::random_device{}());
+  const double fill = std::uniform_real_distribution<double>(0.05, 0.95)(rng);
+  const std::string in = R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} const "c"
+  %2 : f32[4]{1} = aten::full(i[4], scalar()" + std::to_string(fill) + R"(), dtype(f32), layout(0), device("cpu"), false)
+  %3 : f32[4]{1} = aten::mul.Tensor(%2, %1)
+  %4 : f32[4]{1} = aten::add.Tensor(%0, %3, scalar(1))
+  %5 : i64[3]{1} = aten::arange(3, dtype(i64), None, None, None)
+  %6 : f32[4]{1} = aten::bernoulli(%2, None)
+  output %4 result "y"
+  output %5 result "p"
+  output %6 result "r"
+}
+)";
+  ir::Graph g = ir::parse(in);
+  at::Tensor c = at::randn({4});
+  ConstantTensors constants{{1, c}};
+  fold_constants(g, constants);
+  g.verify();
+  ASSERT_EQ(g.nodes.size(), 2u);
+  EXPECT_EQ(g.nodes[0].op, "aten::add.Tensor");
+  EXPECT_EQ(g.nodes[1].op, "aten::bernoulli");
+  ASSERT_TRUE(constants.count(3));
+  EXPECT_TRUE(at::allclose(constants.at(3), c * static_cast<float>(std::stod(std::to_string(fill)))));
+  EXPECT_TRUE(at::equal(constants.at(5), at::arange(3)));
+  // The folded values are graph inputs with role Constant.
+  int folded = 0;
+  for (const auto& i : g.inputs) folded += i.name.rfind("folded.", 0) == 0 && i.role == ir::InputRole::Constant;
+  EXPECT_EQ(folded, 3);  // %2, %3, %5
+  at::Tensor x = at::randn({4});
+  std::vector<at::Tensor> inputs(g.inputs.size());
+  inputs[0] = x;
+  auto outs = evaluate(g, inputs, constants);
+  EXPECT_TRUE(at::allclose(outs[0], x + c * static_cast<float>(std::stod(std::to_string(fill)))));
+}
+
+TEST(Pipeline, DumpsTheIrAfterEveryPass) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_pipeline_" + std::to_string(std::random_device{}()));
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[3,5]{5,1} param "w"
+  %1 : f32[5,3]{1,5} = aten::t(%0)
+  %2 : f32[5,3]{1,5} = aten::t(%0)
+  %3 : f32[5,3]{3,1} = aten::add.Tensor(%1, %2, scalar(1))
+  %4 : f32[5,3]{3,1} = aten::relu(%3)
+  output %3 result "y"
+}
+)");
+  ConstantTensors constants;
+  PipelineOptions opts;
+  opts.functionalize = false;
+  opts.debug_dir = dir.string();
+  auto records = run_pipeline(g, constants, opts);
+  std::vector<std::string> names;
+  for (const auto& r : records) names.push_back(r.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"decompose", "dce", "cse", "constant_fold", "dce_final"}));
+  for (const char* f : {"00-captured.kir", "01-decompose.kir", "02-dce.kir", "03-cse.kir", "04-constant_fold.kir",
+                        "05-dce_final.kir"})
+    EXPECT_TRUE(std::filesystem::exists(dir / f)) << f;
+  EXPECT_EQ(ir::print(g), R"(graph {
+  input %0 : f32[3,5]{5,1} param "w"
+  %1 : f32[5,3]{1,5} = aten::permute(%0, i[1, 0])
+  %3 : f32[5,3]{3,1} = aten::add.Tensor(%1, %1, scalar(1))
+  output %3 result "y"
+}
+)");
+  std::ifstream dumped(dir / "03-cse.kir");
+  std::stringstream ss;
+  ss << dumped.rdbuf();
+  EXPECT_EQ(ss.str(), ir::print(g));
+  std::filesystem::remove_all(dir);
+}
