@@ -40,6 +40,9 @@ struct Value {
   TensorMeta meta;
   int32_t producer = -1;  // index of the producing node, -1 for graph inputs
   int32_t producer_output = 0;
+  // Before functionalization only: values with the same storage id share memory (views of one
+  // another, or one tensor before and after an in-place op). -1 after functionalization.
+  int32_t storage = -1;
 };
 
 // One argument of a node, in schema order.
@@ -70,6 +73,10 @@ struct Arg {
   std::string s;
   // Whether an Int/Double/Bool came from a `Scalar` parameter (matters when rebuilding IValues).
   bool is_scalar = false;
+  // >= 0: this Int/Double/Bool is a run-time scalar, Graph::scalar_inputs[scalar_input], bound
+  // on every call (e.g. Adam's bias corrections, which change every step); `i`/`d` hold the value
+  // seen at capture. Passes must not fold it or merge nodes on its captured value.
+  int32_t scalar_input = -1;
 
   static Arg none() { return {}; }
   static Arg tensor(ValueId v) { Arg a; a.kind = Kind::Tensor; a.value = v; return a; }
@@ -87,7 +94,9 @@ struct Arg {
 struct Node {
   std::string op;                 // "aten::add.Tensor": schema name, ".overload" when not empty
   std::vector<Arg> args;          // every argument, in schema order
-  std::vector<ValueId> outputs;   // tensor results, flattened (a Tensor[] result is expanded)
+  // Tensor results, flattened (a Tensor[] result is expanded); kNoValue for an undefined tensor
+  // result (e.g. convolution_backward's bias gradient when output_mask says so).
+  std::vector<ValueId> outputs;
   bool returns_list = false;      // the schema returns Tensor[] (outputs are its elements)
   std::string phase;              // "forward", "backward", "optimizer" (informational)
 };
@@ -120,11 +129,18 @@ struct Output {
   std::string name;
 };
 
+// A scalar argument bound at run time (see Arg::scalar_input).
+struct ScalarInput {
+  Arg::Kind kind = Arg::Kind::Double;  // Int, Double or Bool
+  std::string name;                    // "optimizer.scalar.3"
+};
+
 struct Graph {
   std::vector<Value> values;
   std::vector<Node> nodes;
   std::vector<Input> inputs;
   std::vector<Output> outputs;
+  std::vector<ScalarInput> scalar_inputs;
 
   ValueId add_value(const TensorMeta& meta);
   ValueId add_input(const TensorMeta& meta, InputRole role, std::string name);

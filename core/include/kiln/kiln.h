@@ -1,6 +1,7 @@
 // kiln's public C++ API: include this one header.
 #pragma once
 
+#include "kiln/compile.h"
 #include "kiln/config.h"
 #include "kiln/trainer.h"
 #include "kiln/version.h"

@@ -14,6 +14,11 @@
 #include "kiln/config.h"
 
 namespace kiln {
+class CompiledStep;
+struct StepStats;
+}  // namespace kiln
+
+namespace kiln {
 
 using ForwardFn = std::function<at::Tensor(const at::Tensor& input)>;
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
@@ -44,6 +49,10 @@ class Trainer {
   // Whether steps currently run compiled (false while the pipeline falls back to eager).
   bool compiled() const;
   const TrainingArguments& args() const;
+  // Counters (compiles, compiled and eager steps, compile time, last fallback reason) and the
+  // compiled step itself (its captured and compiled graphs).
+  const StepStats& stats() const;
+  const CompiledStep& compiled_step() const;
 
  private:
   struct Impl;

@@ -29,7 +29,7 @@ bool TensorMeta::operator==(const TensorMeta& o) const {
 bool Arg::operator==(const Arg& o) const {
   return kind == o.kind && value == o.value && values == o.values && i == o.i &&
          (d == o.d || (d != d && o.d != o.d)) && ints == o.ints && doubles == o.doubles && s == o.s &&
-         is_scalar == o.is_scalar;
+         is_scalar == o.is_scalar && scalar_input == o.scalar_input;
 }
 
 ValueId Graph::add_value(const TensorMeta& meta) {
@@ -49,6 +49,7 @@ ValueId Graph::add_input(const TensorMeta& meta, InputRole role, std::string nam
 int32_t Graph::add_node(Node node) {
   const auto index = static_cast<int32_t>(nodes.size());
   for (size_t k = 0; k < node.outputs.size(); ++k) {
+    if (node.outputs[k] == kNoValue) continue;
     auto& v = value(node.outputs[k]);
     v.producer = index;
     v.producer_output = static_cast<int32_t>(k);
@@ -72,6 +73,7 @@ void Graph::reindex() {
   for (auto& v : values) v.producer = -1, v.producer_output = 0;
   for (size_t i = 0; i < nodes.size(); ++i)
     for (size_t k = 0; k < nodes[i].outputs.size(); ++k) {
+      if (nodes[i].outputs[k] == kNoValue) continue;
       auto& v = value(nodes[i].outputs[k]);
       v.producer = static_cast<int32_t>(i);
       v.producer_output = static_cast<int32_t>(k);
@@ -96,6 +98,7 @@ void Graph::verify() const {
       if (!defined[v]) fail(where + " reads %" + std::to_string(v) + " before it is defined");
     }
     for (auto v : n.outputs) {
+      if (v == kNoValue) continue;
       if (v < 0 || static_cast<size_t>(v) >= values.size())
         fail(where + " defines value %" + std::to_string(v) + " out of range");
       if (defined[v]) fail(where + " defines %" + std::to_string(v) + " a second time");

@@ -1,5 +1,6 @@
 #include "kiln/trainer.h"
 
+#include "kiln/compile.h"
 #include "kiln/log.h"
 
 namespace kiln {
@@ -9,18 +10,9 @@ struct Trainer::Impl {
   ForwardFn forward;
   torch::optim::Optimizer* optimizer;
   LossFn loss_fn;
-  TrainingArguments args;
   std::string backend = "eager";
   std::vector<std::string> reasons;
-  bool said_eager = false;
-
-  at::Tensor eager_step(const at::Tensor& input, const at::Tensor& target) {
-    optimizer->zero_grad();
-    auto loss = loss_fn(forward(input), target);
-    loss.backward();
-    optimizer->step();
-    return loss.detach();
-  }
+  std::unique_ptr<CompiledStep> step;
 };
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward,
@@ -33,23 +25,39 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward,
   impl_->forward = std::move(forward);
   impl_->optimizer = &optimizer;
   impl_->loss_fn = std::move(loss_fn);
-  impl_->args = std::move(args);
-  impl_->reasons.push_back("the compile pipeline has not landed yet: every step runs eagerly");
+  if (args.compile_enabled()) {
+    // Until backend selection and partitioning are wired in, every node runs on the eager
+    // executor: the backend is kiln's own.
+    impl_->backend = "eager-executor";
+    impl_->reasons.push_back("requested backend '" + args.torch_compile_backend +
+                             "'; backend selection and partitioning are not wired in yet, so the "
+                             "compiled step runs every node on kiln's eager executor");
+  } else {
+    impl_->reasons.push_back("torch_compile is off: every step runs LibTorch eager");
+  }
+  auto* im = impl_.get();
+  impl_->step = std::make_unique<CompiledStep>(
+      [im](const std::vector<at::Tensor>& in) {
+        im->optimizer->zero_grad();
+        auto loss = im->loss_fn(im->forward(in.at(0)), in.at(1));
+        loss.backward();
+        im->optimizer->step();
+        return std::vector<at::Tensor>{loss.detach()};
+      },
+      StepState{{impl_->model}, {impl_->optimizer}}, std::move(args));
 }
 
 Trainer::~Trainer() = default;
 
 at::Tensor Trainer::step(const at::Tensor& input, const at::Tensor& target) {
-  if (!impl_->said_eager && impl_->args.compile_enabled()) {
-    log_warn("torch_compile is on but the compile pipeline has not landed yet; running the eager step");
-    impl_->said_eager = true;
-  }
-  return impl_->eager_step(input, target);
+  return (*impl_->step)({input, target}).at(0);
 }
 
 const std::string& Trainer::backend() const { return impl_->backend; }
 const std::vector<std::string>& Trainer::backend_reasons() const { return impl_->reasons; }
-bool Trainer::compiled() const { return false; }
-const TrainingArguments& Trainer::args() const { return impl_->args; }
+bool Trainer::compiled() const { return impl_->step->last_step_compiled(); }
+const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
+const StepStats& Trainer::stats() const { return impl_->step->stats(); }
+const CompiledStep& Trainer::compiled_step() const { return *impl_->step; }
 
 }  // namespace kiln

@@ -1,0 +1,325 @@
+// Functionalization: the captured graph, with its in-place ops, out= ops and views, becomes a
+// pure graph plus write-back outputs.
+//
+// Rules (docs/architecture.md, "Functionalization"):
+//  - Values that share a storage (Value::storage) are tracked per storage: the storage's current
+//    content is one "base" value, and every other value of that storage is a view of it, defined
+//    by the chain of view ops that made it.
+//  - A node that writes an argument becomes its functional variant: `foo_.ov` -> `foo.ov`,
+//    `foo.out`/`foo.x_out` -> `foo`/`foo.x`, `foo` -> `foo_functional`, and native_batch_norm ->
+//    _native_batch_norm_legit_functional. The variant returns the op's other results followed
+//    by the new value of each written argument; arguments are matched by name.
+//  - Writing the base makes the new value the base. Writing a view scatters the new value into
+//    the base (as_strided_scatter with the view's sizes, strides and offset).
+//  - Reading a value whose storage was written after it was computed replays its view chain on
+//    the current base.
+//  - Every graph input whose storage was written gets a WriteBack output of its final value.
+// Anything else (writes through a Tensor[] argument, ops with no functional variant) throws: the
+// compile fails and the step runs eagerly with a warning naming the op.
+#include <stdexcept>
+#include <unordered_map>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "kiln/passes.h"
+
+namespace kiln {
+namespace {
+
+std::pair<std::string, std::string> split_op(const std::string& op) {
+  const auto colons = op.find("::");
+  const auto dot = op.find('.', colons == std::string::npos ? 0 : colons + 2);
+  if (dot == std::string::npos) return {op, ""};
+  return {op.substr(0, dot), op.substr(dot + 1)};
+}
+
+std::string join_op(const std::string& name, const std::string& overload) {
+  return overload.empty() ? name : name + "." + overload;
+}
+
+const c10::FunctionSchema* find_schema(const std::string& op) {
+  auto [name, overload] = split_op(op);
+  auto h = c10::Dispatcher::singleton().findOp({name, overload});
+  return h ? &h->schema() : nullptr;
+}
+
+bool writes_any(const c10::FunctionSchema& s) {
+  for (const auto& a : s.arguments())
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  return false;
+}
+
+struct FunctionalVariant {
+  std::string op;
+  const c10::FunctionSchema* schema = nullptr;
+};
+
+// The pure op that computes what `schema` computes, returning the written arguments' new values.
+FunctionalVariant functional_variant(const std::string& op, const c10::FunctionSchema& schema,
+                                     size_t written, size_t kept_returns) {
+  auto [name, overload] = split_op(op);
+  std::vector<std::string> candidates;
+  if (!name.empty() && name.back() == '_') candidates.push_back(join_op(name.substr(0, name.size() - 1), overload));
+  if (overload == "out") candidates.push_back(name);
+  if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0)
+    candidates.push_back(join_op(name, overload.substr(0, overload.size() - 4)));
+  candidates.push_back(join_op(name + "_functional", overload));
+  if (name == "aten::native_batch_norm") candidates.push_back("aten::_native_batch_norm_legit_functional");
+  for (const auto& c : candidates) {
+    const auto* fs = find_schema(c);
+    if (!fs || writes_any(*fs)) continue;
+    if (fs->returns().size() != kept_returns + written) continue;
+    bool names_ok = true;
+    for (const auto& fa : fs->arguments()) {
+      bool found = false;
+      for (const auto& a : schema.arguments()) found = found || a.name() == fa.name();
+      names_ok = names_ok && (found || fa.default_value().has_value());
+    }
+    if (names_ok) return {c, fs};
+  }
+  return {};
+}
+
+struct Functionalizer {
+  const ir::Graph& g;
+  ir::Graph out;
+
+  struct ViewSource {
+    int32_t node = -1;  // raw node that made the value (a view op), -1: base-like
+    int32_t output = 0;
+    ir::ValueId parent = ir::kNoValue;
+  };
+  std::vector<ir::ValueId> val;       // raw value -> new value
+  std::vector<int64_t> ver;           // storage version `val` was computed at
+  std::vector<ViewSource> view_src;
+  std::unordered_map<int32_t, ir::ValueId> cur_base;  // storage -> new value of its content
+  std::unordered_map<int32_t, int64_t> storage_version;
+  std::unordered_map<int32_t, ir::ValueId> base_raw;  // storage -> a raw base-like value
+
+  explicit Functionalizer(const ir::Graph& graph) : g(graph) {
+    val.assign(g.values.size(), ir::kNoValue);
+    ver.assign(g.values.size(), 0);
+    view_src.assign(g.values.size(), {});
+  }
+
+  int32_t storage(ir::ValueId v) const { return g.value(v).storage; }
+
+  ir::ValueId new_value_like(ir::ValueId raw) { return out.add_value(g.value(raw).meta); }
+
+  void define_base(ir::ValueId raw, ir::ValueId nv) {
+    const int32_t s = storage(raw);
+    val[raw] = nv;
+    if (s < 0) return;
+    cur_base[s] = nv;
+    base_raw[s] = raw;
+    ver[raw] = storage_version[s];
+  }
+
+  // The new value holding raw value `v`'s content now.
+  ir::ValueId get(ir::ValueId v) {
+    const int32_t s = storage(v);
+    if (s < 0 || ver[v] == storage_version[s]) return val[v];
+    const auto& src = view_src[v];
+    if (src.node < 0) {
+      val[v] = cur_base.at(s);
+    } else {
+      const auto parent = get(src.parent);
+      ir::Node n = g.nodes[static_cast<size_t>(src.node)];
+      map_args(n, src.parent, parent);
+      for (auto& o : n.outputs)
+        if (o != ir::kNoValue) o = new_value_like(o);
+      val[v] = n.outputs[static_cast<size_t>(src.output)];
+      out.add_node(std::move(n));
+    }
+    ver[v] = storage_version[s];
+    return val[v];
+  }
+
+  // Maps a raw node's tensor arguments to current new values (`fixed` pinned to `fixed_new`).
+  void map_args(ir::Node& n, ir::ValueId fixed = ir::kNoValue, ir::ValueId fixed_new = ir::kNoValue) {
+    for (auto& a : n.args) {
+      if (a.kind == ir::Arg::Kind::Tensor) a.value = a.value == fixed ? fixed_new : get(a.value);
+      else if (a.kind == ir::Arg::Kind::TensorList)
+        for (auto& v : a.values)
+          if (v != ir::kNoValue) v = v == fixed ? fixed_new : get(v);
+    }
+  }
+
+  void pure_node(int32_t index) {
+    const ir::Node& raw = g.nodes[static_cast<size_t>(index)];
+    ir::Node n = raw;
+    map_args(n);
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const auto o = raw.outputs[k];
+      if (o == ir::kNoValue) continue;
+      n.outputs[k] = new_value_like(o);
+    }
+    const auto outs = n.outputs;
+    out.add_node(std::move(n));
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const auto o = raw.outputs[k];
+      if (o == ir::kNoValue) continue;
+      // A result in the storage of an argument is a view of that argument.
+      ir::ValueId parent = ir::kNoValue;
+      for (auto a : ir::Graph::node_inputs(raw))
+        if (storage(a) >= 0 && storage(a) == storage(o)) {
+          parent = a;
+          break;
+        }
+      if (parent == ir::kNoValue) {
+        define_base(o, outs[k]);
+      } else {
+        val[o] = outs[k];
+        ver[o] = storage_version[storage(o)];
+        view_src[o] = {index, static_cast<int32_t>(k), parent};
+      }
+    }
+  }
+
+  void mutating_node(int32_t index, const c10::FunctionSchema& schema) {
+    const ir::Node& raw = g.nodes[static_cast<size_t>(index)];
+    const auto& sargs = schema.arguments();
+    const auto& srets = schema.returns();
+    std::vector<size_t> written;  // argument indices
+    for (size_t i = 0; i < sargs.size(); ++i) {
+      const auto* ai = sargs[i].alias_info();
+      if (!ai || !ai->isWrite()) continue;
+      if (raw.args[i].kind == ir::Arg::Kind::TensorList)
+        throw std::runtime_error(raw.op + " writes a Tensor[] argument; kiln cannot functionalize it yet");
+      if (raw.args[i].kind == ir::Arg::Kind::Tensor) written.push_back(i);
+    }
+    // Which results alias a written argument, and which are new.
+    std::vector<int> ret_alias(srets.size(), -1);
+    size_t kept = 0;
+    for (size_t r = 0; r < srets.size(); ++r) {
+      const auto* ai = srets[r].alias_info();
+      if (ai && ai->isWrite())
+        for (size_t i = 0; i < sargs.size(); ++i)
+          if (sargs[i].alias_info() && sargs[i].alias_info()->beforeSets() == ai->beforeSets())
+            ret_alias[r] = static_cast<int>(i);
+      if (ret_alias[r] < 0) ++kept;
+    }
+    if (raw.returns_list) throw std::runtime_error(raw.op + " returns Tensor[] and writes its arguments; kiln cannot functionalize it yet");
+    const auto fv = functional_variant(raw.op, schema, written.size(), kept);
+    if (!fv.schema) throw std::runtime_error("no functional variant of " + raw.op + " (it writes its arguments)");
+
+    ir::Node n;
+    n.op = fv.op;
+    n.phase = raw.phase;
+    for (const auto& fa : fv.schema->arguments()) {
+      size_t i = 0;
+      while (i < sargs.size() && sargs[i].name() != fa.name()) ++i;
+      if (i == sargs.size()) {
+        n.args.push_back(ir::Arg::none());  // a defaulted argument the mutable op lacks
+        continue;
+      }
+      n.args.push_back(raw.args[i]);
+    }
+    map_args(n);
+    std::vector<ir::ValueId> kept_new;
+    for (size_t r = 0; r < srets.size(); ++r)
+      if (ret_alias[r] < 0) {
+        const auto o = raw.outputs[r];
+        const auto nv = o == ir::kNoValue ? ir::kNoValue : new_value_like(o);
+        n.outputs.push_back(nv);
+        kept_new.push_back(nv);
+      }
+    std::vector<ir::ValueId> written_new;
+    for (auto i : written) {
+      const auto nv = new_value_like(raw.args[i].value);
+      n.outputs.push_back(nv);
+      written_new.push_back(nv);
+    }
+    out.add_node(std::move(n));
+
+    // The new results define new storages.
+    size_t kk = 0;
+    for (size_t r = 0; r < srets.size(); ++r)
+      if (ret_alias[r] < 0) {
+        if (raw.outputs[r] != ir::kNoValue) define_base(raw.outputs[r], kept_new[kk]);
+        ++kk;
+      }
+    // Each write updates its storage.
+    for (size_t w = 0; w < written.size(); ++w) {
+      const auto m = raw.args[written[w]].value;
+      write(m, written_new[w]);
+      for (size_t r = 0; r < srets.size(); ++r)
+        if (ret_alias[r] == static_cast<int>(written[w]) && raw.outputs[r] != ir::kNoValue) {
+          const auto o = raw.outputs[r];
+          val[o] = written_new[w];
+          ver[o] = storage_version[storage(o)];
+          view_src[o] = view_src[m];
+        }
+    }
+  }
+
+  // Raw value `m` now holds new value `y`.
+  void write(ir::ValueId m, ir::ValueId y) {
+    const int32_t s = storage(m);
+    if (view_src[m].node < 0) {
+      cur_base[s] = y;
+    } else {
+      const auto base = cur_base.at(s);
+      const auto& braw = g.value(base_raw.at(s)).meta;
+      if (braw.storage_offset != 0 || !braw.is_contiguous())
+        throw std::runtime_error("a write through a view of a non-contiguous tensor; kiln cannot functionalize it yet");
+      const auto& mm = g.value(m).meta;
+      ir::Node sc;
+      sc.op = "aten::as_strided_scatter";
+      sc.phase = "functionalize";
+      sc.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(mm.shape),
+                 ir::Arg::int_list(mm.strides), ir::Arg::integer(mm.storage_offset)};
+      const auto nb = out.add_value(out.value(base).meta);
+      sc.outputs = {nb};
+      out.add_node(std::move(sc));
+      cur_base[s] = nb;
+    }
+    ++storage_version[s];
+    val[m] = y;
+    ver[m] = storage_version[s];
+  }
+
+  ir::Graph run() {
+    out.scalar_inputs = g.scalar_inputs;
+    for (const auto& in : g.inputs) {
+      const auto nv = out.add_input(g.value(in.value).meta, in.role, in.name);
+      const int32_t s = storage(in.value);
+      if (s >= 0 && cur_base.count(s))
+        throw std::runtime_error("graph inputs '" + in.name + "' and another share memory; kiln cannot functionalize that yet");
+      define_base(in.value, nv);
+    }
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const auto& raw = g.nodes[i];
+      const auto* schema = find_schema(raw.op);
+      if (!schema) throw std::runtime_error("unknown op " + raw.op);
+      if (writes_any(*schema)) mutating_node(static_cast<int32_t>(i), *schema);
+      else pure_node(static_cast<int32_t>(i));
+    }
+    for (const auto& o : g.outputs) {
+      if (o.role != ir::OutputRole::Result) continue;
+      out.outputs.push_back({get(o.value), o.role, -1, o.name});
+    }
+    for (size_t i = 0; i < g.inputs.size(); ++i) {
+      const auto v = g.inputs[i].value;
+      const int32_t s = storage(v);
+      if (s < 0 || storage_version[s] == 0) continue;
+      out.outputs.push_back({get(v), ir::OutputRole::WriteBack, static_cast<int32_t>(i), g.inputs[i].name});
+    }
+    for (auto& v : out.values) v.storage = -1;
+    out.verify();
+    return std::move(out);
+  }
+};
+
+}  // namespace
+
+void functionalize(ir::Graph& graph) {
+  // Already functional (no storage information): nothing to do.
+  bool has_storage = false;
+  for (const auto& v : graph.values) has_storage = has_storage || v.storage >= 0;
+  if (!has_storage) return;
+  Functionalizer f(graph);
+  graph = f.run();
+}
+
+}  // namespace kiln

@@ -1,0 +1,497 @@
+// CompiledStep: guards, the per-signature cache, the capture step, the compiled step and the eager
+// fallback.
+//
+// Signature (guards): every input's sizes, dtype, device and requires_grad; every parameter's
+// sizes, dtype, device and requires_grad; every module's training flag; autocast state; grad mode.
+// A new signature is captured and compiled (no eager warm-up needed once optimizer state exists);
+// past args.recompile_limit signatures kiln warns once and runs new signatures eagerly.
+//
+// Optimizer scalars: LibTorch's C++ optimizers compute some arguments on the host (Adam's bias
+// corrections change every step; a scheduler changes lr). Each compiled step first replays the
+// optimizers' step() under probe_calls (no kernels run, host state advances) and compares every
+// scalar argument with the graph's. A scalar that changed becomes a run-time scalar input of the
+// graph (Arg::scalar_input) and the graph is re-planned once; from then on it is bound per step.
+#include "kiln/compile.h"
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include "kiln/capture.h"
+#include "kiln/executor.h"
+#include "kiln/log.h"
+#include "kiln/passes.h"
+
+namespace kiln {
+
+CompileHooks& compile_hooks() {
+  static CompileHooks hooks;
+  return hooks;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct EagerGraphExecutor final : GraphExecutor {
+  explicit EagerGraphExecutor(const ir::Graph& g) : ex(g) {}
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) override {
+    ex.run(env, &scalars);
+  }
+  EagerExecutor ex;
+};
+
+// The optimizer state tensors LibTorch's optimizers keep, by name.
+void optimizer_state_tensors(const torch::optim::OptimizerParamState& st,
+                             std::vector<std::pair<std::string, at::Tensor>>& out) {
+  if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
+    out.emplace_back("momentum_buffer", s->momentum_buffer());
+  } else if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
+    out.emplace_back("exp_avg", s->exp_avg());
+    out.emplace_back("exp_avg_sq", s->exp_avg_sq());
+    out.emplace_back("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
+    out.emplace_back("exp_avg", s->exp_avg());
+    out.emplace_back("exp_avg_sq", s->exp_avg_sq());
+    out.emplace_back("max_exp_avg_sq", s->max_exp_avg_sq());
+  } else if (auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&st)) {
+    out.emplace_back("square_avg", s->square_avg());
+    out.emplace_back("momentum_buffer", s->momentum_buffer());
+    out.emplace_back("grad_avg", s->grad_avg());
+  } else if (auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&st)) {
+    out.emplace_back("sum", s->sum());
+  }
+}
+
+bool arg_matches(const ir::Arg& a, const c10::IValue& v) {
+  switch (a.kind) {
+    case ir::Arg::Kind::Int:
+      return v.isInt() ? v.toInt() == a.i : v.isDouble() ? v.toDouble() == static_cast<double>(a.i) : false;
+    case ir::Arg::Kind::Double:
+      return v.isDouble() ? v.toDouble() == a.d : v.isInt() ? static_cast<double>(v.toInt()) == a.d : false;
+    case ir::Arg::Kind::Bool:
+      return v.isBool() && (v.toBool() ? 1 : 0) == a.i;
+    default:
+      return true;  // lists, strings, dtypes: not step-dependent in any LibTorch optimizer
+  }
+}
+
+c10::IValue scalar_value(const ir::Arg& a, const c10::IValue& v) {
+  switch (a.kind) {
+    case ir::Arg::Kind::Int: return v.isInt() ? v : c10::IValue(static_cast<int64_t>(v.toDouble()));
+    case ir::Arg::Kind::Bool: return c10::IValue(v.toBool());
+    default: return c10::IValue(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble());
+  }
+}
+
+}  // namespace
+
+struct CompiledStep::Impl {
+  StepFn fn;
+  StepState state;
+  TrainingArguments args;
+  StepStats stats;
+  bool last_compiled = false;
+  std::vector<std::shared_ptr<torch::nn::Module>> all_modules;
+  std::vector<std::pair<std::string, at::Tensor>> params;  // unique, named
+  std::set<std::string> warned;
+
+  struct InBind {
+    ir::ValueId value;
+    int user = -1;
+    at::Tensor tensor;
+  };
+  struct OutBind {
+    enum Kind { Result, WriteBack, Grad } kind;
+    ir::ValueId value;
+    at::Tensor target;  // WriteBack: the tensor written; Grad: the parameter
+    int result = -1;
+  };
+
+  struct Entry {
+    bool compiled = false;
+    std::string reason;
+    // From the capture.
+    ir::Graph raw;
+    std::unordered_map<std::string, at::Tensor> bound;  // input name -> tensor read in place
+    std::unordered_map<std::string, int> user;           // input name -> user input index
+    std::unordered_map<std::string, at::Tensor> grad_of;  // "grad.<p>" output -> parameter
+    size_t num_results = 0;
+    std::vector<at::Tensor> grad_placeholder_for;  // params whose grad must be defined for the probe
+    std::vector<at::Tensor> grad_placeholders;
+    // Probe matching: raw node of each optimizer call, and the run-time scalar slots.
+    std::vector<int32_t> opt_nodes;
+    std::map<std::pair<int32_t, int32_t>, int32_t> slot_scalar;  // (raw node, arg) -> scalar input
+    // The executable.
+    ir::Graph graph;
+    std::unordered_map<ir::ValueId, at::Tensor> constants;
+    std::unique_ptr<GraphExecutor> exec;
+    std::vector<InBind> ins;
+    std::vector<OutBind> outs;
+    std::vector<c10::IValue> scalars;
+    std::vector<at::Tensor> env;
+  };
+  std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache;
+  Entry* last = nullptr;
+
+  void warn_once(const std::string& msg) {
+    if (warned.insert(msg).second) log_warn(msg);
+  }
+
+  void collect_state() {
+    std::set<const c10::TensorImpl*> seen;
+    for (size_t m = 0; m < state.modules.size(); ++m) {
+      const auto& mod = state.modules[m];
+      const std::string prefix = state.modules.size() > 1 ? "module" + std::to_string(m) + "." : "";
+      for (auto& sub : mod->modules(/*include_self=*/true)) all_modules.push_back(sub);
+      for (auto& p : mod->named_parameters(true))
+        if (seen.insert(p.value().unsafeGetTensorImpl()).second) params.emplace_back(prefix + p.key(), p.value());
+    }
+  }
+
+  std::vector<int64_t> signature(const std::vector<at::Tensor>& inputs) const {
+    std::vector<int64_t> sig;
+    sig.reserve(16 + inputs.size() * 8 + params.size() * 4);
+    auto add_tensor = [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        sig.push_back(-1);
+        return;
+      }
+      sig.push_back(t.dim());
+      for (auto s : t.sizes()) sig.push_back(s);
+      sig.push_back(static_cast<int64_t>(t.scalar_type()));
+      sig.push_back(static_cast<int64_t>(t.device().type()) * 1000 + t.device().index());
+      sig.push_back(t.requires_grad());
+    };
+    for (const auto& t : inputs) add_tensor(t);
+    sig.push_back(-2);
+    for (const auto& p : params) add_tensor(p.second);
+    sig.push_back(-3);
+    for (const auto& m : all_modules) sig.push_back(m->is_training());
+    sig.push_back(c10::GradMode::is_enabled());
+    sig.push_back(at::autocast::is_autocast_enabled(at::kCUDA));
+    sig.push_back(at::autocast::is_autocast_enabled(at::kCPU));
+    sig.push_back(static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)));
+    return sig;
+  }
+
+  std::vector<at::Tensor> eager(const std::vector<at::Tensor>& inputs) {
+    ++stats.eager_steps;
+    last_compiled = false;
+    return fn(inputs);
+  }
+
+  std::vector<KnownTensor> known_tensors(const std::vector<at::Tensor>& inputs) {
+    std::vector<KnownTensor> known;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      known.push_back({inputs[i], ir::InputRole::UserInput, "input." + std::to_string(i), static_cast<int>(i)});
+    std::unordered_map<const void*, std::string> param_name;
+    for (const auto& [name, p] : params) {
+      known.push_back({p, ir::InputRole::Parameter, name});
+      param_name[p.unsafeGetTensorImpl()] = name;
+      if (p.grad().defined()) known.push_back({p.grad(), ir::InputRole::Gradient, "grad." + name});
+    }
+    for (size_t m = 0; m < state.modules.size(); ++m) {
+      const std::string prefix = state.modules.size() > 1 ? "module" + std::to_string(m) + "." : "";
+      for (auto& b : state.modules[m]->named_buffers(true))
+        if (b.value().defined()) known.push_back({b.value(), ir::InputRole::Buffer, prefix + b.key()});
+    }
+    for (size_t o = 0; o < state.optimizers.size(); ++o) {
+      for (const auto& [key, st] : state.optimizers[o]->state()) {
+        auto it = param_name.find(key);
+        const std::string pname = it != param_name.end() ? it->second : "param" + std::to_string(known.size());
+        std::vector<std::pair<std::string, at::Tensor>> ts;
+        optimizer_state_tensors(*st, ts);
+        for (auto& [field, t] : ts)
+          if (t.defined())
+            known.push_back({t, ir::InputRole::OptimizerState,
+                             "optimizer" + (o ? std::to_string(o) : std::string()) + "." + pname + "." + field});
+      }
+    }
+    return known;
+  }
+
+  // The capture step: runs the step for real while recording it, then compiles.
+  std::vector<at::Tensor> capture_and_compile(const std::vector<at::Tensor>& inputs, Entry& e) {
+    const auto t0 = Clock::now();
+    std::set<const c10::TensorImpl*> grads_before;
+    for (const auto& [name, p] : params)
+      if (p.grad().defined()) grads_before.insert(p.grad().unsafeGetTensorImpl());
+    StepRecorder rec(known_tensors(inputs));
+    auto results = rec.run([&] { return fn(inputs); });
+    ++stats.eager_steps;
+    last_compiled = false;
+    std::string failure;
+    if (!rec.ok()) {
+      failure = "kiln: the step cannot be captured: " + rec.failure().reason;
+    } else {
+      for (size_t k = 0; k < results.size() && failure.empty(); ++k) {
+        const auto v = rec.value_of(results[k]);
+        if (v == ir::kNoValue) failure = "kiln: the step's result " + std::to_string(k) + " was not computed by ATen ops in the step";
+        else rec.add_output(v, "result." + std::to_string(k));
+      }
+      e.num_results = results.size();
+      for (const auto& [name, p] : params) {
+        const auto& g = p.grad();
+        if (!g.defined() || grads_before.count(g.unsafeGetTensorImpl())) continue;
+        const auto v = rec.value_of(g);
+        if (v == ir::kNoValue) continue;
+        rec.add_output(v, "grad." + name);
+        e.grad_of["grad." + name] = p;
+        e.grad_placeholder_for.push_back(p);
+      }
+    }
+    if (failure.empty()) {
+      e.raw = std::move(rec.graph());
+      for (size_t i = 0; i < e.raw.inputs.size(); ++i) {
+        const auto& in = e.raw.inputs[i];
+        if (rec.input_user_index()[i] >= 0) e.user[in.name] = rec.input_user_index()[i];
+        else e.bound[in.name] = rec.input_tensors()[i];
+      }
+      try {
+        build(e);
+        e.compiled = true;
+      } catch (const std::exception& ex) {
+        failure = std::string("kiln: compiling the step failed: ") + ex.what();
+      }
+    }
+    stats.last_compile_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ++stats.compiles;
+    if (!failure.empty()) {
+      e.compiled = false;
+      e.reason = failure;
+      fallback(failure);
+    } else {
+      log_info(c10::str("kiln: compiled the step (", e.graph.nodes.size(), " nodes, ", e.raw.nodes.size(),
+                        " captured) in ", stats.last_compile_seconds, " s"));
+    }
+    return results;
+  }
+
+  void fallback(const std::string& why) {
+    stats.last_fallback = why;
+    if (args.fullgraph) throw CompileError(why + " (fullgraph = true)");
+    warn_once(why + "; running this step eagerly");
+  }
+
+  // From e.raw (and its run-time scalar slots) to an executable.
+  void build(Entry& e) {
+    ir::Graph g = e.raw;
+    g.scalar_inputs.clear();
+    for (const auto& [slot, q] : e.slot_scalar) {
+      auto& a = g.nodes[static_cast<size_t>(slot.first)].args[static_cast<size_t>(slot.second)];
+      a.scalar_input = q;
+      if (g.scalar_inputs.size() <= static_cast<size_t>(q)) g.scalar_inputs.resize(static_cast<size_t>(q) + 1);
+      g.scalar_inputs[static_cast<size_t>(q)] = {a.kind, "optimizer.scalar." + std::to_string(q)};
+    }
+    e.constants.clear();
+    for (size_t i = 0; i < g.inputs.size(); ++i)
+      if (g.inputs[i].role == ir::InputRole::Constant) e.constants[g.inputs[i].value] = e.bound.at(g.inputs[i].name);
+    auto& hooks = compile_hooks();
+    if (hooks.pipeline) hooks.pipeline(g, e.constants, args);
+    else functionalize(g);
+    g.verify();
+    e.exec = hooks.make_executor ? hooks.make_executor(g, args) : std::make_unique<EagerGraphExecutor>(g);
+    e.ins.clear();
+    for (const auto& in : g.inputs) {
+      InBind b{in.value};
+      if (auto u = e.user.find(in.name); u != e.user.end()) b.user = u->second;
+      else if (auto t = e.bound.find(in.name); t != e.bound.end()) b.tensor = t->second;
+      else if (auto c = e.constants.find(in.value); c != e.constants.end()) b.tensor = c->second;
+      else throw std::runtime_error("no tensor for graph input '" + in.name + "'");
+      e.ins.push_back(std::move(b));
+    }
+    e.outs.clear();
+    for (const auto& o : g.outputs) {
+      OutBind b{OutBind::Result, o.value, {}, -1};
+      if (o.role == ir::OutputRole::WriteBack) {
+        b.kind = OutBind::WriteBack;
+        const auto& target = g.inputs.at(static_cast<size_t>(o.target));
+        if (auto t = e.bound.find(target.name); t != e.bound.end()) b.target = t->second;
+        else throw std::runtime_error("the step writes its input '" + target.name + "'; kiln does not write user inputs back yet");
+      } else if (auto p = e.grad_of.find(o.name); p != e.grad_of.end()) {
+        b.kind = OutBind::Grad;
+        b.target = p->second;
+      } else if (o.name.rfind("result.", 0) == 0) {
+        b.result = std::stoi(o.name.substr(7));
+      } else {
+        continue;
+      }
+      e.outs.push_back(std::move(b));
+    }
+    e.scalars.assign(g.scalar_inputs.size(), c10::IValue());
+    e.graph = std::move(g);
+    e.env.assign(e.graph.values.size(), at::Tensor());
+  }
+
+  // Replays the optimizers' step() without kernels; binds run-time scalars. Returns false (with
+  // the reason) when the optimizer's calls no longer match the captured ones.
+  bool probe(Entry& e, std::string& why) {
+    if (state.optimizers.empty()) return true;
+    // The optimizers skip parameters without a gradient; the graph computes them all.
+    std::vector<size_t> placed;
+    for (size_t i = 0; i < e.grad_placeholder_for.size(); ++i) {
+      auto& p = e.grad_placeholder_for[i];
+      if (p.grad().defined()) continue;
+      if (e.grad_placeholders.size() <= i) e.grad_placeholders.resize(e.grad_placeholder_for.size());
+      if (!e.grad_placeholders[i].defined()) e.grad_placeholders[i] = at::empty_like(p);
+      p.mutable_grad() = e.grad_placeholders[i];
+      placed.push_back(i);
+    }
+    auto calls = probe_calls([&] {
+      c10::NoGradGuard no_grad;
+      for (auto* o : state.optimizers) o->step();
+    });
+    if (e.opt_nodes.empty() && !calls.empty()) {
+      // First compiled step: find the optimizer's calls among the captured optimizer-phase nodes.
+      const auto& nodes = e.raw.nodes;
+      for (size_t start = 0; start + calls.size() <= nodes.size() && e.opt_nodes.empty(); ++start) {
+        if (nodes[start].phase != "optimizer") continue;
+        size_t k = 0;
+        while (k < calls.size() && nodes[start + k].op == calls[k].op) ++k;
+        if (k == calls.size())
+          for (size_t j = 0; j < calls.size(); ++j) e.opt_nodes.push_back(static_cast<int32_t>(start + j));
+      }
+      if (e.opt_nodes.empty()) {
+        why = "the optimizer's calls do not match the captured step";
+        return false;
+      }
+    }
+    if (calls.size() != e.opt_nodes.size()) {
+      why = "the optimizer made " + std::to_string(calls.size()) + " calls, the captured step " + std::to_string(e.opt_nodes.size());
+      return false;
+    }
+    bool changed = false;
+    for (size_t j = 0; j < calls.size(); ++j) {
+      const auto node = e.opt_nodes[j];
+      const auto& raw = e.raw.nodes[static_cast<size_t>(node)];
+      if (raw.op != calls[j].op) {
+        why = "the optimizer called " + calls[j].op + " where the captured step has " + raw.op;
+        return false;
+      }
+      for (size_t k = 0; k < raw.args.size(); ++k) {
+        const auto& a = raw.args[k];
+        if (a.kind != ir::Arg::Kind::Int && a.kind != ir::Arg::Kind::Double && a.kind != ir::Arg::Kind::Bool) continue;
+        const auto& v = calls[j].args[k];
+        auto slot = e.slot_scalar.find({node, static_cast<int32_t>(k)});
+        if (slot != e.slot_scalar.end()) {
+          e.scalars[static_cast<size_t>(slot->second)] = scalar_value(a, v);
+        } else if (!arg_matches(a, v)) {
+          const auto q = static_cast<int32_t>(e.slot_scalar.size());
+          e.slot_scalar[{node, static_cast<int32_t>(k)}] = q;
+          changed = true;
+        }
+      }
+    }
+    if (changed) {
+      // Re-plan with the new run-time scalars, then bind them all from this probe.
+      build(e);
+      ++stats.rebuilds;
+      for (const auto& [slot, q] : e.slot_scalar) {
+        size_t j = 0;
+        while (e.opt_nodes[j] != slot.first) ++j;
+        e.scalars[static_cast<size_t>(q)] =
+            scalar_value(e.raw.nodes[static_cast<size_t>(slot.first)].args[static_cast<size_t>(slot.second)],
+                         calls[j].args[static_cast<size_t>(slot.second)]);
+      }
+    }
+    return true;
+  }
+
+  std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs, Entry& e) {
+    auto& env = e.env;
+    for (const auto& b : e.ins) env[static_cast<size_t>(b.value)] = b.user >= 0 ? inputs.at(static_cast<size_t>(b.user)) : b.tensor;
+    e.exec->run(env, e.scalars);
+    std::vector<at::Tensor> results(e.num_results);
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (const auto& o : e.outs) {
+        auto& v = env[static_cast<size_t>(o.value)];
+        switch (o.kind) {
+          case OutBind::WriteBack:
+            if (!v.is_same(o.target)) o.target.copy_(v);
+            o.target.unsafeGetTensorImpl()->bump_version();
+            break;
+          case OutBind::Grad: const_cast<at::Tensor&>(o.target).mutable_grad() = v; break;
+          case OutBind::Result: results[static_cast<size_t>(o.result)] = v; break;
+        }
+      }
+    }
+    for (auto& t : env) t.reset();
+    ++stats.compiled_steps;
+    last_compiled = true;
+    return results;
+  }
+
+  std::vector<at::Tensor> step(const std::vector<at::Tensor>& inputs) {
+    ++stats.steps;
+    if (!args.compile_enabled()) return eager(inputs);
+    // The first step ever runs eagerly, so that optimizer state exists when the step is captured.
+    if (stats.steps == 1) return eager(inputs);
+    auto sig = signature(inputs);
+    auto it = cache.find(sig);
+    if (it == cache.end()) {
+      if (static_cast<int>(cache.size()) >= args.recompile_limit) {
+        warn_once(c10::str("kiln: recompile_limit (", args.recompile_limit,
+                           ") reached; steps with a new input signature run eagerly"));
+        stats.last_fallback = "recompile_limit";
+        return eager(inputs);
+      }
+      auto e = std::make_unique<Entry>();
+      last = e.get();
+      auto& ref = *e;
+      cache.emplace(std::move(sig), std::move(e));
+      return capture_and_compile(inputs, ref);
+    }
+    Entry& e = *it->second;
+    last = &e;
+    if (!e.compiled) return eager(inputs);
+    std::string why;
+    if (!probe(e, why)) {
+      e.compiled = false;
+      e.reason = "kiln: " + why;
+      fallback(e.reason);
+      return eager(inputs);
+    }
+    return run_compiled(inputs, e);
+  }
+};
+
+CompiledStep::CompiledStep(StepFn fn, StepState state, TrainingArguments args) : impl_(std::make_unique<Impl>()) {
+  impl_->fn = std::move(fn);
+  impl_->state = std::move(state);
+  impl_->args = std::move(args);
+  impl_->collect_state();
+}
+CompiledStep::~CompiledStep() = default;
+CompiledStep::CompiledStep(CompiledStep&&) noexcept = default;
+CompiledStep& CompiledStep::operator=(CompiledStep&&) noexcept = default;
+
+std::vector<at::Tensor> CompiledStep::operator()(const std::vector<at::Tensor>& inputs) { return impl_->step(inputs); }
+bool CompiledStep::last_step_compiled() const { return impl_->last_compiled; }
+const StepStats& CompiledStep::stats() const { return impl_->stats; }
+const ir::Graph* CompiledStep::captured_graph() const {
+  return impl_->last && !impl_->last->raw.nodes.empty() ? &impl_->last->raw : nullptr;
+}
+const ir::Graph* CompiledStep::compiled_graph() const {
+  return impl_->last && impl_->last->exec ? &impl_->last->graph : nullptr;
+}
+const TrainingArguments& CompiledStep::args() const { return impl_->args; }
+
+CompiledStep compile_step(StepFn fn, StepState state, TrainingArguments args) {
+  return CompiledStep(std::move(fn), std::move(state), std::move(args));
+}
+
+}  // namespace kiln
