@@ -1,11 +1,14 @@
 // The backend selection rule, branch by branch, over plain structs; the `kiln probe` report it
 // feeds; and the conversion of probed devices into the plugin ABI's device records.
 #include <algorithm>
+#include <cstdlib>
+#include <iostream>
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "../hardware_probe/fake_machine.h"
+#include "kiln/host_services.h"
 #include "kiln/logger.h"
 #include "kiln/plugin_registry.h"
 #include "kiln/selection.h"
@@ -421,6 +424,33 @@ TEST(ProbeReport, TextShowsATableThenTheBackendAndWhy) {
   auto explained = kiln::probe_report_text(r, true);
   EXPECT_NE(explained.find("  - found 1 CUDA GPU (NVIDIA H200)"), std::string::npos) << explained;
   EXPECT_NE(explained.find("Plugins:\n  inductor: available"), std::string::npos) << explained;
+}
+
+}  // namespace
+
+namespace {
+
+// The live machine with the in-tree plugins: what `kiln probe --json` prints, without LibTorch.
+// Printed so a run on a GPU machine shows the report; checked for shape, since the machine varies.
+TEST(ProbeReport, ThisMachineWithTheInTreePlugins) {
+  kiln::ProbeReport r;
+  r.probe = kiln::hw::probe({});
+  kiln::PluginSearchOptions search;
+  const char* dir = std::getenv("KILN_TEST_PLUGIN_DIR");
+  search.dirs = {dir && *dir ? dir : KILN_INTREE_PLUGIN_DIR};
+  search.use_env = false;
+  search.use_builtin = false;
+  auto registry = kiln::PluginRegistry::load(search, kiln::HostServices::basic(kiln::TrainingArguments{}));
+  r.plugins = kiln::plugin_candidates(registry, r.probe.devices);
+  r.choice = select_backend(r.probe.devices, r.plugins);
+  const std::string json = kiln::probe_report_json(r);
+  std::cout << json;
+  Json j = Json::parse(json);
+  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
+  EXPECT_EQ(j["default_backend"].s, r.choice.backend);
+  EXPECT_GE(j["reasons"].size(), 2u);
+  for (const auto& d : j["devices"].items)
+    if (d["kind"].s == "cuda") EXPECT_FALSE(d["pci_bus_id"].s.empty());
 }
 
 }  // namespace
