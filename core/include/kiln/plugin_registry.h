@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,6 +105,7 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   uint32_t negotiated_minor() const { return negotiated_minor_; }
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
+  // All calls are thread-safe (serialised as docs/abi.md says where the plugin needs it).
   // Never throws: an error from the plugin becomes "unavailable" with the plugin's message.
   PluginAvailability available(const KilnDeviceInfo* const* devices, size_t num_devices) const;
   PluginAvailability available(const std::vector<PluginDevice>& devices) const;
@@ -135,6 +137,10 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   uint32_t device_kinds_ = 0, modes_ = 0;
   bool concurrent_ = false;
   uint32_t abi_major_ = 0, abi_minor_ = 0, negotiated_minor_ = 0;
+  // The ABI's threading rules, enforced here: available/claim/compile one at a time per context,
+  // execute one at a time per plugin unless the descriptor says it is concurrent-safe.
+  mutable std::mutex call_mu_;
+  mutable std::mutex execute_mu_;
 };
 
 // A compiled subgraph. Keeps its plugin (and so its library) alive.

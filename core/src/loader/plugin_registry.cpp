@@ -244,7 +244,11 @@ PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices,
   out.struct_size = KILN_AVAILABILITY_STRUCT_SIZE;
   out.reason = reason.data();
   out.reason_capacity = reason.size();
-  KilnError* err = api_->available(api_->plugin_ctx, devices, num_devices, &out);
+  KilnError* err = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    err = api_->available(api_->plugin_ctx, devices, num_devices, &out);
+  }
   reason.back() = '\0';  // whatever the plugin wrote, the string ends inside the buffer
   if (err) {
     KilnErrorCode code = 0;
@@ -270,7 +274,11 @@ std::vector<int64_t> LoadedPlugin::claim(const KilnGraphView& graph) const {
   // rather than corrupting the heap silently.
   std::vector<int64_t> claimed(n + 1, -1);
   size_t count = 0;
-  KilnError* err = api_->claim(api_->plugin_ctx, &graph, claimed.data(), &count);
+  KilnError* err = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    err = api_->claim(api_->plugin_ctx, &graph, claimed.data(), &count);
+  }
   if (err) {
     KilnErrorCode code = 0;
     std::string m = take_error(err, &code);
@@ -312,7 +320,11 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
   o.options = kv_ptrs.data();
   o.cache_dir = cache_dir.c_str();
   KilnExecutable* exe = nullptr;
-  KilnError* err = api_->compile(api_->plugin_ctx, &subgraph, &o, &exe);
+  KilnError* err = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    err = api_->compile(api_->plugin_ctx, &subgraph, &o, &exe);
+  }
   if (err) {
     if (exe) api_->executable_destroy(exe);
     KilnErrorCode code = 0;
@@ -338,7 +350,13 @@ PluginExecutable::~PluginExecutable() {
 
 void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
                                size_t num_outputs, void* stream) const {
-  KilnError* err = plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+  KilnError* err = nullptr;
+  if (plugin_->concurrent_) {
+    err = plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+  } else {
+    std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
+    err = plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+  }
   if (err) {
     KilnErrorCode code = 0;
     std::string m = plugin_->take_error(err, &code);
