@@ -138,11 +138,11 @@ int cmd_plugins(int argc, char** argv) {
   }
   if (rows.empty()) std::printf("no plugins found\n");
   if (!rows.empty()) {
-    std::printf("%-20s %-9s %-8s %-4s %-24s %-55s %s\n", "NAME", "VERSION", "VENDOR", "ABI", "DEVICES", "MODES",
+    std::printf("%-20s %-9s %-12s %-4s %-16s %-63s %s\n", "NAME", "VERSION", "VENDOR", "ABI", "DEVICES", "MODES",
                 "AVAILABLE");
     for (const auto& r : rows) {
       const auto& p = *r.plugin;
-      std::printf("%-20s %-9s %-8s %-4s %-24s %-55s %s\n", p.name().c_str(), p.version().c_str(),
+      std::printf("%-20s %-9s %-12s %-4s %-16s %-63s %s\n", p.name().c_str(), p.version().c_str(),
                   p.vendor().c_str(), p.abi_version().c_str(), device_kinds_string(p.device_kinds()).c_str(),
                   modes_string(p.modes()).c_str(), r.availability.available ? "yes" : "no");
       std::printf("    %s\n", r.availability.reason.c_str());
