@@ -235,8 +235,15 @@ std::string LoadedPlugin::take_error(KilnError* error, KilnErrorCode* code) cons
 PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices, size_t num_devices) const {
   PluginAvailability result;
   if (!api_->available) {
-    result.available = true;
-    result.reason = "the plugin reports no availability check";
+    // No check of its own: available wherever a device of a kind it serves is present.
+    for (size_t i = 0; i < num_devices; ++i) {
+      if (devices[i] && (device_kinds_ & KILN_DEVICE_KIND_BIT(devices[i]->kind))) {
+        result.available = true;
+        result.reason = "a device of a kind it serves is present (" + device_kinds_string(device_kinds_) + ")";
+        return result;
+      }
+    }
+    result.reason = "no device of a kind it serves (" + device_kinds_string(device_kinds_) + ")";
     return result;
   }
   std::vector<char> reason(512, '\0');
