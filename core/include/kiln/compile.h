@@ -58,8 +58,8 @@ class GraphExecutor {
 
 // Where the rest of the pipeline plugs in. `pipeline` runs on the captured (not yet functional)
 // graph and must leave a functional graph: passes, partitioning, planning. It may add Constant
-// inputs, with their tensors in `constants` by value id. Defaults: functionalize() only, and the
-// eager executor.
+// inputs, with their tensors in `constants` by value id. Defaults: run_pipeline() (passes.h),
+// and the eager executor.
 struct CompileHooks {
   std::function<void(ir::Graph& graph, std::unordered_map<ir::ValueId, at::Tensor>& constants,
                      const TrainingArguments& args)>

@@ -49,6 +49,20 @@ bool writes_any(const c10::FunctionSchema& s) {
   return false;
 }
 
+// Ops whose schema does not say that they write arguments, but whose kernels do: the batch
+// norms update running_mean and running_var (arguments 3 and 4) when `training` (argument 5).
+std::vector<size_t> hidden_writes(const ir::Node& n) {
+  static const char* ops[] = {"aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm"};
+  for (const char* op : ops) {
+    if (n.op != op || n.args.size() < 6 || n.args[5].kind != ir::Arg::Kind::Bool || !n.args[5].i) continue;
+    std::vector<size_t> w;
+    for (size_t i : {3, 4})
+      if (n.args[i].kind == ir::Arg::Kind::Tensor) w.push_back(i);
+    return w;
+  }
+  return {};
+}
+
 struct FunctionalVariant {
   std::string op;
   const c10::FunctionSchema* schema = nullptr;
@@ -253,6 +267,47 @@ struct Functionalizer {
     }
   }
 
+  // An op that writes arguments its schema does not mark. native_batch_norm has a functional
+  // variant; the others run on fresh copies of what they write, which become the new values.
+  void hidden_write_node(int32_t index, const std::vector<size_t>& written) {
+    const ir::Node& raw = g.nodes[static_cast<size_t>(index)];
+    if (raw.op == "aten::native_batch_norm" && written.size() == 2) {
+      ir::Node n = raw;
+      n.op = "aten::_native_batch_norm_legit_functional";
+      map_args(n);
+      for (auto& o : n.outputs) o = o == ir::kNoValue ? o : new_value_like(o);
+      const auto kept = n.outputs;
+      std::vector<ir::ValueId> fresh;
+      for (auto i : written) fresh.push_back(new_value_like(raw.args[i].value));
+      for (auto v : fresh) n.outputs.push_back(v);
+      out.add_node(std::move(n));
+      for (size_t k = 0; k < kept.size(); ++k)
+        if (raw.outputs[k] != ir::kNoValue) define_base(raw.outputs[k], kept[k]);
+      for (size_t w = 0; w < written.size(); ++w) write(raw.args[written[w]].value, fresh[w]);
+      return;
+    }
+    ir::Node n = raw;
+    map_args(n);
+    std::vector<ir::ValueId> copies;
+    for (auto i : written) {
+      ir::Node c;
+      c.op = "aten::clone";
+      c.phase = raw.phase;
+      c.args = {ir::Arg::tensor(n.args[i].value), ir::Arg::none()};
+      const auto cv = new_value_like(raw.args[i].value);
+      c.outputs = {cv};
+      out.add_node(std::move(c));
+      n.args[i].value = cv;
+      copies.push_back(cv);
+    }
+    for (auto& o : n.outputs) o = o == ir::kNoValue ? o : new_value_like(o);
+    const auto kept = n.outputs;
+    out.add_node(std::move(n));
+    for (size_t k = 0; k < kept.size(); ++k)
+      if (raw.outputs[k] != ir::kNoValue) define_base(raw.outputs[k], kept[k]);
+    for (size_t w = 0; w < written.size(); ++w) write(raw.args[written[w]].value, copies[w]);
+  }
+
   // Raw value `m` now holds new value `y`.
   void write(ir::ValueId m, ir::ValueId y) {
     const int32_t s = storage(m);
@@ -293,6 +348,7 @@ struct Functionalizer {
       const auto* schema = find_schema(raw.op);
       if (!schema) throw std::runtime_error("unknown op " + raw.op);
       if (writes_any(*schema)) mutating_node(static_cast<int32_t>(i), *schema);
+      else if (auto hidden = hidden_writes(raw); !hidden.empty()) hidden_write_node(static_cast<int32_t>(i), hidden);
       else pure_node(static_cast<int32_t>(i));
     }
     for (const auto& o : g.outputs) {

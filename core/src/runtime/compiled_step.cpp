@@ -300,8 +300,14 @@ struct CompiledStep::Impl {
     for (size_t i = 0; i < g.inputs.size(); ++i)
       if (g.inputs[i].role == ir::InputRole::Constant) e.constants[g.inputs[i].value] = e.bound.at(g.inputs[i].name);
     auto& hooks = compile_hooks();
-    if (hooks.pipeline) hooks.pipeline(g, e.constants, args);
-    else functionalize(g);
+    if (hooks.pipeline) {
+      hooks.pipeline(g, e.constants, args);
+    } else {
+      auto records = run_pipeline(g, e.constants, PipelineOptions{});
+      std::string line = "kiln: passes:";
+      for (const auto& r : records) line += c10::str(" ", r.name, " ", r.nodes_before, "->", r.nodes_after);
+      log_debug(line);
+    }
     g.verify();
     e.exec = hooks.make_executor ? hooks.make_executor(g, args) : std::make_unique<EagerGraphExecutor>(g);
     e.ins.clear();
