@@ -1,0 +1,192 @@
+// kiln::Trainer and compile_step: fallback, fullgraph, guards and recompilation, run-time
+// optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include "kiln/compile.h"
+#include "kiln/trainer.h"
+#include "log_capture.h"
+
+namespace nn = torch::nn;
+
+namespace {
+
+struct Setup {
+  nn::Sequential net;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+};
+
+Setup make(uint64_t seed, bool adamw = false) {
+  torch::manual_seed(seed);
+  Setup s{nn::Sequential(nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 5)), nullptr};
+  if (adamw) s.opt = std::make_unique<torch::optim::AdamW>(s.net->parameters(), torch::optim::AdamWOptions(1e-2));
+  else s.opt = std::make_unique<torch::optim::SGD>(s.net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  return s;
+}
+
+at::Tensor ce(const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }
+
+at::Tensor eager_step(Setup& s, const at::Tensor& x, const at::Tensor& y) {
+  s.opt->zero_grad();
+  auto loss = ce(s.net->forward(x), y);
+  loss.backward();
+  s.opt->step();
+  return loss.detach();
+}
+
+kiln::TrainingArguments compile_args() {
+  kiln::TrainingArguments a;
+  a.torch_compile = true;
+  return a;
+}
+
+uint64_t fresh_seed() { return static_cast<uint64_t>(at::randint(1, 1 << 30, {1}).item<int64_t>()); }
+
+void expect_same_params(Setup& a, Setup& b) {
+  auto pa = a.net->parameters(), pb = b.net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
+}
+
+}  // namespace
+
+TEST(Trainer, ItemMidStepRunsEagerlyWithOneWarningNamingTheOp) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  // A forward that reads a tensor's value on the host in the middle of the step.
+  auto fwd = [](nn::Sequential& net) {
+    return [&net](const at::Tensor& x) {
+      auto h = net->forward(x);
+      const float scale = h.abs().max().item<float>() > 0 ? 1.0f : 2.0f;
+      return h * scale;
+    };
+  };
+  LogCapture logs;
+  kiln::Trainer trainer(s.net.ptr(), fwd(s.net), *s.opt, ce, compile_args());
+  auto ref_fwd = fwd(ref.net);
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({8, 12});
+    auto y = at::randint(0, 5, {8});
+    auto got = trainer.step(x, y);
+    ref.opt->zero_grad();
+    auto want = ce(ref_fwd(x), y);
+    want.backward();
+    ref.opt->step();
+    EXPECT_TRUE(at::allclose(got, want.detach())) << "step " << i;
+    EXPECT_FALSE(trainer.compiled());
+  }
+  expect_same_params(ref, s);
+  int mentions = 0;
+  for (const auto& w : logs.warnings()) mentions += w.find("aten::_local_scalar_dense") != std::string::npos;
+  EXPECT_EQ(mentions, 1) << "exactly one warning naming the op";
+  EXPECT_EQ(trainer.stats().compiled_steps, 0);
+}
+
+TEST(Trainer, ItemMidStepWithFullgraphIsAnError) {
+  auto s = make(fresh_seed());
+  auto args = compile_args();
+  args.fullgraph = true;
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) {
+    auto h = s.net->forward(x);
+    (void)h.sum().item<float>();
+    return h;
+  }, *s.opt, ce, args);
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  trainer.step(x, y);  // the eager warm-up step
+  try {
+    trainer.step(x, y);
+    FAIL() << "fullgraph must turn the capture failure into an error";
+  } catch (const kiln::CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("aten::_local_scalar_dense"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Trainer, BatchSizeChangeRecompilesAndStaysExact) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  for (int64_t batch : {8, 8, 8, 4, 4, 4, 8}) {
+    auto x = at::randn({batch, 12});
+    auto y = at::randint(0, 5, {batch});
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "batch " << batch;
+  }
+  EXPECT_EQ(trainer.stats().compiles, 2) << "one compile per batch size";
+  EXPECT_TRUE(trainer.compiled()) << "back to the cached batch-8 step";
+  EXPECT_EQ(trainer.stats().compiled_steps, 4);
+  expect_same_params(ref, s);
+}
+
+TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.recompile_limit = 2;
+  LogCapture logs;
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  for (int64_t batch : {3, 3, 4, 5, 6, 5, 3}) {
+    auto x = at::randn({batch, 12});
+    auto y = at::randint(0, 5, {batch});
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "batch " << batch;
+    if (batch >= 5) EXPECT_FALSE(trainer.compiled()) << "batch " << batch << " is past the limit";
+  }
+  EXPECT_EQ(trainer.stats().compiles, 2);
+  EXPECT_TRUE(trainer.compiled()) << "batch 3 was compiled before the limit";
+  int mentions = 0;
+  for (const auto& w : logs.warnings()) mentions += w.find("recompile_limit") != std::string::npos;
+  EXPECT_EQ(mentions, 1);
+  expect_same_params(ref, s);
+}
+
+TEST(Trainer, EvalModeIsANewSignature) {
+  auto s = make(fresh_seed());
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 3; ++i) trainer.step(x, y);
+  EXPECT_EQ(trainer.stats().compiles, 1);
+  s.net->eval();
+  trainer.step(x, y);
+  EXPECT_EQ(trainer.stats().compiles, 2);
+}
+
+TEST(Trainer, AdamWBiasCorrectionsBecomeRunTimeScalars) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed, true), s = make(seed, true);
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 8; ++i) {
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
+  }
+  EXPECT_EQ(trainer.stats().rebuilds, 1) << "re-planned once, when the bias corrections moved";
+  const auto* g = trainer.compiled_step().compiled_graph();
+  ASSERT_NE(g, nullptr);
+  EXPECT_GT(g->scalar_inputs.size(), 0u);
+  expect_same_params(ref, s);
+  // The optimizer's own step count advanced with the compiled steps.
+  for (const auto& [key, st] : s.opt->state())
+    EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*st).step(), 8);
+}
+
+TEST(Trainer, CompileOffRunsLibTorchEager) {
+  auto s = make(fresh_seed());
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, {});
+  for (int i = 0; i < 3; ++i) trainer.step(at::randn({4, 12}), at::randint(0, 5, {4}));
+  EXPECT_EQ(trainer.stats().compiles, 0);
+  EXPECT_EQ(trainer.stats().eager_steps, 3);
+}
