@@ -63,6 +63,7 @@ struct Step {
   OpCode code;
   int a = -1, b = -1, out = -1;
   float alpha = 1.f;
+  int32_t alpha_scalar = -1;  // >= 0: alpha is this run-time scalar (ABI 1.1), read on every call
 };
 
 // A compiled subgraph. Slots 0..n_in-1 are the inputs, then the outputs, then intermediates, which
@@ -76,7 +77,13 @@ class Program : public Executable {
     for (size_t s = n_in_ + n_out_; s < numel_.size(); ++s) scratch_.emplace_back(static_cast<size_t>(numel_[s]));
   }
 
-  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               void* stream) override {
+    execute_with_scalars(inputs, num_inputs, outputs, num_outputs, Scalars(), stream);
+  }
+
+  void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                            const Scalars& scalars, void*) override {
     if (num_inputs != n_in_ || num_outputs != n_out_)
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in_) + " inputs and " +
                                                    std::to_string(n_out_) + " outputs, got " +
@@ -91,9 +98,10 @@ class Program : public Executable {
       const float* x = slot[static_cast<size_t>(s.a)];
       const float* y = s.b >= 0 ? slot[static_cast<size_t>(s.b)] : nullptr;
       float* o = slot[static_cast<size_t>(s.out)];
+      const float alpha = s.alpha_scalar >= 0 ? static_cast<float>(scalars.number(s.alpha_scalar)) : s.alpha;
       switch (s.code) {
-        case OpCode::add: for (int64_t k = 0; k < n; ++k) o[k] = x[k] + s.alpha * y[k]; break;
-        case OpCode::sub: for (int64_t k = 0; k < n; ++k) o[k] = x[k] - s.alpha * y[k]; break;
+        case OpCode::add: for (int64_t k = 0; k < n; ++k) o[k] = x[k] + alpha * y[k]; break;
+        case OpCode::sub: for (int64_t k = 0; k < n; ++k) o[k] = x[k] - alpha * y[k]; break;
         case OpCode::mul: for (int64_t k = 0; k < n; ++k) o[k] = x[k] * y[k]; break;
         case OpCode::div: for (int64_t k = 0; k < n; ++k) o[k] = x[k] / y[k]; break;
         case OpCode::relu: for (int64_t k = 0; k < n; ++k) o[k] = x[k] > 0.f ? x[k] : 0.f; break;
@@ -139,6 +147,7 @@ class CustomElementwise : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_CPU;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
+    d.runtime_scalars = true;  // alpha may change every call (ABI 1.1)
     return d;
   }
 
@@ -194,7 +203,10 @@ class CustomElementwise : public Plugin {
       s.code = info.code;
       s.a = slot(node.arg(0).tensor_index());
       if (info.binary) s.b = slot(node.arg(1).tensor_index());
-      if (info.num_args == 3) s.alpha = static_cast<float>(node.arg(2).as_double());
+      if (info.num_args == 3) {
+        s.alpha = static_cast<float>(node.arg(2).as_double());
+        s.alpha_scalar = node.arg(2).runtime_scalar();
+      }
       s.out = slot(node.outputs()[0]);
       steps.push_back(s);
     }

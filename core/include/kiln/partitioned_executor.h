@@ -26,7 +26,7 @@ class PluginExecutable;
 struct PartitionStats {
   size_t nodes = 0;
   size_t claimed = 0;           // what the plugin claimed
-  size_t claims_dropped = 0;    // claims the host does not hand out (run-time scalars, undefined results)
+  size_t claims_dropped = 0;    // claims the host does not hand out (see node_can_be_claimed)
   size_t groups = 0;
   size_t groups_compiled = 0;   // run by the plugin
   size_t nodes_compiled = 0;
@@ -61,12 +61,13 @@ class PartitionedExecutor {
     std::vector<ir::ValueId> free_after;
   };
   std::vector<Group> groups_;
+  bool pass_scalars_ = false;
   std::vector<Unit> units_;
   PartitionStats stats_;
 };
 
-// Whether the host may hand a node to a plugin at all: nodes with run-time scalars (their value
-// changes every call, and ABI 1.0 has no way to pass it) or undefined results stay eager.
-bool node_can_be_claimed(const ir::Node& node);
+// Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do
+// nodes with run-time scalars unless the plugin takes them (ABI 1.1 execute_with_scalars).
+bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars);
 
 }  // namespace kiln

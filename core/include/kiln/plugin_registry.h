@@ -103,6 +103,8 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   uint32_t abi_major() const { return abi_major_; }  // what the plugin was built for
   uint32_t abi_minor() const { return abi_minor_; }
   uint32_t negotiated_minor() const { return negotiated_minor_; }
+  // ABI 1.1: the plugin takes nodes with run-time scalars and is executed with their values.
+  bool accepts_runtime_scalars() const;
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
   // All calls are thread-safe (serialised as docs/abi.md says where the plugin needs it).
@@ -153,6 +155,10 @@ class PluginExecutable {
   // outputs preallocated by the caller. Throws PluginError.
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                void* stream = nullptr) const;
+  // ABI 1.1: with the step's run-time scalars (KilnArg BOOL/INT/DOUBLE, scalar k at index k).
+  // Falls back to execute() for plugins that do not accept run-time scalars.
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               const KilnArg* const* scalars, size_t num_scalars, void* stream = nullptr) const;
   const LoadedPlugin& plugin() const { return *plugin_; }
 
  private:

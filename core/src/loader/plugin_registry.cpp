@@ -355,14 +355,30 @@ PluginExecutable::~PluginExecutable() {
   if (exe_) plugin_->api_->executable_destroy(exe_);
 }
 
+bool LoadedPlugin::accepts_runtime_scalars() const {
+  return negotiated_minor_ >= 1 && KILN_HAS_FIELD(api_, KilnPluginApi, execute_with_scalars) &&
+         api_->execute_with_scalars != nullptr;
+}
+
 void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
                                size_t num_outputs, void* stream) const {
+  execute(inputs, num_inputs, outputs, num_outputs, nullptr, 0, stream);
+}
+
+void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                               const KilnArg* const* scalars, size_t num_scalars, void* stream) const {
+  const bool with_scalars = plugin_->accepts_runtime_scalars();
+  auto call = [&] {
+    return with_scalars ? plugin_->api_->execute_with_scalars(exe_, inputs, num_inputs, outputs, num_outputs,
+                                                              scalars, num_scalars, stream)
+                        : plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+  };
   KilnError* err = nullptr;
   if (plugin_->concurrent_) {
-    err = plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+    err = call();
   } else {
     std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
-    err = plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
+    err = call();
   }
   if (err) {
     KilnErrorCode code = 0;

@@ -93,6 +93,7 @@ struct GraphView::Storage {
       const ir::Arg& a = n.args[i];
       KilnArg k{};
       k.struct_size = KILN_ARG_STRUCT_SIZE;
+      k.runtime_scalar = a.scalar_input;
       k.name = str(params && i < params->size() ? (*params)[i].name() : "arg" + std::to_string(i));
       using K = ir::Arg::Kind;
       switch (a.kind) {

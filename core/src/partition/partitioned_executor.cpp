@@ -9,9 +9,9 @@
 
 namespace kiln {
 
-bool node_can_be_claimed(const ir::Node& node) {
+bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars) {
   for (const auto& a : node.args)
-    if (a.scalar_input >= 0) return false;
+    if (a.scalar_input >= 0 && !plugin_takes_runtime_scalars) return false;
   for (auto v : node.outputs)
     if (v == ir::kNoValue) return false;
   return true;
@@ -21,6 +21,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
                                          KilnMode mode, const std::string& debug_dir,
                                          std::vector<ir::ValueId> keep) {
   stats_.nodes = g.nodes.size();
+  pass_scalars_ = plugin->accepts_runtime_scalars();
   std::vector<int64_t> claimed;
   {
     GraphView view(g);
@@ -28,7 +29,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
     validate_claims(g, raw, plugin->name());
     stats_.claimed = raw.size();
     for (auto c : raw) {
-      if (node_can_be_claimed(g.nodes[c])) claimed.push_back(c);
+      if (node_can_be_claimed(g.nodes[c], pass_scalars_)) claimed.push_back(c);
       else ++stats_.claims_dropped;
     }
   }
@@ -120,6 +121,23 @@ PartitionedExecutor::~PartitionedExecutor() = default;
 void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars,
                               void* stream) const {
   std::vector<DLTensor> in, out;
+  // The run-time scalars as KilnArgs, for plugins that take them (ABI 1.1).
+  std::vector<KilnArg> scalar_args;
+  std::vector<const KilnArg*> scalar_ptrs;
+  if (pass_scalars_ && scalars && !scalars->empty()) {
+    scalar_args.resize(scalars->size());
+    for (size_t k = 0; k < scalars->size(); ++k) {
+      KilnArg& a = scalar_args[k];
+      a.struct_size = KILN_ARG_STRUCT_SIZE;
+      a.name = "";
+      a.runtime_scalar = static_cast<int32_t>(k);
+      const c10::IValue& v = (*scalars)[k];
+      if (v.isBool()) a.tag = KILN_ARG_BOOL, a.i = v.toBool();
+      else if (v.isInt()) a.tag = KILN_ARG_INT, a.i = v.toInt();
+      else a.tag = KILN_ARG_DOUBLE, a.d = v.toScalar().toDouble();
+      scalar_ptrs.push_back(&a);
+    }
+  }
   for (const auto& unit : units_) {
     if (unit.node) {
       unit.node->run(env, scalars);
@@ -133,7 +151,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         env[grp.outputs[k]] = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
         out.push_back(to_dl_tensor(env[grp.outputs[k]]));
       }
-      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), stream);
+      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();
   }

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 1
-#define KILN_ABI_VERSION_MINOR 0
+#define KILN_ABI_VERSION_MINOR 1
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -238,8 +238,13 @@ typedef struct KilnArg {
   DLDevice device;             /* DEVICE */
   const DLTensor* tensor;      /* call_eager only: TENSOR */
   const DLTensor* const* tensors; /* call_eager only: TENSOR_LIST */
+  /* ABI 1.1 (check KILN_HAS_FIELD). -1, or: this BOOL/INT/DOUBLE is run-time scalar number
+   * `runtime_scalar` of the step. Its i/d hold the value seen at capture; the value changes from
+   * call to call (Adam's bias corrections do), and execute_with_scalars passes the current one.
+   * A host gives such nodes only to plugins that set execute_with_scalars. */
+  int32_t runtime_scalar;
 } KilnArg;
-#define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, tensors)
+#define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, runtime_scalar)
 KILN_CHECK_STRUCT_SIZE(KilnArg, KILN_ARG_STRUCT_SIZE);
 
 /* One ATen call. */
@@ -403,8 +408,16 @@ typedef struct KilnPluginApi {
   /* Optional. Called once, after the last executable is destroyed and before the library is
    * unloaded; frees plugin_ctx (and the table, if the plugin allocated it). */
   void (*shutdown)(void* plugin_ctx);
+
+  /* ABI 1.1. Optional (NULL: the plugin never sees a node with a run-time scalar). Like execute,
+   * plus the current values of the step's run-time scalars: scalars[k] is run-time scalar k (a
+   * BOOL, INT or DOUBLE KilnArg), num_scalars of them, borrowed for the call. The host calls it
+   * instead of execute for every executable of a plugin that sets it. */
+  KilnError* (*execute_with_scalars)(KilnExecutable* executable, const DLTensor* inputs, size_t num_inputs,
+                                     DLTensor* outputs, size_t num_outputs, const KilnArg* const* scalars,
+                                     size_t num_scalars, void* stream);
 } KilnPluginApi;
-#define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, shutdown)
+#define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, execute_with_scalars)
 KILN_CHECK_STRUCT_SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE);
 
 /* ---- Entry point ----------------------------------------------------------------------------- */

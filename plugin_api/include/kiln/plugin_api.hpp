@@ -201,6 +201,24 @@ class Tensor {
   const DLTensor* t_;
 };
 
+// The current values of a step's run-time scalars (ABI 1.1), borrowed for one execute.
+class Scalars {
+ public:
+  Scalars() = default;
+  Scalars(const KilnArg* const* s, size_t n) : s_(s), n_(n) {}
+  size_t size() const { return n_; }
+  // Scalar k as a number (BOOL and INT converted).
+  double number(int32_t k) const {
+    if (k < 0 || static_cast<size_t>(k) >= n_ || !s_ || !s_[k])
+      detail::invalid("run-time scalar " + std::to_string(k) + " not passed (" + std::to_string(n_) + " given)");
+    return s_[k]->tag == KILN_ARG_DOUBLE ? s_[k]->d : static_cast<double>(s_[k]->i);
+  }
+
+ private:
+  const KilnArg* const* s_ = nullptr;
+  size_t n_ = 0;
+};
+
 // ---- Graph view ---------------------------------------------------------------------------------
 
 class Value {
@@ -272,6 +290,11 @@ class Arg {
   std::vector<double> as_doubles() const {
     expect(KILN_ARG_DOUBLE_LIST, "a double list");
     return a_->doubles ? std::vector<double>(a_->doubles, a_->doubles + a_->len) : std::vector<double>();
+  }
+  // ABI 1.1: the run-time scalar this BOOL/INT/DOUBLE stands for, or -1 for a plain constant
+  // (always -1 from a 1.0 host). Its current value arrives with each execute (Scalars).
+  int32_t runtime_scalar() const {
+    return KILN_HAS_FIELD(a_, KilnArg, runtime_scalar) ? a_->runtime_scalar : -1;
   }
 
  private:
@@ -448,6 +471,7 @@ inline KilnArg make_arg(KilnArgTag tag, const char* name) {
   a.struct_size = KILN_ARG_STRUCT_SIZE;
   a.tag = tag;
   a.name = name;
+  a.runtime_scalar = -1;
   return a;
 }
 inline KilnArg tensor_arg(const char* name, const DLTensor* t) {
@@ -482,6 +506,9 @@ struct Descriptor {
   uint32_t device_kinds = 0;                       // KILN_DEVICE_MASK_*
   uint32_t modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);  // KILN_MODE_BIT(...)
   bool concurrent_execution_safe = false;
+  // ABI 1.1: the plugin reads run-time scalars (Arg::runtime_scalar) from Scalars on every call;
+  // the host then hands it nodes that have them and calls Executable::execute_with_scalars.
+  bool runtime_scalars = false;
 };
 
 struct Availability {
@@ -504,6 +531,13 @@ class Executable {
   // outputs are preallocated by the host; write into them.
   virtual void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                        void* stream) = 0;
+  // ABI 1.1, for plugins whose Descriptor sets runtime_scalars: the same, with the current values of
+  // the step's run-time scalars. The default ignores them (right for subgraphs without any).
+  virtual void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
+                                    size_t num_outputs, const Scalars& scalars, void* stream) {
+    (void)scalars;
+    execute(inputs, num_inputs, outputs, num_outputs, stream);
+  }
 };
 
 class Plugin {
@@ -652,6 +686,15 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         exe->impl->execute(inputs, n_in, outputs, n_out, stream);
       });
     };
+    if (s->desc.runtime_scalars)
+      t.execute_with_scalars = [](KilnExecutable* exe, const DLTensor* inputs, size_t n_in, DLTensor* outputs,
+                                  size_t n_out, const KilnArg* const* scalars, size_t n_scalars,
+                                  void* stream) -> KilnError* {
+        return guard([&] {
+          if (!exe || !exe->impl) invalid("execute_with_scalars: null executable");
+          exe->impl->execute_with_scalars(inputs, n_in, outputs, n_out, Scalars(scalars, n_scalars), stream);
+        });
+      };
     t.executable_destroy = [](KilnExecutable* exe) { delete exe; };
     t.shutdown = [](void* ctx) { delete static_cast<PluginState<P>*>(ctx); };
     state = s.release();

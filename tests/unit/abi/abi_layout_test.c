@@ -23,7 +23,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 1);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 0);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 1);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -57,7 +57,10 @@ int main(void) {
   OFF(KilnValue, strides, 40);
   OFF(KilnValue, storage_offset, 48);
 
-  SIZE(KilnArg, KILN_ARG_STRUCT_SIZE, 96);
+  /* 1.1 appended runtime_scalar: the struct's data ends at 100, padded to 104. */
+  check("sizeof(KilnArg)", sizeof(KilnArg), 104);
+  check("KILN_ARG_STRUCT_SIZE", KILN_ARG_STRUCT_SIZE, 100);
+  OFF(KilnArg, runtime_scalar, 96);
   OFF(KilnArg, tag, 8);
   OFF(KilnArg, dtype, 12);
   OFF(KilnArg, name, 16);
@@ -126,7 +129,7 @@ int main(void) {
   OFF(KilnHostApi, get_option, 80);
   OFF(KilnHostApi, call_eager, 88);
 
-  SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE, 104);
+  SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE, 112);
   /* The frozen header, the same in every major version. */
   OFF(KilnPluginApi, abi_major, 8);
   OFF(KilnPluginApi, abi_minor, 12);
@@ -141,12 +144,17 @@ int main(void) {
   OFF(KilnPluginApi, execute, 80);
   OFF(KilnPluginApi, executable_destroy, 88);
   OFF(KilnPluginApi, shutdown, 96);
+  OFF(KilnPluginApi, execute_with_scalars, 104); /* 1.1 */
 
   {
     /* KILN_HAS_FIELD: a 1.0 reader sees every field of a full table, none past a short one. */
     KilnPluginApi api;
     api.struct_size = KILN_PLUGIN_API_STRUCT_SIZE;
     check("KILN_HAS_FIELD(full, shutdown)", KILN_HAS_FIELD(&api, KilnPluginApi, shutdown), 1);
+    api.struct_size = offsetof(KilnPluginApi, execute_with_scalars); /* a 1.0 plugin's table */
+    check("KILN_HAS_FIELD(1.0 table, shutdown)", KILN_HAS_FIELD(&api, KilnPluginApi, shutdown), 1);
+    check("KILN_HAS_FIELD(1.0 table, execute_with_scalars)",
+          KILN_HAS_FIELD(&api, KilnPluginApi, execute_with_scalars), 0);
     api.struct_size = offsetof(KilnPluginApi, plugin_ctx);
     check("KILN_HAS_FIELD(header only, error_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, error_destroy), 1);
     check("KILN_HAS_FIELD(header only, plugin_ctx)", KILN_HAS_FIELD(&api, KilnPluginApi, plugin_ctx), 0);

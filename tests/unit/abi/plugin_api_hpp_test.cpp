@@ -143,7 +143,7 @@ TEST(PluginApiHpp, InitRejectsHostWithAnotherMajorAndStillReturnsErrorFunctions)
   EXPECT_EQ(api->struct_size, offsetof(KilnPluginApi, plugin_ctx));
   auto [code, msg] = take(api, e);
   EXPECT_EQ(code, KILN_ERROR_ABI_MISMATCH);
-  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 1.0, host speaks 2.3");
+  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 1.1, host speaks 2.3");
 }
 
 TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
@@ -152,7 +152,7 @@ TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
   ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
   EXPECT_EQ(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE);
   EXPECT_EQ(api->abi_major, 1u);
-  EXPECT_EQ(api->abi_minor, 0u);
+  EXPECT_EQ(api->abi_minor, 1u);
   for (const void* fn : {(const void*)api->available, (const void*)api->claim, (const void*)api->compile,
                          (const void*)api->execute, (const void*)api->executable_destroy, (const void*)api->shutdown})
     EXPECT_NE(fn, nullptr);

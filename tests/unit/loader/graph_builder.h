@@ -33,6 +33,7 @@ class GraphBuilder {
 
   static KilnArg arg(KilnArgTag tag, const char* name) {
     KilnArg a{};
+    a.runtime_scalar = -1;
     a.struct_size = KILN_ARG_STRUCT_SIZE;
     a.tag = tag;
     a.name = name;

@@ -73,7 +73,7 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
-                       "ABI 2.0 does not match kiln's plugin ABI 1.0 (major versions must be equal)\"}"),
+                       "ABI 2.1 does not match kiln's plugin ABI 1.1 (major versions must be equal)\"}"),
             std::string::npos)
       << r.out;
 }
@@ -83,7 +83,7 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   1.0  cpu              default,max-autotune"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   1.1  cpu              default,max-autotune"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  " + corpus + "/libkiln_no_entry.so\n    not a kiln plugin: no symbol 'kiln_plugin_init'\n"),
             std::string::npos)

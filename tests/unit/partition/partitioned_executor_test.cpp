@@ -78,7 +78,9 @@ TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEag
   }
 }
 
-TEST(PartitionedExecutor, NodesWithRunTimeScalarsAreNeverHandedToThePlugin) {
+// ABI 1.1: the custom backend reads alpha as a run-time scalar on every call, so the host hands it
+// the node; the value changes between calls and the results follow.
+TEST(PartitionedExecutor, RunTimeScalarsReachAPluginThatTakesThem) {
   ir::Graph g = ir::parse(R"(graph {
   scalar $0 float "lr"
   input %0 : f32[4]{1} param "w"
@@ -89,18 +91,35 @@ TEST(PartitionedExecutor, NodesWithRunTimeScalarsAreNeverHandedToThePlugin) {
 }
 )");
   auto plugin = PluginRegistry::load_file(KILN_CUSTOM_PLUGIN, host());
+  ASSERT_TRUE(plugin->accepts_runtime_scalars());
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
   EXPECT_EQ(exec.stats().claimed, 2u);
-  EXPECT_EQ(exec.stats().claims_dropped, 1u);
-  EXPECT_EQ(exec.stats().nodes_compiled, 1u);
-  at::Tensor w = at::randn({4}), grad = at::randn({4});
-  const double lr = 0.37;
-  std::vector<c10::IValue> scalars = {c10::IValue(-lr)};
-  std::vector<at::Tensor> env(g.values.size());
-  env[0] = w;
-  env[1] = grad;
-  exec.run(env, &scalars);
-  EXPECT_TRUE(at::allclose(env[3], at::relu(w - lr * grad)));
+  EXPECT_EQ(exec.stats().claims_dropped, 0u);
+  EXPECT_EQ(exec.stats().nodes_compiled, 2u);
+  for (double lr : {0.37, 0.05, 1.5}) {
+    at::Tensor w = at::randn({4}), grad = at::randn({4});
+    std::vector<c10::IValue> scalars = {c10::IValue(-lr)};
+    std::vector<at::Tensor> env(g.values.size());
+    env[0] = w;
+    env[1] = grad;
+    exec.run(env, &scalars);
+    EXPECT_TRUE(at::allclose(env[3], at::relu(w - lr * grad))) << "lr " << lr;
+  }
+}
+
+// A 1.0-style plugin (no execute_with_scalars) never sees a node with a run-time scalar.
+TEST(PartitionedExecutor, NodesWithRunTimeScalarsStayEagerForPluginsThatCannotTakeThem) {
+  ir::Node n;
+  n.op = "aten::add.Tensor";
+  n.args = {ir::Arg::tensor(0), ir::Arg::tensor(1), ir::Arg::real(-0.1)};
+  n.outputs = {2};
+  EXPECT_TRUE(node_can_be_claimed(n, false));
+  n.args[2].scalar_input = 0;
+  EXPECT_FALSE(node_can_be_claimed(n, false));
+  EXPECT_TRUE(node_can_be_claimed(n, true));
+  n.args[2].scalar_input = -1;
+  n.outputs = {ir::kNoValue};
+  EXPECT_FALSE(node_can_be_claimed(n, true));
 }
 
 TEST(PartitionedExecutor, FailedCompileRunsEagerlyWithTheSameResults) {

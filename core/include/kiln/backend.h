@@ -1,0 +1,34 @@
+// Which backend compiles the step: loads the plugins (once per process for a given plugin
+// search path, cache directory and plugin options), probes the hardware, and applies the
+// selection rule (selection.h) to the user's choice. The Trainer, compile_step and `kiln bench`
+// all go through here.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/config.h"
+#include "kiln/plugin_api.h"
+#include "kiln/selection.h"
+
+namespace kiln {
+
+class LoadedPlugin;
+
+struct ResolvedBackend {
+  std::shared_ptr<const LoadedPlugin> plugin;  // null when the step runs eagerly ("eager")
+  BackendChoice choice;
+  KilnMode mode = KILN_MODE_DEFAULT;
+  std::vector<std::string> notes;  // mode adjustments, plugin load failures worth a word
+};
+
+// Throws BackendSelectionError (a named backend that cannot run here) or ConfigError (an unknown
+// mode). Thread-safe.
+ResolvedBackend resolve_backend(const TrainingArguments& args);
+
+// "reduce-overhead" -> KILN_MODE_REDUCE_OVERHEAD; throws std::invalid_argument listing the modes.
+KilnMode mode_from_string(const std::string& mode);
+const char* mode_to_string(KilnMode mode);
+
+}  // namespace kiln

@@ -1,0 +1,80 @@
+#include "kiln/backend.h"
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+#include <c10/util/StringUtil.h>
+
+#include "kiln/hardware_probe.h"
+#include "kiln/host_services.h"
+#include "kiln/log.h"
+#include "kiln/plugin_registry.h"
+
+namespace kiln {
+namespace {
+
+struct LoadedBackends {
+  std::shared_ptr<HostServices> host;
+  std::shared_ptr<PluginRegistry> registry;
+  std::vector<hw::Device> devices;
+  std::vector<BackendCandidate> candidates;
+};
+
+// Plugins stay loaded for the life of the process: compiled steps hold their executables.
+const LoadedBackends& loaded_backends(const TrainingArguments& args) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<LoadedBackends>> cache;
+  std::string key = args.cache_dir + "\n";
+  for (const auto& d : args.plugin_dirs) key += d + ":";
+  for (const auto& [plugin, opts] : args.plugin_options)
+    for (const auto& [k, v] : opts) key += "\n" + plugin + "." + k + "=" + v;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[key];
+  if (!slot) {
+    auto lb = std::make_shared<LoadedBackends>();
+    lb->host = torch_host_services(args);
+    lb->registry = std::make_shared<PluginRegistry>(PluginRegistry::load(args, lb->host));
+    for (const auto& f : lb->registry->failures()) log_debug(c10::str("plugin not loaded: ", f.path, ": ", f.message));
+    lb->devices = hw::probe({}).devices;
+    lb->candidates = plugin_candidates(*lb->registry, lb->devices);
+    slot = lb;
+  }
+  return *slot;
+}
+
+}  // namespace
+
+KilnMode mode_from_string(const std::string& mode) {
+  if (mode == "default") return KILN_MODE_DEFAULT;
+  if (mode == "reduce-overhead") return KILN_MODE_REDUCE_OVERHEAD;
+  if (mode == "max-autotune") return KILN_MODE_MAX_AUTOTUNE;
+  if (mode == "max-autotune-no-cudagraphs") return KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+  throw std::invalid_argument("unknown mode '" + mode +
+                              "'; valid modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
+}
+
+const char* mode_to_string(KilnMode mode) {
+  switch (mode) {
+    case KILN_MODE_REDUCE_OVERHEAD: return "reduce-overhead";
+    case KILN_MODE_MAX_AUTOTUNE: return "max-autotune";
+    case KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS: return "max-autotune-no-cudagraphs";
+    default: return "default";
+  }
+}
+
+ResolvedBackend resolve_backend(const TrainingArguments& args) {
+  ResolvedBackend r;
+  r.mode = mode_from_string(args.torch_compile_mode);
+  const LoadedBackends& lb = loaded_backends(args);
+  r.choice = select_backend(lb.devices, lb.candidates, args.torch_compile_backend);
+  if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
+  if (r.plugin && !r.plugin->supports_mode(r.mode)) {
+    r.notes.push_back(c10::str("backend '", r.plugin->name(), "' does not support mode '", args.torch_compile_mode,
+                               "'; using 'default'"));
+    r.mode = KILN_MODE_DEFAULT;
+  }
+  return r;
+}
+
+}  // namespace kiln
