@@ -31,7 +31,7 @@ find_package(Torch REQUIRED)
 # targets that link LibTorch, never to plugins.
 find_package(spdlog REQUIRED)
 find_package(tomlplusplus REQUIRED)
-find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+find_package(Boost 1.74 REQUIRED)  # headers only: Boost.DLL, on std::filesystem
 find_package(dlpack REQUIRED)
 find_package(Threads REQUIRED)
 if(KILN_BUILD_TESTS)

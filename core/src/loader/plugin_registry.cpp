@@ -11,14 +11,15 @@
 #include <set>
 #include <type_traits>
 
+#include <filesystem>
+
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
-#include <boost/filesystem.hpp>
 
 #include "kiln/log.h"
 #include "kiln/plugin_api.hpp"
 
-namespace fs = boost::filesystem;
+namespace fs = std::filesystem;  // Boost.DLL speaks std::filesystem too (BOOST_DLL_USE_STD_FS)
 
 namespace kiln {
 
@@ -42,7 +43,7 @@ bool valid_plugin_name(const char* name) {
 
 // Canonical form for de-duplicating directories and files; the path as given when that fails.
 std::string canonical_or_same(const std::string& p) {
-  boost::system::error_code ec;
+  std::error_code ec;
   fs::path c = fs::canonical(p, ec);
   return ec ? fs::path(p).lexically_normal().string() : c.string();
 }
@@ -58,7 +59,7 @@ void add_unique(std::vector<std::string>& dirs, std::set<std::string>& seen, con
 
 std::vector<std::string> builtin_plugin_dirs() {
   std::vector<fs::path> bases;
-  boost::system::error_code ec;
+  std::error_code ec;
   fs::path exe = boost::dll::program_location(ec);
   if (!ec) bases.push_back(exe.parent_path());
   // The library or executable this loader is linked into (libkiln.so when installed).
@@ -69,7 +70,7 @@ std::vector<std::string> builtin_plugin_dirs() {
   std::set<std::string> seen;
   for (const auto& b : bases) {
     for (const fs::path& cand : {b / ".." / "plugins", b / ".." / "lib" / "kiln" / "plugins"}) {
-      boost::system::error_code e2;
+      std::error_code e2;
       if (fs::is_directory(cand, e2)) add_unique(out, seen, cand.lexically_normal().string());
     }
   }
@@ -95,7 +96,7 @@ std::vector<std::string> plugin_search_dirs(const PluginSearchOptions& options) 
   if (options.use_builtin)
     for (const auto& d : builtin_plugin_dirs()) add_unique(dirs, seen, d);
   if (options.search_current_dir) {
-    boost::system::error_code ec;
+    std::error_code ec;
     fs::path cwd = fs::current_path(ec);
     if (!ec) add_unique(dirs, seen, cwd.string());
   }
@@ -116,7 +117,7 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
                                                  const std::shared_ptr<const HostServices>& host,
                                                  std::string* error) {
   auto lib = std::make_shared<boost::dll::shared_library>();
-  boost::system::error_code ec;
+  std::error_code ec;
   dlerror();  // clear any stale text
   lib->load(fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
   if (ec || !lib->is_loaded()) {
@@ -403,7 +404,7 @@ PluginRegistry PluginRegistry::load(const PluginSearchOptions& options, std::sha
   reg.dirs_ = plugin_search_dirs(options);
   std::set<std::string> seen_files;
   for (const auto& dir : reg.dirs_) {
-    boost::system::error_code ec;
+    std::error_code ec;
     if (!fs::is_directory(dir, ec)) {
       log_debug("plugin directory " + dir + " does not exist; skipped");
       continue;
@@ -411,7 +412,7 @@ PluginRegistry PluginRegistry::load(const PluginSearchOptions& options, std::sha
     std::vector<fs::path> files;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       const fs::path& p = it->path();
-      boost::system::error_code e2;
+      std::error_code e2;
       if (p.extension() == ".so" && fs::is_regular_file(p, e2)) files.push_back(p);
     }
     std::sort(files.begin(), files.end());
