@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/optim/adagrad.h>
@@ -93,6 +94,45 @@ c10::IValue scalar_value(const ir::Arg& a, const c10::IValue& v) {
     case ir::Arg::Kind::Int: return v.isInt() ? v : c10::IValue(static_cast<int64_t>(v.toDouble()));
     case ir::Arg::Kind::Bool: return c10::IValue(v.toBool());
     default: return c10::IValue(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble());
+  }
+}
+
+// For the eager executor: a write-back whose value comes from an element-wise op is computed
+// straight into the written tensor by the op's out= variant (add.Tensor -> add.out), when the
+// tensor's old value is not read later and the layouts match. This saves a copy and an
+// allocation per parameter and optimizer-state tensor per step. Element-wise ops may write an
+// input they read (that is how add_ works), so the out= tensor may be an argument.
+void compute_writebacks_in_place(ir::Graph& g) {
+  static const std::set<std::string> elementwise = {
+      "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::addcdiv", "aten::addcmul", "aten::lerp",
+      "aten::sqrt", "aten::neg", "aten::clamp", "aten::copy"};
+  std::vector<int32_t> last_read(g.values.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i])) last_read[static_cast<size_t>(v)] = static_cast<int32_t>(i);
+  std::vector<int> output_uses(g.values.size(), 0);
+  for (const auto& o : g.outputs) ++output_uses[static_cast<size_t>(o.value)];
+  for (const auto& o : g.outputs) {
+    if (o.role != ir::OutputRole::WriteBack) continue;
+    const auto& val = g.value(o.value);
+    const auto in = g.inputs[static_cast<size_t>(o.target)].value;
+    if (val.producer < 0 || output_uses[static_cast<size_t>(o.value)] != 1 || output_uses[static_cast<size_t>(in)] != 0) continue;
+    auto& n = g.nodes[static_cast<size_t>(val.producer)];
+    if (n.outputs.size() != 1 || n.returns_list || last_read[static_cast<size_t>(in)] > val.producer) continue;
+    if (val.meta != g.value(in).meta) continue;
+    const auto dot = n.op.find('.', 6);
+    const std::string name = n.op.substr(0, dot), overload = dot == std::string::npos ? "" : n.op.substr(dot + 1);
+    if (!elementwise.count(name)) continue;
+    const std::string out_overload = overload.empty() || overload == "Tensor" ? "out" : overload + "_out";
+    auto h = c10::Dispatcher::singleton().findOp({name, out_overload});
+    if (!h || h->schema().arguments().size() != n.args.size() + 1) continue;
+    bool args_match = true;
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      const auto& a = h->schema().arguments()[i];
+      args_match = args_match && !(a.alias_info() && a.alias_info()->isWrite());
+    }
+    if (!args_match) continue;
+    n.op = name + "." + out_overload;
+    n.args.push_back(ir::Arg::tensor(in));
   }
 }
 
@@ -309,7 +349,13 @@ struct CompiledStep::Impl {
       log_debug(line);
     }
     g.verify();
-    e.exec = hooks.make_executor ? hooks.make_executor(g, args) : std::make_unique<EagerGraphExecutor>(g);
+    if (hooks.make_executor) {
+      e.exec = hooks.make_executor(g, args);
+    } else {
+      ir::Graph planned = g;
+      compute_writebacks_in_place(planned);
+      e.exec = std::make_unique<EagerGraphExecutor>(planned);
+    }
     e.ins.clear();
     for (const auto& in : g.inputs) {
       InBind b{in.value};

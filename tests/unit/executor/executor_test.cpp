@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
 
 #include "kiln/compile.h"
@@ -22,7 +24,16 @@ double rel_err(const at::Tensor& out, const at::Tensor& ref) {
 kiln::StepFn step_of(kiln::Workload& w) {
   return [&w](const std::vector<at::Tensor>& in) {
     w.optimizer->zero_grad();
-    auto loss = w.loss_fn(w.forward(in[0]), in[1]);
+    at::Tensor loss;
+    if (w.autocast_bf16) {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+    }
     loss.backward();
     w.optimizer->step();
     return std::vector<at::Tensor>{loss.detach()};
@@ -37,30 +48,31 @@ kiln::TrainingArguments compile_args() {
 
 // 20 compiled steps (the first eager, the second the capture step, 18 through the eager
 // executor) against 20 LibTorch eager steps from the same initial weights and batch.
-void expect_parity(const std::string& name, int64_t batch, int steps = 20) {
+void expect_parity(const std::string& name, int64_t batch, int steps = 20, const std::string& device = "cpu",
+                   double tol = 1e-5) {
   const uint64_t seed = static_cast<uint64_t>(at::randint(1, 1 << 30, {1}).item<int64_t>());
-  auto ref = kiln::make_workload(name, {"cpu", seed, batch});
-  auto w = kiln::make_workload(name, {"cpu", seed, batch});
+  auto ref = kiln::make_workload(name, {device, seed, batch});
+  auto w = kiln::make_workload(name, {device, seed, batch});
   auto ref_step = step_of(ref);
   auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, compile_args());
   for (int s = 0; s < steps; ++s) {
     auto want = ref_step({ref.input, ref.target})[0];
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s;
-    EXPECT_LE(rel_err(got, want), 1e-5) << name << " loss at step " << s << ": " << got.item<float>()
+    EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << ": " << got.item<float>()
                                         << " vs " << want.item<float>();
   }
   EXPECT_EQ(step.stats().compiled_steps, steps - 2) << step.stats().last_fallback;
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
   ASSERT_EQ(pr.size(), pw.size());
   for (size_t i = 0; i < pr.size(); ++i) {
-    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << name << " parameter " << pr[i].key();
+    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), tol) << name << " parameter " << pr[i].key();
     ASSERT_TRUE(pw[i].value().grad().defined()) << "gradient left in " << pr[i].key();
-    EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), 1e-5) << name << " gradient " << pr[i].key();
+    EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), tol) << name << " gradient " << pr[i].key();
   }
   auto br = ref.model->named_buffers(), bw = w.model->named_buffers();
   for (size_t i = 0; i < br.size(); ++i)
-    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), 1e-5) << name << " buffer " << br[i].key();
+    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), tol) << name << " buffer " << br[i].key();
 }
 
 }  // namespace
@@ -113,3 +125,16 @@ TEST(EagerExecutor, FreesIntermediatesAfterLastUse) {
 TEST(CompiledStepParity, Mlp20StepsMatchEager) { expect_parity("mlp", 0); }
 TEST(CompiledStepParity, Cnn20StepsMatchEager) { expect_parity("cnn", 32); }
 TEST(CompiledStepParity, Gpt20StepsMatchEager) { expect_parity("gpt", 0); }
+
+TEST(CompiledStepParityCuda, Mlp20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the lead runs this on the GPU machine";
+  expect_parity("mlp", 0, 20, "cuda", 1e-5);
+}
+TEST(CompiledStepParityCuda, Cnn20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the lead runs this on the GPU machine";
+  expect_parity("cnn", 0, 20, "cuda", 1e-5);
+}
+TEST(CompiledStepParityCuda, GptBf16Autocast20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the lead runs this on the GPU machine";
+  expect_parity("gpt", 8, 20, "cuda", 1e-2);
+}
