@@ -1,12 +1,263 @@
-// The inductor backend: fuses pointwise ops and reductions into generated kernels (C++ with OpenMP
-// on CPU, CUDA C through NVRTC on GPU). This file is its ABI surface: descriptor, availability,
-// claims and compile; the code generator lands with its own issue, and until then compile answers
-// "unimplemented" so kiln runs the nodes eagerly.
+// The inductor backend on the CPU: claims pointwise ops, reductions, views and the optimizer's
+// pointwise chains (lowering.h), fuses them into loop nests (codegen.h), compiles the generated C++
+// with the system compiler into a cached shared library (toolchain.h) and runs it. Matmul,
+// convolution and attention inside a group run through the host's call_eager ("extern kernels").
+// Links only the plugin API, libdl and pthreads; the generated code links OpenMP.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <sstream>
+#include <thread>
+
 #include <kiln/plugin_api.hpp>
+
+#include "codegen.h"
+#include "lowering.h"
+#include "toolchain.h"
 
 namespace {
 
 using namespace kiln::plugin;
+using namespace kiln::inductor;
+
+using KernelFn = void (*)(void**, const double*, int);
+
+struct Settings {
+  int threads = 0;  // 0: every CPU this process may run on
+  std::string cxx;
+  std::vector<std::string> cflags;
+  bool extern_kernels = true;
+};
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream ss(s);
+  std::string w;
+  while (ss >> w) out.push_back(w);
+  return out;
+}
+
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
+  if (v == "false" || v == "0" || v == "off" || v == "no") return false;
+  throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] " + key + " = '" + v + "' is not a boolean");
+}
+
+Settings parse_settings(const std::map<std::string, std::string>& options) {
+  Settings s;
+  for (const auto& [key, value] : options) {
+    if (key == "threads") {
+      char* end = nullptr;
+      long n = std::strtol(value.c_str(), &end, 10);
+      if (value.empty() || *end || n < 0 || n > 4096)
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] threads = '" + value + "' is not a thread count (0 = all)");
+      s.threads = static_cast<int>(n);
+    } else if (key == "cxx") {
+      if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] cxx is empty");
+      s.cxx = value;
+    } else if (key == "cflags") {
+      s.cflags = split_words(value);
+    } else if (key == "extern_kernels") {
+      s.extern_kernels = parse_bool(key, value);
+    } else {
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
+                                                   "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels)");
+    }
+  }
+  if (s.threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    s.threads = n > 0 ? static_cast<int>(n) : 1;
+  }
+  return s;
+}
+
+// A KilnArg of an extern call with everything it points to owned here.
+struct OwnedArg {
+  KilnArg arg{};
+  int value = -1;                 // TENSOR: the subgraph value
+  std::string name, str;
+  std::vector<int64_t> ints;
+  std::vector<double> doubles;
+};
+
+struct ExternCall {
+  std::string op;
+  std::deque<OwnedArg> args;
+  std::vector<int> outputs;       // values
+};
+
+// Where a value lives at run time: a slot and an element offset, with its own shape and strides.
+struct Placement {
+  int slot = -1;
+  int64_t offset = 0;
+  DLDataType dtype{};
+  std::vector<int64_t> shape, strides;
+};
+
+class CompiledGroup : public Executable {
+ public:
+  const KilnHostApi* host_api = nullptr;
+  std::string host_name;
+  std::shared_ptr<Library> lib;
+  std::vector<KernelFn> kernels;
+  std::vector<int> kernel_threads;
+  std::vector<Step> steps;
+  std::map<int, ExternCall> externs;   // by node
+  std::vector<Placement> place;        // by value
+  std::vector<ScalarParam> params;
+  std::vector<double> param_values;
+  size_t n_in = 0, n_out = 0;
+  std::vector<Placement> in_meta, out_meta;
+  std::vector<std::vector<char>> scratch;  // one per scratch slot
+  std::vector<std::vector<char>> relayout; // inputs/outputs whose strides are not the expected ones
+
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
+    run(inputs, num_inputs, outputs, num_outputs);
+  }
+#if KILN_ABI_VERSION_MINOR >= 1
+  void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                            const Scalars& scalars, void*) override {
+    for (size_t k = 0; k < params.size(); ++k)
+      if (params[k].runtime_scalar >= 0) param_values[k] = scalars.number(params[k].runtime_scalar);
+    run(inputs, num_inputs, outputs, num_outputs);
+  }
+#endif
+
+  void run(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs) {
+    if (num_inputs != n_in || num_outputs != n_out)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
+                                                   std::to_string(n_out) + " outputs, got " + std::to_string(num_inputs) +
+                                                   " and " + std::to_string(num_outputs));
+    std::vector<void*> B(n_in + n_out + scratch.size());
+    std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
+    if (relayout.size() < n_in + n_out) relayout.resize(n_in + n_out);
+    for (size_t i = 0; i < n_in; ++i) B[i] = bind(inputs[i], in_meta[i], i, true);
+    for (size_t j = 0; j < n_out; ++j) {
+      B[n_in + j] = bind(outputs[j], out_meta[j], n_in + j, false);
+      if (B[n_in + j] != data_of(outputs[j])) copy_back.push_back({j, B[n_in + j]});
+    }
+    for (size_t s = 0; s < scratch.size(); ++s) B[n_in + n_out + s] = scratch[s].data();
+    for (const Step& st : steps) {
+      if (st.kernel >= 0) {
+        kernels[static_cast<size_t>(st.kernel)](B.data(), param_values.data(), kernel_threads[static_cast<size_t>(st.kernel)]);
+      } else {
+        call_extern(externs.at(st.extern_node), B);
+      }
+    }
+    for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false);
+  }
+
+  static void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+
+  static bool same_layout(const DLTensor& t, const Placement& m) {
+    if (t.ndim != static_cast<int32_t>(m.shape.size())) return false;
+    int64_t acc = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) return false;
+      const int64_t st = t.strides ? t.strides[d] : acc;
+      if (t.shape[d] != 1 && st != m.strides[static_cast<size_t>(d)]) return false;
+      acc *= t.shape[d];
+    }
+    return true;
+  }
+
+  // The pointer the kernels use for a tensor; a copy in the compiled layout when its strides differ.
+  void* bind(const DLTensor& t, const Placement& m, size_t slot, bool is_input) {
+    if (same_layout(t, m)) return data_of(t);
+    if (t.ndim != static_cast<int32_t>(m.shape.size()))
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "tensor " + std::to_string(slot) + " has the wrong rank");
+    for (int d = 0; d < t.ndim; ++d)
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)])
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "tensor " + std::to_string(slot) + " has the wrong shape");
+    int64_t extent = 1;
+    for (size_t d = 0; d < m.shape.size(); ++d) extent += (m.shape[d] - 1) * std::max<int64_t>(m.strides[d], 0);
+    relayout[slot].resize(static_cast<size_t>(std::max<int64_t>(extent, 1)) * (m.dtype.bits / 8));
+    void* buf = relayout[slot].data();
+    if (is_input) strided_copy(buf, m, t, true);
+    return buf;
+  }
+
+  // Copies between a buffer in the compiled layout `m` and a tensor with its own strides.
+  static void strided_copy(void* buf, const Placement& m, const DLTensor& t, bool into_buf) {
+    const size_t es = m.dtype.bits / 8;
+    const int nd = t.ndim;
+    int64_t n = 1;
+    for (int d = 0; d < nd; ++d) n *= t.shape[d];
+    std::vector<int64_t> idx(static_cast<size_t>(nd), 0), ts(static_cast<size_t>(nd));
+    int64_t acc = 1;
+    for (int d = nd - 1; d >= 0; --d) {
+      ts[static_cast<size_t>(d)] = t.strides ? t.strides[d] : acc;
+      acc *= t.shape[d];
+    }
+    char* tb = static_cast<char*>(data_of(t));
+    char* bb = static_cast<char*>(buf);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t to = 0, bo = 0;
+      for (int d = 0; d < nd; ++d) {
+        to += idx[static_cast<size_t>(d)] * ts[static_cast<size_t>(d)];
+        bo += idx[static_cast<size_t>(d)] * m.strides[static_cast<size_t>(d)];
+      }
+      if (into_buf) std::memcpy(bb + bo * static_cast<int64_t>(es), tb + to * static_cast<int64_t>(es), es);
+      else std::memcpy(tb + to * static_cast<int64_t>(es), bb + bo * static_cast<int64_t>(es), es);
+      for (int d = nd - 1; d >= 0; --d) {
+        if (++idx[static_cast<size_t>(d)] < t.shape[d]) break;
+        idx[static_cast<size_t>(d)] = 0;
+      }
+    }
+  }
+
+  DLTensor dl_of(int value, const std::vector<void*>& B) const {
+    const Placement& p = place.at(static_cast<size_t>(value));
+    DLTensor t{};
+    t.data = static_cast<char*>(B.at(static_cast<size_t>(p.slot))) + p.offset * (p.dtype.bits / 8);
+    t.device = DLDevice{kDLCPU, 0};
+    t.ndim = static_cast<int32_t>(p.shape.size());
+    t.dtype = p.dtype;
+    t.shape = const_cast<int64_t*>(p.shape.data());
+    t.strides = const_cast<int64_t*>(p.strides.data());
+    return t;
+  }
+
+  void call_extern(const ExternCall& call, const std::vector<void*>& B) const {
+    std::deque<DLTensor> tensors;
+    std::vector<const KilnArg*> ptrs;
+    std::deque<KilnArg> args;
+    for (const auto& oa : call.args) {
+      KilnArg a = oa.arg;
+      if (a.tag == KILN_ARG_TENSOR) {
+        tensors.push_back(dl_of(oa.value, B));
+        a.tensor = &tensors.back();
+      }
+      args.push_back(a);
+      ptrs.push_back(&args.back());
+    }
+    std::vector<DLTensor> outs;
+    for (int v : call.outputs) outs.push_back(dl_of(v, B));
+    KilnError* e = host_api->call_eager(host_api->host_ctx, call.op.c_str(), ptrs.data(), ptrs.size(), outs.data(), outs.size());
+    if (e) {
+      const std::string msg = host_api->error_message(e);
+      const KilnErrorCode code = host_api->error_code(e);
+      host_api->error_destroy(e);
+      throw Error(code, "extern kernel " + call.op + ": " + msg);
+    }
+  }
+};
+
+DLDataType dl_of_ty(Ty t) {
+  switch (t) {
+    case Ty::f32: return {kDLFloat, 32, 1};
+    case Ty::f64: return {kDLFloat, 64, 1};
+    case Ty::i64: return {kDLInt, 64, 1};
+    case Ty::i32: return {kDLInt, 32, 1};
+    case Ty::b8: return {KILN_DL_BOOL, 8, 1};
+  }
+  return {};
+}
 
 class InductorPlugin : public Plugin {
  public:
@@ -15,34 +266,227 @@ class InductorPlugin : public Plugin {
   static Descriptor describe() {
     Descriptor d;
     d.name = "inductor";
-    d.version = "0.1.0";
+    d.version = "0.2.0";
     d.vendor = "kiln";
-    d.description = "fused C++/OpenMP (CPU) and NVRTC CUDA (GPU) kernels, like torch.compile's default";
+    d.description = "fused C++/OpenMP kernels from the system compiler (CPU), like torch.compile's default";
     d.device_kinds = KILN_DEVICE_MASK_CPU | KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_MASK_ALL;
     d.concurrent_execution_safe = false;
+#if KILN_ABI_VERSION_MINOR >= 1
+    d.runtime_scalars = true;
+#endif
     return d;
   }
 
-  // Runs on any CPU; on CUDA devices too.
   Availability available(const Devices& devices) override {
     const KilnDeviceInfo* cpu = devices.first(KILN_DEVICE_CPU);
     const KilnDeviceInfo* gpu = devices.first(KILN_DEVICE_CUDA);
     if (!cpu && !gpu) return Availability::no("no CPU or CUDA device in the device list");
     std::string reason;
     if (gpu) {
-      reason = std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " + gpu->name +
-               " (sm_" + std::to_string(gpu->compute_capability_major) +
-               std::to_string(gpu->compute_capability_minor) + ")";
+      reason = std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " + gpu->name + " (sm_" +
+               std::to_string(gpu->compute_capability_major) + std::to_string(gpu->compute_capability_minor) +
+               "; GPU kernels not built yet, CPU nodes only)";
     }
     if (cpu) reason += std::string(reason.empty() ? "" : "; ") + "CPU " + (*cpu->name ? cpu->name : "(unnamed)");
     return Availability::yes(reason);
   }
 
-  std::vector<int64_t> claim(const Graph&) override { return {}; }
+  LoweringOptions lowering_options() const {
+    LoweringOptions o;
+    auto ext = host().option("extern_kernels");
+    o.extern_kernels = ext ? parse_bool("extern_kernels", *ext) : true;
+    o.extern_kernels = o.extern_kernels && host().has_call_eager();
+#if KILN_ABI_VERSION_MINOR >= 1
+    o.runtime_scalars = true;
+#endif
+    return o;
+  }
 
-  std::unique_ptr<Executable> compile(const Graph&, const CompileOptions&) override {
-    throw Unimplemented("the inductor code generator is not built yet; kiln runs these nodes eagerly");
+  std::vector<int64_t> claim(const Graph& g) override {
+    const LoweringOptions opts = lowering_options();
+    std::vector<int64_t> taken;
+    std::vector<char> is_extern(g.num_nodes(), 0);
+    for (size_t i = 0; i < g.num_nodes(); ++i) {
+      Node n = g.node(static_cast<int64_t>(i));
+      if (why_not_claimed(g, n, opts).empty()) taken.push_back(static_cast<int64_t>(i));
+    }
+    host().debug("claimed " + std::to_string(taken.size()) + " of " + std::to_string(g.num_nodes()) + " nodes");
+    return taken;
+  }
+
+  std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
+    const Settings s = parse_settings(options.options);
+    if (options.mode == KILN_MODE_REDUCE_OVERHEAD) {
+      static bool said = false;
+      if (!said) host().info("reduce-overhead needs CUDA graphs, which need a CUDA device; on the CPU it compiles as 'default'");
+      said = true;
+    }
+    const bool autotune = options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    for (size_t v = 0; v < g.num_values(); ++v)
+      if (g.value(static_cast<int64_t>(v)).device().device_type != kDLCPU)
+        throw Unimplemented("GPU kernels are not built yet; these nodes run eagerly");
+    LoweringOptions lo = lowering_options();
+    lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
+    std::unique_ptr<LoweredGraph> L = lower(g, lo);
+    Program P = schedule(*L);
+
+    std::vector<std::vector<Variant>> variants;
+    for (const auto& k : P.kernels) variants.push_back(variants_for(k, autotune));
+    auto exe = std::make_unique<CompiledGroup>();
+    exe->host_api = host().raw();
+    if (!P.kernels.empty()) {
+      const std::string source = generate_source(*L, P, variants);
+      const Toolchain tc = make_toolchain(s.cxx, s.cflags);
+      const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
+      std::string key;
+      CacheStats stats;
+      exe->lib = compile_cached(source, tc, root, host(), &key, &stats);
+      host().debug(std::string(stats.hit ? "cache hit " : "compiled ") + key + " (" + std::to_string(P.kernels.size()) +
+                   " kernels" + (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
+      std::vector<std::pair<int, int>> winners(P.kernels.size(), {0, s.threads});
+      if (autotune && !read_tune(root + "/" + key + ".tune", &winners, P.kernels.size())) {
+        prepare(*exe, g, *L, P);
+        winners = tune(*exe, *L, P, variants, s.threads);
+        write_tune(root + "/" + key + ".tune", winners);
+      } else if (autotune) {
+        host().info("max-autotune: using the tuned kernels of " + key + " from the cache");
+      }
+      for (size_t k = 0; k < P.kernels.size(); ++k) {
+        exe->kernels.push_back(reinterpret_cast<KernelFn>(exe->lib->symbol(
+            "kiln_k" + std::to_string(k) + "_v" + std::to_string(winners[k].first))));
+        exe->kernel_threads.push_back(std::min(winners[k].second, s.threads));
+      }
+    }
+    if (exe->place.empty()) prepare(*exe, g, *L, P);
+    exe->steps = P.steps;
+    return exe;
+  }
+
+ private:
+  // Buffers, placements and extern calls: everything but the kernels.
+  void prepare(CompiledGroup& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
+    exe.n_in = L.num_inputs;
+    exe.n_out = L.num_outputs;
+    exe.params = L.params;
+    exe.param_values.clear();
+    for (const auto& p : L.params) exe.param_values.push_back(p.value);
+    exe.scratch.clear();
+    for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0);
+    exe.place.assign(L.values.size(), Placement{});
+    for (size_t v = 0; v < L.values.size(); ++v) {
+      const ValueInfo& info = L.values[v];
+      Placement& p = exe.place[v];
+      p.dtype = dl_of_ty(info.ty);
+      p.shape = info.shape;
+      p.strides = info.strides;
+      int root = static_cast<int>(v);
+      while (!L.values[static_cast<size_t>(root)].materialized &&
+             (L.values[static_cast<size_t>(root)].kind == ValueInfo::Kind::View ||
+              L.values[static_cast<size_t>(root)].kind == ValueInfo::Kind::Reshape))
+        root = L.values[static_cast<size_t>(root)].src;
+      const ValueInfo& r = L.values[static_cast<size_t>(root)];
+      if (r.materialized) {
+        p.slot = r.buffer;
+        p.offset = info.storage_offset - r.storage_offset;
+      }
+    }
+    exe.in_meta.clear();
+    exe.out_meta.clear();
+    for (int64_t v : g.inputs()) exe.in_meta.push_back(exe.place[static_cast<size_t>(v)]);
+    for (int64_t v : g.outputs()) exe.out_meta.push_back(exe.place[static_cast<size_t>(v)]);
+    exe.externs.clear();
+    for (const Step& st : P.steps) {
+      if (st.extern_node < 0) continue;
+      Node n = g.node(st.extern_node);
+      ExternCall call;
+      call.op = n.op();
+      for (size_t i = 0; i < n.num_args(); ++i) {
+        const KilnArg* a = n.arg(i).raw();
+        call.args.emplace_back();
+        OwnedArg& oa = call.args.back();
+        oa.arg = *a;
+        oa.arg.struct_size = KILN_ARG_STRUCT_SIZE;
+        oa.name = a->name ? a->name : "";
+        oa.arg.name = oa.name.c_str();
+        if (a->tag == KILN_ARG_TENSOR) {
+          oa.value = static_cast<int>(a->i);
+          if (exe.place[static_cast<size_t>(oa.value)].slot < 0)
+            throw Error(KILN_ERROR_INTERNAL, "extern argument without a buffer");
+        }
+        if (a->s) {
+          oa.str = a->s;
+          oa.arg.s = oa.str.c_str();
+        }
+        if (a->ints) {
+          oa.ints.assign(a->ints, a->ints + a->len);
+          oa.arg.ints = oa.ints.data();
+        }
+        if (a->doubles) {
+          oa.doubles.assign(a->doubles, a->doubles + a->len);
+          oa.arg.doubles = oa.doubles.data();
+        }
+#if KILN_ABI_VERSION_MINOR >= 1
+        oa.arg.runtime_scalar = -1;
+#endif
+      }
+      for (int64_t v : n.outputs()) call.outputs.push_back(static_cast<int>(v));
+      exe.externs.emplace(st.extern_node, std::move(call));
+    }
+  }
+
+  // max-autotune: times every variant of every kernel at 1 and at all threads on scratch data.
+  std::vector<std::pair<int, int>> tune(CompiledGroup& exe, const LoweredGraph& L, const Program& P,
+                                        const std::vector<std::vector<Variant>>& variants, int threads) {
+    std::vector<std::vector<char>> bufs;
+    std::vector<void*> B(L.num_inputs + L.num_outputs + exe.scratch.size());
+    for (size_t v = 0; v < L.values.size(); ++v) {
+      const ValueInfo& info = L.values[v];
+      if (info.buffer < 0 || static_cast<size_t>(info.buffer) >= L.num_inputs + L.num_outputs) continue;
+      bufs.emplace_back(static_cast<size_t>(std::max<int64_t>(info.extent(), 1)) * ty_size(info.ty) + 64, 0);
+      if (info.ty == Ty::f32) {
+        float* f = reinterpret_cast<float*>(bufs.back().data());
+        for (int64_t i = 0; i < info.extent(); ++i) f[i] = 0.5f;
+      }
+      B[static_cast<size_t>(info.buffer)] = bufs.back().data();
+    }
+    for (size_t s = 0; s < exe.scratch.size(); ++s) B[L.num_inputs + L.num_outputs + s] = exe.scratch[s].data();
+    for (auto& p : B)
+      if (!p) {
+        bufs.emplace_back(64, 0);
+        p = bufs.back().data();
+      }
+    std::vector<std::pair<int, int>> winners;
+    for (size_t k = 0; k < P.kernels.size(); ++k) {
+      double best = 1e30;
+      std::pair<int, int> win{0, threads};
+      std::vector<int> thread_options = {threads};
+      if (threads > 1) thread_options.push_back(1);
+      for (size_t v = 0; v < variants[k].size(); ++v) {
+        auto fn = reinterpret_cast<KernelFn>(exe.lib->symbol("kiln_k" + std::to_string(k) + "_v" + std::to_string(v)));
+        for (int t : thread_options) {
+          fn(B.data(), exe.param_values.data(), t);  // warm up
+          std::vector<double> times;
+          for (int rep = 0; rep < 5; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            fn(B.data(), exe.param_values.data(), t);
+            times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          }
+          std::sort(times.begin(), times.end());
+          const double ms = times[times.size() / 2];
+          if (ms < best) {
+            best = ms;
+            win = {static_cast<int>(v), t};
+          }
+        }
+      }
+      winners.push_back(win);
+      host().info("max-autotune: kernel " + std::to_string(k + 1) + "/" + std::to_string(P.kernels.size()) + " (" +
+                  std::to_string(P.kernels[k].stages.size()) + " stages" + (P.kernels[k].column ? ", column" : "") +
+                  "): best " + variants[k][static_cast<size_t>(win.first)].name() + " x" + std::to_string(win.second) +
+                  " threads, " + std::to_string(best) + " ms");
+    }
+    return winners;
   }
 };
 

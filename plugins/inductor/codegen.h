@@ -1,0 +1,52 @@
+// Scheduling (which materialized values share a loop nest) and C++ generation.
+//
+// A kernel is one loop nest with an outer iteration space O, run in parallel over O; inside each
+// outer iteration its stages run in order: a reduction whose result is indexed by O (kept in a
+// register for the stages after it), or a pointwise loop over the rest of its shape. So a row of
+// log-softmax (max, sum of exp, output) or of layer norm is one pass of one kernel, and pointwise
+// producers are inlined into the loops that read them. A reduction over leading dims (a bias
+// gradient) gets a "column" kernel that vectorizes across the kept dim instead.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loop_ir.h"
+
+namespace kiln::inductor {
+
+struct KernelPlan {
+  std::vector<int64_t> outer;
+  std::vector<int> stages;  // materialized values, in order
+  bool column = false;
+  int64_t work = 0;         // elements touched, for the parallel threshold
+};
+
+struct Step {
+  int kernel = -1;          // a generated kernel, or
+  int extern_node = -1;     // a node run through call_eager
+};
+
+struct Program {
+  std::vector<KernelPlan> kernels;
+  std::vector<Step> steps;
+};
+
+Program schedule(const LoweredGraph& L);
+
+// One way to generate a kernel; max-autotune compiles several and keeps the fastest.
+struct Variant {
+  int simdlen = 0;          // 0: let the compiler pick
+  int column_tile = 16;     // column reductions: kept elements per accumulator tile
+  std::string name() const;
+};
+
+// The variants worth trying for a kernel (the first one is the default).
+std::vector<Variant> variants_for(const KernelPlan& k, bool autotune);
+
+// The whole source of a compile: every kernel, every listed variant, as
+// extern "C" void kiln_k<K>_v<V>(void** B, const double* P, int nt).
+std::string generate_source(const LoweredGraph& L, const Program& P,
+                            const std::vector<std::vector<Variant>>& variants);
+
+}  // namespace kiln::inductor

@@ -1,0 +1,27 @@
+// Lowering: ATen nodes of a pure subgraph to the loop IR (loop_ir.h), and the claim rules that say
+// which nodes the inductor takes. The two share one table so that the plugin never claims a node it
+// cannot lower.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <kiln/plugin_api.hpp>
+
+#include "loop_ir.h"
+
+namespace kiln::inductor {
+
+struct LoweringOptions {
+  bool extern_kernels = true;   // take matmul/convolution/attention and run them through call_eager
+  bool runtime_scalars = false; // the host passes run-time scalars (ABI 1.1)
+};
+
+// Whether the inductor takes `node` (empty string) or why not.
+std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, const LoweringOptions& opts);
+
+// Lowers a whole subgraph. Throws plugin::Unimplemented for anything it does not take. The result's
+// loaders point into it, so it stays where it was made.
+std::unique_ptr<LoweredGraph> lower(const plugin::Graph& g, const LoweringOptions& opts);
+
+}  // namespace kiln::inductor

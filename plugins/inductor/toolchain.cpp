@@ -1,0 +1,277 @@
+#include "toolchain.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+extern char** environ;
+
+namespace kiln::inductor {
+
+using plugin::Error;
+
+std::string hash_hex(const std::string& data) {
+  uint64_t a = 1469598103934665603ull, b = 0x84222325cbf29ce4ull ^ 0x9e3779b97f4a7c15ull;
+  for (unsigned char c : data) {
+    a = (a ^ c) * 1099511628211ull;
+    b = (b ^ c) * 0x100000001b3ull;
+    b ^= b >> 29;
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+  return buf;
+}
+
+int run_process(const std::vector<std::string>& argv, std::string* output) {
+  int fds[2];
+  if (pipe(fds) != 0) throw Error(KILN_ERROR_INTERNAL, std::string("pipe: ") + std::strerror(errno));
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+  posix_spawn_file_actions_addclose(&fa, fds[1]);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    if (output) *output = "cannot start '" + argv[0] + "': " + std::strerror(rc);
+    return 127;
+  }
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n > 0) out.append(buf, static_cast<size_t>(n));
+    else if (n == 0 || errno != EINTR) break;
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (output) *output = out;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+}
+
+namespace {
+
+std::string compiler_version(const std::string& cxx) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(cxx);
+  if (it != cache.end()) return it->second;
+  std::string out;
+  const int rc = run_process({cxx, "--version"}, &out);
+  std::string line = out.substr(0, out.find('\n'));
+  if (rc != 0) line = "unknown (exit " + std::to_string(rc) + ")";
+  cache[cxx] = line;
+  return line;
+}
+
+std::string read_file(const std::string& path, bool* ok) {
+  std::ifstream f(path, std::ios::binary);
+  *ok = static_cast<bool>(f);
+  if (!f) return "";
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string temp_name(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+}
+
+void mkdirs(const std::string& dir) {
+  std::string cur;
+  std::stringstream ss(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') cur = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    cur += part + "/";
+    if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error(KILN_ERROR_UNAVAILABLE, "cannot create cache directory " + cur + ": " + std::strerror(errno));
+  }
+}
+
+// Whether the entry's manifest matches its library; `why` says what is wrong.
+bool entry_valid(const std::string& base, const std::string& key, std::string* why) {
+  bool ok = false;
+  const std::string manifest = read_file(base + ".ok", &ok);
+  if (!ok) {
+    *why = "no manifest";
+    return false;
+  }
+  bool so_ok = false;
+  const std::string so = read_file(base + ".so", &so_ok);
+  if (!so_ok) {
+    *why = "manifest without library";
+    return false;
+  }
+  const std::string expect = "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) +
+                             "\nhash " + hash_hex(so) + "\n";
+  if (manifest != expect) {
+    *why = "library does not match its manifest (truncated or corrupt)";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void write_atomic(const std::string& path, const std::string& data) {
+  const std::string tmp = temp_name(path);
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+    f.flush();
+    if (!f) throw Error(KILN_ERROR_UNAVAILABLE, "cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(KILN_ERROR_UNAVAILABLE, "cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  }
+}
+
+std::string inductor_cache_dir(const std::string& cache_dir) {
+  return (cache_dir.empty() ? std::string(".") : cache_dir) + "/inductor";
+}
+
+Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>& extra_flags) {
+  Toolchain tc;
+  if (!cxx.empty()) tc.cxx = cxx;
+  else if (const char* env = std::getenv("CXX"); env && *env) tc.cxx = env;
+  tc.flags = {"-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+              "-fno-semantic-interposition", "-w"};
+  __builtin_cpu_init();
+  std::string feats;
+  auto add = [&](const char* f, std::initializer_list<const char*> flags) {
+    feats += std::string(feats.empty() ? "" : ",") + f;
+    for (auto fl : flags) tc.flags.push_back(fl);
+  };
+  if (__builtin_cpu_supports("avx2")) add("avx2", {"-mavx2"});
+  if (__builtin_cpu_supports("fma")) add("fma", {"-mfma"});
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    add("avx512", {"-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"});
+  tc.cpu_features = feats.empty() ? "baseline" : feats;
+  for (const auto& f : extra_flags) tc.flags.push_back(f);
+  tc.version = compiler_version(tc.cxx);
+  return tc;
+}
+
+Library::~Library() {
+  if (handle_) dlclose(handle_);
+}
+
+void* Library::symbol(const std::string& name) const {
+  void* s = dlsym(handle_, name.c_str());
+  if (!s) throw Error(KILN_ERROR_INTERNAL, "generated library has no symbol " + name);
+  return s;
+}
+
+std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
+                                        const plugin::Host& host, std::string* key_out, CacheStats* stats) {
+  std::string fingerprint = "kiln-inductor 1\n" + tc.cxx + "\n" + tc.version + "\n" + tc.cpu_features + "\n";
+  for (const auto& f : tc.flags) fingerprint += f + " ";
+  const std::string key = hash_hex(fingerprint + "\n" + source);
+  if (key_out) *key_out = key;
+  mkdirs(cache_root);
+  const std::string base = cache_root + "/" + key;
+  std::string why;
+  bool valid = entry_valid(base, key, &why);
+  struct stat st;
+  if (!valid && (stat((base + ".so").c_str(), &st) == 0 || stat((base + ".ok").c_str(), &st) == 0))
+    host.warn("compile cache entry " + base + ".so is not usable (" + why + "); rebuilding it");
+  if (stats) stats->hit = valid;
+  if (!valid) {
+    const auto t0 = std::chrono::steady_clock::now();
+    // The source under its final name, so two processes compiling it produce identical bytes.
+    write_atomic(base + ".cpp", source);
+    const std::string tmp_so = temp_name(base + ".so");
+    std::vector<std::string> argv = {tc.cxx};
+    for (const auto& f : tc.flags) argv.push_back(f);
+    argv.push_back(base + ".cpp");
+    argv.push_back("-o");
+    argv.push_back(tmp_so);
+    std::string out;
+    const int rc = run_process(argv, &out);
+    if (rc != 0) {
+      std::remove(tmp_so.c_str());
+      if (out.size() > 4000) out = out.substr(0, 4000) + "\n[... truncated]";
+      throw Error(KILN_ERROR_INTERNAL, "the C++ compiler failed (" + tc.cxx + ", exit status " + std::to_string(rc) +
+                                           ") on generated source " + base + ".cpp:\n" + out);
+    }
+    bool ok = false;
+    const std::string so = read_file(tmp_so, &ok);
+    if (!ok) throw Error(KILN_ERROR_INTERNAL, "the compiler wrote no library at " + tmp_so);
+    if (std::rename(tmp_so.c_str(), (base + ".so").c_str()) != 0) {
+      std::remove(tmp_so.c_str());
+      throw Error(KILN_ERROR_UNAVAILABLE, "cannot move " + tmp_so + " into the cache: " + std::strerror(errno));
+    }
+    write_atomic(base + ".ok", "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) +
+                                   "\nhash " + hash_hex(so) + "\n");
+    if (stats)
+      stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void* h = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    throw Error(KILN_ERROR_INTERNAL, "cannot load " + base + ".so: " + (e ? e : "unknown dlopen error"));
+  }
+  return std::make_shared<Library>(h);
+}
+
+bool read_tune(const std::string& path, std::vector<std::pair<int, int>>* winners, size_t kernels) {
+  bool ok = false;
+  const std::string text = read_file(path, &ok);
+  if (!ok) return false;
+  std::istringstream ss(text);
+  std::string magic;
+  std::getline(ss, magic);
+  if (magic != "kiln-inductor-tune 1") return false;
+  std::vector<std::pair<int, int>> w(kernels, {0, 0});
+  std::vector<char> seen(kernels, 0);
+  int k, v, t;
+  while (ss >> k >> v >> t) {
+    if (k < 0 || static_cast<size_t>(k) >= kernels || v < 0 || t < 1) return false;
+    w[static_cast<size_t>(k)] = {v, t};
+    seen[static_cast<size_t>(k)] = 1;
+  }
+  for (char s : seen)
+    if (!s) return false;
+  *winners = std::move(w);
+  return true;
+}
+
+void write_tune(const std::string& path, const std::vector<std::pair<int, int>>& winners) {
+  std::string text = "kiln-inductor-tune 1\n";
+  for (size_t k = 0; k < winners.size(); ++k)
+    text += std::to_string(k) + " " + std::to_string(winners[k].first) + " " + std::to_string(winners[k].second) + "\n";
+  write_atomic(path, text);
+}
+
+}  // namespace kiln::inductor
