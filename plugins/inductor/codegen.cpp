@@ -83,11 +83,15 @@ bool is_column(const LoweredGraph& L, int v) {
   if (s.empty() || s.back() < 4 || info.red.red_shape.empty()) return false;
   Trial t = trial_eval(L, v, s.size());
   const int last = t.outer_vars.back();
+  const int inner_red = t.pool.new_var() - 1;  // the last variable made: the innermost reduced dim
+  bool along_kept = false;
   for (size_t e = 0; e < t.pool.size(); ++e) {
     const Expr& x = t.pool.at(static_cast<int>(e));
-    if (x.k == Expr::K::Load && x.idx.coef(last) == 1) return true;
+    if (x.k != Expr::K::Load) continue;
+    if (x.idx.coef(inner_red) == 1) return false;  // rows are contiguous: a row reduction is better
+    if (x.idx.coef(last) == 1) along_kept = true;
   }
-  return false;
+  return along_kept;
 }
 
 }  // namespace

@@ -771,10 +771,51 @@ void Lowerer::finish() {
     info.buffer = static_cast<int>(first_scratch + L_->scratch_bytes.size());
     L_->scratch_bytes.push_back(std::max<int64_t>(info.extent(), 1) * static_cast<int64_t>(ty_size(info.ty)));
   }
-  std::vector<int> order;
+  // The order to compute materialized values in: dependencies first (found by evaluating each
+  // definition once), creation order among independent ones.
+  std::vector<int> cand;
   for (size_t v = 0; v < L_->values.size(); ++v)
-    if (L_->values[v].materialized && L_->values[v].kind != ValueInfo::Kind::Input) order.push_back(static_cast<int>(v));
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return L_->values[a].order < L_->values[b].order; });
+    if (L_->values[v].materialized && L_->values[v].kind != ValueInfo::Kind::Input) cand.push_back(static_cast<int>(v));
+  std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return L_->values[a].order < L_->values[b].order; });
+  std::map<int, std::vector<int>> deps;
+  for (int v : cand) {
+    const ValueInfo& info = L_->values[static_cast<size_t>(v)];
+    std::vector<int>& d = deps[v];
+    if (info.kind == ValueInfo::Kind::Extern) {
+      for (int64_t in : g_.node(info.ext.node).inputs()) {
+        int root = static_cast<int>(in);
+        while (!val(root).materialized && (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
+          root = val(root).src;
+        d.push_back(root);
+      }
+      continue;
+    }
+    ExprPool trial;
+    Idx idx;
+    for (size_t k = 0; k < info.shape.size(); ++k) idx.push_back(Index::var(trial.new_var()));
+    if (info.kind == ValueInfo::Kind::Reduction) {
+      Idx red;
+      for (size_t k = 0; k < info.red.red_shape.size(); ++k) red.push_back(Index::var(trial.new_var()));
+      info.red.body(trial, idx, red);
+    } else {
+      L_->compute(trial, v, idx);
+    }
+    for (size_t e = 0; e < trial.size(); ++e) {
+      const Expr& x = trial.at(static_cast<int>(e));
+      if (x.k == Expr::K::Load && x.value >= 0 && x.value != v) d.push_back(x.value);
+    }
+  }
+  std::vector<char> state(L_->values.size(), 0);
+  std::vector<int> order;
+  std::function<void(int)> visit = [&](int v) {
+    if (state[static_cast<size_t>(v)] == 2 || !deps.count(v)) return;
+    if (state[static_cast<size_t>(v)] == 1) throw std::logic_error("cycle among materialized values");
+    state[static_cast<size_t>(v)] = 1;
+    for (int d : deps[v]) visit(d);
+    state[static_cast<size_t>(v)] = 2;
+    order.push_back(v);
+  };
+  for (int v : cand) visit(v);
   L_->order = std::move(order);
 }
 

@@ -226,11 +226,11 @@ TEST(InductorNumerics, WhereComparisonsAndFills) {
   auto c = check(R"(graph {
   input %0 : f32[6,10]{10,1} input "x"
   input %1 : f32[6,10]{10,1} input "y"
-  input %2 : b8[6,10]{10,1} input "mask"
-  %3 : b8[6,10]{10,1} = aten::gt.Tensor(%0, %1)
+  input %2 : bool[6,10]{10,1} input "mask"
+  %3 : bool[6,10]{10,1} = aten::gt.Tensor(%0, %1)
   %4 : f32[6,10]{10,1} = aten::where.self(%3, %0, %1)
   %5 : f32[6,10]{10,1} = aten::where.self(%2, %4, %1)
-  %6 : b8[6,10]{10,1} = aten::le.Scalar(%0, scalar(0.3))
+  %6 : bool[6,10]{10,1} = aten::le.Scalar(%0, scalar(0.3))
   %7 : f32[6,10]{10,1} = aten::zeros_like(%0, None, None, None, None, None)
   %8 : f32[6,10]{10,1} = aten::full(i[6, 10], scalar(2.5), dtype(f32), None, None, None)
   %9 : f32[6,10]{10,1} = aten::where.self(%6, %8, %7)
@@ -292,8 +292,8 @@ TEST(InductorNumerics, ViewsAsIndexMath) {
   %13 : f32[6]{1} = aten::mul.Tensor(%12, %1)
   %14 : f32[24]{1} = aten::view(%0, i[24])
   %15 : f32[24]{1} = aten::sigmoid(%14)
-  %16 : f32[3,8]{8,1} = aten::view(%9, i[3, 8])
-  %17 : f32[3,8]{8,1} = aten::relu(%16)
+  %16 : f32[2,3]{3,1} = aten::view(%13, i[2, 3])
+  %17 : f32[2,3]{3,1} = aten::relu(%16)
   %18 : f32[4,6]{1,4} = aten::transpose.int(%9, 0, 1)
   output %9 result "bcast"
   output %6 result "permuted"
@@ -400,8 +400,8 @@ TEST(InductorNumerics, ExternMatmulWithFusedEpilogues) {
   %4 : f32[16,32]{32,1} = aten::addmm(%2, %0, %3, scalar(1), scalar(1))
   %5 : f32[16,32]{32,1} = aten::relu(%4)
   %6 : f32[16,32]{32,1} = aten::mul.Tensor(%5, %5)
-  %7 : f32[32,24]{24,1} = aten::mm(%3, %0)
-  %8 : f32[32,24]{24,1} = aten::add.Tensor(%7, %1, scalar(-0.1))
+  %7 : f32[24,24]{24,1} = aten::mm(%3, %1)
+  %8 : f32[24,24]{24,1} = aten::mul.Scalar(%7, scalar(-0.1))
   output %6 result "y"
   output %8 result "w2"
 }
@@ -454,10 +454,10 @@ TEST(InductorFusion, RowPatternsBecomeOneKernelAndTheGroupIsOneLibrary) {
 )", 1e-5, dir);
   expect_all_compiled(c);
   EXPECT_EQ(c.stats.groups_compiled, 1u);
-  // relu is inlined, layer norm (mean, variance, normalize) and log-softmax (max, sum, output)
-  // are stages of row kernels: far fewer kernels than the 6 reductions and pointwise outputs.
+  // relu is inlined; layer norm (mean, variance, normalize) and log-softmax (max, sum of exp,
+  // output) are stages of one row kernel: one pass per row instead of 8 loops.
   const std::string log = kiln::test::captured_log();
-  EXPECT_NE(log.find("(2 kernels"), std::string::npos) << log;
+  EXPECT_NE(log.find("(1 kernels"), std::string::npos) << log;
   size_t libs = 0;
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor"))
     libs += e.path().extension() == ".so";
@@ -632,7 +632,9 @@ TEST(InductorModes, MaxAutotuneTunesOnceAndKeepsTheWinnersInTheCache) {
   expect_all_compiled(c);
   std::string log = kiln::test::captured_log();
   EXPECT_NE(log.find("max-autotune: kernel 1/"), std::string::npos) << log;
-  EXPECT_EQ(entries(dir, ".tune").size(), 1u);
+  // The column sum and gelu are two groups (not connected): one library and one record each.
+  EXPECT_EQ(entries(dir, ".tune").size(), entries(dir, ".so").size());
+  EXPECT_GE(entries(dir, ".tune").size(), 1u);
   kiln::test::start_log_capture();
   check(R"(graph {
   input %0 : f32[256,512]{512,1} input "x"
