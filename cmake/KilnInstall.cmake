@@ -35,6 +35,10 @@ set_target_properties(kiln_cli kiln PROPERTIES
   INSTALL_RPATH_USE_LINK_PATH TRUE)
 install(TARGETS kiln_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tool)
 install(TARGETS kiln LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT tool)
+# The conformance suite `kiln conformance` runs (tests/conformance), when the tests are built.
+if(TARGET kiln_conformance)
+  install(TARGETS kiln_conformance RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tool)
+endif()
 get_property(_kiln_in_tree_plugins GLOBAL PROPERTY KILN_IN_TREE_PLUGINS)
 if(_kiln_in_tree_plugins)
   install(TARGETS ${_kiln_in_tree_plugins} LIBRARY DESTINATION ${KILN_INSTALL_PLUGINDIR} COMPONENT tool)

@@ -1,0 +1,85 @@
+// Numeric cases, op by op: every catalogue variant the plugin claims is compiled and run with
+// fresh random inputs and poisoned outputs, and compared with the eager executor by relative error
+// with a tolerance by dtype (harness.h). One case per op family.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "harness.h"
+#include "op_catalogue.h"
+
+namespace kiln::conformance {
+namespace {
+
+void check_family(const std::string& family) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const auto variants = op_catalogue(family);
+  size_t checked = 0, compiled_nodes = 0;
+  double worst = 0;
+  std::string worst_label;
+  for (const auto& v : variants) {
+    progress("build " + v.label());
+    const ir::Graph g = build_graph(v, make_inputs(v, case_device()));
+    progress("claim and compile " + v.label());
+    std::unique_ptr<PluginProgram> program;
+    try {
+      program = std::make_unique<PluginProgram>(g);
+    } catch (const PluginError& e) {
+      ADD_FAILURE() << v.label() << ": claim: " << error_code_name(e.code()) << ": " << e.what();
+      continue;
+    }
+    for (const auto& e : program->compile_errors())
+      ADD_FAILURE() << v.label() << ": claimed, then failed to compile (decline with KILN_ERROR_UNIMPLEMENTED): " << e;
+    if (program->nodes_compiled() == 0) continue;
+    ++checked;
+    compiled_nodes += program->nodes_compiled();
+    for (int trial = 0; trial < 2; ++trial) {  // one executable, fresh inputs each run
+      const auto inputs = make_inputs(v, case_device());
+      progress("run " + v.label() + (trial ? " (again)" : ""));
+      std::vector<at::Tensor> outs;
+      try {
+        outs = program->run(inputs);
+      } catch (const PluginError& e) {
+        ADD_FAILURE() << v.label() << ": execute: " << error_code_name(e.code()) << ": " << e.what();
+        break;
+      }
+      const auto ref = run_eager(g, inputs);
+      for (size_t k = 0; k < ref.size(); ++k) {
+        const at::Tensor& out = outs[k];
+        ASSERT_TRUE(out.defined()) << v.label() << ": output " << k << " missing";
+        EXPECT_EQ(out.scalar_type(), ref[k].scalar_type()) << v.label() << ": output " << k << " dtype";
+        const double tol = tolerance(ref[k].scalar_type(), v.matmul_like);
+        const double err = rel_err(out, ref[k]);
+        EXPECT_LE(err, tol) << v.label() << ": output " << k << " relative error " << err << " > " << tol
+                            << (std::isinf(err) ? " (NaN, infinity, unwritten output or wrong shape)" : "");
+        if (err > worst && std::isfinite(err)) {
+          worst = err;
+          worst_label = v.label();
+        }
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "the plugin claims none of the " << variants.size() << " " << family << " variants";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%zu of %zu variants claimed and checked (%zu nodes compiled); worst rel err %.2e%s%s",
+                checked, variants.size(), compiled_nodes, worst, worst_label.empty() ? "" : " in ", worst_label.c_str());
+  note(buf);
+}
+
+TEST(Numeric, UnaryPointwise) { check_family("UnaryPointwise"); }
+TEST(Numeric, BinaryPointwise) { check_family("BinaryPointwise"); }
+TEST(Numeric, BackwardPointwise) { check_family("BackwardPointwise"); }
+TEST(Numeric, OptimizerPointwise) { check_family("OptimizerPointwise"); }
+TEST(Numeric, Reductions) { check_family("Reductions"); }
+TEST(Numeric, Softmax) { check_family("Softmax"); }
+TEST(Numeric, LayerNorm) { check_family("LayerNorm"); }
+TEST(Numeric, NllLoss) { check_family("NllLoss"); }
+TEST(Numeric, Matmul) { check_family("Matmul"); }
+TEST(Numeric, Layout) { check_family("Layout"); }
+TEST(Numeric, Embedding) { check_family("Embedding"); }
+TEST(Numeric, Convolution) { check_family("Convolution"); }
+TEST(Numeric, FusedChains) { check_family("FusedChains"); }
+
+}  // namespace
+}  // namespace kiln::conformance

@@ -1,0 +1,198 @@
+// Use cases: what a long training run does to a plugin. The same graph compiled and run over and
+// over, executables used from several threads (concurrently only when the descriptor says that
+// is safe), and executables that outlive the graph view they were compiled from.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include "harness.h"
+#include "op_catalogue.h"
+
+namespace kiln::conformance {
+namespace {
+
+// A compiled group with what it reads and its reference outputs for one set of inputs.
+struct Compiled {
+  const SampleGraph* sample = nullptr;
+  PartitionGroup group;
+  std::unique_ptr<PluginExecutable> exe;
+};
+
+std::vector<SampleGraph> use_graphs() {
+  auto s = sample_graphs();
+  for (const auto& v : op_catalogue("UnaryPointwise")) {
+    if (s.size() > 6) break;
+    s.push_back({v.label(), build_graph(v, make_inputs(v, case_device())), make_inputs(v, case_device())});
+  }
+  return s;
+}
+
+std::vector<Compiled> compile_all(const std::vector<SampleGraph>& graphs, int copies) {
+  auto p = loaded_plugin();
+  std::vector<Compiled> out;
+  for (const auto& s : graphs) {
+    std::vector<int64_t> claims;
+    {
+      GraphView v(s.graph);
+      claims = p->claim(v.view());
+    }
+    for (const auto& pg : groups_of(s.graph, claims)) {
+      for (int c = 0; c < copies; ++c) {
+        GraphView sub(s.graph, pg.nodes, pg.inputs, pg.outputs);
+        progress("compile a group of " + std::to_string(pg.nodes.size()) + " nodes of " + s.label);
+        try {
+          Compiled x;
+          x.sample = &s;
+          x.group = pg;
+          x.exe = p->compile(sub.view(), KILN_MODE_DEFAULT);
+          out.push_back(std::move(x));
+        } catch (const PluginError& e) {
+          if (e.code() != KILN_ERROR_UNIMPLEMENTED) ADD_FAILURE() << s.label << ": " << e.what();
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Runs `c` on fresh inputs; returns "" or what went wrong.
+std::string run_once(const Compiled& c) {
+  std::vector<at::Tensor> inputs;
+  for (const auto& t : c.sample->inputs) {
+    at::Tensor fresh = at::empty_like(t);
+    if (at::isFloatingType(t.scalar_type())) fresh.normal_();
+    else fresh.copy_(t);  // indices keep their valid range
+    inputs.push_back(fresh);
+  }
+  const auto env = eager_env(c.sample->graph, inputs);
+  std::vector<DLTensor> in, out;
+  std::vector<at::Tensor> outs;
+  for (auto v : c.group.inputs) in.push_back(to_dl_tensor(env[v]));
+  for (auto v : c.group.outputs) outs.push_back(poisoned(c.sample->graph.value(v).meta));
+  for (auto& t : outs) out.push_back(to_dl_tensor(t));
+  try {
+    c.exe->execute(in.data(), in.size(), out.data(), out.size());
+  } catch (const PluginError& e) {
+    return c.sample->label + ": " + e.what();
+  }
+  if (case_device().is_cuda()) torch::cuda::synchronize();
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const double err = rel_err(outs[k], env[c.group.outputs[k]]);
+    if (!(err <= tolerance(outs[k].scalar_type(), true)))
+      return c.sample->label + ": output " + std::to_string(k) + " relative error " + std::to_string(err);
+  }
+  return "";
+}
+
+TEST(Use, RepeatedCompileAndExecute) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const auto graphs = use_graphs();
+  auto compiled = compile_all(graphs, 3);
+  if (compiled.empty()) GTEST_SKIP() << "the plugin compiled none of the " << graphs.size() << " use graphs";
+  for (int round = 0; round < 5; ++round)
+    for (const auto& c : compiled) {
+      progress("round " + std::to_string(round) + ": " + c.sample->label);
+      const std::string e = run_once(c);
+      EXPECT_TRUE(e.empty()) << "round " << round << ": " << e;
+    }
+  note(std::to_string(compiled.size()) + " executables (3 compiles of each group), 5 runs each with fresh inputs");
+}
+
+TEST(Use, ExecuteFromSeveralThreads) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  const auto graphs = use_graphs();
+  auto compiled = compile_all(graphs, 2);
+  if (compiled.empty()) GTEST_SKIP() << "the plugin compiled none of the " << graphs.size() << " use graphs";
+  const bool concurrent = loaded_plugin()->concurrent_execution_safe();
+  // kiln's loader serialises execute for plugins that are not concurrent-safe; the raw calls here
+  // do the same with a lock, so that only what the descriptor promises is tested.
+  std::mutex serial;
+  std::mutex failures_mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  constexpr int kThreads = 4, kRuns = 10;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRuns; ++r) {
+        const Compiled& c = compiled[static_cast<size_t>(t + r) % compiled.size()];
+        std::string e;
+        if (concurrent) {
+          e = run_once(c);
+        } else {
+          std::lock_guard<std::mutex> lock(serial);
+          e = run_once(c);
+        }
+        if (!e.empty()) {
+          std::lock_guard<std::mutex> lock(failures_mu);
+          failures.push_back("thread " + std::to_string(t) + ": " + e);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  note(std::to_string(kThreads) + " threads x " + std::to_string(kRuns) + " runs over " + std::to_string(compiled.size()) +
+       " executables, " + (concurrent ? "concurrently (descriptor: concurrent-safe)" : "one at a time (descriptor: not concurrent-safe)"));
+}
+
+TEST(Use, ExecutablesOutliveTheirGraphView) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  RawLibrary lib(settings().plugin_path);
+  RawContext ctx(lib, {});
+  ASSERT_TRUE(ctx.ok()) << ctx.error();
+  const auto graphs = use_graphs();
+  struct Live {
+    const SampleGraph* s;
+    PartitionGroup g;
+    KilnExecutable* exe;
+  };
+  std::vector<Live> live;
+  for (const auto& s : graphs) {
+    std::vector<int64_t> claims;
+    GraphView full(s.graph);
+    if (!ctx.claim(&full.view(), &claims).ok) continue;
+    for (const auto& pg : groups_of(s.graph, claims)) {
+      GraphView sub(s.graph, pg.nodes, pg.inputs, pg.outputs);
+      Arena arena;  // the view lives here; unmapped right after compile returns
+      KilnExecutable* exe = nullptr;
+      progress("compile " + s.label);
+      auto st = ctx.compile(copy_view(sub.view(), arena, StructLayout::Exact), KILN_MODE_DEFAULT, {}, &exe);
+      arena.release();
+      if (st.ok && exe) live.push_back({&s, pg, exe});
+    }
+  }
+  if (live.empty()) GTEST_SKIP() << "the plugin compiled none of the " << graphs.size() << " use graphs";
+  // Destroy every other executable first: the rest must not depend on them.
+  std::vector<Live> kept;
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (i % 2 == 1) ctx.destroy(live[i].exe);
+    else kept.push_back(live[i]);
+  }
+  for (const auto& l : kept) {
+    const auto env = eager_env(l.s->graph, l.s->inputs);
+    std::vector<DLTensor> in, out;
+    std::vector<at::Tensor> outs;
+    for (auto v : l.g.inputs) in.push_back(to_dl_tensor(env[v]));
+    for (auto v : l.g.outputs) outs.push_back(poisoned(l.s->graph.value(v).meta));
+    for (auto& t : outs) out.push_back(to_dl_tensor(t));
+    progress("execute " + l.s->label + " after its view was unmapped");
+    auto st = ctx.execute(l.exe, in, out);
+    EXPECT_TRUE(st.ok) << l.s->label << ": " << st.message;
+    if (case_device().is_cuda()) torch::cuda::synchronize();
+    for (size_t k = 0; st.ok && k < outs.size(); ++k)
+      EXPECT_LE(rel_err(outs[k], env[l.g.outputs[k]]), tolerance(outs[k].scalar_type(), true)) << l.s->label << ": output " << k;
+    ctx.destroy(l.exe);
+  }
+  note(std::to_string(live.size()) + " executables compiled from views that were unmapped at once; half destroyed first, the rest ran right");
+}
+
+}  // namespace
+}  // namespace kiln::conformance

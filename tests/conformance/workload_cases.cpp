@@ -1,0 +1,108 @@
+// Whole training steps: the reference workloads (mlp, cnn, gpt) compiled by kiln with the plugin
+// under test as the backend, against LibTorch eager from the same weights and batch: the loss of
+// every step, then every parameter, gradient and buffer.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+
+#include "harness.h"
+#include "kiln/compile.h"
+#include "kiln/partition.h"
+#include "kiln/workloads.h"
+
+namespace kiln::conformance {
+namespace {
+
+StepFn step_of(Workload& w) {
+  return [&w](const std::vector<at::Tensor>& in) {
+    w.optimizer->zero_grad();
+    at::Tensor loss;
+    if (w.autocast_bf16) {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+    }
+    loss.backward();
+    w.optimizer->step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+}
+
+void check_workload(const std::string& name, int64_t batch) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  auto plugin = loaded_plugin();
+  const uint64_t seed = static_cast<uint64_t>(at::randint(1, 1 << 30, {1}).item<int64_t>());
+  const std::string dev = settings().device;
+  auto ref = make_workload(name, {dev, seed, batch});
+  auto w = make_workload(name, {dev, seed, batch});
+
+  TrainingArguments args;
+  args.torch_compile = true;
+  args.torch_compile_backend = plugin->name();
+  args.plugin_dirs = {std::filesystem::path(settings().plugin_path).parent_path().string()};
+  args.cache_dir = torch_host()->cache_dir();
+  progress("compile_step for " + name + " with backend " + plugin->name());
+  auto ref_step = step_of(ref);
+  auto step = compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
+  EXPECT_EQ(step.backend(), plugin->name()) << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
+
+  // Tolerances for whole steps: a few steps of a fusing backend reorder float sums; bf16 autocast
+  // (gpt on CUDA) and TF32 matmuls on CUDA are looser.
+  const double tol = w.autocast_bf16 ? 2e-2 : dev == "cuda" ? 2e-3 : 1e-4;
+  const int steps = settings().workload_steps + 2;  // the first runs eagerly, the second captures
+  for (int s = 0; s < steps; ++s) {
+    progress(name + " step " + std::to_string(s + 1) + " of " + std::to_string(steps));
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    ASSERT_TRUE(got.defined()) << "step " << s << " returned no loss";
+    const double err = rel_err(got, want);
+    EXPECT_LE(err, tol) << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
+  }
+  EXPECT_EQ(step.stats().compiled_steps, steps - 2) << "steps ran eagerly instead: " << step.stats().last_fallback;
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  ASSERT_EQ(pr.size(), pw.size());
+  for (size_t i = 0; i < pr.size(); ++i) {
+    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), tol) << name << " parameter " << pr[i].key();
+    if (pr[i].value().grad().defined()) {
+      EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), tol * 10) << name << " gradient " << pr[i].key();
+    }
+  }
+  auto br = ref.model->named_buffers(), bw = w.model->named_buffers();
+  for (size_t i = 0; i < br.size() && i < bw.size(); ++i)
+    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), tol) << name << " buffer " << br[i].key();
+
+  // How much of the step the plugin ran: what it claims of the compiled graph.
+  const ir::Graph* g = step.compiled_graph();
+  ASSERT_NE(g, nullptr) << "no compiled graph";
+  std::vector<int64_t> claims;
+  {
+    GraphView v(*g);
+    claims = plugin->claim(v.view());
+  }
+  const auto groups = groups_of(*g, claims);
+  size_t in_groups = 0;
+  for (const auto& pg : groups) in_groups += pg.nodes.size();
+  const std::string what = plugin->name() + " claims " + std::to_string(claims.size()) + " of " +
+                           std::to_string(g->nodes.size()) + " nodes of the " + name + " step (" +
+                           std::to_string(groups.size()) + " groups)";
+  if (in_groups == 0 && !::testing::Test::HasFailure())
+    GTEST_SKIP() << what << ": nothing of the plugin ran; the step matched eager over " << steps << " steps";
+  note(what + "; " + std::to_string(steps) + " steps match eager (loss, parameters, gradients, buffers) within " +
+       std::to_string(tol));
+}
+
+TEST(Workload, Mlp) { check_workload("mlp", 16); }
+TEST(Workload, Cnn) { check_workload("cnn", 4); }
+TEST(Workload, Gpt) { check_workload("gpt", 2); }
+
+}  // namespace
+}  // namespace kiln::conformance
