@@ -20,11 +20,7 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
-#include "kiln/hardware_probe.h"
-#include "kiln/host_services.h"
 #include "kiln/log.h"
-#include "kiln/plugin_registry.h"
-#include "kiln/selection.h"
 #include "kiln/workloads.h"
 
 namespace kiln::cli {
@@ -171,26 +167,15 @@ int cmd_bench(int argc, char** argv) {
   args.torch_compile_mode = mode;
   args.validate();
 
-  // Which backend kiln would use here. The compiled step below runs what the pipeline hooks
-  // (compile.h) give it: the eager executor until partitioning through the plugin is wired in.
-  std::string chosen = "eager-executor", why;
-  try {
-    auto probe = hw::probe(hw::ProbeOptions{});
-    auto registry = PluginRegistry::load(PluginSearchOptions{}, HostServices::basic(args));
-    auto choice = select_backend(probe.devices, plugin_candidates(registry, probe.devices), backend);
-    chosen = choice.backend;
-    for (const auto& r : choice.reasons) why += (why.empty() ? "" : "; ") + r;
-  } catch (const std::exception& e) {
-    why = std::string("backend selection failed: ") + e.what();
-  }
-  const bool executor_wired = static_cast<bool>(compile_hooks().make_executor);
-  const std::string runs_on = executor_wired ? chosen : "eager-executor";
-
   const uint64_t seed = 1234;
   auto eager_w = make_workload(workload, {device, seed});
   auto kiln_w = make_workload(workload, {device, seed});
   auto eager_step = step_of(eager_w);
   auto compiled = compile_step(step_of(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
+  const std::string chosen = compiled.backend();
+  std::string why;
+  for (const auto& r : compiled.backend_reasons()) why += (why.empty() ? "" : "; ") + r;
+  const std::string& runs_on = chosen;
 
   Run eager = run_steps(eager_step, eager_w, steps);
   Run kiln = run_steps(compiled, kiln_w, steps);
@@ -241,8 +226,8 @@ int cmd_bench(int argc, char** argv) {
                   check_ok ? "true" : "false", tol, worst_loss, worst_param, json_str(worst_param_name).c_str());
     std::printf("}\n");
   } else {
-    std::printf("kiln bench %s on %s, %d steps; backend: %s (selected: %s%s)\n", workload.c_str(), device.c_str(),
-                steps, runs_on.c_str(), chosen.c_str(), executor_wired ? "" : "; partitioning not wired in yet");
+    std::printf("kiln bench %s on %s, %d steps; backend: %s, mode %s\n", workload.c_str(), device.c_str(), steps,
+                chosen.c_str(), mode.c_str());
     if (!why.empty()) std::printf("  why: %s\n", why.c_str());
     std::printf("  captured nodes: forward %d, backward %d, optimizer %d; compiled graph %zu nodes\n",
                 phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes);

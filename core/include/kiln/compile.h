@@ -12,8 +12,11 @@
 //       {{model}, {&opt}}, args);
 //   for (...) auto loss = step({x, y})[0];
 //
-// The first call runs the step eagerly (so optimizer state exists); the second runs it for real
-// while capturing it, then compiles; later calls run the compiled step. Gradients are left in
+// The backend is chosen once, when the CompiledStep is made (resolve_backend: a named backend that
+// cannot run here is an error then). The first call runs the step eagerly (so optimizer state
+// exists); the second runs it for real while capturing it, then compiles: the passes, then the
+// backend claims its nodes and compiles its groups, and every other node runs on the eager
+// executor. Later calls run the compiled step. Gradients are left in
 // param.grad() after every step, as LibTorch's eager step leaves them. A step that cannot be
 // captured or compiled runs eagerly with one warning (an error with args.fullgraph).
 //
@@ -45,29 +48,6 @@ struct StepState {
   std::vector<std::shared_ptr<torch::nn::Module>> modules;
   std::vector<torch::optim::Optimizer*> optimizers;
 };
-
-// Runs a compiled graph given its inputs bound in env (graph inputs' value ids). The default
-// runs every node on the EagerExecutor; the partitioner installs one that runs backend
-// subgraphs through the plugin ABI and the rest on the EagerExecutor.
-class GraphExecutor {
- public:
-  virtual ~GraphExecutor() = default;
-  // `scalars`: the values of Graph::scalar_inputs for this step.
-  virtual void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) = 0;
-};
-
-// Where the rest of the pipeline plugs in. `pipeline` runs on the captured (not yet functional)
-// graph and must leave a functional graph: passes, partitioning, planning. It may add Constant
-// inputs, with their tensors in `constants` by value id. Defaults: run_pipeline() (passes.h),
-// and the eager executor.
-struct CompileHooks {
-  std::function<void(ir::Graph& graph, std::unordered_map<ir::ValueId, at::Tensor>& constants,
-                     const TrainingArguments& args)>
-      pipeline;
-  std::function<std::unique_ptr<GraphExecutor>(const ir::Graph& graph, const TrainingArguments& args)>
-      make_executor;
-};
-CompileHooks& compile_hooks();
 
 // Thrown with fullgraph = true when a step cannot be captured or compiled.
 class CompileError : public std::runtime_error {
@@ -103,6 +83,10 @@ class CompiledStep {
   const ir::Graph* captured_graph() const;
   const ir::Graph* compiled_graph() const;
   const TrainingArguments& args() const;
+  // The backend the step compiles for ("eager" when none can run, or compile is off) and the
+  // reason for every decision the selection made (backend.h).
+  const std::string& backend() const;
+  const std::vector<std::string>& backend_reasons() const;
 
  private:
   struct Impl;

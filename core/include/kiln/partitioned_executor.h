@@ -3,6 +3,9 @@
 // group, and every node outside a compiled group runs eagerly. A group the plugin declines
 // (KILN_ERROR_UNIMPLEMENTED) runs eagerly without a word; a group whose compile fails runs
 // eagerly with one warning naming the plugin and its message. Nothing is lost either way.
+//
+// KILN_VERIFY_GROUPS=1 checks every compiled group against the eager executor as it runs and logs
+// each output's relative error: the way to find which group of a backend computes a wrong number.
 #pragma once
 
 #include <memory>
@@ -54,7 +57,13 @@ class PartitionedExecutor {
     std::unique_ptr<PluginExecutable> exe;
     std::vector<ir::ValueId> inputs, outputs;
     std::vector<ir::TensorMeta> output_meta;
+    std::vector<ir::Node> nodes;  // for KILN_VERIFY_GROUPS: the same work on the eager executor
   };
+  // KILN_VERIFY_GROUPS=1: after each group, run its nodes eagerly from the same inputs and log the
+  // relative error of every output (a backend author's first tool when a step goes wrong).
+  void verify_group(const Group& grp, int32_t index, const std::vector<at::Tensor>& env,
+                    const std::vector<c10::IValue>* scalars) const;
+  bool verify_groups_ = false;
   struct Unit {
     std::unique_ptr<PreparedNode> node;  // eager
     int32_t group = -1;                  // or a compiled group

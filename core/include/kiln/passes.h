@@ -29,6 +29,11 @@ void eliminate_common_subexpressions(ir::Graph& graph);
 // Constant inputs whose tensors go to `constants`.
 void fold_constants(ir::Graph& graph, ConstantTensors& constants);
 
+// Planning, after partitioning (see core/src/passes/writeback_in_place.cpp): element-wise
+// write-backs that run eagerly compute straight into the written tensor (out= variants).
+// `position[i]`: the slot node i runs in, -(slot + 1) for nodes a plugin runs; empty: graph order.
+void compute_writebacks_in_place(ir::Graph& graph, const std::vector<int32_t>& position = {});
+
 struct PassRecord {
   std::string name;
   size_t nodes_before = 0, nodes_after = 0;

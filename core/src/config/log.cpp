@@ -34,7 +34,8 @@ std::shared_ptr<spdlog::logger> plugin_logger(const std::string& plugin_name) {
   if (auto existing = spdlog::get(name)) return existing;
   auto child = std::make_shared<spdlog::logger>(name, parent->sinks().begin(), parent->sinks().end());
   child->set_level(parent->level());
-  child->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
+  // No set_pattern here: the sinks are the parent's, and a logger's set_pattern reformats every
+  // sink it holds (a test's capture sink included).
   spdlog::register_logger(child);
   return child;
 }

@@ -92,6 +92,10 @@ void Graph::verify() const {
   for (size_t i = 0; i < nodes.size(); ++i) {
     const auto& n = nodes[i];
     const std::string where = "node " + std::to_string(i) + " (" + n.op + ")";
+    for (const auto& a : n.args)
+      if (a.scalar_input >= 0 && static_cast<size_t>(a.scalar_input) >= scalar_inputs.size())
+        fail(where + " uses run-time scalar $" + std::to_string(a.scalar_input) + ", but the graph declares " +
+             std::to_string(scalar_inputs.size()));
     for (auto v : node_inputs(n)) {
       if (v < 0 || static_cast<size_t>(v) >= values.size())
         fail(where + " reads value %" + std::to_string(v) + " out of range");

@@ -1,5 +1,6 @@
 #include "kiln/backend.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -69,6 +70,13 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
   const LoadedBackends& lb = loaded_backends(args);
   r.choice = select_backend(lb.devices, lb.candidates, args.torch_compile_backend);
   if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
+  const bool has_cuda = std::any_of(lb.devices.begin(), lb.devices.end(),
+                                    [](const hw::Device& d) { return d.kind == hw::DeviceKind::cuda; });
+  if (!has_cuda && (r.mode == KILN_MODE_REDUCE_OVERHEAD)) {
+    r.notes.push_back("mode 'reduce-overhead' wraps the step in a CUDA graph, which needs a CUDA GPU; there is "
+                      "none here, so it behaves as 'default'");
+    r.mode = KILN_MODE_DEFAULT;
+  }
   if (r.plugin && !r.plugin->supports_mode(r.mode)) {
     r.notes.push_back(c10::str("backend '", r.plugin->name(), "' does not support mode '", args.torch_compile_mode,
                                "'; using 'default'"));

@@ -1,6 +1,8 @@
 #include "kiln/partitioned_executor.h"
 
-#include <ATen/ops/empty_strided.h>
+#include <cstdlib>
+
+#include <ATen/ATen.h>
 #include <c10/util/StringUtil.h>
 
 #include "kiln/log.h"
@@ -22,6 +24,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
                                          std::vector<ir::ValueId> keep) {
   stats_.nodes = g.nodes.size();
   pass_scalars_ = plugin->accepts_runtime_scalars();
+  if (const char* v = std::getenv("KILN_VERIFY_GROUPS")) verify_groups_ = *v && std::string(v) != "0";
   std::vector<int64_t> claimed;
   {
     GraphView view(g);
@@ -47,6 +50,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
       groups_[gi].exe = plugin->compile(sub.view(), mode);
       groups_[gi].inputs = pg.inputs;
       groups_[gi].outputs = pg.outputs;
+      for (auto ni : pg.nodes) groups_[gi].nodes.push_back(g.nodes[ni]);
       for (auto v : pg.outputs) groups_[gi].output_meta.push_back(g.value(v).meta);
       compiled[gi] = 1;
       ++stats_.groups_compiled;
@@ -60,11 +64,29 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
     }
   }
 
+  // When each node runs: its unit's slot; a compiled group's nodes share one, marked -(slot + 1).
+  std::vector<int32_t> position(g.nodes.size(), 0);
+  {
+    int32_t slot = 0;
+    for (auto u : part.order) {
+      if (u >= 0) position[u] = slot++;
+      else if (compiled[-u - 1]) {
+        for (auto ni : part.groups[-u - 1].nodes) position[ni] = -(slot + 1);
+        ++slot;
+      } else {
+        for (auto ni : part.groups[-u - 1].nodes) position[ni] = slot++;
+      }
+    }
+  }
+  // Eager element-wise write-backs compute into the written tensor (out= variants).
+  ir::Graph planned = g;
+  compute_writebacks_in_place(planned, position);
+
   // Units in partition order; a group that did not compile becomes its nodes, in order.
   for (auto u : part.order) {
     if (u >= 0) {
       Unit unit;
-      unit.node = std::make_unique<PreparedNode>(g.nodes[u]);
+      unit.node = std::make_unique<PreparedNode>(planned.nodes[u]);
       units_.push_back(std::move(unit));
     } else if (compiled[-u - 1]) {
       Unit unit;
@@ -73,7 +95,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
     } else {
       for (auto ni : part.groups[-u - 1].nodes) {
         Unit unit;
-        unit.node = std::make_unique<PreparedNode>(g.nodes[ni]);
+        unit.node = std::make_unique<PreparedNode>(planned.nodes[ni]);
         units_.push_back(std::move(unit));
       }
     }
@@ -91,11 +113,11 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
     size_t ui = 0;
     for (auto u : part.order) {
       if (u >= 0) {
-        reads[ui++] = ir::Graph::node_inputs(g.nodes[u]);
+        reads[ui++] = ir::Graph::node_inputs(planned.nodes[u]);
       } else if (compiled[-u - 1]) {
         reads[ui++] = part.groups[-u - 1].inputs;
       } else {
-        for (auto ni : part.groups[-u - 1].nodes) reads[ui++] = ir::Graph::node_inputs(g.nodes[ni]);
+        for (auto ni : part.groups[-u - 1].nodes) reads[ui++] = ir::Graph::node_inputs(planned.nodes[ni]);
       }
     }
   }
@@ -152,8 +174,35 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         out.push_back(to_dl_tensor(env[grp.outputs[k]]));
       }
       grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
+      if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();
+  }
+}
+
+void PartitionedExecutor::verify_group(const Group& grp, int32_t index, const std::vector<at::Tensor>& env,
+                                       const std::vector<c10::IValue>* scalars) const {
+  std::vector<at::Tensor> ref(env.size());
+  for (auto v : grp.inputs) ref[v] = env[v];
+  for (const auto& n : grp.nodes) EagerExecutor::run_node(n, ref, scalars);
+  for (size_t k = 0; k < grp.outputs.size(); ++k) {
+    const at::Tensor& got = env[grp.outputs[k]];
+    const at::Tensor& want = ref[grp.outputs[k]];
+    const auto gd = got.to(at::kDouble), wd = want.to(at::kDouble);
+    const double denom = std::max(wd.norm().item<double>(), 1e-30);
+    const double err = (gd - wd).norm().item<double>() / denom;
+    const bool finite = gd.isfinite().all().item<bool>() || !wd.isfinite().all().item<bool>();
+    const bool bad = !finite || err > (got.scalar_type() == at::kFloat || got.scalar_type() == at::kDouble ? 1e-5 : 1e-2);
+    log(bad ? LogLevel::warn : LogLevel::debug,
+        c10::str("KILN_VERIFY_GROUPS: group ", index, " (", grp.nodes.size(), " nodes, first ", grp.nodes.front().op,
+                 ") output ", k, " (%", grp.outputs[k], ", produced by ",
+                 [&] {
+                   for (const auto& n : grp.nodes)
+                     for (auto o : n.outputs)
+                       if (o == grp.outputs[k]) return n.op;
+                   return std::string("?");
+                 }(),
+                 "): relative error ", err, finite ? "" : " (non-finite values)"));
   }
 }
 

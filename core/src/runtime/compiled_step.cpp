@@ -30,21 +30,24 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include "kiln/backend.h"
 #include "kiln/capture.h"
 #include "kiln/executor.h"
 #include "kiln/log.h"
+#include "kiln/partitioned_executor.h"
 #include "kiln/passes.h"
 
 namespace kiln {
 
-CompileHooks& compile_hooks() {
-  static CompileHooks hooks;
-  return hooks;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Runs a compiled graph given its inputs bound in env, with the step's run-time scalars.
+struct GraphExecutor {
+  virtual ~GraphExecutor() = default;
+  virtual void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) = 0;
+};
 
 struct EagerGraphExecutor final : GraphExecutor {
   explicit EagerGraphExecutor(const ir::Graph& g) : ex(g) {}
@@ -52,6 +55,16 @@ struct EagerGraphExecutor final : GraphExecutor {
     ex.run(env, &scalars);
   }
   EagerExecutor ex;
+};
+
+// Backend groups through the plugin ABI, the rest eagerly.
+struct PartitionedGraphExecutor final : GraphExecutor {
+  PartitionedGraphExecutor(const ir::Graph& g, const ResolvedBackend& b, const std::string& debug_dir)
+      : ex(g, b.plugin, b.mode, debug_dir) {}
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) override {
+    ex.run(env, &scalars, nullptr);
+  }
+  PartitionedExecutor ex;
 };
 
 // The optimizer state tensors LibTorch's optimizers keep, by name.
@@ -97,51 +110,14 @@ c10::IValue scalar_value(const ir::Arg& a, const c10::IValue& v) {
   }
 }
 
-// For the eager executor: a write-back whose value comes from an element-wise op is computed
-// straight into the written tensor by the op's out= variant (add.Tensor -> add.out), when the
-// tensor's old value is not read later and the layouts match. This saves a copy and an
-// allocation per parameter and optimizer-state tensor per step. Element-wise ops may write an
-// input they read (that is how add_ works), so the out= tensor may be an argument.
-void compute_writebacks_in_place(ir::Graph& g) {
-  static const std::set<std::string> elementwise = {
-      "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::addcdiv", "aten::addcmul", "aten::lerp",
-      "aten::sqrt", "aten::neg", "aten::clamp", "aten::copy"};
-  std::vector<int32_t> last_read(g.values.size(), -1);
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (auto v : ir::Graph::node_inputs(g.nodes[i])) last_read[static_cast<size_t>(v)] = static_cast<int32_t>(i);
-  std::vector<int> output_uses(g.values.size(), 0);
-  for (const auto& o : g.outputs) ++output_uses[static_cast<size_t>(o.value)];
-  for (const auto& o : g.outputs) {
-    if (o.role != ir::OutputRole::WriteBack) continue;
-    const auto& val = g.value(o.value);
-    const auto in = g.inputs[static_cast<size_t>(o.target)].value;
-    if (val.producer < 0 || output_uses[static_cast<size_t>(o.value)] != 1 || output_uses[static_cast<size_t>(in)] != 0) continue;
-    auto& n = g.nodes[static_cast<size_t>(val.producer)];
-    if (n.outputs.size() != 1 || n.returns_list || last_read[static_cast<size_t>(in)] > val.producer) continue;
-    if (val.meta != g.value(in).meta) continue;
-    const auto dot = n.op.find('.', 6);
-    const std::string name = n.op.substr(0, dot), overload = dot == std::string::npos ? "" : n.op.substr(dot + 1);
-    if (!elementwise.count(name)) continue;
-    const std::string out_overload = overload.empty() || overload == "Tensor" ? "out" : overload + "_out";
-    auto h = c10::Dispatcher::singleton().findOp({name, out_overload});
-    if (!h || h->schema().arguments().size() != n.args.size() + 1) continue;
-    bool args_match = true;
-    for (size_t i = 0; i < n.args.size(); ++i) {
-      const auto& a = h->schema().arguments()[i];
-      args_match = args_match && !(a.alias_info() && a.alias_info()->isWrite());
-    }
-    if (!args_match) continue;
-    n.op = name + "." + out_overload;
-    n.args.push_back(ir::Arg::tensor(in));
-  }
-}
-
 }  // namespace
 
 struct CompiledStep::Impl {
   StepFn fn;
   StepState state;
   TrainingArguments args;
+  ResolvedBackend resolved;  // plugin null: every node runs on the eager executor
+  std::vector<std::string> backend_reasons;
   StepStats stats;
   bool last_compiled = false;
   std::vector<std::shared_ptr<torch::nn::Module>> all_modules;
@@ -339,18 +315,14 @@ struct CompiledStep::Impl {
     e.constants.clear();
     for (size_t i = 0; i < g.inputs.size(); ++i)
       if (g.inputs[i].role == ir::InputRole::Constant) e.constants[g.inputs[i].value] = e.bound.at(g.inputs[i].name);
-    auto& hooks = compile_hooks();
-    if (hooks.pipeline) {
-      hooks.pipeline(g, e.constants, args);
-    } else {
-      auto records = run_pipeline(g, e.constants, PipelineOptions{});
-      std::string line = "kiln: passes:";
-      for (const auto& r : records) line += c10::str(" ", r.name, " ", r.nodes_before, "->", r.nodes_after);
-      log_debug(line);
-    }
+    PipelineOptions popts;
+    auto records = run_pipeline(g, e.constants, popts);
+    std::string line = "kiln: passes:";
+    for (const auto& r : records) line += c10::str(" ", r.name, " ", r.nodes_before, "->", r.nodes_after);
+    log_debug(line);
     g.verify();
-    if (hooks.make_executor) {
-      e.exec = hooks.make_executor(g, args);
+    if (resolved.plugin) {
+      e.exec = std::make_unique<PartitionedGraphExecutor>(g, resolved, debug_dir(popts));
     } else {
       ir::Graph planned = g;
       compute_writebacks_in_place(planned);
@@ -526,6 +498,18 @@ CompiledStep::CompiledStep(StepFn fn, StepState state, TrainingArguments args) :
   impl_->state = std::move(state);
   impl_->args = std::move(args);
   impl_->collect_state();
+  if (impl_->args.compile_enabled()) {
+    // A named backend that cannot run here throws (BackendSelectionError, with its reason).
+    impl_->resolved = resolve_backend(impl_->args);
+    impl_->backend_reasons = impl_->resolved.choice.reasons;
+    for (const auto& n : impl_->resolved.notes) {
+      log_info("kiln: " + n);
+      impl_->backend_reasons.push_back(n);
+    }
+  } else {
+    impl_->resolved.choice.backend = "eager";
+    impl_->backend_reasons = {"torch_compile is off: LibTorch runs the step"};
+  }
 }
 CompiledStep::~CompiledStep() = default;
 CompiledStep::CompiledStep(CompiledStep&&) noexcept = default;
@@ -541,6 +525,8 @@ const ir::Graph* CompiledStep::compiled_graph() const {
   return impl_->last && impl_->last->exec ? &impl_->last->graph : nullptr;
 }
 const TrainingArguments& CompiledStep::args() const { return impl_->args; }
+const std::string& CompiledStep::backend() const { return impl_->resolved.choice.backend; }
+const std::vector<std::string>& CompiledStep::backend_reasons() const { return impl_->backend_reasons; }
 
 CompiledStep compile_step(StepFn fn, StepState state, TrainingArguments args) {
   return CompiledStep(std::move(fn), std::move(state), std::move(args));

@@ -10,8 +10,6 @@ struct Trainer::Impl {
   ForwardFn forward;
   torch::optim::Optimizer* optimizer;
   LossFn loss_fn;
-  std::string backend = "eager";
-  std::vector<std::string> reasons;
   std::unique_ptr<CompiledStep> step;
 };
 
@@ -25,16 +23,6 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward,
   impl_->forward = std::move(forward);
   impl_->optimizer = &optimizer;
   impl_->loss_fn = std::move(loss_fn);
-  if (args.compile_enabled()) {
-    // Until backend selection and partitioning are wired in, every node runs on the eager
-    // executor: the backend is kiln's own.
-    impl_->backend = "eager-executor";
-    impl_->reasons.push_back("requested backend '" + args.torch_compile_backend +
-                             "'; backend selection and partitioning are not wired in yet, so the "
-                             "compiled step runs every node on kiln's eager executor");
-  } else {
-    impl_->reasons.push_back("torch_compile is off: every step runs LibTorch eager");
-  }
   auto* im = impl_.get();
   impl_->step = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>& in) {
@@ -53,8 +41,8 @@ at::Tensor Trainer::step(const at::Tensor& input, const at::Tensor& target) {
   return (*impl_->step)({input, target}).at(0);
 }
 
-const std::string& Trainer::backend() const { return impl_->backend; }
-const std::vector<std::string>& Trainer::backend_reasons() const { return impl_->reasons; }
+const std::string& Trainer::backend() const { return impl_->step->backend(); }
+const std::vector<std::string>& Trainer::backend_reasons() const { return impl_->step->backend_reasons(); }
 bool Trainer::compiled() const { return impl_->step->last_step_compiled(); }
 const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
 const StepStats& Trainer::stats() const { return impl_->step->stats(); }

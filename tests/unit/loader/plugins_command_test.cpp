@@ -46,7 +46,7 @@ TEST(PluginsCommand, JsonListsAllFiveBackendsWithAvailabilityAndReason) {
   const std::string dir = KILN_BUILTIN_PLUGIN_DIR;
   EXPECT_NE(r.out.find("{\"loaded\": true, \"name\": \"ipex\", \"version\": \"0.1.0\", \"vendor\": \"kiln\", "
                        "\"description\": \"oneDNN kernels with fused post-ops for x86 CPUs, bf16 on "
-                       "AVX-512-BF16/AMX\", \"abi_version\": \"1.0\", \"device_kinds\": [\"cpu\"], \"modes\": "
+                       "AVX-512-BF16/AMX\", \"abi_version\": \"1.1\", \"device_kinds\": [\"cpu\"], \"modes\": "
                        "[\"default\", \"max-autotune-no-cudagraphs\"], \"concurrent_execution_safe\": false, "
                        "\"available\": "),
             std::string::npos)
