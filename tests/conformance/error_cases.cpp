@@ -180,8 +180,8 @@ TEST(Error, BadOptionsGiveErrors) {
         expect_refused(std::string("mode ") + std::to_string(m) + " (not in its descriptor)", m, {}, false);
   }
   note(std::to_string(refused) + " compiles with bad options refused;" +
-       (codes.empty() ? std::string(" all as invalid argument or unimplemented") : codes) +
-       (lenient.empty() ? std::string() : " accepted (kiln's loader never passes them):" + lenient));
+       (codes.empty() ? std::string(" all as invalid argument or unimplemented;") : codes) +
+       (lenient.empty() ? std::string() : " accepted, as kiln's loader never passes them:" + lenient));
 }
 
 TEST(Error, WrongTensorsAtExecuteGiveErrors) {
