@@ -319,6 +319,12 @@ struct StepRecorder::State : capture_detail::ModeHandler {
           if (!add_result(e.toTensor(), srets[k])) return;
       } else if (iv.isNone()) {
         node.outputs.push_back(ir::kNoValue);
+      } else if (iv.isInt() && (srets[k].type()->kind() == c10::TypeKind::IntType ||
+                                srets[k].type()->kind() == c10::TypeKind::SymIntType)) {
+        // An int result of a non-data-dependent op is a function of shapes (flash and cuDNN
+        // attention return their max sequence lengths): the ops that read it got it as a constant
+        // argument, and shapes are guarded. It has no tensor value.
+        node.outputs.push_back(ir::kNoValue);
       } else {
         fail(node.op, node.op + " returns " + ivalue_tag(iv) + ", a value that depends on tensor data");
         return;

@@ -3,6 +3,8 @@
 #include <cstdlib>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/StringUtil.h>
 
 #include "kiln/log.h"
@@ -142,6 +144,9 @@ PartitionedExecutor::~PartitionedExecutor() = default;
 
 void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars,
                               void* stream) const {
+  // Like the eager executor: below autograd and autocast, whose work the graph already holds.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   std::vector<DLTensor> in, out;
   // The run-time scalars as KilnArgs, for plugins that take them (ABI 1.1).
   std::vector<KilnArg> scalar_args;
