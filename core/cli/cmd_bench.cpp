@@ -1,10 +1,11 @@
-// `kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] [--check] [--json]`:
+// `kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] [--batch N] [--check]
+// [--tolerance X] [--json]`:
 // LibTorch eager and kiln side by side in one process on a reference workload of
 // shared/WORKLOADS.md. Prints eager and kiln ms per step (medians of the steady state), their
 // ratio and kiln's first-step seconds (the eager warm-up plus the capture-and-compile step).
 // --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or
-// a final parameter differs beyond the tolerance for the precision (relative error; float32 1e-5,
-// bf16 autocast 1e-2).
+// a final parameter or its last gradient differs beyond the tolerance for the precision (relative error; float32 1e-5,
+// bf16 autocast 1e-2; --tolerance overrides it).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,14 +32,16 @@ using Clock = std::chrono::steady_clock;
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] "
-               "[--check] [--json]\n\n"
+               "[--batch N] [--check] [--tolerance X] [--json]\n\n"
                "Runs a reference workload (mlp, cnn, gpt; shared/WORKLOADS.md) with LibTorch eager and with\n"
                "kiln in this process and prints ms per step for both, the ratio and kiln's first-step time.\n\n"
                "  --backend B   backend to ask for (default: KILN_BACKEND or auto)\n"
                "  --mode M      default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
                "  --device D    cpu (default) or cuda\n"
                "  --steps N     steps per run (default 20; at least 4)\n"
+               "  --batch N     batch size (default: the WORKLOADS.md size for the device)\n"
                "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
+               "  --tolerance X relative error allowed by --check (default 1e-5 float32, 1e-2 bf16)\n"
                "  --json        one JSON object on stdout\n");
 }
 
@@ -111,6 +114,8 @@ std::string json_str(const std::string& s) {
 int cmd_bench(int argc, char** argv) {
   std::string workload, device = "cpu", backend, mode = "default";
   int steps = 20;
+  int64_t batch = 0;
+  double tolerance = -1;  // < 0: the default for the precision
   bool check = false, json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -125,6 +130,16 @@ int cmd_bench(int argc, char** argv) {
     else if (a == "--mode") mode = value("--mode");
     else if (a == "--device") device = value("--device");
     else if (a == "--steps") steps = std::atoi(value("--steps").c_str());
+    else if (a == "--batch") batch = std::atoll(value("--batch").c_str());
+    else if (a == "--tolerance") {
+      const std::string v = value("--tolerance");
+      char* end = nullptr;
+      tolerance = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(tolerance >= 0)) {
+        std::fprintf(stderr, "kiln bench: --tolerance '%s' is not a non-negative number\n", v.c_str());
+        return 2;
+      }
+    }
     else if (a == "--check") check = true;
     else if (a == "--json") json = true;
     else if (a == "--help" || a == "-h") {
@@ -168,8 +183,12 @@ int cmd_bench(int argc, char** argv) {
   args.validate();
 
   const uint64_t seed = 1234;
-  auto eager_w = make_workload(workload, {device, seed});
-  auto kiln_w = make_workload(workload, {device, seed});
+  if (batch < 0) {
+    std::fprintf(stderr, "kiln bench: --batch must be positive\n");
+    return 2;
+  }
+  auto eager_w = make_workload(workload, {device, seed, batch});
+  auto kiln_w = make_workload(workload, {device, seed, batch});
   auto eager_step = step_of(eager_w);
   auto compiled = compile_step(step_of(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
   const std::string chosen = compiled.backend();
@@ -194,7 +213,7 @@ int cmd_bench(int argc, char** argv) {
   bool check_ok = true;
   double worst_loss = 0, worst_param = 0;
   std::string worst_param_name;
-  const double tol = eager_w.autocast_bf16 ? 1e-2 : 1e-5;
+  const double tol = tolerance >= 0 ? tolerance : eager_w.autocast_bf16 ? 1e-2 : 1e-5;
   if (check) {
     for (int s = 0; s < steps; ++s) {
       const double e = eager.losses[static_cast<size_t>(s)], k = kiln.losses[static_cast<size_t>(s)];
@@ -205,6 +224,14 @@ int cmd_bench(int argc, char** argv) {
     for (size_t i = 0; i < pe.size(); ++i) {
       const double err = rel_err(pk[i].value(), pe[i].value());
       if (err > worst_param) worst_param = err, worst_param_name = pe[i].key();
+      // The last step's gradients too: kiln puts them in .grad like an eager step does.
+      const at::Tensor ge = pe[i].value().grad(), gk = pk[i].value().grad();
+      if (ge.defined() != gk.defined()) {
+        worst_param = INFINITY, worst_param_name = pe[i].key() + ".grad (defined on one side only)";
+      } else if (ge.defined()) {
+        const double gerr = rel_err(gk, ge);
+        if (gerr > worst_param) worst_param = gerr, worst_param_name = pe[i].key() + ".grad";
+      }
     }
     check_ok = worst_loss <= tol && worst_param <= tol && st.compiled_steps == steps - 2;
   }
@@ -237,7 +264,7 @@ int cmd_bench(int argc, char** argv) {
                 st.compiled_steps, steps);
     if (!st.last_fallback.empty()) std::printf("  fallback: %s\n", st.last_fallback.c_str());
     if (check)
-      std::printf("  check: %s (max loss rel err %.3e, max parameter rel err %.3e%s%s, tolerance %g)\n",
+      std::printf("  check: %s (max loss rel err %.3e, max parameter or gradient rel err %.3e%s%s, tolerance %g)\n",
                   check_ok ? "PASS" : "FAIL", worst_loss, worst_param, worst_param_name.empty() ? "" : " at ",
                   worst_param_name.c_str(), tol);
   }

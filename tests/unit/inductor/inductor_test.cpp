@@ -657,3 +657,62 @@ TEST(InductorModes, ReduceOverheadOnTheCpuSaysSoAndCompilesAsDefault) {
   // when the message came earlier.
   SUCCEED();
 }
+
+// ---- Regressions found on the reference workloads ----
+
+// gpt's first group: two embeddings (extern), their broadcast sum, layer norm, a matmul. The layer
+// norm's rstd output came back wrong (rel. error 0.47) and the normalized output NaN.
+TEST(InductorRegression, GptEmbeddingsLayerNormMatmul) {
+  auto c = check(R"(graph {
+  input %0 : f32[64,384]{384,1} input "pos_w"
+  input %1 : f32[65,384]{384,1} input "tok_w"
+  input %2 : i64[8,64]{64,1} input "idx"
+  input %3 : f32[384]{1} input "ln_w"
+  input %4 : f32[384]{1} input "ln_b"
+  input %5 : f32[1152,384]{384,1} input "qkv_w"
+  input %6 : f32[1152]{1} input "qkv_b"
+  input %7 : i64[64]{1} input "pos_idx"
+  %8 : f32[64,384]{384,1} = aten::embedding(%0, %7, -1, false, false)
+  %9 : f32[8,64,384]{24576,384,1} = aten::embedding(%1, %2, -1, false, false)
+  %10 : f32[8,64,384]{24576,384,1} = aten::add.Tensor(%9, %8, scalar(1))
+  %11 : f32[8,64,384]{24576,384,1}, %12 : f32[8,64,1]{64,1,1}, %13 : f32[8,64,1]{64,1,1} = aten::native_layer_norm(%10, i[384], %3, %4, 1e-05)
+  %14 : f32[384,1152]{1,384} = aten::permute(%5, i[1, 0])
+  %15 : f32[512,384]{384,1} = aten::view(%11, i[512, 384])
+  %16 : f32[512,1152]{1152,1} = aten::mm(%15, %14)
+  %17 : f32[8,64,1152]{73728,1152,1} = aten::view(%16, i[8, 64, 1152])
+  %18 : f32[8,64,1152]{73728,1152,1} = aten::add.Tensor(%17, %6, scalar(1))
+  output %10 result "x"
+  output %12 result "mean"
+  output %13 result "rstd"
+  output %15 result "h"
+  output %18 result "qkv"
+})");
+  expect_all_compiled(c);
+}
+
+// The same nodes as the partitioner cut them in gpt: the position embedding and the transposed
+// weight come in as inputs, the view of the normalized output is an output.
+TEST(InductorRegression, GptFirstGroupAsPartitioned) {
+  auto c = check(R"(graph {
+  input %1 : f32[65,384]{384,1} input "tok_w"
+  input %2 : i64[8,64]{64,1} input "idx"
+  input %234 : f32[64,384]{384,1} input "pos"
+  input %3 : f32[384]{1} input "ln_w"
+  input %4 : f32[384]{1} input "ln_b"
+  input %240 : f32[384,1152]{1,384} input "qkv_wt"
+  input %6 : f32[1152]{1} input "qkv_b"
+  %235 : f32[8,64,384]{24576,384,1} = aten::embedding(%1, %2, -1, false, false)
+  %236 : f32[8,64,384]{24576,384,1} = aten::add.Tensor(%235, %234, scalar(1))
+  %237 : f32[8,64,384]{24576,384,1}, %238 : f32[8,64,1]{64,1,1}, %239 : f32[8,64,1]{64,1,1} = aten::native_layer_norm(%236, i[384], %3, %4, 1e-05)
+  %241 : f32[512,384]{384,1} = aten::view(%237, i[512, 384])
+  %242 : f32[512,1152]{1152,1} = aten::mm(%241, %240)
+  %243 : f32[8,64,1152]{73728,1152,1} = aten::view(%242, i[8, 64, 1152])
+  %244 : f32[8,64,1152]{73728,1152,1} = aten::add.Tensor(%243, %6, scalar(1))
+  output %236 result "x"
+  output %238 result "mean"
+  output %239 result "rstd"
+  output %241 result "h"
+  output %244 result "qkv"
+})");
+  expect_all_compiled(c);
+}
