@@ -76,6 +76,10 @@ class EagerExecutor {
  private:
   std::vector<PreparedNode> nodes_;
   std::vector<std::vector<ir::ValueId>> free_after_;  // per node: values dead after it
+  // KILN_CHECK_META=1: each result's dtype and shape are checked against the graph as the step
+  // runs, and the first mismatch is an error naming the node (finds a pass or capture bug fast).
+  std::vector<std::vector<std::pair<ir::ValueId, ir::TensorMeta>>> check_meta_;
+  std::vector<std::string> check_where_;
 };
 
 }  // namespace kiln

@@ -19,8 +19,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "kiln/executor.h"
 #include "kiln/passes.h"
 
 namespace kiln {
@@ -119,6 +121,37 @@ struct Functionalizer {
   int32_t storage(ir::ValueId v) const { return g.value(v).storage; }
 
   ir::ValueId new_value_like(ir::ValueId raw) { return out.add_value(g.value(raw).meta); }
+
+  // The dtypes node `n` of `out` returns, from the op's meta kernel; empty when it has none.
+  std::vector<c10::ScalarType> meta_result_dtypes(const ir::Node& n) {
+    std::vector<at::Tensor> env(out.values.size());
+    for (auto v : ir::Graph::node_inputs(n)) {
+      const auto& m = out.value(v).meta;
+      env[static_cast<size_t>(v)] =
+          at::empty_strided(m.shape, m.strides, at::TensorOptions().dtype(m.dtype).device(c10::kMeta));
+    }
+    try {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      // Results land past the graph's values; run-time scalars take their captured values.
+      ir::Node sink = n;
+      for (auto& a : sink.args) a.scalar_input = -1;
+      std::vector<at::Tensor> env2 = env;
+      env2.resize(out.values.size() + n.outputs.size());
+      for (size_t k = 0; k < sink.outputs.size(); ++k)
+        sink.outputs[k] = sink.outputs[k] == ir::kNoValue ? ir::kNoValue : static_cast<ir::ValueId>(out.values.size() + k);
+      EagerExecutor::run_node(sink, env2);
+      std::vector<c10::ScalarType> dtypes;
+      for (size_t k = 0; k < sink.outputs.size(); ++k) {
+        const auto v = sink.outputs[k];
+        dtypes.push_back(v == ir::kNoValue || !env2[static_cast<size_t>(v)].defined()
+                             ? out.value(n.outputs[k]).meta.dtype
+                             : env2[static_cast<size_t>(v)].scalar_type());
+      }
+      return dtypes;
+    } catch (const std::exception&) {
+      return {};  // no meta kernel: trust the argument's dtype
+    }
+  }
 
   void define_base(ir::ValueId raw, ir::ValueId nv) {
     const int32_t s = storage(raw);
@@ -244,7 +277,35 @@ struct Functionalizer {
       n.outputs.push_back(nv);
       written_new.push_back(nv);
     }
+    // An in-place op keeps its argument's dtype (bf16 += f32 stays bf16); its functional variant
+    // follows type promotion (bf16 + f32 is f32). Ask the meta kernels what the variant returns,
+    // and cast back where the two differ.
+    std::vector<std::pair<size_t, c10::ScalarType>> promoted;  // output index, dtype the op makes
+    const size_t first_written_out = n.outputs.size() - written.size();
+    if (auto dtypes = meta_result_dtypes(n); dtypes.size() == n.outputs.size())
+      for (size_t w = 0; w < written.size(); ++w) {
+        const size_t k = first_written_out + w;
+        if (n.outputs[k] != ir::kNoValue && dtypes[k] != out.value(n.outputs[k]).meta.dtype) {
+          auto m = out.value(n.outputs[k]).meta;
+          m.dtype = dtypes[k];
+          n.outputs[k] = out.add_value(m);
+          promoted.emplace_back(k, dtypes[k]);
+        }
+      }
+    std::vector<ir::ValueId> promoted_values;
+    for (auto [k, dt] : promoted) promoted_values.push_back(n.outputs[k]);
+    const std::string phase = n.phase;
     out.add_node(std::move(n));
+    for (size_t p = 0; p < promoted.size(); ++p) {
+      const size_t w = promoted[p].first - first_written_out;
+      ir::Node cast;
+      cast.op = "aten::_to_copy";
+      cast.phase = phase;
+      cast.args = {ir::Arg::tensor(promoted_values[p]), ir::Arg::scalar_type(out.value(written_new[w]).meta.dtype),
+                   ir::Arg::none(), ir::Arg::none(), ir::Arg::none(), ir::Arg::boolean(false), ir::Arg::none()};
+      cast.outputs = {written_new[w]};
+      out.add_node(std::move(cast));
+    }
 
     // The new results define new storages.
     size_t kk = 0;

@@ -1,5 +1,7 @@
 #include "kiln/executor.h"
 
+#include <cstdlib>
+
 #include <stdexcept>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -164,6 +166,15 @@ EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes,
     if (last[v] >= 0 && !keep_v[v]) free_after_[static_cast<size_t>(last[v])].push_back(static_cast<ir::ValueId>(v));
   nodes_.reserve(nodes.size());
   for (auto i : nodes) nodes_.emplace_back(graph.nodes.at(static_cast<size_t>(i)));
+  if (const char* c = std::getenv("KILN_CHECK_META"); c && *c && std::string(c) != "0") {
+    for (auto i : nodes) {
+      const auto& n = graph.nodes.at(static_cast<size_t>(i));
+      check_meta_.emplace_back();
+      for (auto v : n.outputs)
+        if (v != ir::kNoValue) check_meta_.back().emplace_back(v, graph.value(v).meta);
+      check_where_.push_back(c10::str("node ", i, " (", n.op, ")"));
+    }
+  }
 }
 
 void EagerExecutor::run_node(const ir::Node& node, std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars) {
@@ -177,6 +188,13 @@ void EagerExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IVa
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   for (size_t k = 0; k < nodes_.size(); ++k) {
     nodes_[k].run(env, scalars);
+    if (!check_meta_.empty())
+      for (const auto& [v, m] : check_meta_[k]) {
+        const at::Tensor& t = env[static_cast<size_t>(v)];
+        if (t.defined() && (t.scalar_type() != m.dtype || t.sizes() != c10::IntArrayRef(m.shape)))
+          throw std::runtime_error(c10::str("KILN_CHECK_META: ", check_where_[k], " made %", v, " ", t.scalar_type(),
+                                            t.sizes(), "; the graph says ", m.dtype, c10::IntArrayRef(m.shape)));
+      }
     for (auto v : free_after_[k]) env[static_cast<size_t>(v)].reset();
   }
 }

@@ -234,3 +234,34 @@ TEST(Pipeline, DumpsTheIrAfterEveryPass) {
   EXPECT_EQ(ss.str(), ir::print(g));
   std::filesystem::remove_all(dir);
 }
+
+// An in-place op keeps its argument's dtype, while its functional variant follows type promotion:
+// functionalization casts back, and the pure graph computes what the in-place op did.
+TEST(Functionalize, InPlaceOpUnderTypePromotionCastsBackToTheWrittenDtype) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : bf16[4]{1} &0 state "acc"
+  input %1 : f32[4]{1} &1 param "b"
+  %2 : bf16[4]{1} &0 = aten::add_.Tensor(%0, %1, scalar(1))
+  %3 : bf16[4]{1} &2 = aten::mul.Tensor(%2, %2)
+  output %3 result "y"
+}
+)");
+  functionalize(g);
+  g.verify();
+  EXPECT_EQ(ir::print(g), R"(graph {
+  input %0 : bf16[4]{1} state "acc"
+  input %1 : f32[4]{1} param "b"
+  %3 : f32[4]{1} = aten::add.Tensor(%0, %1, scalar(1))
+  %2 : bf16[4]{1} = aten::_to_copy(%3, dtype(bf16), None, None, None, false, None)
+  %4 : bf16[4]{1} = aten::mul.Tensor(%2, %2)
+  output %4 result "y"
+  output %2 writeback 0 "acc"
+}
+)");
+  at::Tensor acc = at::randn({4}).to(at::kBFloat16), b = at::randn({4});
+  at::Tensor want_acc = acc.clone().add_(b);
+  auto outs = evaluate(g, {acc, b});
+  EXPECT_TRUE(at::equal(outs[0], want_acc * want_acc));
+  EXPECT_TRUE(at::equal(outs[1], want_acc));
+  EXPECT_EQ(outs[1].scalar_type(), at::kBFloat16);
+}
