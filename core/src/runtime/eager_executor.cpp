@@ -38,7 +38,11 @@ c10::IValue scalar_ivalue(const ir::Arg& a) {
 c10::IValue arg_to_ivalue(const ir::Arg& a, const c10::Argument& sa, const std::vector<at::Tensor>& env) {
   using K = ir::Arg::Kind;
   switch (a.kind) {
-    case K::None: return {};
+    case K::None:
+      // An undefined tensor handed to a non-optional Tensor parameter (cuDNN attention's backward
+      // takes the forward's undefined philox tensors): the kernel expects a Tensor IValue.
+      if (sa.type()->kind() == c10::TypeKind::TensorType) return at::Tensor();
+      return {};
     case K::Tensor: return env[static_cast<size_t>(a.value)];
     case K::TensorList:
       if (optional_tensor_list(sa)) {
