@@ -68,6 +68,13 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
   ResolvedBackend r;
   r.mode = mode_from_string(args.torch_compile_mode);
   const LoadedBackends& lb = loaded_backends(args);
+  // A name no plugin answers to is a configuration error that says where the name was set
+  // (file:line, environment variable or code), with "did you mean".
+  if (args.torch_compile_backend != "auto" && args.torch_compile_backend != "eager") {
+    auto names = lb.registry->names();
+    names.push_back("eager");
+    args.validate_backend(names);
+  }
   r.choice = select_backend(lb.devices, lb.candidates, args.torch_compile_backend);
   if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
   const bool has_cuda = std::any_of(lb.devices.begin(), lb.devices.end(),

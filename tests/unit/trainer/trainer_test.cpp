@@ -9,7 +9,10 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/cuda.h>
 #include <torch/utils.h>
+
+#include <fstream>
 
 #include "kiln/compile.h"
 #include "kiln/trainer.h"
@@ -189,4 +192,50 @@ TEST(Trainer, CompileOffRunsLibTorchEager) {
   for (int i = 0; i < 3; ++i) trainer.step(at::randn({4, 12}), at::randint(0, 5, {4}));
   EXPECT_EQ(trainer.stats().compiles, 0);
   EXPECT_EQ(trainer.stats().eager_steps, 3);
+}
+
+// With no backend named, the hardware probe and the plugins decide, and the Trainer says why.
+TEST(Trainer, AutoPicksInductorOnThisCpuAndSaysWhy) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA machine: the rule's CPU branch is tested on CPU machines";
+  auto s = make(fresh_seed());
+  auto args = compile_args();
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  EXPECT_EQ(trainer.backend(), "inductor");
+  ASSERT_FALSE(trainer.backend_reasons().empty());
+  EXPECT_NE(trainer.backend_reasons().back().find("chose inductor"), std::string::npos)
+      << trainer.backend_reasons().back();
+}
+
+// A typo in the backend's name is a configuration error naming the file and line, with the
+// nearest name; nothing runs.
+TEST(Trainer, UnknownBackendFromTomlIsAnErrorWithFileLineAndSuggestion) {
+  const std::string path = ::testing::TempDir() + "kiln_trainer_backend.toml";
+  {
+    std::ofstream f(path);
+    f << "[compile]\ntorch_compile_backend = \"indcutor\"\n";
+  }
+  auto args = kiln::TrainingArguments::from_toml(path);
+  auto s = make(fresh_seed());
+  try {
+    kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+    FAIL() << "expected an error";
+  } catch (const kiln::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(path + ":2:25: unknown backend 'indcutor'; did you mean 'inductor'? Backends found: ", 0), 0u)
+        << msg;
+  }
+}
+
+// A backend that is installed but cannot run here is an error with the plugin's own reason.
+TEST(Trainer, NamedBackendThatCannotRunHereIsAnErrorWithThePluginsReason) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "cudagraphs can run on this CUDA machine";
+  auto s = make(fresh_seed());
+  auto args = compile_args();
+  args.torch_compile_backend = "cudagraphs";
+  try {
+    kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a CUDA device; none found"), std::string::npos) << e.what();
+  }
 }
