@@ -1,11 +1,14 @@
 // `kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] [--batch N] [--check]
-// [--tolerance X] [--json]`:
+// [--tolerance X] [--interleave] [--json]`:
 // LibTorch eager and kiln side by side in one process on a reference workload of
 // shared/WORKLOADS.md. Prints eager and kiln ms per step (medians of the steady state), their
 // ratio and kiln's first-step seconds (the eager warm-up plus the capture-and-compile step).
 // --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or
 // a final parameter or its last gradient differs beyond the tolerance for the precision (relative error; float32 1e-5,
-// bf16 autocast 1e-2; --tolerance overrides it).
+// bf16 autocast 1e-2; --tolerance overrides it). On CUDA it also reports each side's peak allocated
+// memory (LibTorch's caching allocator, above what was allocated when that side started), and
+// --check makes cuDNN deterministic (its convolution backward is not, and eager would not match
+// itself).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] "
-               "[--batch N] [--check] [--tolerance X] [--json]\n\n"
+               "[--batch N] [--check] [--tolerance X] [--interleave] [--json]\n\n"
                "Runs a reference workload (mlp, cnn, gpt; shared/WORKLOADS.md) with LibTorch eager and with\n"
                "kiln in this process and prints ms per step for both, the ratio and kiln's first-step time.\n\n"
                "  --backend B   backend to ask for (default: KILN_BACKEND or auto)\n"
@@ -42,6 +45,7 @@ void usage(FILE* out) {
                "  --batch N     batch size (default: the WORKLOADS.md size for the device)\n"
                "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
                "  --tolerance X relative error allowed by --check (default 1e-5 float32, 1e-2 bf16)\n"
+               "  --interleave  run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
                "  --json        one JSON object on stdout\n");
 }
 
@@ -96,6 +100,23 @@ Run run_steps(F&& step, Workload& w, int steps) {
   return r;
 }
 
+// The same, eager and kiln taking turns step by step, so that a machine whose load changes during
+// the run slows both sides alike (--interleave).
+template <class E, class K>
+void run_interleaved(E&& eager_step, Workload& ew, K&& kiln_step, Workload& kw, int steps, Run* eager, Run* kiln) {
+  for (int s = 0; s < steps; ++s) {
+    for (int side = 0; side < 2; ++side) {
+      Run& r = side == 0 ? *eager : *kiln;
+      Workload& w = side == 0 ? ew : kw;
+      const auto t = Clock::now();
+      auto loss = (side == 0 ? eager_step(std::vector<at::Tensor>{w.input, w.target})
+                             : kiln_step(std::vector<at::Tensor>{w.input, w.target}))[0];
+      r.losses.push_back(loss.template item<float>());
+      r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+    }
+  }
+}
+
 std::string json_str(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
@@ -116,7 +137,7 @@ int cmd_bench(int argc, char** argv) {
   int steps = 20;
   int64_t batch = 0;
   double tolerance = -1;  // < 0: the default for the precision
-  bool check = false, json = false;
+  bool check = false, json = false, interleave = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* opt) -> std::string {
@@ -141,6 +162,7 @@ int cmd_bench(int argc, char** argv) {
       }
     }
     else if (a == "--check") check = true;
+    else if (a == "--interleave") interleave = true;
     else if (a == "--json") json = true;
     else if (a == "--help" || a == "-h") {
       usage(stdout);
@@ -175,6 +197,21 @@ int cmd_bench(int argc, char** argv) {
     backend = env && *env ? env : "auto";
   }
   if (!std::getenv("KILN_LOG_LEVEL")) set_log_level("warn");
+  if (device == "cuda" && check) at::globalContext().setDeterministicCuDNN(true);
+  // Peak allocated device memory of one side's run, above what was allocated when it started.
+  int64_t peak_base = 0;
+  auto mem_start = [&] {
+    if (device != "cuda") return;
+    torch::cuda::synchronize();
+    cuda_reset_peak_allocated(0);
+    peak_base = cuda_allocated_bytes(0);
+  };
+  auto mem_peak = [&]() -> double {
+    if (device != "cuda") return 0;
+    torch::cuda::synchronize();
+    return static_cast<double>(cuda_peak_allocated_bytes(0) - peak_base) / (1 << 20);
+  };
+  double eager_peak_mb = 0, kiln_peak_mb = 0;
 
   TrainingArguments args;
   args.torch_compile = true;
@@ -196,13 +233,24 @@ int cmd_bench(int argc, char** argv) {
   for (const auto& r : compiled.backend_reasons()) why += (why.empty() ? "" : "; ") + r;
   const std::string& runs_on = chosen;
 
-  Run eager = run_steps(eager_step, eager_w, steps);
-  Run kiln = run_steps(compiled, kiln_w, steps);
+  Run eager, kiln;
+  if (interleave) {
+    run_interleaved(eager_step, eager_w, compiled, kiln_w, steps, &eager, &kiln);
+  } else {
+    mem_start();
+    eager = run_steps(eager_step, eager_w, steps);
+    eager_peak_mb = mem_peak();
+    mem_start();
+    kiln = run_steps(compiled, kiln_w, steps);
+    kiln_peak_mb = mem_peak();
+  }
+
 
   const double eager_ms = median(std::vector<double>(eager.ms.begin() + 2, eager.ms.end()));
   const double kiln_ms = median(std::vector<double>(kiln.ms.begin() + 2, kiln.ms.end()));
-  const double first_s = (kiln.ms[0] + kiln.ms[1]) / 1000.0;
   const auto& st = compiled.stats();
+  // With a CUDA graph, the first compiled step also warms up and records it.
+  const double first_s = (kiln.ms[0] + kiln.ms[1] + (st.graphs_recorded > 0 ? kiln.ms[2] : 0.0)) / 1000.0;
   const auto* graph = compiled.captured_graph();
   int phase_nodes[3] = {0, 0, 0};
   if (graph)
@@ -242,11 +290,13 @@ int cmd_bench(int argc, char** argv) {
                 "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
                 "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
                 "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
-                "\"fallback\": %s",
+                "\"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
+                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f",
                 json_str(workload).c_str(), json_str(device).c_str(), steps, json_str(backend).c_str(),
                 json_str(chosen).c_str(), json_str(why).c_str(), json_str(runs_on).c_str(), json_str(mode).c_str(),
                 eager_ms, kiln_ms, eager_ms / kiln_ms, first_s, st.compiled_steps, st.compiles, st.rebuilds,
-                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_str(st.last_fallback).c_str());
+                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_str(st.last_fallback).c_str(),
+                st.graphs_recorded, st.graph_replays, json_str(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb);
     if (check)
       std::printf(", \"check\": {\"ok\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
                   "\"max_param_rel_err\": %.3e, \"worst_param\": %s}",
@@ -263,6 +313,13 @@ int cmd_bench(int argc, char** argv) {
     std::printf("  kiln first step %.3f s (eager warm-up + capture + compile); %d of %d steps compiled\n", first_s,
                 st.compiled_steps, steps);
     if (!st.last_fallback.empty()) std::printf("  fallback: %s\n", st.last_fallback.c_str());
+    if (st.graphs_recorded > 0)
+      std::printf("  CUDA graphs: %d recorded, %d steps replayed (first step above includes the recording)\n",
+                  st.graphs_recorded, st.graph_replays);
+    if (!st.last_graph_skip.empty()) std::printf("  %s\n", st.last_graph_skip.c_str());
+    if (device == "cuda")
+      std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", eager_peak_mb,
+                  kiln_peak_mb);
     if (check)
       std::printf("  check: %s (max loss rel err %.3e, max parameter or gradient rel err %.3e%s%s, tolerance %g)\n",
                   check_ok ? "PASS" : "FAIL", worst_loss, worst_param, worst_param_name.empty() ? "" : " at ",

@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -76,6 +79,64 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
   return s;
 }
 
+// KILN_INDUCTOR_PROFILE=1: time every kernel, extern call and layout copy, and print where the time
+// went when the process exits (stderr). Off by default: a clock read per step otherwise.
+struct Profile {
+  struct Entry {
+    double ms = 0;
+    int64_t calls = 0;
+    std::vector<double> samples;
+    double median() const {
+      if (samples.empty()) return 0;
+      std::vector<double> v = samples;
+      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+      return v[v.size() / 2];
+    }
+  };
+  std::mutex mu;
+  std::map<std::string, Entry> by_name;      // "kernel <shape>", "extern aten::mm [..]"
+  std::map<std::string, Entry> by_kind;      // kernels, externs, relayout, execute
+  static Profile* get() {
+    static Profile* p = [] {
+      const char* v = std::getenv("KILN_INDUCTOR_PROFILE");
+      if (!v || !*v || std::string(v) == "0") return static_cast<Profile*>(nullptr);
+      auto* prof = new Profile;
+      std::atexit([] { Profile::get()->print(); });
+      return prof;
+    }();
+    return p;
+  }
+  void add(const std::string& kind, const std::string& name, double ms) {
+    std::lock_guard<std::mutex> lock(mu);
+    by_kind[kind].ms += ms;
+    by_kind[kind].calls++;
+    by_kind[kind].samples.push_back(ms);
+    if (!name.empty()) {
+      by_name[name].ms += ms;
+      by_name[name].calls++;
+      by_name[name].samples.push_back(ms);
+    }
+  }
+  void print() {
+    std::lock_guard<std::mutex> lock(mu);
+    // Median per call times calls: robust against a few slow calls on a busy machine.
+    std::fprintf(stderr, "inductor profile (all executions of the process; median ms per call x calls):\n");
+    for (const auto& [k, e] : by_kind)
+      std::fprintf(stderr, "  %-10s %10.1f ms (sum %10.1f)  %8lld calls\n", k.c_str(), e.median() * static_cast<double>(e.calls),
+                   e.ms, static_cast<long long>(e.calls));
+    std::vector<std::pair<std::string, Entry>> v(by_name.begin(), by_name.end());
+    auto est = [](const Entry& e) { return e.median() * static_cast<double>(e.calls); };
+    std::sort(v.begin(), v.end(), [&](const auto& a, const auto& b) { return est(a.second) > est(b.second); });
+    for (size_t i = 0; i < v.size() && i < 40; ++i)
+      std::fprintf(stderr, "  %10.1f ms %7lld x %8.3f ms  %s\n", est(v[i].second), static_cast<long long>(v[i].second.calls),
+                   v[i].second.median(), v[i].first.c_str());
+  }
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // A KilnArg of an extern call with everything it points to owned here.
 struct OwnedArg {
   KilnArg arg{};
@@ -107,6 +168,7 @@ class CompiledGroup : public Executable {
   std::vector<KernelFn> kernels;
   std::vector<int> kernel_threads;
   std::vector<Step> steps;
+  std::vector<std::string> step_names; // for KILN_INDUCTOR_PROFILE
   std::map<int, ExternCall> externs;   // by node
   std::vector<Placement> place;        // by value
   std::vector<ScalarParam> params;
@@ -133,6 +195,8 @@ class CompiledGroup : public Executable {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
                                                    std::to_string(n_out) + " outputs, got " + std::to_string(num_inputs) +
                                                    " and " + std::to_string(num_outputs));
+    Profile* prof = Profile::get();
+    const auto t_start = std::chrono::steady_clock::now();
     std::vector<void*> B(n_in + n_out + scratch.size());
     std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
     if (relayout.size() < n_in + n_out) relayout.resize(n_in + n_out);
@@ -141,15 +205,24 @@ class CompiledGroup : public Executable {
       B[n_in + j] = bind(outputs[j], out_meta[j], n_in + j, false);
       if (B[n_in + j] != data_of(outputs[j])) copy_back.push_back({j, B[n_in + j]});
     }
+    if (prof) prof->add("relayout", "", ms_since(t_start));
     for (size_t s = 0; s < scratch.size(); ++s) B[n_in + n_out + s] = scratch[s].data();
-    for (const Step& st : steps) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const Step& st = steps[i];
+      const auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if (st.kernel >= 0) {
         kernels[static_cast<size_t>(st.kernel)](B.data(), param_values.data(), kernel_threads[static_cast<size_t>(st.kernel)]);
       } else {
         call_extern(externs.at(st.extern_node), B);
       }
+      if (prof) prof->add(st.kernel >= 0 ? "kernels" : "externs", step_names.size() > i ? step_names[i] : "", ms_since(t0));
     }
+    const auto t_back = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false);
+    if (prof) {
+      prof->add("relayout", "", ms_since(t_back));
+      prof->add("execute", "", ms_since(t_start));
+    }
   }
 
   static void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
@@ -305,13 +378,79 @@ class InductorPlugin : public Plugin {
 
   std::vector<int64_t> claim(const Graph& g) override {
     const LoweringOptions opts = lowering_options();
-    std::vector<int64_t> taken;
-    std::vector<char> is_extern(g.num_nodes(), 0);
-    for (size_t i = 0; i < g.num_nodes(); ++i) {
+    const size_t nn = g.num_nodes();
+    std::vector<char> take(nn, 0);
+    std::vector<int64_t> producer(g.num_values(), -1);
+    std::vector<std::vector<int64_t>> users(g.num_values());
+    enum Kind : char { Compute, View, Extern };
+    std::vector<char> kind(nn, Compute);
+    for (size_t i = 0; i < nn; ++i) {
       Node n = g.node(static_cast<int64_t>(i));
-      if (why_not_claimed(g, n, opts).empty()) taken.push_back(static_cast<int64_t>(i));
+      take[i] = why_not_claimed(g, n, opts).empty();
+      kind[i] = is_view_op(n.op()) ? View : is_extern_op(n.op()) ? Extern : Compute;
+      for (int64_t v : n.outputs())
+        if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int64_t>(i);
+      for (int64_t v : n.inputs()) users[static_cast<size_t>(v)].push_back(static_cast<int64_t>(i));
     }
-    host().debug("claimed " + std::to_string(taken.size()) + " of " + std::to_string(g.num_nodes()) + " nodes");
+    // What pays: a claimed node that would sit in a group with nothing to fuse only adds copies
+    // (a group's outputs are written into the host's buffers). So
+    //  - a view is taken only when a taken node reads it, and either its source comes from a taken
+    //    node or only generated code (no extern kernel, no eager node) reads it: otherwise it would
+    //    be a group of its own or a group output, i.e. a copy of a tensor that eager gets for free
+    //    (the weights' transposes fed to matmuls, detach of a gradient, a transposed result);
+    //  - an extern kernel is taken only next to generated code (a taken pointwise/reduction node
+    //    reads its result or makes one of its arguments, through views): alone, it is the same
+    //    ATen call as eager plus a copy.
+    auto root_producer = [&](int64_t v) {  // through taken views
+      int64_t p = producer[static_cast<size_t>(v)];
+      while (p >= 0 && take[static_cast<size_t>(p)] && kind[static_cast<size_t>(p)] == View)
+        p = producer[static_cast<size_t>(g.node(p).arg(0).tensor_index())];
+      return p;
+    };
+    std::function<bool(int64_t, int)> read_by_compute = [&](int64_t v, int depth) {
+      for (int64_t u : users[static_cast<size_t>(v)]) {
+        if (!take[static_cast<size_t>(u)]) continue;
+        if (kind[static_cast<size_t>(u)] == Compute) return true;
+        if (kind[static_cast<size_t>(u)] == View && depth < 16)
+          for (int64_t o : g.node(u).outputs())
+            if (o >= 0 && read_by_compute(o, depth + 1)) return true;
+      }
+      return false;
+    };
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < nn; ++i) {
+        if (!take[i] || kind[i] == Compute) continue;
+        Node n = g.node(static_cast<int64_t>(i));
+        bool keep = false;
+        if (kind[i] == View) {
+          const int64_t p = producer[static_cast<size_t>(n.arg(0).tensor_index())];
+          const auto& us = users[static_cast<size_t>(n.outputs()[0])];
+          bool read = false, all_fused = !us.empty();
+          for (int64_t u : us) {
+            read = read || take[static_cast<size_t>(u)];
+            all_fused = all_fused && take[static_cast<size_t>(u)] && kind[static_cast<size_t>(u)] != Extern;
+          }
+          // Of a taken producer and read by taken code, or (a view of an input or an eager result)
+          // read only by generated code, which then does the index math.
+          keep = read && ((p >= 0 && take[static_cast<size_t>(p)]) || all_fused);
+        } else {
+          for (int64_t v : n.inputs()) {
+            const int64_t p = root_producer(v);
+            keep = keep || (p >= 0 && take[static_cast<size_t>(p)] && kind[static_cast<size_t>(p)] == Compute);
+          }
+          for (int64_t v : n.outputs()) keep = keep || (v >= 0 && read_by_compute(v, 0));
+        }
+        if (!keep) {
+          take[i] = 0;
+          changed = true;
+        }
+      }
+    }
+    std::vector<int64_t> taken;
+    for (size_t i = 0; i < nn; ++i)
+      if (take[i]) taken.push_back(static_cast<int64_t>(i));
+    host().debug("claimed " + std::to_string(taken.size()) + " of " + std::to_string(nn) + " nodes");
     return taken;
   }
 
@@ -360,6 +499,25 @@ class InductorPlugin : public Plugin {
     }
     if (exe->place.empty()) prepare(*exe, g, *L, P);
     exe->steps = P.steps;
+    if (Profile::get()) {
+      for (const Step& st : P.steps) {
+        std::string nm;
+        auto shape_str = [](const std::vector<int64_t>& s) {
+          std::string r = "[";
+          for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+          return r + "]";
+        };
+        if (st.kernel >= 0) {
+          const KernelPlan& k = P.kernels[static_cast<size_t>(st.kernel)];
+          nm = std::string(k.column ? "column" : "rows") + " kernel outer " + shape_str(k.outer) + " stages " +
+               std::to_string(k.stages.size()) + " first " + shape_str(L->values[static_cast<size_t>(k.stages[0])].shape);
+        } else {
+          Node n = g.node(st.extern_node);
+          nm = "extern " + n.op() + " -> " + shape_str(g.value(n.outputs()[0] >= 0 ? n.outputs()[0] : 0).shape());
+        }
+        exe->step_names.push_back(nm);
+      }
+    }
     return exe;
   }
 

@@ -892,6 +892,16 @@ std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions
   return "";
 }
 
+bool is_view_op(const std::string& op) {
+  auto it = op_table().find(op);
+  return it != op_table().end() && it->second == Cls::View;
+}
+
+bool is_extern_op(const std::string& op) {
+  auto it = op_table().find(op);
+  return it != op_table().end() && it->second == Cls::Extern;
+}
+
 std::unique_ptr<LoweredGraph> lower(const Graph& g, const LoweringOptions& opts) {
   // The loaders capture the LoweredGraph's address: it lives on the heap and never moves.
   auto out = std::make_unique<LoweredGraph>();

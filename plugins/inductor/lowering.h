@@ -20,6 +20,10 @@ struct LoweringOptions {
 // Whether the inductor takes `node` (empty string) or why not.
 std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, const LoweringOptions& opts);
 
+// The op's kind in the claim table: a pure view (index math only) or an extern kernel (call_eager).
+bool is_view_op(const std::string& op);
+bool is_extern_op(const std::string& op);
+
 // Lowers a whole subgraph. Throws plugin::Unimplemented for anything it does not take. The result's
 // loaders point into it, so it stays where it was made.
 std::unique_ptr<LoweredGraph> lower(const plugin::Graph& g, const LoweringOptions& opts);

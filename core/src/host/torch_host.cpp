@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <optional>
+#include <set>
 #include <unordered_map>
 
 #include "kiln/host_services.h"
@@ -122,6 +124,75 @@ class TorchHost : public HostServices {
     }
   }
 
+  // The out= overload of `op` when it is one of the ops whose out kernel writes the given buffer
+  // directly (and checks its shape), with the functional op's arguments followed by exactly
+  // `num_outputs` out tensors. Cached per op name.
+  static const c10::OperatorHandle* out_variant(const std::string& full, const c10::OperatorHandle& functional,
+                                                size_t num_outputs) {
+    static const std::set<std::string> allowed = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
+    if (!allowed.count(full) || num_outputs != 1) return nullptr;
+    static std::mutex mu;
+    static std::unordered_map<std::string, std::optional<c10::OperatorHandle>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(full);
+    if (it == cache.end()) {
+      std::optional<c10::OperatorHandle> h = c10::Dispatcher::singleton().findSchema({full, "out"});
+      if (h) {
+        const auto& fa = functional.schema().arguments();
+        const auto& oa = h->schema().arguments();
+        bool same = oa.size() == fa.size() + 1;
+        for (size_t i = 0; same && i < fa.size(); ++i) same = oa[i].name() == fa[i].name();
+        if (!same) h.reset();
+      }
+      it = cache.emplace(full, h).first;
+    }
+    return it->second ? &*it->second : nullptr;
+  }
+
+  // The result shape of mm/addmm/bmm/baddbmm from their matrix arguments, against the caller's
+  // buffer: an out= kernel would otherwise resize (reallocate) a buffer it does not own.
+  static bool out_shape_matches(const std::string& op, const torch::jit::Stack& stack, const DLTensor& out) {
+    auto dims = [&](size_t i) { return stack[i].isTensor() ? stack[i].toTensor().sizes().vec() : std::vector<int64_t>{}; };
+    std::vector<int64_t> want;
+    if (op == "aten::mm") {
+      auto a = dims(0), b = dims(1);
+      if (a.size() == 2 && b.size() == 2) want = {a[0], b[1]};
+    } else if (op == "aten::addmm") {
+      auto a = dims(1), b = dims(2);
+      if (a.size() == 2 && b.size() == 2) want = {a[0], b[1]};
+    } else if (op == "aten::bmm") {
+      auto a = dims(0), b = dims(1);
+      if (a.size() == 3 && b.size() == 3) want = {a[0], a[1], b[2]};
+    } else if (op == "aten::baddbmm") {
+      auto a = dims(1), b = dims(2);
+      if (a.size() == 3 && b.size() == 3) want = {a[0], a[1], b[2]};
+    }
+    if (want.empty() || static_cast<size_t>(out.ndim) != want.size()) return false;
+    for (size_t d = 0; d < want.size(); ++d)
+      if (out.shape[d] != want[d]) return false;
+    return true;
+  }
+
+  // Whether two CPU/device buffers may share bytes (by their address ranges).
+  static bool overlaps(const DLTensor& a, const DLTensor& b) {
+    auto range = [](const DLTensor& t) {
+      const size_t es = (t.dtype.bits * t.dtype.lanes + 7) / 8;
+      int64_t lo = 0, hi = 0, acc = 1;
+      for (int d = t.ndim - 1; d >= 0; --d) {
+        const int64_t st = t.strides ? t.strides[d] : acc;
+        if (t.shape[d] == 0) return std::make_pair<uintptr_t, uintptr_t>(0, 0);
+        if (st >= 0) hi += (t.shape[d] - 1) * st;
+        else lo += (t.shape[d] - 1) * st;
+        acc *= t.shape[d];
+      }
+      const uintptr_t base = reinterpret_cast<uintptr_t>(t.data) + t.byte_offset;
+      return std::make_pair(base + static_cast<uintptr_t>(lo * static_cast<int64_t>(es)),
+                            base + static_cast<uintptr_t>((hi + 1) * static_cast<int64_t>(es)));
+    };
+    const auto ra = range(a), rb = range(b);
+    return ra.first < rb.second && rb.first < ra.second;
+  }
+
   static KilnError* call_eager(void*, const char* op, const KilnArg* const* args, size_t num_args,
                                DLTensor* outputs, size_t num_outputs) {
     try {
@@ -142,10 +213,23 @@ class TorchHost : public HostServices {
                                "call_eager: " + full + " takes " + std::to_string(formals.size()) +
                                    " arguments, got " + std::to_string(num_args));
       torch::jit::Stack stack;
-      stack.reserve(num_args);
+      stack.reserve(num_args + num_outputs);
       for (size_t i = 0; i < num_args; ++i) {
         if (!args[i]) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: argument " + std::to_string(i) + " is NULL");
         stack.push_back(to_ivalue(*args[i], formals[i]));
+      }
+      // Where the op has a hand-written out= kernel (matmuls), compute straight into the caller's
+      // buffers: no result tensor to allocate and no copy.
+      if (const auto* out_op = out_variant(full, *handle, num_outputs)) {
+        bool ok = outputs[0].data != nullptr && out_shape_matches(full, stack, outputs[0]);
+        for (size_t i = 0; i < num_args && ok; ++i)
+          if (args[i]->tag == KILN_ARG_TENSOR && args[i]->tensor)
+            for (size_t j = 0; j < num_outputs && ok; ++j) ok = !overlaps(*args[i]->tensor, outputs[j]);
+        if (ok) {
+          for (size_t i = 0; i < num_outputs; ++i) stack.push_back(wrap(&outputs[i]));
+          out_op->callBoxed(stack);
+          return nullptr;
+        }
       }
       handle->callBoxed(stack);
 

@@ -304,7 +304,10 @@ TEST(InductorNumerics, ViewsAsIndexMath) {
   output %18 result "transposed_output"
 }
 )");
-  expect_all_compiled(c);
+  // The transpose that only makes a result stays eager: a view there is free, a group output a copy.
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 1);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+  EXPECT_TRUE(c.stats.compile_errors.empty());
 }
 
 TEST(InductorNumerics, Reductions) {
@@ -406,7 +409,10 @@ TEST(InductorNumerics, ExternMatmulWithFusedEpilogues) {
   output %8 result "w2"
 }
 )", 1e-5);
-  expect_all_compiled(c);
+  // The weight's transpose feeds only extern kernels: it stays an eager view, passed with its strides.
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 1);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+  EXPECT_TRUE(c.stats.compile_errors.empty());
 }
 
 TEST(InductorNumerics, SgdMomentumAndAdamWUpdateChains) {
@@ -687,7 +693,9 @@ TEST(InductorRegression, GptEmbeddingsLayerNormMatmul) {
   output %15 result "h"
   output %18 result "qkv"
 })");
-  expect_all_compiled(c);
+  // The weight's transpose feeds only the matmul: it stays an eager view.
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 1);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
 }
 
 // The same nodes as the partitioner cut them in gpt: the position embedding and the transposed
