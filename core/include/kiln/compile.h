@@ -63,7 +63,17 @@ struct StepStats {
   int rebuilds = 0;        // re-plans of a signature after a scalar turned out to vary per step
   double last_compile_seconds = 0;  // capture step + compile, for the last signature
   std::string last_fallback;        // why the last eager fallback happened ("" when none)
+  // Whole-step CUDA graphs (reduce-overhead, max-autotune, the cudagraphs backend on CUDA).
+  int graphs_recorded = 0;          // CUDA graphs recorded (one per signature, again after a re-plan)
+  int graph_replays = 0;            // compiled steps that were one graph launch
+  std::string last_graph_skip;      // "kiln: skipping cudagraphs due to ..." ("" when none)
 };
+
+// LibTorch's CUDA caching allocator on `device`: bytes allocated now and at the peak since the
+// last reset (0 where kiln was built without CUDA or there is no device). For `kiln bench`.
+int64_t cuda_allocated_bytes(int device);
+int64_t cuda_peak_allocated_bytes(int device);
+void cuda_reset_peak_allocated(int device);
 
 class CompiledStep {
  public:

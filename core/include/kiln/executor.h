@@ -51,6 +51,10 @@ class PreparedNode {
   bool returns_list_ = false;
 };
 
+// The op of the node this thread started last (""); names the culprit when a run fails
+// inside a CUDA graph capture.
+const char* current_node_op();
+
 // Converts one ir::Arg to the IValue the op's schema expects (tensors looked up in env).
 c10::IValue arg_to_ivalue(const ir::Arg& arg, const c10::Argument& schema_arg,
                           const std::vector<at::Tensor>& env);

@@ -109,6 +109,7 @@ enum class InputRole : uint8_t {
   Gradient,        // a parameter's .grad
   OptimizerState,  // momentum, exp_avg, exp_avg_sq, step, ...
   Constant,        // any other tensor the step read (captured by value)
+  Scalar,          // a run-time scalar as a 0-dim tensor, filled before every call (lift_runtime_scalars)
 };
 
 struct Input {

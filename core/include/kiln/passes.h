@@ -34,6 +34,19 @@ void fold_constants(ir::Graph& graph, ConstantTensors& constants);
 // `position[i]`: the slot node i runs in, -(slot + 1) for nodes a plugin runs; empty: graph order.
 void compute_writebacks_in_place(ir::Graph& graph, const std::vector<int32_t>& position = {});
 
+// Run-time scalars become 0-dim tensors, for CUDA graphs (which bake kernel arguments): every node
+// with an Arg::scalar_input is rewritten into tensor ops that read a new Scalar graph input holding
+// Graph::scalar_inputs[scalar] as a 0-dim tensor of `dtype` on `device`
+// (core/src/passes/lift_runtime_scalars.cpp lists the rewrites). Returns the ops it could not
+// rewrite (they keep their run-time scalars); `lifted` gets the new inputs.
+struct LiftedScalar {
+  ir::ValueId value = ir::kNoValue;
+  int32_t scalar = -1;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<LiftedScalar>* lifted = nullptr);
+
 struct PassRecord {
   std::string name;
   size_t nodes_before = 0, nodes_after = 0;

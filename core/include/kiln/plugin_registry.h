@@ -84,6 +84,7 @@ struct PluginAvailability {
 };
 
 class PluginExecutable;
+class PluginGraph;
 
 class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
  public:
@@ -105,6 +106,8 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   uint32_t negotiated_minor() const { return negotiated_minor_; }
   // ABI 1.1: the plugin takes nodes with run-time scalars and is executed with their values.
   bool accepts_runtime_scalars() const;
+  // ABI 1.2: the plugin records and replays device graphs (all four graph functions set).
+  bool provides_device_graphs() const;
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
   // All calls are thread-safe (serialised as docs/abi.md says where the plugin needs it).
@@ -122,11 +125,17 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   // Same, with the options and cache dir from the host (TrainingArguments' [plugin.<name>] table).
   std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode) const;
 
+  // ABI 1.2 device graphs (provides_device_graphs()). Throw PluginError with the plugin's
+  // message. graph_capture_end must follow every successful graph_capture_begin.
+  void graph_capture_begin(DLDevice device, void* stream) const;
+  std::unique_ptr<PluginGraph> graph_capture_end(DLDevice device, void* stream) const;
+
   const KilnPluginApi* api() const { return api_; }
 
  private:
   friend class PluginLoader;
   friend class PluginExecutable;
+  friend class PluginGraph;
   LoadedPlugin() = default;
   // Reads and frees a plugin error; returns "message" and sets code.
   std::string take_error(KilnError* error, KilnErrorCode* code) const;
@@ -167,6 +176,23 @@ class PluginExecutable {
       : plugin_(std::move(plugin)), exe_(exe) {}
   std::shared_ptr<const LoadedPlugin> plugin_;
   KilnExecutable* exe_;
+};
+
+// An instantiated device graph (ABI 1.2). Keeps its plugin (and so its library) alive.
+class PluginGraph {
+ public:
+  ~PluginGraph();
+  PluginGraph(const PluginGraph&) = delete;
+  PluginGraph& operator=(const PluginGraph&) = delete;
+  // Enqueues one replay on `stream`. Throws PluginError.
+  void launch(void* stream) const;
+
+ private:
+  friend class LoadedPlugin;
+  PluginGraph(std::shared_ptr<const LoadedPlugin> plugin, KilnGraphExec* exec)
+      : plugin_(std::move(plugin)), exec_(exec) {}
+  std::shared_ptr<const LoadedPlugin> plugin_;
+  KilnGraphExec* exec_;
 };
 
 // A file that was found but not loaded, or a duplicate that was ignored.

@@ -126,6 +126,7 @@ const char* to_string(InputRole r) {
     case InputRole::Gradient: return "grad";
     case InputRole::OptimizerState: return "state";
     case InputRole::Constant: return "const";
+    case InputRole::Scalar: return "scalar";
   }
   return "?";
 }

@@ -487,6 +487,7 @@ class Parser {
       else if (role == "grad") r = InputRole::Gradient;
       else if (role == "state") r = InputRole::OptimizerState;
       else if (role == "const") r = InputRole::Constant;
+      else if (role == "scalar") r = InputRole::Scalar;
       else {
         pos_ = role_at;
         fail("unknown input role '" + role + "'");

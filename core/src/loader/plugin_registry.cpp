@@ -361,6 +361,45 @@ bool LoadedPlugin::accepts_runtime_scalars() const {
          api_->execute_with_scalars != nullptr;
 }
 
+bool LoadedPlugin::provides_device_graphs() const {
+  return negotiated_minor_ >= 2 && KILN_HAS_FIELD(api_, KilnPluginApi, graph_destroy) && api_->graph_capture_begin &&
+         api_->graph_capture_end && api_->graph_launch && api_->graph_destroy;
+}
+
+void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
+  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, name_ + " does not record device graphs");
+  if (KilnError* err = api_->graph_capture_begin(api_->plugin_ctx, device, stream)) {
+    KilnErrorCode code = 0;
+    std::string message = take_error(err, &code);
+    throw PluginError(code, name_ + ": " + message);
+  }
+}
+
+std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream) const {
+  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, name_ + " does not record device graphs");
+  KilnGraphExec* exec = nullptr;
+  if (KilnError* err = api_->graph_capture_end(api_->plugin_ctx, device, stream, &exec)) {
+    if (exec) api_->graph_destroy(exec);
+    KilnErrorCode code = 0;
+    std::string message = take_error(err, &code);
+    throw PluginError(code, name_ + ": " + message);
+  }
+  if (!exec) throw PluginError(KILN_ERROR_INTERNAL, name_ + ": graph_capture_end returned no graph");
+  return std::unique_ptr<PluginGraph>(new PluginGraph(shared_from_this(), exec));
+}
+
+PluginGraph::~PluginGraph() {
+  if (exec_) plugin_->api_->graph_destroy(exec_);
+}
+
+void PluginGraph::launch(void* stream) const {
+  if (KilnError* err = plugin_->api_->graph_launch(exec_, stream)) {
+    KilnErrorCode code = 0;
+    std::string message = plugin_->take_error(err, &code);
+    throw PluginError(code, plugin_->name_ + ": " + message);
+  }
+}
+
 void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
                                size_t num_outputs, void* stream) const {
   execute(inputs, num_inputs, outputs, num_outputs, nullptr, 0, stream);

@@ -79,10 +79,26 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
   if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
   const bool has_cuda = std::any_of(lb.devices.begin(), lb.devices.end(),
                                     [](const hw::Device& d) { return d.kind == hw::DeviceKind::cuda; });
-  if (!has_cuda && (r.mode == KILN_MODE_REDUCE_OVERHEAD)) {
+  if (!has_cuda && r.mode == KILN_MODE_REDUCE_OVERHEAD) {
     r.notes.push_back("mode 'reduce-overhead' wraps the step in a CUDA graph, which needs a CUDA GPU; there is "
                       "none here, so it behaves as 'default'");
     r.mode = KILN_MODE_DEFAULT;
+  }
+  // Whole-step CUDA graphs, whatever the backend does inside the step.
+  const bool graphs_asked = r.mode == KILN_MODE_REDUCE_OVERHEAD || r.mode == KILN_MODE_MAX_AUTOTUNE ||
+                            r.choice.backend == "cudagraphs";
+  if (graphs_asked && has_cuda) {
+    if (r.plugin && r.plugin->provides_device_graphs()) r.graph_plugin = r.plugin;
+    else if (auto cg = lb.registry->find("cudagraphs"); cg && cg->provides_device_graphs()) r.graph_plugin = cg;
+    r.cuda_graphs = r.graph_plugin != nullptr;
+    if (!r.cuda_graphs) {
+      r.cuda_graphs_reason = "no loaded plugin records CUDA graphs (the cudagraphs plugin is missing, older than "
+                             "ABI 1.2, or built without the CUDA toolkit)";
+      r.notes.push_back(c10::str("mode '", mode_to_string(r.mode), "' wraps the step in a CUDA graph, but ",
+                                 r.cuda_graphs_reason, "; the step runs without one"));
+    }
+  } else if (r.choice.backend == "cudagraphs" && !has_cuda) {
+    r.cuda_graphs_reason = "no CUDA device";
   }
   if (r.plugin && !r.plugin->supports_mode(r.mode)) {
     r.notes.push_back(c10::str("backend '", r.plugin->name(), "' does not support mode '", args.torch_compile_mode,

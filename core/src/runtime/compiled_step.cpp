@@ -11,6 +11,13 @@
 // optimizers' step() under probe_calls (no kernels run, host state advances) and compares every
 // scalar argument with the graph's. A scalar that changed becomes a run-time scalar input of the
 // graph (Arg::scalar_input) and the graph is re-planned once; from then on it is bound per step.
+//
+// Whole-step CUDA graphs (mode reduce-overhead or max-autotune, or the cudagraphs backend, with the
+// step on CUDA; docs/backends/cudagraphs.md): run-time scalars become 0-dim device tensors
+// (lift_runtime_scalars) filled before every call; the first compiled step of a plan runs on the
+// capture stream (warm-up) and is then recorded (cuda_graph_step.cpp); later steps copy the user
+// inputs into static buffers and launch the graph. A capture failure warns once ("skipping
+// cudagraphs due to ...") and the plan runs uncaptured.
 #include "kiln/compile.h"
 
 #include <chrono>
@@ -36,6 +43,7 @@
 #include "kiln/log.h"
 #include "kiln/partitioned_executor.h"
 #include "kiln/passes.h"
+#include "cuda_graph_step.h"
 
 namespace kiln {
 
@@ -46,12 +54,13 @@ using Clock = std::chrono::steady_clock;
 // Runs a compiled graph given its inputs bound in env, with the step's run-time scalars.
 struct GraphExecutor {
   virtual ~GraphExecutor() = default;
-  virtual void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) = 0;
+  // stream: the device stream to run on (cudaStream_t; null: the current one), for plugin groups.
+  virtual void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream) = 0;
 };
 
 struct EagerGraphExecutor final : GraphExecutor {
   explicit EagerGraphExecutor(const ir::Graph& g) : ex(g) {}
-  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) override {
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void*) override {
     ex.run(env, &scalars);
   }
   EagerExecutor ex;
@@ -61,8 +70,8 @@ struct EagerGraphExecutor final : GraphExecutor {
 struct PartitionedGraphExecutor final : GraphExecutor {
   PartitionedGraphExecutor(const ir::Graph& g, const ResolvedBackend& b, const std::string& debug_dir)
       : ex(g, b.plugin, b.mode, debug_dir) {}
-  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars) override {
-    ex.run(env, &scalars, nullptr);
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream) override {
+    ex.run(env, &scalars, stream);
   }
   PartitionedExecutor ex;
 };
@@ -128,6 +137,7 @@ struct CompiledStep::Impl {
     ir::ValueId value;
     int user = -1;
     at::Tensor tensor;
+    int lifted = -1;  // a lifted run-time scalar: Entry::lifted[lifted]
   };
   struct OutBind {
     enum Kind { Result, WriteBack, Grad } kind;
@@ -158,6 +168,13 @@ struct CompiledStep::Impl {
     std::vector<OutBind> outs;
     std::vector<c10::IValue> scalars;
     std::vector<at::Tensor> env;
+    // Whole-step CUDA graph.
+    bool graphs = false;
+    c10::Device graph_device = c10::Device(c10::kCPU);
+    std::vector<LiftedScalar> lifted;          // run-time scalars as 0-dim device tensors
+    std::vector<at::Tensor> scalar_buffers;    // one device buffer per dtype of lifted scalars
+    std::vector<std::pair<size_t, int64_t>> lifted_at;  // per lifted scalar: (buffer, index)
+    std::unique_ptr<cudagraph::Step> cg;       // the recorded graph of this plan
   };
   std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache;
   Entry* last = nullptr;
@@ -321,7 +338,9 @@ struct CompiledStep::Impl {
     for (const auto& r : records) line += c10::str(" ", r.name, " ", r.nodes_before, "->", r.nodes_after);
     log_debug(line);
     g.verify();
-    if (resolved.plugin) {
+    plan_graphs(e, g);
+    if (resolved.plugin && !(resolved.cuda_graphs && resolved.plugin == resolved.graph_plugin &&
+                             resolved.choice.backend == "cudagraphs")) {
       e.exec = std::make_unique<PartitionedGraphExecutor>(g, resolved, debug_dir(popts));
     } else {
       ir::Graph planned = g;
@@ -331,7 +350,15 @@ struct CompiledStep::Impl {
     e.ins.clear();
     for (const auto& in : g.inputs) {
       InBind b{in.value};
-      if (auto u = e.user.find(in.name); u != e.user.end()) b.user = u->second;
+      if (in.role == ir::InputRole::Scalar) {
+        for (size_t k = 0; k < e.lifted.size(); ++k)
+          if (e.lifted[k].value == in.value) {
+            b.lifted = static_cast<int>(k);
+            const auto& [buf, idx] = e.lifted_at[k];
+            b.tensor = e.scalar_buffers[buf].select(0, idx);
+          }
+        if (b.lifted < 0) throw std::runtime_error("no run-time scalar for graph input '" + in.name + "'");
+      } else if (auto u = e.user.find(in.name); u != e.user.end()) b.user = u->second;
       else if (auto t = e.bound.find(in.name); t != e.bound.end()) b.tensor = t->second;
       else if (auto c = e.constants.find(in.value); c != e.constants.end()) b.tensor = c->second;
       else throw std::runtime_error("no tensor for graph input '" + in.name + "'");
@@ -434,22 +461,133 @@ struct CompiledStep::Impl {
     return true;
   }
 
-  std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs, Entry& e) {
+  // Whether this plan is recorded as a CUDA graph, and on which device; lifts run-time scalars
+  // into device tensors (g changes) when it is. Warns once when a CUDA step cannot be graphed.
+  void plan_graphs(Entry& e, ir::Graph& g) {
+    e.cg.reset();
+    e.graphs = false;
+    e.lifted.clear();
+    e.scalar_buffers.clear();
+    e.lifted_at.clear();
+    if (!resolved.cuda_graphs) return;
+    // The step's device: its parameters', else any CUDA input's.
+    bool found = false;
+    for (int pass = 0; pass < 2 && !found; ++pass)
+      for (const auto& in : g.inputs) {
+        const auto& d = g.value(in.value).meta.device;
+        if (d.is_cuda() && (pass == 1 || in.role == ir::InputRole::Parameter)) {
+          e.graph_device = d;
+          found = true;
+          break;
+        }
+      }
+    if (!found) {
+      log_info("kiln: the step runs on the CPU; no CUDA graph");
+      return;
+    }
+    // A CPU tensor computed or read inside the step cannot be replayed by a CUDA graph (0-dim CPU
+    // tensors are kernel arguments and are allowed, as PyTorch allows CPU scalars).
+    std::string why;
+    for (const auto& in : g.inputs) {
+      const auto& m = g.value(in.value).meta;
+      if (!m.device.is_cuda() && m.numel() > 1) {
+        why = c10::str("cpu device (input '", in.name, "' is a ", m.device, " tensor)");
+        break;
+      }
+    }
+    for (size_t i = 0; i < g.nodes.size() && why.empty(); ++i)
+      for (auto v : g.nodes[i].outputs)
+        if (v != ir::kNoValue && !g.value(v).meta.device.is_cuda() && g.value(v).meta.numel() > 1) {
+          why = c10::str("cpu device (node ", i, " ", g.nodes[i].op, " makes a ", g.value(v).meta.device, " tensor)");
+          break;
+        }
+    if (why.empty() && !g.scalar_inputs.empty()) {
+      ir::Graph lg = g;
+      std::vector<LiftedScalar> lifted;
+      auto bad = lift_runtime_scalars(lg, &lifted);
+      if (!bad.empty()) {
+        why = "a run-time scalar argument of " + bad.front() +
+              " (a CUDA graph bakes kernel arguments; kiln turns run-time scalars of add, sub, mul, div, addcdiv, "
+              "addcmul, lerp, pow and fill into device tensors, not of this op)";
+      } else {
+        g = std::move(lg);
+        e.lifted = std::move(lifted);
+        std::vector<std::pair<c10::ScalarType, int64_t>> bufs;  // (dtype, count)
+        for (const auto& l : e.lifted) {
+          size_t b = 0;
+          while (b < bufs.size() && bufs[b].first != l.dtype) ++b;
+          if (b == bufs.size()) bufs.emplace_back(l.dtype, 0);
+          e.lifted_at.emplace_back(b, bufs[b].second++);
+        }
+        for (const auto& [dtype, n] : bufs)
+          e.scalar_buffers.push_back(at::zeros({n}, at::TensorOptions(dtype).device(e.graph_device)));
+      }
+    }
+    if (!why.empty()) {
+      const std::string msg = "kiln: skipping cudagraphs due to " + why;
+      stats.last_graph_skip = msg;
+      warn_once(msg + "; the step runs without a CUDA graph");
+      return;
+    }
+    e.graphs = true;
+  }
+
+  // Writes the current run-time scalars into the lifted scalars' device buffers: one host-to-device
+  // copy per dtype, on the current stream, before the step's kernels (or the graph launch).
+  void fill_scalars(Entry& e) {
+    if (e.lifted.empty()) return;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (size_t b = 0; b < e.scalar_buffers.size(); ++b) {
+      auto& buf = e.scalar_buffers[b];
+      at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU));
+      AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
+        scalar_t* p = host.data_ptr<scalar_t>();
+        for (size_t k = 0; k < e.lifted.size(); ++k) {
+          if (e.lifted_at[k].first != b) continue;
+          const c10::IValue& v = e.scalars.at(static_cast<size_t>(e.lifted[k].scalar));
+          const double d = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.isBool() ? v.toBool() : 0.0;
+          p[e.lifted_at[k].second] = static_cast<scalar_t>(d);
+        }
+      });
+      // Pageable source: the driver stages it before returning, so `host` may die at once.
+      buf.copy_(host, /*non_blocking=*/true);
+    }
+  }
+
+  void bind(const std::vector<at::Tensor>& inputs, Entry& e, const std::vector<at::Tensor>* statics = nullptr) {
     auto& env = e.env;
-    for (const auto& b : e.ins) env[static_cast<size_t>(b.value)] = b.user >= 0 ? inputs.at(static_cast<size_t>(b.user)) : b.tensor;
-    e.exec->run(env, e.scalars);
+    size_t k = 0;
+    for (const auto& b : e.ins) {
+      at::Tensor t = b.user >= 0 ? (statics ? (*statics)[k++] : inputs.at(static_cast<size_t>(b.user))) : b.tensor;
+      env[static_cast<size_t>(b.value)] = std::move(t);
+    }
+  }
+
+  // The step's device work: the executor and the write-back copies (recorded into the graph).
+  void run_body(Entry& e, void* stream) {
+    auto& env = e.env;
+    e.exec->run(env, e.scalars, stream);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (const auto& o : e.outs) {
+      if (o.kind != OutBind::WriteBack) continue;
+      const auto& v = env[static_cast<size_t>(o.value)];
+      if (!v.is_same(o.target)) o.target.copy_(v);
+    }
+  }
+
+  // The host side of a finished step: versions, .grad, results. clone_results: results live in a
+  // graph's static buffers, which the next replay overwrites.
+  std::vector<at::Tensor> finish(Entry& e, bool clone_results) {
+    auto& env = e.env;
     std::vector<at::Tensor> results(e.num_results);
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       for (const auto& o : e.outs) {
         auto& v = env[static_cast<size_t>(o.value)];
         switch (o.kind) {
-          case OutBind::WriteBack:
-            if (!v.is_same(o.target)) o.target.copy_(v);
-            o.target.unsafeGetTensorImpl()->bump_version();
-            break;
+          case OutBind::WriteBack: o.target.unsafeGetTensorImpl()->bump_version(); break;
           case OutBind::Grad: const_cast<at::Tensor&>(o.target).mutable_grad() = v; break;
-          case OutBind::Result: results[static_cast<size_t>(o.result)] = v; break;
+          case OutBind::Result: results[static_cast<size_t>(o.result)] = clone_results ? v.clone() : v; break;
         }
       }
     }
@@ -457,6 +595,82 @@ struct CompiledStep::Impl {
     ++stats.compiled_steps;
     last_compiled = true;
     return results;
+  }
+
+  std::vector<at::Tensor> run_compiled(const std::vector<at::Tensor>& inputs, Entry& e) {
+    fill_scalars(e);
+    if (e.graphs) {
+      if (e.cg && e.cg->recorded()) return replay(inputs, e);
+      return warm_up_and_record(inputs, e);
+    }
+    bind(inputs, e);
+    run_body(e, nullptr);
+    return finish(e, false);
+  }
+
+  // The first step of a plan with CUDA graphs: runs for real on the capture stream (the warm-up),
+  // then records the graph that later steps replay.
+  std::vector<at::Tensor> warm_up_and_record(const std::vector<at::Tensor>& inputs, Entry& e) {
+    std::unique_ptr<cudagraph::Step> cg;
+    try {
+      cg = std::make_unique<cudagraph::Step>(resolved.graph_plugin, e.graph_device);
+    } catch (const std::exception& ex) {
+      e.graphs = false;
+      stats.last_graph_skip = std::string("kiln: skipping cudagraphs due to ") + ex.what();
+      warn_once(stats.last_graph_skip + "; the step runs without a CUDA graph");
+      bind(inputs, e);
+      run_body(e, nullptr);
+      return finish(e, false);
+    }
+    bind(inputs, e);
+    cg->warm_up([&](void* stream) { run_body(e, stream); }, e.env);
+    auto results = finish(e, false);
+    // Static inputs: the user inputs' buffers the graph reads; replays copy new inputs into them.
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (const auto& b : e.ins)
+        if (b.user >= 0) {
+          const auto& in = inputs.at(static_cast<size_t>(b.user));
+          cg->static_inputs.push_back(at::empty_strided(in.sizes(), in.strides(), in.options()).copy_(in));
+        }
+    }
+    bind(inputs, e, &cg->static_inputs);
+    const auto t0 = Clock::now();
+    try {
+      cg->record([&](void* stream) { run_body(e, stream); });
+      for (const auto& o : e.outs) cg->static_outputs.push_back(e.env[static_cast<size_t>(o.value)]);
+    } catch (const cudagraph::CaptureFailed& f) {
+      for (auto& t : e.env) t.reset();
+      cg.reset();
+      e.graphs = false;
+      stats.last_graph_skip = std::string("kiln: skipping cudagraphs due to ") + f.what();
+      warn_once(stats.last_graph_skip + "; the step runs without a CUDA graph");
+      return results;
+    }
+    for (auto& t : e.env) t.reset();
+    e.cg = std::move(cg);
+    ++stats.graphs_recorded;
+    log_info(c10::str("kiln: recorded the step as a CUDA graph (", e.graph.nodes.size(), " nodes, ", e.lifted.size(),
+                      " run-time scalars as device tensors) in ",
+                      std::chrono::duration<double>(Clock::now() - t0).count(), " s"));
+    return results;
+  }
+
+  std::vector<at::Tensor> replay(const std::vector<at::Tensor>& inputs, Entry& e) {
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      size_t k = 0;
+      for (const auto& b : e.ins)
+        if (b.user >= 0) {
+          auto& st = e.cg->static_inputs[k++];
+          const auto& in = inputs.at(static_cast<size_t>(b.user));
+          if (!in.is_same(st)) st.copy_(in);
+        }
+    }
+    e.cg->replay();
+    for (size_t k = 0; k < e.outs.size(); ++k) e.env[static_cast<size_t>(e.outs[k].value)] = e.cg->static_outputs[k];
+    ++stats.graph_replays;
+    return finish(e, true);
   }
 
   std::vector<at::Tensor> step(const std::vector<at::Tensor>& inputs) {

@@ -106,7 +106,14 @@ PreparedNode::PreparedNode(const ir::Node& node) : op_(node.op), outputs_(node.o
   }
 }
 
+namespace {
+thread_local const std::string* t_current_op = nullptr;
+}
+
+const char* current_node_op() { return t_current_op ? t_current_op->c_str() : ""; }
+
 void PreparedNode::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars) const {
+  t_current_op = &op_;
   thread_local std::vector<c10::IValue> stack;
   stack.clear();
   stack.reserve(args_.size());

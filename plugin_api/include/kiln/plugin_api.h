@@ -1,4 +1,4 @@
-/* kiln plugin ABI, version 1.0: the whole contract between the kiln host and a backend plugin.
+/* kiln plugin ABI, version 1.2: the whole contract between the kiln host and a backend plugin.
  *
  * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
  * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 1
-#define KILN_ABI_VERSION_MINOR 1
+#define KILN_ABI_VERSION_MINOR 2
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -305,6 +305,10 @@ KILN_CHECK_STRUCT_SIZE(KilnPluginDescriptor, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE)
 /* Opaque, made by compile and owned by the host, which frees it with executable_destroy. */
 typedef struct KilnExecutable KilnExecutable;
 
+/* ABI 1.2. Opaque: an instantiated device graph (a cudaGraphExec_t on CUDA), made by
+ * graph_capture_end and owned by the host, which frees it with graph_destroy. */
+typedef struct KilnGraphExec KilnGraphExec;
+
 /* One `key = value` of the plugin's [plugin.<name>] table, as strings. */
 typedef struct KilnOption {
   size_t struct_size;
@@ -416,8 +420,29 @@ typedef struct KilnPluginApi {
   KilnError* (*execute_with_scalars)(KilnExecutable* executable, const DLTensor* inputs, size_t num_inputs,
                                      DLTensor* outputs, size_t num_outputs, const KilnArg* const* scalars,
                                      size_t num_scalars, void* stream);
+
+  /* ABI 1.2. Device graphs (CUDA graphs): record the work the host enqueues on a stream, then
+   * replay it with one launch. All four are optional, but a plugin sets all of them or none (check
+   * KILN_HAS_FIELD and non-NULL before use). The host owns the memory the recorded work touches
+   * (it keeps those tensors alive and at the same addresses while the graph lives).
+   *
+   * graph_capture_begin: starts recording the work enqueued on `stream` (cudaStream_t on CUDA; a
+   * stream other than the legacy default stream) of `device`. From then until graph_capture_end,
+   * the calling thread must not make calls that would synchronize with the device (the plugin
+   * chooses the capture mode; the kiln plugin uses thread-local mode).
+   * graph_capture_end: stops recording on `stream` and instantiates the graph into *out (owned by
+   * the host). It must be called after every successful graph_capture_begin, also when the host's
+   * work failed half-way: then the plugin ends the capture, discards what was recorded and returns
+   * the error (naming the device runtime's error, e.g. "cudaErrorStreamCaptureInvalidated"), with
+   * *out NULL. Errors are KILN_ERROR_UNAVAILABLE (no device or runtime) or KILN_ERROR_INTERNAL. */
+  KilnError* (*graph_capture_begin)(void* plugin_ctx, DLDevice device, void* stream);
+  KilnError* (*graph_capture_end)(void* plugin_ctx, DLDevice device, void* stream, KilnGraphExec** out);
+  /* Enqueues one replay of `exec` on `stream` (any stream of the graph's device). */
+  KilnError* (*graph_launch)(KilnGraphExec* exec, void* stream);
+  /* Frees `exec`; work already launched completes. The host calls it once per graph. */
+  void (*graph_destroy)(KilnGraphExec* exec);
 } KilnPluginApi;
-#define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, execute_with_scalars)
+#define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, graph_destroy)
 KILN_CHECK_STRUCT_SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE);
 
 /* ---- Entry point ----------------------------------------------------------------------------- */

@@ -509,6 +509,9 @@ struct Descriptor {
   // ABI 1.1: the plugin reads run-time scalars (Arg::runtime_scalar) from Scalars on every call;
   // the host then hands it nodes that have them and calls Executable::execute_with_scalars.
   bool runtime_scalars = false;
+  // ABI 1.2: the plugin records and replays device graphs (Plugin::graph_capture_begin/end); the
+  // C table then gets graph_capture_begin, graph_capture_end, graph_launch and graph_destroy.
+  bool device_graphs = false;
 };
 
 struct Availability {
@@ -540,6 +543,14 @@ class Executable {
   }
 };
 
+// ABI 1.2: an instantiated device graph (Descriptor::device_graphs).
+class GraphExec {
+ public:
+  virtual ~GraphExec() = default;
+  // Enqueues one replay on `stream` (cudaStream_t on CUDA).
+  virtual void launch(void* stream) = 0;
+};
+
 class Plugin {
  public:
   explicit Plugin(Host host) : host_(std::move(host)) {}
@@ -552,6 +563,17 @@ class Plugin {
   virtual std::vector<int64_t> claim(const Graph& graph) = 0;
   // Throw Unimplemented to have the host run the subgraph eagerly.
   virtual std::unique_ptr<Executable> compile(const Graph& subgraph, const CompileOptions& options) = 0;
+  // ABI 1.2, for plugins whose Descriptor sets device_graphs: start recording the work enqueued on
+  // `stream`; stop, instantiate and return it (also called to end a capture whose work failed:
+  // then discard it and throw). Errors: throw kiln::plugin::Error.
+  virtual void graph_capture_begin(DLDevice device, void* stream) {
+    (void)device, (void)stream;
+    throw Unimplemented("this plugin does not record device graphs");
+  }
+  virtual std::unique_ptr<GraphExec> graph_capture_end(DLDevice device, void* stream) {
+    (void)device, (void)stream;
+    throw Unimplemented("this plugin does not record device graphs");
+  }
 
  private:
   Host host_;
@@ -562,6 +584,11 @@ class Plugin {
 // The executable handle of plugins built on this layer.
 struct KilnExecutable {
   std::unique_ptr<kiln::plugin::Executable> impl;
+};
+
+// The device graph handle of plugins built on this layer (ABI 1.2).
+struct KilnGraphExec {
+  std::unique_ptr<kiln::plugin::GraphExec> impl;
 };
 
 namespace kiln::plugin::detail {
@@ -696,6 +723,29 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         });
       };
     t.executable_destroy = [](KilnExecutable* exe) { delete exe; };
+    if (s->desc.device_graphs) {
+      t.graph_capture_begin = [](void* ctx, DLDevice device, void* stream) -> KilnError* {
+        return guard([&] { static_cast<PluginState<P>*>(ctx)->plugin->graph_capture_begin(device, stream); });
+      };
+      t.graph_capture_end = [](void* ctx, DLDevice device, void* stream, KilnGraphExec** result) -> KilnError* {
+        if (result) *result = nullptr;
+        return guard([&] {
+          if (!result) invalid("graph_capture_end: out is NULL");
+          auto g = static_cast<PluginState<P>*>(ctx)->plugin->graph_capture_end(device, stream);
+          if (!g) throw Error(KILN_ERROR_INTERNAL, "graph_capture_end returned no graph");
+          auto box = std::make_unique<KilnGraphExec>();
+          box->impl = std::move(g);
+          *result = box.release();
+        });
+      };
+      t.graph_launch = [](KilnGraphExec* g, void* stream) -> KilnError* {
+        return guard([&] {
+          if (!g || !g->impl) invalid("graph_launch: null graph");
+          g->impl->launch(stream);
+        });
+      };
+      t.graph_destroy = [](KilnGraphExec* g) { delete g; };
+    }
     t.shutdown = [](void* ctx) { delete static_cast<PluginState<P>*>(ctx); };
     state = s.release();
   });

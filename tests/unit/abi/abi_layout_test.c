@@ -23,7 +23,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 1);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 1);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 2);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -129,7 +129,7 @@ int main(void) {
   OFF(KilnHostApi, get_option, 80);
   OFF(KilnHostApi, call_eager, 88);
 
-  SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE, 112);
+  SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE, 144);
   /* The frozen header, the same in every major version. */
   OFF(KilnPluginApi, abi_major, 8);
   OFF(KilnPluginApi, abi_minor, 12);
@@ -145,6 +145,10 @@ int main(void) {
   OFF(KilnPluginApi, executable_destroy, 88);
   OFF(KilnPluginApi, shutdown, 96);
   OFF(KilnPluginApi, execute_with_scalars, 104); /* 1.1 */
+  OFF(KilnPluginApi, graph_capture_begin, 112); /* 1.2 */
+  OFF(KilnPluginApi, graph_capture_end, 120);
+  OFF(KilnPluginApi, graph_launch, 128);
+  OFF(KilnPluginApi, graph_destroy, 136);
 
   {
     /* KILN_HAS_FIELD: a 1.0 reader sees every field of a full table, none past a short one. */
@@ -155,6 +159,12 @@ int main(void) {
     check("KILN_HAS_FIELD(1.0 table, shutdown)", KILN_HAS_FIELD(&api, KilnPluginApi, shutdown), 1);
     check("KILN_HAS_FIELD(1.0 table, execute_with_scalars)",
           KILN_HAS_FIELD(&api, KilnPluginApi, execute_with_scalars), 0);
+    api.struct_size = offsetof(KilnPluginApi, graph_capture_begin); /* a 1.1 plugin's table */
+    check("KILN_HAS_FIELD(1.1 table, execute_with_scalars)",
+          KILN_HAS_FIELD(&api, KilnPluginApi, execute_with_scalars), 1);
+    check("KILN_HAS_FIELD(1.1 table, graph_capture_begin)",
+          KILN_HAS_FIELD(&api, KilnPluginApi, graph_capture_begin), 0);
+    check("KILN_HAS_FIELD(1.1 table, graph_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, graph_destroy), 0);
     api.struct_size = offsetof(KilnPluginApi, plugin_ctx);
     check("KILN_HAS_FIELD(header only, error_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, error_destroy), 1);
     check("KILN_HAS_FIELD(header only, plugin_ctx)", KILN_HAS_FIELD(&api, KilnPluginApi, plugin_ctx), 0);

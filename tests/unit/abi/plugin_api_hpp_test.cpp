@@ -143,7 +143,7 @@ TEST(PluginApiHpp, InitRejectsHostWithAnotherMajorAndStillReturnsErrorFunctions)
   EXPECT_EQ(api->struct_size, offsetof(KilnPluginApi, plugin_ctx));
   auto [code, msg] = take(api, e);
   EXPECT_EQ(code, KILN_ERROR_ABI_MISMATCH);
-  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 1.1, host speaks 2.3");
+  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 1.2, host speaks 2.3");
 }
 
 TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
@@ -152,7 +152,10 @@ TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
   ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
   EXPECT_EQ(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE);
   EXPECT_EQ(api->abi_major, 1u);
-  EXPECT_EQ(api->abi_minor, 1u);
+  EXPECT_EQ(api->abi_minor, 2u);
+  // ABI 1.2: no device graphs unless the descriptor says so.
+  EXPECT_EQ(api->graph_capture_begin, nullptr);
+  EXPECT_EQ(api->graph_destroy, nullptr);
   for (const void* fn : {(const void*)api->available, (const void*)api->claim, (const void*)api->compile,
                          (const void*)api->execute, (const void*)api->executable_destroy, (const void*)api->shutdown})
     EXPECT_NE(fn, nullptr);
@@ -281,4 +284,54 @@ TEST(PluginApiHpp, TensorViewComputesStridesAndContiguity) {
   EXPECT_EQ(v.data<float>(), data + 2);  // byte_offset 8 = two floats
   t.strides = transposed;
   EXPECT_FALSE(v.is_contiguous());
+}
+
+namespace {
+struct FakeGraph : kp::GraphExec {
+  static inline int launched = 0;
+  void launch(void*) override { ++launched; }
+};
+class GraphPlugin : public kp::Plugin {
+ public:
+  using Plugin::Plugin;
+  static kp::Descriptor describe() {
+    kp::Descriptor d;
+    d.name = "graph_test";
+    d.version = "1.0.0";
+    d.vendor = "tests";
+    d.device_kinds = KILN_DEVICE_MASK_CUDA;
+    d.device_graphs = true;
+    return d;
+  }
+  std::vector<int64_t> claim(const kp::Graph&) override { return {}; }
+  std::unique_ptr<kp::Executable> compile(const kp::Graph&, const kp::CompileOptions&) override {
+    throw kp::Unimplemented("no");
+  }
+  void graph_capture_begin(DLDevice d, void*) override {
+    if (d.device_id != 0) throw kp::Error(KILN_ERROR_INVALID_ARGUMENT, "cudaErrorInvalidDevice: bad device");
+  }
+  std::unique_ptr<kp::GraphExec> graph_capture_end(DLDevice, void*) override { return std::make_unique<FakeGraph>(); }
+};
+}  // namespace
+
+TEST(PluginApiHpp, DeviceGraphFunctionsAreFilledAndTurnExceptionsIntoErrors) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<GraphPlugin>(&host, 1, 2, &api), nullptr);
+  ASSERT_TRUE(KILN_HAS_FIELD(api, KilnPluginApi, graph_destroy));
+  ASSERT_NE(api->graph_capture_begin, nullptr);
+  ASSERT_NE(api->graph_capture_end, nullptr);
+  ASSERT_NE(api->graph_launch, nullptr);
+  ASSERT_NE(api->graph_destroy, nullptr);
+  EXPECT_EQ(api->graph_capture_begin(api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr), nullptr);
+  KilnGraphExec* g = nullptr;
+  ASSERT_EQ(api->graph_capture_end(api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr, &g), nullptr);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(api->graph_launch(g, nullptr), nullptr);
+  EXPECT_EQ(FakeGraph::launched, 1);
+  api->graph_destroy(g);
+  auto [code, msg] = take(api, api->graph_capture_begin(api->plugin_ctx, DLDevice{kDLCUDA, 3}, nullptr));
+  EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(msg, "cudaErrorInvalidDevice: bad device");
+  api->shutdown(api->plugin_ctx);
 }

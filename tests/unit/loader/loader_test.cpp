@@ -107,7 +107,7 @@ TEST(Loader, RejectsLibraryWithoutEntrySymbol) {
 TEST(Loader, RejectsPluginWithNewerMajorAbi) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   EXPECT_EQ(failure_for(reg, "libkiln_bad_abi_major.so"),
-            "plugin ABI 2.1 does not match kiln's plugin ABI 1.1 (major versions must be equal)");
+            "plugin ABI 2.2 does not match kiln's plugin ABI 1.2 (major versions must be equal)");
 }
 
 TEST(Loader, ReportsInitFailureWithPluginMessage) {
@@ -119,7 +119,7 @@ TEST(Loader, ReportsInitFailureWithPluginMessage) {
 TEST(Loader, RejectsUndersizedFunctionTable) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   EXPECT_EQ(failure_for(reg, "libkiln_bad_undersized.so"),
-            "function table too small: struct_size 40, ABI 1.1 needs 104");
+            "function table too small: struct_size 40, ABI 1.2 needs 104");
 }
 
 TEST(Loader, RejectsNullDescriptorName) {
@@ -217,7 +217,7 @@ TEST(Loader, ReadsDescriptorOfCPlugin) {
   EXPECT_EQ(p->device_kinds(), KILN_DEVICE_MASK_CPU);
   EXPECT_EQ(kiln::modes_string(p->modes()), "default,max-autotune");
   EXPECT_TRUE(p->concurrent_execution_safe());
-  EXPECT_EQ(p->abi_version(), "1.1");
+  EXPECT_EQ(p->abi_version(), "1.2");
   EXPECT_EQ(p->path(), kGood + "/libkiln_c_identity.so");
 }
 
@@ -225,8 +225,9 @@ TEST(Loader, NegotiatesMinorVersionDownToTheHosts) {
   auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
   auto p = reg.find("c_newer_minor");
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->abi_version(), "1.8");
-  EXPECT_EQ(p->negotiated_minor(), 1u);
+  EXPECT_EQ(p->abi_version(), "1.9");  // KILN_ABI_VERSION_MINOR + 7
+  EXPECT_EQ(p->negotiated_minor(), 2u);
+  EXPECT_FALSE(p->provides_device_graphs());  // its (zeroed) graph functions are NULL
 }
 
 TEST(Loader, ClaimsAreReturnedInThePluginsOrder) {
@@ -403,7 +404,7 @@ TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
     EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), e.kinds) << e.name;
     EXPECT_EQ(kiln::modes_string(p->modes()), e.modes) << e.name;
     EXPECT_EQ(p->vendor(), "kiln");
-    EXPECT_EQ(p->abi_version(), "1.1");
+    EXPECT_EQ(p->abi_version(), "1.2");
     EXPECT_EQ(fs::path(p->path()).filename(), std::string("libkiln_") + e.name + ".so");
   }
 }

@@ -265,3 +265,64 @@ TEST(Functionalize, InPlaceOpUnderTypePromotionCastsBackToTheWrittenDtype) {
   EXPECT_TRUE(at::equal(outs[1], want_acc));
   EXPECT_EQ(outs[1].scalar_type(), at::kBFloat16);
 }
+
+// Run-time scalars become 0-dim tensor inputs (for CUDA graphs): the IR, and the same numbers.
+TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers) {
+  const std::string in = R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  scalar $1 float "optimizer.scalar.1"
+  input %0 : f32[4,3]{3,1} param "p"
+  input %1 : f32[4,3]{3,1} state "m"
+  input %2 : f32[4,3]{3,1} state "v"
+  %3 : f32[4,3]{3,1} = aten::div.Scalar(%2, $0:scalar(0.5))
+  %4 : f32[4,3]{3,1} = aten::addcdiv(%0, %1, %3, $1:scalar(-0.25))
+  %5 : f32[4,3]{3,1} = aten::add.Tensor(%4, %1, $1:scalar(-0.25))
+  %6 : f32[4,3]{3,1} = aten::addcmul(%5, %1, %2, $0:scalar(0.5))
+  %7 : f32[4,3]{3,1} = aten::mul.Scalar(%6, $1:scalar(-0.25))
+  %8 : f32[4,3]{3,1} = aten::lerp.Scalar(%7, %1, $0:scalar(0.5))
+  %9 : f32[4,3]{3,1} = aten::add.Scalar(%8, scalar(2), $1:scalar(-0.25))
+  output %9 result "y"
+}
+)";
+  ir::Graph g = ir::parse(in);
+  std::vector<LiftedScalar> lifted;
+  auto unsupported = lift_runtime_scalars(g, &lifted);
+  g.verify();
+  EXPECT_TRUE(unsupported.empty());
+  const std::string out = ir::print(g);
+  EXPECT_EQ(out.find('$', out.find("input")), std::string::npos) << out;  // no run-time scalar left
+  EXPECT_NE(out.find("scalar \"scalar.0.Float.cpu\""), std::string::npos) << out;
+  EXPECT_NE(out.find("aten::div.Tensor(%2, %10)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("aten::addcdiv"), std::string::npos) << out;
+  EXPECT_NE(out.find("aten::lerp.Tensor"), std::string::npos) << out;
+  ASSERT_EQ(lifted.size(), 2u);  // one per (scalar, dtype, device)
+  EXPECT_EQ(ir::print(ir::parse(out)), out);  // the text round-trips with the new role
+  // Same numbers: the original with the scalars bound, the lifted graph with 0-dim tensors.
+  std::vector<at::Tensor> ins = {at::randn({4, 3}), at::randn({4, 3}), at::rand({4, 3}) + 0.5};
+  const std::vector<double> values = {0.37, -0.011};
+  const ir::Graph orig = ir::parse(in);
+  std::vector<c10::IValue> scalars = {values[0], values[1]};
+  std::vector<at::Tensor> env(orig.values.size());
+  for (size_t i = 0; i < 3; ++i) env[orig.inputs[i].value] = ins[i];
+  for (const auto& n : orig.nodes) EagerExecutor::run_node(n, env, &scalars);
+  const at::Tensor want = env[orig.outputs[0].value];
+  std::vector<at::Tensor> env2(g.values.size());
+  for (size_t i = 0; i < 3; ++i) env2[g.inputs[i].value] = ins[i];
+  for (const auto& l : lifted) env2[l.value] = at::scalar_tensor(values[l.scalar], at::kFloat);
+  for (const auto& n : g.nodes) EagerExecutor::run_node(n, env2);
+  const at::Tensor got = env2[g.outputs[0].value];
+  EXPECT_LE(((got - want).norm() / want.norm()).item<double>(), 1e-6);
+}
+
+TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {
+  ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "lr"
+  input %0 : f32[4]{1} param "p"
+  %1 : f32[4]{1} = aten::clamp(%0, $0:scalar(0.5), None)
+  output %1 result "y"
+}
+)");
+  auto unsupported = lift_runtime_scalars(g);
+  ASSERT_EQ(unsupported.size(), 1u);
+  EXPECT_EQ(unsupported[0], "aten::clamp");
+}

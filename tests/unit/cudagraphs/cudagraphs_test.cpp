@@ -1,0 +1,222 @@
+// Whole-step CUDA graphs (docs/backends/cudagraphs.md).
+//  - CPU: the cudagraphs plugin's descriptor, ABI 1.2 graph functions and availability; what
+//    reduce-overhead does without a GPU.
+//  - CUDA (skipped with the reason elsewhere): 20 steps of mlp, cnn and gpt (bf16 autocast) under
+//    `inductor` + `reduce-overhead` and under the `cudagraphs` backend match LibTorch eager; a new
+//    batch size records a second graph; a step with .item() falls back and says why.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+
+#include "kiln/backend.h"
+#include "kiln/compile.h"
+#include "kiln/host_services.h"
+#include "kiln/plugin_registry.h"
+#include "kiln/workloads.h"
+
+namespace {
+
+const char* kNoCuda = "no CUDA device: run on the GPU machine (scripts/device-check cudagraphs)";
+
+double rel_err(const at::Tensor& out, const at::Tensor& ref) {
+  auto o = out.detach().to(at::kDouble).cpu(), r = ref.detach().to(at::kDouble).cpu();
+  const double denom = r.norm().item<double>();
+  const double num = (o - r).norm().item<double>();
+  if (std::isnan(num)) return INFINITY;
+  return denom == 0 ? num : num / denom;
+}
+
+kiln::StepFn step_of(kiln::Workload& w, bool item_inside = false) {
+  return [&w, item_inside](const std::vector<at::Tensor>& in) {
+    w.optimizer->zero_grad();
+    at::Tensor loss;
+    if (w.autocast_bf16) {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      loss = w.loss_fn(w.forward(in[0]), in[1]);
+    }
+    if (item_inside && loss.item<float>() > 1e9) loss = loss * 0;  // a host sync inside the step
+    loss.backward();
+    w.optimizer->step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+}
+
+kiln::TrainingArguments args_for(const std::string& backend, const std::string& mode) {
+  kiln::TrainingArguments a;
+  a.torch_compile = true;
+  a.torch_compile_backend = backend;
+  a.torch_compile_mode = mode;
+  a.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
+  return a;
+}
+
+std::shared_ptr<kiln::LoadedPlugin> load_cudagraphs() {
+  kiln::TrainingArguments a;
+  return kiln::PluginRegistry::load_file(std::string(KILN_INTREE_PLUGIN_DIR) + "/libkiln_cudagraphs.so",
+                                         kiln::torch_host_services(a));
+}
+
+// `steps` graphed steps against LibTorch eager from the same weights and batch: the first step
+// eager, the second the capture step, the third warms up and records the graph, the rest replay.
+void expect_graphed_parity(const std::string& name, const std::string& backend, const std::string& mode,
+                           double tol, int64_t batch = 0, int steps = 20) {
+  at::globalContext().setDeterministicCuDNN(true);
+  const uint64_t seed = 4321;
+  auto ref = kiln::make_workload(name, {"cuda", seed, batch});
+  auto w = kiln::make_workload(name, {"cuda", seed, batch});
+  auto ref_step = step_of(ref);
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args_for(backend, mode));
+  for (int s = 0; s < steps; ++s) {
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    ASSERT_TRUE(got.defined()) << "step " << s;
+    EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << ": " << got.item<float>() << " vs "
+                                        << want.item<float>();
+  }
+  const auto& st = step.stats();
+  EXPECT_EQ(st.compiled_steps, steps - 2) << st.last_fallback;
+  EXPECT_EQ(st.graphs_recorded, 1) << st.last_graph_skip;
+  EXPECT_EQ(st.graph_replays, steps - 3) << st.last_graph_skip;
+  EXPECT_EQ(st.last_graph_skip, "");
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  ASSERT_EQ(pr.size(), pw.size());
+  for (size_t i = 0; i < pr.size(); ++i) {
+    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), tol) << name << " parameter " << pr[i].key();
+    ASSERT_TRUE(pw[i].value().grad().defined()) << pr[i].key();
+    EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), tol) << name << " gradient " << pr[i].key();
+  }
+  auto br = ref.model->named_buffers(), bw = w.model->named_buffers();
+  for (size_t i = 0; i < br.size(); ++i)
+    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), tol) << name << " buffer " << br[i].key();
+}
+
+}  // namespace
+
+// ---- CPU ------------------------------------------------------------------------------------------
+
+TEST(CudaGraphsPlugin, DescribesItselfAndSaysWhyItIsUnavailableWithoutAGpu) {
+  auto p = load_cudagraphs();
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->name(), "cudagraphs");
+  EXPECT_EQ(p->abi_version(), "1.2");
+  EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), "cuda");
+  EXPECT_TRUE(p->supports_mode(KILN_MODE_REDUCE_OVERHEAD));
+#if defined(KILN_TEST_HAVE_CUDA)
+  EXPECT_TRUE(p->provides_device_graphs());
+#else
+  EXPECT_FALSE(p->provides_device_graphs());
+#endif
+  auto a = p->available(kiln::basic_cpu_devices());  // the CPU alone
+  EXPECT_FALSE(a.available);
+  EXPECT_NE(a.reason.find("CUDA"), std::string::npos) << a.reason;
+  kiln::PluginDevice gpu;
+  gpu.kind = KILN_DEVICE_CUDA;
+  gpu.name = "NVIDIA H200";
+  auto with_gpu = p->available(std::vector<kiln::PluginDevice>{gpu});
+#if defined(KILN_TEST_HAVE_CUDA)
+  EXPECT_TRUE(with_gpu.available) << with_gpu.reason;
+  EXPECT_NE(with_gpu.reason.find("NVIDIA H200"), std::string::npos) << with_gpu.reason;
+#else
+  EXPECT_FALSE(with_gpu.available);
+  EXPECT_NE(with_gpu.reason.find("without the CUDA toolkit"), std::string::npos) << with_gpu.reason;
+#endif
+}
+
+TEST(CudaGraphsPlugin, ClaimsNothingAndCompilesNothing) {
+  auto p = load_cudagraphs();
+  ASSERT_TRUE(p);
+  KilnGraphView g{};
+  g.struct_size = KILN_GRAPH_VIEW_STRUCT_SIZE;
+  EXPECT_TRUE(p->claim(g).empty());
+}
+
+TEST(CudaGraphsPlugin, CaptureOnTheLegacyDefaultStreamIsAnErrorNotACrash) {
+  auto p = load_cudagraphs();
+  ASSERT_TRUE(p);
+  if (!p->provides_device_graphs()) GTEST_SKIP() << "built without the CUDA toolkit";
+  try {
+    p->graph_capture_begin(DLDevice{kDLCUDA, 0}, nullptr);
+    FAIL() << "capture on stream 0 accepted";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_NE(std::string(e.what()).find("default stream"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaGraphsCpu, ReduceOverheadWithoutAGpuBehavesAsDefaultAndSaysSo) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this machine has a CUDA device";
+  auto r = kiln::resolve_backend(args_for("auto", "reduce-overhead"));
+  EXPECT_FALSE(r.cuda_graphs);
+  EXPECT_EQ(r.mode, KILN_MODE_DEFAULT);
+  std::string notes;
+  for (const auto& n : r.notes) notes += n + "\n";
+  EXPECT_NE(notes.find("behaves as 'default'"), std::string::npos) << notes;
+}
+
+// ---- CUDA -----------------------------------------------------------------------------------------
+
+TEST(CudaGraphsCuda, MlpReduceOverhead20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("mlp", "inductor", "reduce-overhead", 1e-5);
+}
+TEST(CudaGraphsCuda, CnnReduceOverhead20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("cnn", "inductor", "reduce-overhead", 1e-5);
+}
+TEST(CudaGraphsCuda, GptBf16ReduceOverhead20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("gpt", "inductor", "reduce-overhead", 1e-2);
+}
+TEST(CudaGraphsCuda, MlpCudagraphsBackend20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("mlp", "cudagraphs", "default", 1e-5);
+}
+TEST(CudaGraphsCuda, CnnCudagraphsBackend20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("cnn", "cudagraphs", "default", 1e-5);
+}
+TEST(CudaGraphsCuda, GptBf16CudagraphsBackend20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("gpt", "cudagraphs", "reduce-overhead", 1e-2);
+}
+
+TEST(CudaGraphsCuda, ANewBatchSizeRecordsASecondGraph) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  const uint64_t seed = 99;
+  auto ref = kiln::make_workload("mlp", {"cuda", seed, 0});
+  auto w = kiln::make_workload("mlp", {"cuda", seed, 0});
+  auto ref_step = step_of(ref);
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
+  const auto half_in = w.input.slice(0, 0, 128).contiguous(), half_t = w.target.slice(0, 0, 128).contiguous();
+  for (int s = 0; s < 12; ++s) {
+    const bool half = s >= 6;
+    auto want = ref_step({half ? half_in : ref.input, half ? half_t : ref.target})[0];
+    auto got = step({half ? half_in : w.input, half ? half_t : w.target})[0];
+    EXPECT_LE(rel_err(got, want), 1e-5) << "step " << s;
+  }
+  const auto& st = step.stats();
+  EXPECT_EQ(st.compiles, 2);
+  EXPECT_EQ(st.graphs_recorded, 2) << st.last_graph_skip;
+  // 6 steps of batch 256: eager, capture, record, 3 replays; 6 of batch 128: capture, record, 4.
+  EXPECT_EQ(st.graph_replays, 7);
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
+}
+
+TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  auto w = kiln::make_workload("mlp", {"cuda", 7, 0});
+  auto step = kiln::compile_step(step_of(w, /*item_inside=*/true), {{w.model}, {w.optimizer.get()}},
+                                 args_for("cudagraphs", "default"));
+  for (int s = 0; s < 4; ++s) step({w.input, w.target});
+  const auto& st = step.stats();
+  EXPECT_EQ(st.compiled_steps, 0);
+  EXPECT_EQ(st.graphs_recorded, 0);
+  EXPECT_NE(st.last_fallback.find("_local_scalar_dense"), std::string::npos) << st.last_fallback;
+}
