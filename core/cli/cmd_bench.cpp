@@ -1,10 +1,10 @@
 // `kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] [--batch N] [--check]
-// [--tolerance X] [--interleave] [--json]`:
+// [--check-grads] [--tolerance X] [--interleave] [--json]`:
 // LibTorch eager and kiln side by side in one process on a reference workload of
 // shared/WORKLOADS.md. Prints eager and kiln ms per step (medians of the steady state), their
 // ratio and kiln's first-step seconds (the eager warm-up plus the capture-and-compile step).
 // --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or
-// a final parameter or its last gradient differs beyond the tolerance for the precision (relative error; float32 1e-5,
+// a final parameter (with --check-grads: or its last gradient) differs beyond the tolerance for the precision (relative error; float32 1e-5,
 // bf16 autocast 1e-2; --tolerance overrides it). On CUDA it also reports each side's peak allocated
 // memory (LibTorch's caching allocator, above what was allocated when that side started), and
 // --check makes cuDNN deterministic (its convolution backward is not, and eager would not match
@@ -35,7 +35,7 @@ using Clock = std::chrono::steady_clock;
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] "
-               "[--batch N] [--check] [--tolerance X] [--interleave] [--json]\n\n"
+               "[--batch N] [--check] [--check-grads] [--tolerance X] [--interleave] [--json]\n\n"
                "Runs a reference workload (mlp, cnn, gpt; shared/WORKLOADS.md) with LibTorch eager and with\n"
                "kiln in this process and prints ms per step for both, the ratio and kiln's first-step time.\n\n"
                "  --backend B   backend to ask for (default: KILN_BACKEND or auto)\n"
@@ -44,6 +44,7 @@ void usage(FILE* out) {
                "  --steps N     steps per run (default 20; at least 4)\n"
                "  --batch N     batch size (default: the WORKLOADS.md size for the device)\n"
                "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
+               "  --check-grads --check, and the last step's gradients too\n"
                "  --tolerance X relative error allowed by --check (default 1e-5 float32, 1e-2 bf16)\n"
                "  --interleave  run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
                "  --json        one JSON object on stdout\n");
@@ -137,7 +138,7 @@ int cmd_bench(int argc, char** argv) {
   int steps = 20;
   int64_t batch = 0;
   double tolerance = -1;  // < 0: the default for the precision
-  bool check = false, json = false, interleave = false;
+  bool check = false, check_grads = false, json = false, interleave = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* opt) -> std::string {
@@ -162,6 +163,7 @@ int cmd_bench(int argc, char** argv) {
       }
     }
     else if (a == "--check") check = true;
+    else if (a == "--check-grads") check = check_grads = true;
     else if (a == "--interleave") interleave = true;
     else if (a == "--json") json = true;
     else if (a == "--help" || a == "-h") {
@@ -272,7 +274,11 @@ int cmd_bench(int argc, char** argv) {
     for (size_t i = 0; i < pe.size(); ++i) {
       const double err = rel_err(pk[i].value(), pe[i].value());
       if (err > worst_param) worst_param = err, worst_param_name = pe[i].key();
-      // The last step's gradients too: kiln puts them in .grad like an eager step does.
+      // --check-grads: the last step's gradients too (kiln puts them in .grad like an eager step).
+      // Not by default: a last-step gradient can be ill-conditioned (cnn's after ~14 steps on one
+      // batch: LibTorch eager on 1 thread against 2 threads differs by 5e-3 there), while the
+      // losses and parameters stay within 1e-6.
+      if (!check_grads) continue;
       const at::Tensor ge = pe[i].value().grad(), gk = pk[i].value().grad();
       if (ge.defined() != gk.defined()) {
         worst_param = INFINITY, worst_param_name = pe[i].key() + ".grad (defined on one side only)";
@@ -321,8 +327,9 @@ int cmd_bench(int argc, char** argv) {
       std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", eager_peak_mb,
                   kiln_peak_mb);
     if (check)
-      std::printf("  check: %s (max loss rel err %.3e, max parameter or gradient rel err %.3e%s%s, tolerance %g)\n",
-                  check_ok ? "PASS" : "FAIL", worst_loss, worst_param, worst_param_name.empty() ? "" : " at ",
+      std::printf("  check: %s (max loss rel err %.3e, max parameter%s rel err %.3e%s%s, tolerance %g)\n",
+                  check_ok ? "PASS" : "FAIL", worst_loss, check_grads ? " or gradient" : "", worst_param,
+                  worst_param_name.empty() ? "" : " at ",
                   worst_param_name.c_str(), tol);
   }
   return check && !check_ok ? 1 : 0;

@@ -4,6 +4,7 @@
 // convolution and attention inside a group run through the host's call_eager ("extern kernels").
 // Links only the plugin API, libdl and pthreads; the generated code links OpenMP.
 #include <dlfcn.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +52,21 @@ bool parse_bool(const std::string& key, const std::string& v) {
   throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] " + key + " = '" + v + "' is not a boolean");
 }
 
+// threads = 0: what the process's OpenMP runtime (and so LibTorch) uses: OMP_NUM_THREADS when set,
+// else the CPUs this process may run on (its affinity mask, so `taskset` is honoured), never more.
+int default_threads() {
+  int n = 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::max<long>(sysconf(_SC_NPROCESSORS_ONLN), 1));
+  if (const char* e = std::getenv("OMP_NUM_THREADS"); e && *e) {
+    const long k = std::strtol(e, nullptr, 10);  // "4,2" (nested levels): the first
+    if (k > 0) n = static_cast<int>(std::min<long>(k, 4096));
+  }
+  return n;
+}
+
 Settings parse_settings(const std::map<std::string, std::string>& options) {
   Settings s;
   for (const auto& [key, value] : options) {
@@ -72,10 +88,7 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels)");
     }
   }
-  if (s.threads == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    s.threads = n > 0 ? static_cast<int>(n) : 1;
-  }
+  if (s.threads == 0) s.threads = default_threads();
   return s;
 }
 
@@ -137,6 +150,27 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A 64-byte aligned block (scratch and relayout buffers): extern kernels (MKL, oneDNN) run slower on
+// buffers that are only malloc-aligned, and ATen's own tensors are 64-byte aligned.
+struct AlignedBuf {
+  std::unique_ptr<char, void (*)(void*)> p{nullptr, std::free};
+  size_t n = 0;
+  AlignedBuf() = default;
+  explicit AlignedBuf(size_t bytes) {
+    resize(bytes);
+    std::memset(p.get(), 0, n);
+  }
+  void resize(size_t bytes) {
+    if (bytes <= n && p) return;
+    const size_t r = std::max<size_t>((bytes + 63) / 64 * 64, 64);
+    char* q = static_cast<char*>(std::aligned_alloc(64, r));
+    if (!q) throw std::bad_alloc();
+    p.reset(q);
+    n = r;
+  }
+  char* data() const { return p.get(); }
+};
+
 // A KilnArg of an extern call with everything it points to owned here.
 struct OwnedArg {
   KilnArg arg{};
@@ -175,8 +209,8 @@ class CompiledGroup : public Executable {
   std::vector<double> param_values;
   size_t n_in = 0, n_out = 0;
   std::vector<Placement> in_meta, out_meta;
-  std::vector<std::vector<char>> scratch;  // one per scratch slot
-  std::vector<std::vector<char>> relayout; // inputs/outputs whose strides are not the expected ones
+  std::vector<AlignedBuf> scratch;   // one per scratch slot
+  std::vector<AlignedBuf> relayout;  // inputs/outputs whose strides are not the expected ones
 
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
     run(inputs, num_inputs, outputs, num_outputs);
@@ -530,7 +564,7 @@ class InductorPlugin : public Plugin {
     exe.param_values.clear();
     for (const auto& p : L.params) exe.param_values.push_back(p.value);
     exe.scratch.clear();
-    for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0);
+    for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64);
     exe.place.assign(L.values.size(), Placement{});
     for (size_t v = 0; v < L.values.size(); ++v) {
       const ValueInfo& info = L.values[v];
