@@ -697,7 +697,10 @@ struct CompiledStep::Impl {
     last = &e;
     if (!e.compiled) return eager(inputs);
     std::string why;
-    if (!probe(e, why)) {
+    const auto p0 = Clock::now();
+    const bool probed = probe(e, why);
+    stats.probe_seconds += std::chrono::duration<double>(Clock::now() - p0).count();
+    if (!probed) {
       e.compiled = false;
       e.reason = "kiln: " + why;
       fallback(e.reason);

@@ -4,6 +4,8 @@
 //  - CUDA (skipped with the reason elsewhere): 20 steps of mlp, cnn and gpt (bf16 autocast) under
 //    `inductor` + `reduce-overhead` and under the `cudagraphs` backend match LibTorch eager; a new
 //    batch size records a second graph; a step with .item() falls back and says why.
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -65,8 +67,23 @@ std::shared_ptr<kiln::LoadedPlugin> load_cudagraphs() {
 
 // `steps` graphed steps against LibTorch eager from the same weights and batch: the first step
 // eager, the second the capture step, the third warms up and records the graph, the rest replay.
+// Attention through the math backend (deterministic): cuDNN/flash attention backward accumulate
+// with atomics, so two eager runs of gpt differ, and AdamW turns that noise into lr-sized updates of
+// parameters whose true gradient is zero (the attention's key bias), far beyond 1e-2.
+struct MathAttention {
+  MathAttention() {
+    auto& c = at::globalContext();
+    c.setSDPUseFlash(false), c.setSDPUseMemEfficient(false), c.setSDPUseCuDNN(false), c.setSDPUseMath(true);
+  }
+  ~MathAttention() {
+    auto& c = at::globalContext();
+    c.setSDPUseFlash(true), c.setSDPUseMemEfficient(true), c.setSDPUseCuDNN(true);
+  }
+};
+
+// check_params false: only the losses are checked; parameter and gradient errors are printed.
 void expect_graphed_parity(const std::string& name, const std::string& backend, const std::string& mode,
-                           double tol, int64_t batch = 0, int steps = 20) {
+                           double tol, int64_t batch = 0, int steps = 20, bool check_params = true) {
   at::globalContext().setDeterministicCuDNN(true);
   const uint64_t seed = 4321;
   auto ref = kiln::make_workload(name, {"cuda", seed, batch});
@@ -85,8 +102,22 @@ void expect_graphed_parity(const std::string& name, const std::string& backend, 
   EXPECT_EQ(st.graphs_recorded, 1) << st.last_graph_skip;
   EXPECT_EQ(st.graph_replays, steps - 3) << st.last_graph_skip;
   EXPECT_EQ(st.last_graph_skip, "");
+  std::printf("%s %s/%s: host-side optimizer probe %.3f ms per compiled step\n", name.c_str(), backend.c_str(),
+              mode.c_str(), 1e3 * st.probe_seconds / std::max(1, st.compiled_steps));
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
   ASSERT_EQ(pr.size(), pw.size());
+  if (!check_params) {
+    double worst = 0;
+    std::string at;
+    for (size_t i = 0; i < pr.size(); ++i)
+      for (int g = 0; g < 2; ++g) {
+        const double e = g ? rel_err(pw[i].value().grad(), pr[i].value().grad()) : rel_err(pw[i].value(), pr[i].value());
+        if (e > worst) worst = e, at = pr[i].key() + (g ? ".grad" : "");
+      }
+    std::printf("%s %s/%s: worst parameter/gradient rel err %.3e at %s (not checked: attention backward is "
+                "non-deterministic)\n", name.c_str(), backend.c_str(), mode.c_str(), worst, at.c_str());
+    return;
+  }
   for (size_t i = 0; i < pr.size(); ++i) {
     EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), tol) << name << " parameter " << pr[i].key();
     ASSERT_TRUE(pw[i].value().grad().defined()) << pr[i].key();
@@ -171,7 +202,35 @@ TEST(CudaGraphsCuda, CnnReduceOverhead20StepsMatchEager) {
 }
 TEST(CudaGraphsCuda, GptBf16ReduceOverhead20StepsMatchEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  MathAttention deterministic;
   expect_graphed_parity("gpt", "inductor", "reduce-overhead", 1e-2);
+}
+TEST(CudaGraphsCuda, GptBf16ReduceOverheadFastAttention20StepLossesMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_graphed_parity("gpt", "inductor", "reduce-overhead", 1e-2, 0, 20, /*check_params=*/false);
+}
+TEST(CudaGraphsCuda, GptBf16KilnWithoutGraphsFastAttention20StepLossesMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  // The noise floor: kiln's default mode (no CUDA graph) against eager, same measure.
+  at::globalContext().setDeterministicCuDNN(true);
+  auto ref = kiln::make_workload("gpt", {"cuda", 4321, 0});
+  auto w = kiln::make_workload("gpt", {"cuda", 4321, 0});
+  auto ref_step = step_of(ref);
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args_for("inductor", "default"));
+  for (int s = 0; s < 20; ++s) {
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    EXPECT_LE(rel_err(got, want), 1e-2) << "step " << s;
+  }
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  double worst = 0;
+  std::string at;
+  for (size_t i = 0; i < pr.size(); ++i)
+    for (int g = 0; g < 2; ++g) {
+      const double e = g ? rel_err(pw[i].value().grad(), pr[i].value().grad()) : rel_err(pw[i].value(), pr[i].value());
+      if (e > worst) worst = e, at = pr[i].key() + (g ? ".grad" : "");
+    }
+  std::printf("gpt inductor/default (no graph): worst parameter/gradient rel err %.3e at %s\n", worst, at.c_str());
 }
 TEST(CudaGraphsCuda, MlpCudagraphsBackend20StepsMatchEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
@@ -183,6 +242,7 @@ TEST(CudaGraphsCuda, CnnCudagraphsBackend20StepsMatchEager) {
 }
 TEST(CudaGraphsCuda, GptBf16CudagraphsBackend20StepsMatchEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  MathAttention deterministic;
   expect_graphed_parity("gpt", "cudagraphs", "reduce-overhead", 1e-2);
 }
 
