@@ -44,6 +44,7 @@ struct LiftedScalar {
   int32_t scalar = -1;
   c10::ScalarType dtype = c10::ScalarType::Float;
   c10::Device device = c10::Device(c10::kCPU);
+  bool reciprocal = false;  // holds 1/scalar, rounded as ATen does (div.Scalar became a multiply)
 };
 std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<LiftedScalar>* lifted = nullptr);
 

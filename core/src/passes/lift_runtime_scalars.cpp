@@ -3,7 +3,7 @@
 // into tensor ops that read a new graph input of role Scalar, "scalar.<q>", a 0-dim tensor of the
 // dtype and device of the tensor it combines with; the compiled step fills it before every call.
 //
-//   div.Scalar(x, $q)            -> div.Tensor(x, S)
+//   div.Scalar(x, $q)            -> mul.Tensor(x, R), R = 1/$q (reciprocal)
 //   mul.Scalar(x, $q)            -> mul.Tensor(x, S)
 //   add.Scalar(x, $q, a)         -> add.Tensor(x, S, a)        (sub likewise)
 //   add.Scalar(x, c, $q)         -> add.Tensor(x, S, c)        (x + c*alpha == x + alpha*c)
@@ -14,8 +14,10 @@
 //   pow.Tensor_Scalar(x, $q)     -> pow.Tensor_Tensor(x, S)
 //   fill.Scalar(x, $q)           -> fill.Tensor(x, S)
 // The addcdiv/addcmul forms evaluate in the order ATen's CUDA kernels do (x + v*(a/b), x + v*a*b),
-// so float32 results match bit for bit; div by a tensor is a true division where ATen divides by a
-// host scalar through its reciprocal (a last-bit difference).
+// up to the contraction of a*b+c into one fused multiply-add that the single ATen kernel may do
+// (a last-bit difference). div.Scalar becomes a multiplication by the reciprocal, as ATen's CUDA
+// kernel computes a division by a host scalar (1/s rounded to the operand's math type, then a
+// multiply): bit for bit the same.
 #include <map>
 #include <stdexcept>
 
@@ -40,17 +42,18 @@ ir::Arg one() {
 std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedScalar>* lifted) {
   std::vector<std::string> unsupported;
   std::map<std::tuple<int32_t, int, std::string>, ir::ValueId> inputs;  // (q, dtype, device) -> input
-  auto scalar_tensor = [&](int32_t q, const ir::TensorMeta& like) {
-    const auto key = std::make_tuple(q, static_cast<int>(like.dtype), like.device.str());
+  auto scalar_tensor = [&](int32_t q, const ir::TensorMeta& like, bool reciprocal = false) {
+    const auto key = std::make_tuple(reciprocal ? -2 - q : q, static_cast<int>(like.dtype), like.device.str());
     auto it = inputs.find(key);
     if (it != inputs.end()) return it->second;
     ir::TensorMeta m;
     m.dtype = like.dtype;
     m.device = like.device;
-    const std::string name = c10::str("scalar.", q, ".", c10::toString(like.dtype), ".", like.device.str());
+    const std::string name =
+        c10::str("scalar.", q, reciprocal ? ".reciprocal." : ".", c10::toString(like.dtype), ".", like.device.str());
     const ir::ValueId v = g.add_input(m, ir::InputRole::Scalar, name);
     inputs.emplace(key, v);
-    if (lifted) lifted->push_back({v, q, like.dtype, like.device});
+    if (lifted) lifted->push_back({v, q, like.dtype, like.device, reciprocal});
     return v;
   };
   std::vector<ir::Node> out;
@@ -83,8 +86,9 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
     const std::string& ph = n.phase;
     auto T = [](ir::ValueId v) { return ir::Arg::tensor(v); };
     if ((op == "aten::div.Scalar" || op == "aten::mul.Scalar") && A.size() == 2 && runtime(A[1]) && !runtime(A[0])) {
-      const auto s = scalar_tensor(A[1].scalar_input, g.value(A[0].value).meta);
-      out.push_back(node(op == "aten::div.Scalar" ? "aten::div.Tensor" : "aten::mul.Tensor", {T(A[0].value), T(s)}, result, ph));
+      const bool div = op == "aten::div.Scalar";
+      const auto s = scalar_tensor(A[1].scalar_input, g.value(A[0].value).meta, /*reciprocal=*/div);
+      out.push_back(node("aten::mul.Tensor", {T(A[0].value), T(s)}, result, ph));
     } else if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && A.size() == 3 && runtime(A[1]) != runtime(A[2])) {
       const std::string top = op == "aten::add.Scalar" ? "aten::add.Tensor" : "aten::sub.Tensor";
       const int k = runtime(A[1]) ? 1 : 2;  // the run-time one becomes the tensor, the other alpha

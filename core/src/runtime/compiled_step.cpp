@@ -546,7 +546,13 @@ struct CompiledStep::Impl {
           if (e.lifted_at[k].first != b) continue;
           const c10::IValue& v = e.scalars.at(static_cast<size_t>(e.lifted[k].scalar));
           const double d = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.isBool() ? v.toBool() : 0.0;
-          p[e.lifted_at[k].second] = static_cast<scalar_t>(d);
+          if (!e.lifted[k].reciprocal) {
+            p[e.lifted_at[k].second] = static_cast<scalar_t>(d);
+          } else {
+            // As ATen's CUDA division by a host scalar: 1/s in the operand's math type.
+            using opmath_t = at::opmath_type<scalar_t>;
+            p[e.lifted_at[k].second] = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(d));
+          }
         }
       });
       // Pageable source: the driver stages it before returning, so `host` may die at once.

@@ -291,11 +291,11 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
   EXPECT_TRUE(unsupported.empty());
   const std::string out = ir::print(g);
   EXPECT_EQ(out.find('$', out.find("input")), std::string::npos) << out;  // no run-time scalar left
-  EXPECT_NE(out.find("scalar \"scalar.0.Float.cpu\""), std::string::npos) << out;
-  EXPECT_NE(out.find("aten::div.Tensor(%2, %10)"), std::string::npos) << out;
+  EXPECT_NE(out.find("scalar \"scalar.0.reciprocal.Float.cpu\""), std::string::npos) << out;
+  EXPECT_NE(out.find("aten::mul.Tensor(%2, %10)"), std::string::npos) << out;  // div.Scalar: times 1/s
   EXPECT_EQ(out.find("aten::addcdiv"), std::string::npos) << out;
   EXPECT_NE(out.find("aten::lerp.Tensor"), std::string::npos) << out;
-  ASSERT_EQ(lifted.size(), 2u);  // one per (scalar, dtype, device)
+  ASSERT_EQ(lifted.size(), 3u);  // one per (scalar, reciprocal or not, dtype, device)
   EXPECT_EQ(ir::print(ir::parse(out)), out);  // the text round-trips with the new role
   // Same numbers: the original with the scalars bound, the lifted graph with 0-dim tensors.
   std::vector<at::Tensor> ins = {at::randn({4, 3}), at::randn({4, 3}), at::rand({4, 3}) + 0.5};
@@ -308,7 +308,8 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
   const at::Tensor want = env[orig.outputs[0].value];
   std::vector<at::Tensor> env2(g.values.size());
   for (size_t i = 0; i < 3; ++i) env2[g.inputs[i].value] = ins[i];
-  for (const auto& l : lifted) env2[l.value] = at::scalar_tensor(values[l.scalar], at::kFloat);
+  for (const auto& l : lifted)
+    env2[l.value] = at::scalar_tensor(l.reciprocal ? 1.0f / static_cast<float>(values[l.scalar]) : values[l.scalar], at::kFloat);
   for (const auto& n : g.nodes) EagerExecutor::run_node(n, env2);
   const at::Tensor got = env2[g.outputs[0].value];
   EXPECT_LE(((got - want).norm() / want.norm()).item<double>(), 1e-6);
