@@ -26,6 +26,7 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
