@@ -30,6 +30,90 @@ void validate_claims(const ir::Graph& g, const std::vector<int64_t>& claimed, co
   }
 }
 
+namespace {
+
+// Second phase: a node joins the group of one of its producers, so chains that start at graph
+// inputs (an optimizer's update of its state) begin groups of their own, which the first phase
+// never merges. Here a group A merges with a group B that reads it when nothing else connects
+// them: no path A -> (another unit) -> B. Contracting such an edge keeps the unit graph acyclic
+// and both groups convex. Passes repeat until nothing merges; a group merged in a pass waits for
+// the next one (the adjacency is rebuilt per pass).
+void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
+  const size_t n_nodes = g.nodes.size();
+  for (bool changed = true; changed;) {
+    changed = false;
+    const int32_t n_groups = static_cast<int32_t>(p.groups.size());
+    if (n_groups < 2) return;
+    // Units: eager node i is unit i, group k is unit n_nodes + k.
+    auto unit_of = [&](int32_t node) {
+      return p.group_of[node] < 0 ? node : static_cast<int32_t>(n_nodes) + p.group_of[node];
+    };
+    const size_t n_units = n_nodes + static_cast<size_t>(n_groups);
+    std::vector<std::vector<int32_t>> succ(n_units);
+    for (size_t i = 0; i < n_nodes; ++i)
+      for (auto v : ir::Graph::node_inputs(g.nodes[i])) {
+        const int32_t prod = g.value(v).producer;
+        if (prod < 0) continue;
+        const int32_t a = unit_of(prod), b = unit_of(static_cast<int32_t>(i));
+        if (a != b) succ[a].push_back(b);
+      }
+    for (auto& s : succ) {
+      std::sort(s.begin(), s.end());
+      s.erase(std::unique(s.begin(), s.end()), s.end());
+    }
+    // Whether `to` is reachable from `from` other than by the direct edge.
+    std::vector<int32_t> seen(n_units, -1);
+    int32_t stamp = 0;
+    auto other_path = [&](int32_t from, int32_t to) {
+      ++stamp;
+      std::vector<int32_t> stack;
+      for (auto s : succ[from])
+        if (s != to) stack.push_back(s);
+      while (!stack.empty()) {
+        const int32_t u = stack.back();
+        stack.pop_back();
+        if (u == to) return true;
+        if (seen[u] == stamp) continue;
+        seen[u] = stamp;
+        for (auto s : succ[u]) stack.push_back(s);
+      }
+      return false;
+    };
+    std::vector<int32_t> merged_into(n_groups, -1);
+    std::vector<char> touched(n_groups, 0);
+    for (int32_t a = 0; a < n_groups; ++a) {
+      if (touched[a]) continue;
+      const int32_t ua = static_cast<int32_t>(n_nodes) + a;
+      for (auto ub : succ[ua]) {
+        if (ub < static_cast<int32_t>(n_nodes)) continue;
+        const int32_t b = ub - static_cast<int32_t>(n_nodes);
+        if (touched[b] || other_path(ua, ub)) continue;
+        merged_into[b] = a;
+        touched[a] = touched[b] = 1;
+        changed = true;
+        break;
+      }
+    }
+    if (!changed) break;
+    // Renumber: groups that absorbed another keep their place, absorbed ones go.
+    std::vector<int32_t> new_id(n_groups, -1);
+    int32_t next = 0;
+    for (int32_t k = 0; k < n_groups; ++k)
+      if (merged_into[k] < 0) new_id[k] = next++;
+    for (int32_t k = 0; k < n_groups; ++k)
+      if (merged_into[k] >= 0) new_id[k] = new_id[merged_into[k]];
+    std::vector<PartitionGroup> groups(static_cast<size_t>(next));
+    for (size_t i = 0; i < n_nodes; ++i)
+      if (p.group_of[i] >= 0) {
+        p.group_of[i] = new_id[p.group_of[i]];
+        groups[p.group_of[i]].nodes.push_back(static_cast<int32_t>(i));
+      }
+    p.groups = std::move(groups);
+  }
+}
+
+}  // namespace
+
 Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed) {
   Partition p;
   const size_t n_nodes = g.nodes.size();
@@ -102,6 +186,8 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
     for (auto v : n.outputs)
       if (v != ir::kNoValue) reach[v] = deps;
   }
+
+  merge_adjacent_groups(g, p);
 
   // Each group's inputs and outputs.
   std::vector<char> is_graph_output(g.values.size(), 0);

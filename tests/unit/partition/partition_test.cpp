@@ -207,3 +207,27 @@ TEST(GraphView, DescribesValuesNodesAndArguments) {
   EXPECT_EQ(sub.view().inputs[0], 0);
   EXPECT_EQ(sub.view().outputs[0], 1);
 }
+
+// An optimizer-style chain starts at graph inputs, so the first phase gives it its own group;
+// the merge phase joins it to the group it meets when nothing else lies between them.
+TEST(Partition, ChainsStartingAtInputsMergeWithTheGroupTheyMeet) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} state "m"
+  %2 : f32[4]{1} = aten::relu(%0)
+  %3 : f32[4]{1} = aten::mul.Tensor(%1, %1)
+  %4 : f32[4]{1} = aten::add.Tensor(%3, %2, scalar(1))
+  %5 : f32[4]{1} = aten::neg(%4)
+  output %5 result "y"
+}
+)");
+  Partition p = partition_graph(g, {0, 1, 2, 3});
+  ASSERT_EQ(p.groups.size(), 1u) << print_partition(g, p);
+  EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p.groups[0].inputs, (std::vector<ir::ValueId>{0, 1}));
+  check_partition(g, p, {0, 1, 2, 3});
+  // With the add eager, nothing connects the groups directly: relu, mul and neg stay apart.
+  Partition q = partition_graph(g, {0, 1, 3});
+  EXPECT_EQ(q.groups.size(), 3u) << print_partition(g, q);
+  check_partition(g, q, {0, 1, 3});
+}
