@@ -291,6 +291,14 @@ class KernelEmitter {
     os_ << "extern \"C\" __attribute__((visibility(\"default\"))) void " << fname
         << "(void** B, const double* P, int nt) {\n  (void)P; (void)nt;\n";
     body_ << "";
+    if (prod(K_.outer) == 0) {
+      // An empty outer space (a dim of extent 0: every stage of this kernel writes an empty
+      // result): nothing to compute, and no index math that would divide by the zero extent.
+      // Reductions over an empty dim into a non-empty result have a non-empty outer space and run
+      // their accumulator's initial value through (0 for sum, NaN for mean).
+      os_ << "}\n\n";
+      return;
+    }
     if (K_.column) emit_column();
     else emit_rows();
     // Buffer pointers used by the body, declared first.
