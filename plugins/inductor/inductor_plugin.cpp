@@ -233,6 +233,10 @@ class CompiledGroup : public Executable {
     const auto t_start = std::chrono::steady_clock::now();
     std::vector<void*> B(n_in + n_out + scratch.size());
     std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
+    if (n_in && !inputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "inputs is NULL");
+    if (n_out && !outputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "outputs is NULL");
+    for (size_t i = 0; i < n_in; ++i) check_tensor(inputs[i], in_meta[i], "input", i);
+    for (size_t j = 0; j < n_out; ++j) check_tensor(outputs[j], out_meta[j], "output", j);
     if (relayout.size() < n_in + n_out) relayout.resize(n_in + n_out);
     for (size_t i = 0; i < n_in; ++i) B[i] = bind(inputs[i], in_meta[i], i, true);
     for (size_t j = 0; j < n_out; ++j) {
@@ -257,6 +261,33 @@ class CompiledGroup : public Executable {
       prof->add("relayout", "", ms_since(t_back));
       prof->add("execute", "", ms_since(t_start));
     }
+  }
+
+  static std::string type_str(DLDataType dt, int32_t ndim, const int64_t* shape) {
+    std::string r = dtype_name(dt) + "[";
+    for (int32_t d = 0; shape && d < ndim; ++d) r += (d ? "," : "") + std::to_string(shape[d]);
+    return r + "]";
+  }
+
+  // The kernels were generated for one dtype and shape per input and output; anything else would
+  // be read or written as if it were that one.
+  static void check_tensor(const DLTensor& t, const Placement& m, const char* what, size_t i) {
+    const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
+    auto fail = [&](const std::string& why) {
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " +
+                                                   expected + ")");
+    };
+    if (t.device.device_type != kDLCPU) fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
+    if (t.ndim < 0 || (t.ndim > 0 && !t.shape)) fail("rank " + std::to_string(t.ndim) + " without a shape");
+    const std::string got = type_str(t.dtype, t.ndim, t.shape);
+    if (t.dtype.code != m.dtype.code || t.dtype.bits != m.dtype.bits || t.dtype.lanes != m.dtype.lanes)
+      fail("got " + got + ", another dtype");
+    if (t.ndim != static_cast<int32_t>(m.shape.size())) fail("got " + got + ", another rank");
+    for (int32_t d = 0; d < t.ndim; ++d)
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) fail("got " + got + ", another shape");
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
+    if (numel > 0 && !t.data) fail("data is NULL");
   }
 
   static void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
@@ -411,6 +442,7 @@ class InductorPlugin : public Plugin {
   }
 
   std::vector<int64_t> claim(const Graph& g) override {
+    validate_graph(g);
     const LoweringOptions opts = lowering_options();
     const size_t nn = g.num_nodes();
     std::vector<char> take(nn, 0);
@@ -489,6 +521,7 @@ class InductorPlugin : public Plugin {
   }
 
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
+    validate_graph(g);
     const Settings s = parse_settings(options.options);
     if (options.mode == KILN_MODE_REDUCE_OVERHEAD) {
       static bool said = false;
@@ -597,7 +630,9 @@ class InductorPlugin : public Plugin {
         const KilnArg* a = n.arg(i).raw();
         call.args.emplace_back();
         OwnedArg& oa = call.args.back();
-        oa.arg = *a;
+        // Only the bytes the host wrote: an older host's KilnArg ends before the newer fields
+        // (ABI 1.0: no runtime_scalar), and reading sizeof(KilnArg) would run past it.
+        std::memcpy(&oa.arg, a, std::min<size_t>(a->struct_size, sizeof(KilnArg)));
         oa.arg.struct_size = KILN_ARG_STRUCT_SIZE;
         oa.name = a->name ? a->name : "";
         oa.arg.name = oa.name.c_str();

@@ -17,6 +17,12 @@ struct LoweringOptions {
   bool runtime_scalars = false; // the host passes run-time scalars (ABI 1.1)
 };
 
+// Throws plugin::Error(KILN_ERROR_INVALID_ARGUMENT), naming the node and the index, unless every
+// value index of the graph view (graph inputs and outputs, node inputs, results, tensor and
+// tensor-list arguments) is in range and every pointer the lowering follows is set. The lowering
+// and the claim rules index arrays with these without further checks.
+void validate_graph(const plugin::Graph& g);
+
 // Whether the inductor takes `node` (empty string) or why not.
 std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, const LoweringOptions& opts);
 

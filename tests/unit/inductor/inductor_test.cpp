@@ -4,6 +4,7 @@
 // compiling the same kernel at once); compiler failures falling back to eager; options and modes.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "kiln/executor.h"
 #include "kiln/host_services.h"
 #include "kiln/ir_text.h"
+#include "kiln/partition.h"
 #include "kiln/partitioned_executor.h"
 #include "kiln/plugin_registry.h"
 #include "log_capture.h"
@@ -723,4 +725,232 @@ TEST(InductorRegression, GptFirstGroupAsPartitioned) {
   output %244 result "qkv"
 })");
   expect_all_compiled(c);
+}
+
+// ---- Regressions found by the conformance suite ----
+
+// Empty tensors (an extent of 0) made the code generator divide by the zero extent when it split
+// the flattened outer index (SIGFPE at compile time). A kernel over an empty space now does
+// nothing, and a reduction over an empty dim into a non-empty result writes its initial value:
+// sum 0, mean NaN (as ATen).
+TEST(InductorRegression, EmptyTensorsCompileAndReductionsOverThemWriteTheirIdentity) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[0,5]{5,1} input "x"
+  input %1 : f32[5]{1} input "row"
+  %2 : f32[0,5]{5,1} = aten::add.Tensor(%0, %1, scalar(1))
+  %3 : f32[5]{1} = aten::sum.dim_IntList(%0, i[0], false, None)
+  %4 : f32[0,1]{1,1} = aten::sum.dim_IntList(%0, i[-1], true, None)
+  %5 : f32[5]{1} = aten::mean.dim(%0, i[0], false, None)
+  %6 : f32[]{} = aten::sum(%0, None)
+  %7 : f32[0,5]{5,1} = aten::clone(%0, None)
+  %8 : f32[5]{1} = aten::add.Tensor(%3, %1, scalar(1))
+  output %2 result "add"
+  output %3 result "col_sum"
+  output %4 result "row_sum"
+  output %5 result "col_mean"
+  output %6 result "sum_all"
+  output %7 result "clone"
+  output %8 result "col_sum_plus_row"
+}
+)");
+  auto plugin = load(fresh_dir("empty"));
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  EXPECT_EQ(exec.stats().claimed, exec.stats().nodes);
+  EXPECT_EQ(exec.stats().nodes_compiled, exec.stats().nodes);
+  EXPECT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
+  auto inputs = make_inputs(g);
+  auto ref = run_eager(g, inputs);
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  exec.run(env);
+  for (size_t k = 0; k < g.outputs.size(); ++k) {
+    const at::Tensor& out = env[g.outputs[k].value];
+    ASSERT_TRUE(out.defined()) << g.outputs[k].name;
+    EXPECT_EQ(out.sizes(), ref[k].sizes()) << g.outputs[k].name;
+    EXPECT_TRUE(at::allclose(out, ref[k], 1e-5, 1e-6, /*equal_nan=*/true)) << g.outputs[k].name << "\n" << out << "\n" << ref[k];
+  }
+  EXPECT_TRUE(at::equal(env[3], at::zeros({5})));
+  EXPECT_TRUE(env[5].isnan().all().item<bool>());
+}
+
+// amax over an empty dim is an error in ATen: such nodes are left to eager, never claimed.
+TEST(InductorRegression, AmaxOfAnEmptyTensorIsNotClaimed) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[0,5]{5,1} input "x"
+  %1 : f32[5]{1} = aten::amax(%0, i[0], false)
+  output %1 result "m"
+}
+)");
+  auto plugin = load(fresh_dir("empty_amax"));
+  GraphView view(g);
+  EXPECT_TRUE(plugin->claim(view.view()).empty());
+}
+
+namespace {
+
+const char* kAddmmReluGraph = R"(graph {
+  input %0 : f32[8,16]{16,1} input "b"
+  input %1 : f32[8,12]{12,1} input "x"
+  input %2 : f32[12,16]{16,1} input "w"
+  %3 : f32[8,16]{16,1} = aten::addmm(%0, %1, %2, scalar(1), scalar(1))
+  %4 : f32[8,16]{16,1} = aten::relu(%3)
+  %5 : f32[8,16]{16,1} = aten::mul.Tensor(%4, %4)
+  output %5 result "y"
+}
+)";
+
+// Claims and compiles `view` expecting a coded invalid-argument error whose message has `needles`.
+void expect_malformed(const LoadedPlugin& plugin, const KilnGraphView& view, const std::string& what,
+                      const std::vector<std::string>& needles) {
+  for (int call = 0; call < 2; ++call) {
+    try {
+      if (call == 0) plugin.claim(view);
+      else plugin.compile(view, KILN_MODE_DEFAULT, {}, fresh_dir("malformed"));
+      ADD_FAILURE() << what << ": " << (call ? "compile" : "claim") << " accepted it";
+    } catch (const PluginError& e) {
+      EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT) << what << ": " << e.what();
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
+    }
+  }
+}
+
+}  // namespace
+
+// Value indices of a graph view used to be followed unchecked: a tensor argument naming a value
+// past the last one crashed claim (SIGSEGV), a bad graph output compiled. Every index is checked
+// before use; the error names the node and the index.
+TEST(InductorErrors, MalformedGraphViewsAreRefusedNamingNodeAndIndex) {
+  ir::Graph g = ir::parse(kAddmmReluGraph);
+  auto plugin = load(fresh_dir("malformed"));
+  auto mutate = [&](const std::string& what, const std::vector<std::string>& needles, auto&& apply) {
+    GraphView view(g);
+    auto* v = const_cast<KilnGraphView*>(&view.view());
+    apply(v);
+    expect_malformed(*plugin, *v, what, needles);
+  };
+  mutate("tensor argument past the last value", {"node 1", "aten::relu", "value index 9"},
+         [](KilnGraphView* v) { const_cast<KilnArg*>(v->nodes[1]->args[0])->i = 9; });
+  mutate("node input past the last value", {"node 2", "input 1", "value index 77"},
+         [](KilnGraphView* v) { const_cast<int64_t*>(v->nodes[2]->inputs)[1] = 77; });
+  mutate("node result past the last value", {"node 0", "result 0", "value index 15"},
+         [](KilnGraphView* v) { const_cast<int64_t*>(v->nodes[0]->outputs)[0] = 15; });
+  mutate("graph output past the last value", {"graph output 0", "value index 11"},
+         [](KilnGraphView* v) { const_cast<int64_t*>(v->outputs)[0] = 11; });
+  mutate("graph input of -1", {"graph input 2", "value index -1"},
+         [](KilnGraphView* v) { const_cast<int64_t*>(v->inputs)[2] = -1; });
+
+  ir::Graph cat = ir::parse(R"(graph {
+  input %0 : f32[2,5]{5,1} input "a"
+  input %1 : f32[3,5]{5,1} input "b"
+  %2 : f32[5,5]{5,1} = aten::cat(t[%0, %1], 0)
+  %3 : f32[5,5]{5,1} = aten::relu(%2)
+  output %3 result "y"
+}
+)");
+  GraphView view(cat);
+  auto* v = const_cast<KilnGraphView*>(&view.view());
+  for (size_t a = 0; a < v->nodes[0]->num_args; ++a)
+    if (v->nodes[0]->args[a]->tag == KILN_ARG_TENSOR_LIST) const_cast<int64_t*>(v->nodes[0]->args[a]->ints)[1] = 40;
+  expect_malformed(*plugin, *v, "tensor-list element past the last value", {"node 0", "element 1", "value index 40"});
+}
+
+// execute used to take any tensor with the right count: an input of another dtype was read as the
+// compiled one. dtype, rank, shape and device of every input and output are checked against what
+// was compiled; the error names the tensor and both types.
+TEST(InductorErrors, WrongTensorsAtExecuteAreRefusedNamingTheTensorAndBothTypes) {
+  ir::Graph g = ir::parse(kAddmmReluGraph);
+  auto plugin = load(fresh_dir("wrong_tensors"));
+  GraphView view(g);
+  std::vector<int64_t> claims = plugin->claim(view.view());
+  ASSERT_EQ(claims.size(), 3u);
+  auto exe = plugin->compile(view.view(), KILN_MODE_DEFAULT, {}, fresh_dir("wrong_tensors"));
+  auto inputs = make_inputs(g);
+  at::Tensor out = at::empty({8, 16});
+  auto run = [&](std::vector<at::Tensor> ins, at::Tensor o, DLDevice* dev = nullptr) {
+    std::vector<DLTensor> in_dl;
+    for (auto& t : ins) in_dl.push_back(to_dl_tensor(t));
+    DLTensor out_dl = to_dl_tensor(o);
+    if (dev) in_dl[1].device = *dev;
+    exe->execute(in_dl.data(), in_dl.size(), &out_dl, 1);
+  };
+  run(inputs, out);  // the right ones
+  EXPECT_TRUE(at::allclose(out, run_eager(g, inputs)[0], 1e-4, 1e-5));
+  auto expect_refused = [&](const std::string& what, const std::vector<std::string>& needles, auto&& call) {
+    try {
+      call();
+      ADD_FAILURE() << "execute accepted " << what;
+    } catch (const PluginError& e) {
+      EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT) << what << ": " << e.what();
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  expect_refused("an input of another dtype", {"input 0", "float64[8,16]", "float32[8,16]"}, [&] {
+    auto ins = inputs;
+    ins[0] = ins[0].to(at::kDouble);
+    run(ins, out);
+  });
+  expect_refused("an input of another shape", {"input 2", "float32[12,16,3]", "float32[12,16]"}, [&] {
+    auto ins = inputs;
+    ins[2] = at::zeros({12, 16, 3});
+    run(ins, out);
+  });
+  expect_refused("an input of the same rank and another shape", {"input 1", "float32[8,13]"}, [&] {
+    auto ins = inputs;
+    ins[1] = at::zeros({8, 13});
+    run(ins, out);
+  });
+  expect_refused("an output of another dtype", {"output 0", "float64[8,16]"}, [&] { run(inputs, at::empty({8, 16}, at::kDouble)); });
+  expect_refused("an input on another device", {"input 1", "not the CPU"}, [&] {
+    DLDevice cuda{kDLCUDA, 0};
+    run(inputs, out, &cuda);
+  });
+}
+
+// A host of an older minor writes shorter structs: an ABI 1.0 KilnArg ends before runtime_scalar.
+// Preparing an extern call used to copy whole KilnArgs (sizeof), reading past a 1.0 host's struct.
+// Here every argument is a 1.0-sized struct that ends at a guard page.
+TEST(InductorAbi, ArgumentsOfAnAbi10HostAreReadOnlyWithinTheirStructSize) {
+  ir::Graph g = ir::parse(kAddmmReluGraph);
+  auto plugin = load(fresh_dir("abi10"));
+  GraphView view(g);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t size10 = offsetof(KilnArg, runtime_scalar);  // ABI 1.0's KilnArg
+  std::vector<std::pair<void*, size_t>> maps;
+  std::vector<std::vector<const KilnArg*>> arg_ptrs;
+  std::vector<KilnNode> nodes;
+  std::vector<const KilnNode*> node_ptrs;
+  const KilnGraphView& base = view.view();
+  for (size_t n = 0; n < base.num_nodes; ++n) {
+    KilnNode kn = *base.nodes[n];
+    std::vector<const KilnArg*> args;
+    for (size_t a = 0; a < kn.num_args; ++a) {
+      void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      ASSERT_NE(m, MAP_FAILED);
+      maps.push_back({m, 2 * page});
+      char* guard = static_cast<char*>(m) + page;
+      ASSERT_EQ(mprotect(guard, page, PROT_NONE), 0);
+      auto* arg = reinterpret_cast<KilnArg*>(guard - size10);
+      std::memcpy(arg, kn.args[a], size10);
+      arg->struct_size = size10;
+      args.push_back(arg);
+    }
+    arg_ptrs.push_back(std::move(args));
+    nodes.push_back(kn);
+  }
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    nodes[n].args = arg_ptrs[n].data();
+    node_ptrs.push_back(&nodes[n]);
+  }
+  KilnGraphView old = base;
+  old.nodes = node_ptrs.data();
+  EXPECT_EQ(plugin->claim(old).size(), 3u);  // addmm (extern) fused with relu and mul
+  auto exe = plugin->compile(old, KILN_MODE_DEFAULT, {}, fresh_dir("abi10"));
+  auto inputs = make_inputs(g);
+  at::Tensor out = at::empty({8, 16});
+  std::vector<DLTensor> in_dl;
+  for (auto& t : inputs) in_dl.push_back(to_dl_tensor(t));
+  DLTensor out_dl = to_dl_tensor(out);
+  exe->execute(in_dl.data(), in_dl.size(), &out_dl, 1);
+  EXPECT_TRUE(at::allclose(out, run_eager(g, inputs)[0], 1e-4, 1e-5));
+  for (auto [m, n] : maps) munmap(m, n);
 }
