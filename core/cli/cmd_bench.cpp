@@ -7,8 +7,9 @@
 // a final parameter (with --check-grads: or its last gradient) differs beyond the tolerance for the precision (relative error; float32 1e-5,
 // bf16 autocast 1e-2; --tolerance overrides it). On CUDA it also reports each side's peak allocated
 // memory (LibTorch's caching allocator, above what was allocated when that side started), and
-// --check makes cuDNN deterministic (its convolution backward is not, and eager would not match
-// itself).
+// --check makes CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and
+// flash attention's backward are not, and eager would not even match itself): deterministic
+// algorithms, math attention, CUBLAS_WORKSPACE_CONFIG. Time without --check.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -199,7 +200,15 @@ int cmd_bench(int argc, char** argv) {
     backend = env && *env ? env : "auto";
   }
   if (!std::getenv("KILN_LOG_LEVEL")) set_log_level("warn");
-  if (device == "cuda" && check) at::globalContext().setDeterministicCuDNN(true);
+  if (device == "cuda" && check) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before the first cuBLAS handle
+    auto& ctx = at::globalContext();
+    ctx.setDeterministicCuDNN(true);
+    ctx.setDeterministicAlgorithms(true, /*warn_only=*/true);
+    ctx.setSDPUseFlash(false);
+    ctx.setSDPUseMemEfficient(false);
+    ctx.setSDPUseCuDNN(false);
+  }
   // Peak allocated device memory of one side's run, above what was allocated when it started.
   int64_t peak_base = 0;
   auto mem_start = [&] {
