@@ -44,6 +44,7 @@ void usage(FILE* out) {
                "  --device D    cpu (default) or cuda\n"
                "  --steps N     steps per run (default 20; at least 4)\n"
                "  --batch N     batch size (default: the WORKLOADS.md size for the device)\n"
+               "  --optimizer O sgd or adamw instead of the workload's own (to tell a model's effect from an optimizer's)\n"
                "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
                "  --check-grads --check, and the last step's gradients too\n"
                "  --tolerance X relative error allowed by --check (default 1e-5 float32, 1e-2 bf16)\n"
@@ -138,6 +139,7 @@ int cmd_bench(int argc, char** argv) {
   std::string workload, device = "cpu", backend, mode = "default";
   int steps = 20;
   int64_t batch = 0;
+  std::string optimizer;
   double tolerance = -1;  // < 0: the default for the precision
   bool check = false, check_grads = false, json = false, interleave = false;
   for (int i = 1; i < argc; ++i) {
@@ -154,6 +156,7 @@ int cmd_bench(int argc, char** argv) {
     else if (a == "--device") device = value("--device");
     else if (a == "--steps") steps = std::atoi(value("--steps").c_str());
     else if (a == "--batch") batch = std::atoll(value("--batch").c_str());
+    else if (a == "--optimizer") optimizer = value("--optimizer");
     else if (a == "--tolerance") {
       const std::string v = value("--tolerance");
       char* end = nullptr;
@@ -235,8 +238,8 @@ int cmd_bench(int argc, char** argv) {
     std::fprintf(stderr, "kiln bench: --batch must be positive\n");
     return 2;
   }
-  auto eager_w = make_workload(workload, {device, seed, batch});
-  auto kiln_w = make_workload(workload, {device, seed, batch});
+  auto eager_w = make_workload(workload, {device, seed, batch, optimizer});
+  auto kiln_w = make_workload(workload, {device, seed, batch, optimizer});
   auto eager_step = step_of(eager_w);
   auto compiled = compile_step(step_of(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
   const std::string chosen = compiled.backend();

@@ -28,6 +28,9 @@ struct WorkloadOptions {
   uint64_t seed = 0;
   // 0 = the WORKLOADS.md size for the device; otherwise overrides the batch size.
   int64_t batch = 0;
+  // "" = the workload's own optimizer (WORKLOADS.md); "sgd" (lr 0.01, momentum 0.9) or "adamw"
+  // (lr 1e-3) swaps it, to tell a model's effect from an optimizer's.
+  std::string optimizer;
 };
 
 const std::vector<std::string>& workload_names();

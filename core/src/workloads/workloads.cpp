@@ -148,6 +148,13 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
   } else {
     throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
   }
+  if (opts.optimizer == "sgd") {
+    w.optimizer = std::make_unique<torch::optim::SGD>(w.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  } else if (opts.optimizer == "adamw") {
+    w.optimizer = std::make_unique<torch::optim::AdamW>(w.model->parameters(), torch::optim::AdamWOptions(1e-3));
+  } else if (!opts.optimizer.empty()) {
+    throw std::invalid_argument("unknown optimizer '" + opts.optimizer + "'; use sgd or adamw");
+  }
   return w;
 }
 
