@@ -46,7 +46,7 @@ TEST(PluginsCommand, JsonListsAllFiveBackendsWithAvailabilityAndReason) {
   const std::string dir = KILN_BUILTIN_PLUGIN_DIR;
   EXPECT_NE(r.out.find("{\"loaded\": true, \"name\": \"ipex\", \"version\": \"0.1.0\", \"vendor\": \"kiln\", "
                        "\"description\": \"oneDNN kernels with fused post-ops for x86 CPUs, bf16 on "
-                       "AVX-512-BF16/AMX\", \"abi_version\": \"1.1\", \"device_kinds\": [\"cpu\"], \"modes\": "
+                       "AVX-512-BF16/AMX\", \"abi_version\": \"1.2\", \"device_kinds\": [\"cpu\"], \"modes\": "
                        "[\"default\", \"max-autotune-no-cudagraphs\"], \"concurrent_execution_safe\": false, "
                        "\"available\": "),
             std::string::npos)
@@ -73,7 +73,7 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
-                       "ABI 2.1 does not match kiln's plugin ABI 1.1 (major versions must be equal)\"}"),
+                       "ABI 2.2 does not match kiln's plugin ABI 1.2 (major versions must be equal)\"}"),
             std::string::npos)
       << r.out;
 }
@@ -83,7 +83,7 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   1.1  cpu              default,max-autotune"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   1.2  cpu              default,max-autotune"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  " + corpus + "/libkiln_no_entry.so\n    not a kiln plugin: no symbol 'kiln_plugin_init'\n"),
             std::string::npos)
