@@ -36,8 +36,7 @@ namespace {
 // inputs (an optimizer's update of its state) begin groups of their own, which the first phase
 // never merges. Here a group A merges with a group B that reads it when nothing else connects
 // them: no path A -> (another unit) -> B. Contracting such an edge keeps the unit graph acyclic
-// and both groups convex. Passes repeat until nothing merges; a group merged in a pass waits for
-// the next one (the adjacency is rebuilt per pass).
+// and both groups convex. Passes repeat until nothing merges, one merge per pass.
 void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
   const size_t n_nodes = g.nodes.size();
   for (bool changed = true; changed;) {
@@ -79,17 +78,16 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
       }
       return false;
     };
+    // One merge per pass: two merges that are each safe on this pass's graph can together make
+    // a cycle (A->B and C->D with paths A~>D and C~>B), so the graph is rebuilt after each.
     std::vector<int32_t> merged_into(n_groups, -1);
-    std::vector<char> touched(n_groups, 0);
-    for (int32_t a = 0; a < n_groups; ++a) {
-      if (touched[a]) continue;
+    for (int32_t a = 0; a < n_groups && !changed; ++a) {
       const int32_t ua = static_cast<int32_t>(n_nodes) + a;
       for (auto ub : succ[ua]) {
         if (ub < static_cast<int32_t>(n_nodes)) continue;
         const int32_t b = ub - static_cast<int32_t>(n_nodes);
-        if (touched[b] || other_path(ua, ub)) continue;
+        if (other_path(ua, ub)) continue;
         merged_into[b] = a;
-        touched[a] = touched[b] = 1;
         changed = true;
         break;
       }
