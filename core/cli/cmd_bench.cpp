@@ -66,25 +66,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-StepFn step_of(Workload& w) {
-  return [&w](const std::vector<at::Tensor>& in) {
-    w.optimizer->zero_grad();
-    at::Tensor loss;
-    if (w.autocast_bf16) {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    } else {
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-    }
-    loss.backward();
-    w.optimizer->step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
-}
-
 struct Run {
   std::vector<double> ms;
   std::vector<float> losses;
@@ -240,8 +221,8 @@ int cmd_bench(int argc, char** argv) {
   }
   auto eager_w = make_workload(workload, {device, seed, batch, optimizer});
   auto kiln_w = make_workload(workload, {device, seed, batch, optimizer});
-  auto eager_step = step_of(eager_w);
-  auto compiled = compile_step(step_of(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
+  auto eager_step = workload_step(eager_w);
+  auto compiled = compile_step(workload_step(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
   const std::string chosen = compiled.backend();
   std::string why;
   for (const auto& r : compiled.backend_reasons()) why += (why.empty() ? "" : "; ") + r;

@@ -17,25 +17,6 @@
 namespace kiln::conformance {
 namespace {
 
-StepFn step_of(Workload& w) {
-  return [&w](const std::vector<at::Tensor>& in) {
-    w.optimizer->zero_grad();
-    at::Tensor loss;
-    if (w.autocast_bf16) {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    } else {
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-    }
-    loss.backward();
-    w.optimizer->step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
-}
-
 void check_workload(const std::string& name, int64_t batch) {
   const std::string skip = reason_to_skip_execution();
   if (!skip.empty()) GTEST_SKIP() << skip;
@@ -51,8 +32,8 @@ void check_workload(const std::string& name, int64_t batch) {
   args.plugin_dirs = {std::filesystem::path(settings().plugin_path).parent_path().string()};
   args.cache_dir = torch_host()->cache_dir();
   progress("compile_step for " + name + " with backend " + plugin->name());
-  auto ref_step = step_of(ref);
-  auto step = compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
+  auto ref_step = workload_step(ref);
+  auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
   EXPECT_EQ(step.backend(), plugin->name()) << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
 
   // Tolerances for whole steps: a few steps of a fusing backend reorder float sums; bf16 autocast

@@ -33,6 +33,13 @@ struct WorkloadOptions {
   std::string optimizer;
 };
 
+// The workload's training step as LibTorch runs it, the one every benchmark and test uses:
+// zero_grad; forward and loss (under bf16 autocast on CUDA when w.autocast_bf16, or on the CPU
+// when cpu_autocast); backward; optimizer step. Takes {input, target}, returns {loss.detach()}
+// (the shape of kiln::StepFn). `w` must outlive it.
+using WorkloadStep = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
+WorkloadStep workload_step(Workload& w, bool cpu_autocast = false);
+
 const std::vector<std::string>& workload_names();
 // Throws std::invalid_argument naming the valid workloads for an unknown name.
 Workload make_workload(const std::string& name, const WorkloadOptions& opts = {});

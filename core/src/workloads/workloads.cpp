@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
@@ -87,6 +88,26 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
 }
 
 }  // namespace
+
+WorkloadStep workload_step(Workload& w, bool cpu_autocast) {
+  return [&w, cpu_autocast](const std::vector<at::Tensor>& in) {
+    w.optimizer->zero_grad();
+    at::Tensor loss;
+    if (w.autocast_bf16 || cpu_autocast) {
+      const auto dev = cpu_autocast ? at::kCPU : at::kCUDA;
+      at::autocast::set_autocast_enabled(dev, true);
+      at::autocast::set_autocast_dtype(dev, at::kBFloat16);
+      loss = w.loss_fn(w.forward(in.at(0)), in.at(1));
+      at::autocast::set_autocast_enabled(dev, false);
+      at::autocast::clear_cache();
+    } else {
+      loss = w.loss_fn(w.forward(in.at(0)), in.at(1));
+    }
+    loss.backward();
+    w.optimizer->step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+}
 
 const std::vector<std::string>& workload_names() {
   static const std::vector<std::string> names = {"mlp", "cnn", "gpt"};

@@ -38,22 +38,7 @@ std::vector<kiln::KnownTensor> known_of(kiln::Workload& w) {
 }
 
 Recorded record_workload(kiln::Workload& w) {
-  auto step = [&] {
-    w.optimizer->zero_grad();
-    at::Tensor loss;
-    if (w.autocast_bf16) {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      loss = w.loss_fn(w.forward(w.input), w.target);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    } else {
-      loss = w.loss_fn(w.forward(w.input), w.target);
-    }
-    loss.backward();
-    w.optimizer->step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
+  auto step = [&, fn = kiln::workload_step(w)] { return fn({w.input, w.target}); };
   step();  // optimizer state exists from here on
   kiln::StepRecorder rec(known_of(w));
   rec.run(step);

@@ -21,27 +21,6 @@ double rel_err(const at::Tensor& out, const at::Tensor& ref) {
   return denom == 0 ? num : num / denom;
 }
 
-// `cpu_autocast`: the forward under CPU autocast to bf16 (what gpt does on CUDA, on the CPU).
-kiln::StepFn step_of(kiln::Workload& w, bool cpu_autocast = false) {
-  return [&w, cpu_autocast](const std::vector<at::Tensor>& in) {
-    w.optimizer->zero_grad();
-    at::Tensor loss;
-    if (w.autocast_bf16 || cpu_autocast) {
-      const auto dev = cpu_autocast ? at::kCPU : at::kCUDA;
-      at::autocast::set_autocast_enabled(dev, true);
-      at::autocast::set_autocast_dtype(dev, at::kBFloat16);
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-      at::autocast::set_autocast_enabled(dev, false);
-      at::autocast::clear_cache();
-    } else {
-      loss = w.loss_fn(w.forward(in[0]), in[1]);
-    }
-    loss.backward();
-    w.optimizer->step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
-}
-
 // These tests are about kiln's own eager executor: name it, so that the backend the hardware
 // probe would pick does not take the nodes (the backends have their own parity tests).
 kiln::TrainingArguments compile_args() {
@@ -61,8 +40,8 @@ void expect_parity(const std::string& name, int64_t batch, int steps = 20, const
   if (device == "cuda") at::globalContext().setDeterministicCuDNN(true);
   auto ref = kiln::make_workload(name, {device, seed, batch});
   auto w = kiln::make_workload(name, {device, seed, batch});
-  auto ref_step = step_of(ref, cpu_autocast);
-  auto step = kiln::compile_step(step_of(w, cpu_autocast), {{w.model}, {w.optimizer.get()}}, compile_args());
+  auto ref_step = kiln::workload_step(ref, cpu_autocast);
+  auto step = kiln::compile_step(kiln::workload_step(w, cpu_autocast), {{w.model}, {w.optimizer.get()}}, compile_args());
   for (int s = 0; s < steps; ++s) {
     auto want = ref_step({ref.input, ref.target})[0];
     auto got = step({w.input, w.target})[0];
