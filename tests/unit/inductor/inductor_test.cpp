@@ -954,3 +954,20 @@ TEST(InductorAbi, ArgumentsOfAnAbi10HostAreReadOnlyWithinTheirStructSize) {
   EXPECT_TRUE(at::allclose(out, run_eager(g, inputs)[0], 1e-4, 1e-5));
   for (auto [m, n] : maps) munmap(m, n);
 }
+
+// erf near 0: the vectorizable approximation's absolute error (1.5e-7) is a 1e-5 relative error at
+// |x| = 0.01, which made gelu's backward fail the conformance suite now and then; small arguments
+// take the Taylor series.
+TEST(InductorRegression, ErfAndGeluBackwardAreAccurateNearZero) {
+  auto c = check(R"(graph {
+  input %0 : f32[64,33]{33,1} input "x"
+  input %1 : f32[64,33]{33,1} input "g"
+  %2 : f32[64,33]{33,1} = aten::mul.Scalar(%0, scalar(0.01))
+  %3 : f32[64,33]{33,1} = aten::erf(%2)
+  %4 : f32[64,33]{33,1} = aten::gelu_backward(%1, %2, "none")
+  output %3 result "erf"
+  output %4 result "gelu_bwd"
+}
+)", /*tol=*/2e-6);
+  expect_all_compiled(c);
+}
