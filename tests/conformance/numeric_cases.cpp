@@ -1,6 +1,7 @@
 // Numeric cases, op by op: every catalogue variant the plugin claims is compiled and run with
 // fresh random inputs and poisoned outputs, and compared with the eager executor by relative error
-// with a tolerance by dtype (harness.h). One case per op family.
+// with a tolerance by dtype (harness.h); an ill-conditioned result passes when the plugin is as
+// close to a float64 evaluation as eager is. One case per op family.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -10,6 +11,28 @@
 
 namespace kiln::conformance {
 namespace {
+
+// A result that nearly cancels (a sum of random-signed terms, self + a*b with self ~ -a*b) has a
+// large relative error against LibTorch eager although neither side is wrong: both round, in
+// different orders. Such an output still passes when the plugin is no further from a float64
+// evaluation of the same graph than LibTorch eager is (with a little slack). Returns that
+// float64 evaluation's verdict, or false when the graph cannot run in float64.
+bool as_accurate_as_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs, const at::Tensor& out,
+                          const at::Tensor& ref, size_t k) {
+  if (!at::isFloatingType(ref.scalar_type()) || ref.scalar_type() == at::kDouble) return false;
+  std::vector<at::Tensor> wide;
+  for (const auto& t : inputs) wide.push_back(at::isFloatingType(t.scalar_type()) ? t.to(at::kDouble) : t);
+  std::vector<at::Tensor> exact;
+  try {
+    exact = run_eager(g, wide);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (k >= exact.size() || exact[k].scalar_type() != at::kDouble) return false;
+  const double plugin_err = rel_err(out.to(at::kDouble), exact[k]);
+  const double eager_err = rel_err(ref.to(at::kDouble), exact[k]);
+  return plugin_err <= 2 * eager_err + tolerance(ref.scalar_type()) / 10;
+}
 
 void check_family(const std::string& family) {
   const std::string skip = reason_to_skip_execution();
@@ -51,6 +74,7 @@ void check_family(const std::string& family) {
         EXPECT_EQ(out.scalar_type(), ref[k].scalar_type()) << v.label() << ": output " << k << " dtype";
         const double tol = tolerance(ref[k].scalar_type(), v.matmul_like);
         const double err = rel_err(out, ref[k]);
+        if (err > tol && std::isfinite(err) && as_accurate_as_eager(g, inputs, out, ref[k], k)) continue;
         EXPECT_LE(err, tol) << v.label() << ": output " << k << " relative error " << err << " > " << tol
                             << (std::isinf(err) ? " (NaN, infinity, unwritten output or wrong shape)" : "");
         if (err > worst && std::isfinite(err)) {
