@@ -1,6 +1,7 @@
 // `kiln probe` end to end: the real binary on machines described as trees, with stand-in plugins
 // whose presence (the --plugins-dir) and availability (KILN_FAKE_UNAVAILABLE) the test decides.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -29,7 +30,11 @@ std::string quote(const std::string& s) {
 }
 
 CliRun kiln_cli(const std::string& args, const std::string& env = "") {
-  const std::string err_file = ::testing::TempDir() + "kiln_probe_stderr.txt";
+  // One file per call: ctest runs these tests in parallel processes sharing TempDir(), and a shared
+  // name let one test read another's (empty) stderr.
+  static int calls = 0;
+  const std::string err_file = ::testing::TempDir() + "kiln_probe_stderr." + std::to_string(::getpid()) + "." +
+                               std::to_string(++calls) + ".txt";
   const std::string cmd = "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " +
                           env + " " + quote(KILN_CLI) + " " + args + " 2>" + quote(err_file);
   CliRun r;
@@ -44,6 +49,7 @@ CliRun kiln_cli(const std::string& args, const std::string& env = "") {
   std::stringstream ss;
   ss << e.rdbuf();
   r.err = ss.str();
+  std::remove(err_file.c_str());
   return r;
 }
 
