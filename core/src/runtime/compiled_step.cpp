@@ -456,8 +456,10 @@ struct CompiledStep::Impl {
     }
     if (changed) {
       // Re-plan with the new run-time scalars, then bind them all from this probe.
+      const auto b0 = Clock::now();
       build(e);
       ++stats.rebuilds;
+      stats.probe_seconds -= std::chrono::duration<double>(Clock::now() - b0).count();  // the probe alone
       for (const auto& [slot, q] : e.slot_scalar) {
         size_t j = 0;
         while (e.opt_nodes[j] != slot.first) ++j;
@@ -469,6 +471,49 @@ struct CompiledStep::Impl {
     return true;
   }
 
+  static bool lift_would_apply(const ir::Graph& g) {
+    ir::Graph lg = g;
+    std::vector<LiftedScalar> lifted;
+    return lift_runtime_scalars(lg, &lifted).empty() && !lifted.empty();
+  }
+
+  // Turns g's run-time scalars into 0-dim tensors on e.graph_device, read from one buffer per dtype
+  // that fill_scalars writes before every call. Returns why not ("" when done or nothing to do).
+  std::string lift(Entry& e, ir::Graph& g) {
+    if (g.scalar_inputs.empty()) return "";
+    ir::Graph lg = g;
+    std::vector<LiftedScalar> lifted;
+    auto bad = lift_runtime_scalars(lg, &lifted);
+    if (!bad.empty())
+      return "a run-time scalar argument of " + bad.front() +
+             " (a CUDA graph bakes kernel arguments; kiln turns run-time scalars of add, sub, mul, div, addcdiv, "
+             "addcmul, lerp, pow and fill into device tensors, not of this op)";
+    g = std::move(lg);
+    e.lifted = std::move(lifted);
+    std::vector<std::pair<c10::ScalarType, int64_t>> bufs;  // (dtype, count)
+    for (const auto& l : e.lifted) {
+      size_t b = 0;
+      while (b < bufs.size() && bufs[b].first != l.dtype) ++b;
+      if (b == bufs.size()) bufs.emplace_back(l.dtype, 0);
+      e.lifted_at.emplace_back(b, bufs[b].second++);
+    }
+    for (const auto& [dtype, n] : bufs)
+      e.scalar_buffers.push_back(at::zeros({n}, at::TensorOptions(dtype).device(e.graph_device)));
+    return "";
+  }
+
+  // The step's device: its parameters', else any input's (CUDA first).
+  static c10::Device step_device(const ir::Graph& g) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (const auto& in : g.inputs) {
+        const auto& d = g.value(in.value).meta.device;
+        if (d.is_cuda() && (pass == 1 || in.role == ir::InputRole::Parameter)) return d;
+      }
+    for (const auto& in : g.inputs)
+      if (in.role == ir::InputRole::Parameter) return g.value(in.value).meta.device;
+    return c10::Device(c10::kCPU);
+  }
+
   // Whether this plan is recorded as a CUDA graph, and on which device; lifts run-time scalars
   // into device tensors (g changes) when it is. Warns once when a CUDA step cannot be graphed.
   void plan_graphs(Entry& e, ir::Graph& g) {
@@ -477,19 +522,17 @@ struct CompiledStep::Impl {
     e.lifted.clear();
     e.scalar_buffers.clear();
     e.lifted_at.clear();
-    if (!resolved.cuda_graphs) return;
-    // The step's device: its parameters', else any CUDA input's.
-    bool found = false;
-    for (int pass = 0; pass < 2 && !found; ++pass)
-      for (const auto& in : g.inputs) {
-        const auto& d = g.value(in.value).meta.device;
-        if (d.is_cuda() && (pass == 1 || in.role == ir::InputRole::Parameter)) {
-          e.graph_device = d;
-          found = true;
-          break;
-        }
+    e.graph_device = step_device(g);
+    if (!resolved.cuda_graphs) {
+      // KILN_LIFT_RUNTIME_SCALARS=1 (a debugging aid): lift run-time scalars into tensors without
+      // a graph, to tell the lifting's numerics from the graph's replay, on any device.
+      if (const char* v = std::getenv("KILN_LIFT_RUNTIME_SCALARS"); v && *v && std::string(v) != "0") {
+        const std::string why = lift(e, g);
+        if (!why.empty()) warn_once("kiln: KILN_LIFT_RUNTIME_SCALARS: cannot lift " + why);
       }
-    if (!found) {
+      return;
+    }
+    if (!e.graph_device.is_cuda()) {
       log_info("kiln: the step runs on the CPU; no CUDA graph");
       return;
     }
@@ -510,33 +553,16 @@ struct CompiledStep::Impl {
           break;
         }
     if (why.empty() && !g.scalar_inputs.empty()) {
-      ir::Graph lg = g;
-      std::vector<LiftedScalar> lifted;
-      auto bad = lift_runtime_scalars(lg, &lifted);
-      if (!bad.empty()) {
-        why = "a run-time scalar argument of " + bad.front() +
-              " (a CUDA graph bakes kernel arguments; kiln turns run-time scalars of add, sub, mul, div, addcdiv, "
-              "addcmul, lerp, pow and fill into device tensors, not of this op)";
-      } else if (!lifted.empty() && !graph_runtime_scalars_enabled()) {
+      if (!graph_runtime_scalars_enabled() && lift_would_apply(g)) {
         // Measured on the H200 (2026-11-30, deterministic kernels, so that eager matches itself):
         // gpt + AdamW replayed as a graph ended 30 steps with its loss 17% off eager while the same
         // step without a graph matched to the bit, and mlp/cnn (SGD, no run-time scalars) graph to
         // the bit. Until that is found, a step with run-time scalars runs without a graph.
-        why = c10::str(lifted.size(), " run-time scalars (the optimizer's per-step scalars, e.g. AdamW's bias "
+        why = c10::str(g.scalar_inputs.size(), " run-time scalars (the optimizer's per-step scalars, e.g. AdamW's bias "
                        "corrections): their graphed replay does not match eager yet; set KILN_GRAPH_RUNTIME_SCALARS=1 "
                        "to graph such steps anyway");
       } else {
-        g = std::move(lg);
-        e.lifted = std::move(lifted);
-        std::vector<std::pair<c10::ScalarType, int64_t>> bufs;  // (dtype, count)
-        for (const auto& l : e.lifted) {
-          size_t b = 0;
-          while (b < bufs.size() && bufs[b].first != l.dtype) ++b;
-          if (b == bufs.size()) bufs.emplace_back(l.dtype, 0);
-          e.lifted_at.emplace_back(b, bufs[b].second++);
-        }
-        for (const auto& [dtype, n] : bufs)
-          e.scalar_buffers.push_back(at::zeros({n}, at::TensorOptions(dtype).device(e.graph_device)));
+        why = lift(e, g);
       }
     }
     if (!why.empty()) {
