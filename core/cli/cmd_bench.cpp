@@ -11,6 +11,8 @@
 // --check makes CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and
 // flash attention's backward are not, and eager would not even match itself): deterministic
 // algorithms, math attention, CUBLAS_WORKSPACE_CONFIG. Time without --check.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -70,7 +72,14 @@ double median(std::vector<double> v) {
 struct Run {
   std::vector<double> ms;     // the first kFirstSteps steps, each synchronised, then one entry per block
   std::vector<float> losses;  // every step's
+  double faults_per_step = 0;  // minor page faults of the process per steady-state step
 };
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
 
 // Steps timed one by one (the eager warm-up, the capture and compile, a CUDA graph's recording).
 constexpr int kFirstSteps = 3;
@@ -93,6 +102,7 @@ Run run_steps(F&& step, Workload& w, int steps) {
     r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
   }
   const int rest = steps - s, blocks = std::min(5, rest);
+  const long f0 = minor_faults();
   for (int b = 0; b < blocks; ++b) {
     const int n = rest / blocks + (b < rest % blocks ? 1 : 0);
     std::vector<at::Tensor> losses;
@@ -102,6 +112,7 @@ Run run_steps(F&& step, Workload& w, int steps) {
     r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count() / n);
     for (const auto& l : losses) r.losses.push_back(l.template item<float>());
   }
+  if (rest > 0) r.faults_per_step = static_cast<double>(minor_faults() - f0) / rest;
   return r;
 }
 
@@ -315,13 +326,14 @@ int cmd_bench(int argc, char** argv) {
                 "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
                 "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
                 "\"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f",
+                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, "
+                "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
                 json_str(workload).c_str(), json_str(device).c_str(), steps, json_str(backend).c_str(),
                 json_str(chosen).c_str(), json_str(why).c_str(), json_str(runs_on).c_str(), json_str(mode).c_str(),
                 eager_ms, kiln_ms, eager_ms / kiln_ms, first_s, st.compiled_steps, st.compiles, st.rebuilds,
                 phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_str(st.last_fallback).c_str(),
                 st.graphs_recorded, st.graph_replays, json_str(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb,
-                probe_ms);
+                probe_ms, eager.faults_per_step, kiln.faults_per_step);
     if (check)
       std::printf(", \"check\": {\"ok\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
                   "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
@@ -338,6 +350,8 @@ int cmd_bench(int argc, char** argv) {
                 eager_ms / kiln_ms);
     std::printf("  kiln first step %.3f s (eager warm-up + capture + compile); %d of %d steps compiled\n", first_s,
                 st.compiled_steps, steps);
+    if (!interleave)
+      std::printf("  minor page faults per step: eager %.0f, kiln %.0f\n", eager.faults_per_step, kiln.faults_per_step);
     if (probe_ms > 0)
       std::printf("  optimizer probe (host replay of step() for its per-step scalars): %.3f ms/step\n", probe_ms);
     if (!st.last_fallback.empty()) std::printf("  fallback: %s\n", st.last_fallback.c_str());

@@ -15,6 +15,7 @@
 
 #include "kiln/host_services.h"
 #include "kiln/plugin_api.h"
+#include "../runtime/cpu_block_cache.h"
 
 namespace kiln {
 
@@ -46,14 +47,14 @@ class TorchHost : public HostServices {
  private:
   static TorchHost* self(void* ctx) { return static_cast<TorchHost*>(static_cast<HostServices*>(ctx)); }
 
-  // A byte tensor holds each block, so CPU and CUDA (the caching allocator, on the current stream)
-  // go through the same allocator path that LibTorch itself uses.
+  // A byte tensor holds each block: on CUDA from LibTorch's caching allocator (on the current
+  // stream), on the CPU from kiln's CpuBlockCache (runtime/cpu_block_cache.h).
   static KilnError* device_alloc(void* ctx, DLDevice device, size_t nbytes, void*, void** out) {
     if (!out) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "device_alloc: out is NULL");
     *out = nullptr;
     try {
-      at::Tensor block = at::empty({static_cast<int64_t>(nbytes == 0 ? 1 : nbytes)},
-                                   at::TensorOptions().dtype(at::kByte).device(to_device(device)));
+      const int64_t n = static_cast<int64_t>(nbytes == 0 ? 1 : nbytes);
+      at::Tensor block = empty_strided_step({n}, {1}, at::TensorOptions().dtype(at::kByte).device(to_device(device)));
       void* p = block.data_ptr();
       TorchHost* h = self(ctx);
       std::lock_guard<std::mutex> lock(h->mu_);

@@ -10,6 +10,7 @@
 #include "kiln/log.h"
 #include "kiln/passes.h"
 #include "kiln/plugin_registry.h"
+#include "../runtime/cpu_block_cache.h"
 
 namespace kiln {
 
@@ -175,7 +176,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
       for (auto v : grp.inputs) in.push_back(to_dl_tensor(env[v]));
       for (size_t k = 0; k < grp.outputs.size(); ++k) {
         const auto& m = grp.output_meta[k];
-        env[grp.outputs[k]] = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
+        env[grp.outputs[k]] = empty_strided_step(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
         out.push_back(to_dl_tensor(env[grp.outputs[k]]));
       }
       grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -45,6 +46,7 @@
 #include "kiln/log.h"
 #include "kiln/partitioned_executor.h"
 #include "kiln/passes.h"
+#include "cpu_block_cache.h"
 #include "cuda_graph_step.h"
 
 namespace kiln {
@@ -652,7 +654,12 @@ struct CompiledStep::Impl {
       return warm_up_and_record(inputs, e);
     }
     bind(inputs, e);
-    run_body(e, nullptr);
+    {
+      // CPU memory of the step from kiln's block cache (runtime/cpu_block_cache.h).
+      std::optional<ScopedCpuBlockCache> cache;
+      if (!e.graph_device.is_cuda()) cache.emplace();
+      run_body(e, nullptr);
+    }
     return finish(e, false);
   }
 

@@ -1,0 +1,153 @@
+// See cpu_block_cache.h.
+#include "cpu_block_cache.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+
+namespace kiln {
+
+namespace {
+constexpr size_t kAlign = 64;  // as LibTorch's CPU allocator (MKL, oneDNN and vector code want it)
+
+size_t round_up(size_t n) {
+  if (n == 0) n = 1;
+  if (n < (size_t{1} << 20)) return (n + kAlign - 1) / kAlign * kAlign;
+  return (n + 4095) / 4096 * 4096;  // whole pages from 1 MiB up
+}
+
+size_t max_cached_from_env() {
+  const char* v = std::getenv("KILN_CPU_CACHE_MAX_MB");
+  if (!v || !*v) return size_t{2048} << 20;
+  char* end = nullptr;
+  const unsigned long long mb = std::strtoull(v, &end, 10);
+  return end && *end == '\0' ? static_cast<size_t>(mb) << 20 : size_t{2048} << 20;
+}
+}  // namespace
+
+struct CpuBlockCache::Impl {
+  mutable std::mutex mu;
+  std::multimap<size_t, void*> free_by_size;   // free blocks
+  std::unordered_map<void*, size_t> live;      // blocks handed out -> their size
+  size_t cached = 0;
+  size_t limit = max_cached_from_env();
+  size_t hits = 0;
+};
+
+CpuBlockCache& CpuBlockCache::get() {
+  // Never destroyed: tensors holding blocks may die after static destructors have run.
+  static CpuBlockCache* cache = new CpuBlockCache();
+  return *cache;
+}
+
+CpuBlockCache::CpuBlockCache() : impl_(new Impl) {}
+CpuBlockCache::~CpuBlockCache() {
+  release();
+  delete impl_;
+}
+
+// The context of each DataPtr is the block itself (Allocator::raw_allocate, which some ATen kernels
+// use, requires it), so the deleter finds the block's size in `live`.
+c10::DataPtr CpuBlockCache::allocate(size_t nbytes) {
+  const size_t size = round_up(nbytes);
+  void* p = nullptr;
+  size_t got = size;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->free_by_size.lower_bound(size);
+    if (it != impl_->free_by_size.end() && it->first <= 2 * size) {
+      p = it->second;
+      got = it->first;
+      impl_->cached -= got;
+      impl_->free_by_size.erase(it);
+      ++impl_->hits;
+      impl_->live.emplace(p, got);
+    }
+  }
+  if (!p) {
+    p = std::aligned_alloc(kAlign, size);
+    if (!p) throw std::bad_alloc();
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->live.emplace(p, got);
+  }
+  return c10::DataPtr(p, p, &CpuBlockCache::free_block, c10::Device(c10::kCPU));
+}
+
+c10::DeleterFnPtr CpuBlockCache::raw_deleter() const { return &CpuBlockCache::free_block; }
+
+void CpuBlockCache::free_block(void* ptr) {
+  if (!ptr) return;
+  Impl& impl = *get().impl_;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    auto it = impl.live.find(ptr);
+    if (it == impl.live.end()) return;  // not ours (cannot happen: only our DataPtrs name this deleter)
+    const size_t size = it->second;
+    impl.live.erase(it);
+    if (impl.cached + size <= impl.limit) {
+      impl.free_by_size.emplace(size, ptr);
+      impl.cached += size;
+      return;
+    }
+  }
+  std::free(ptr);
+}
+
+void CpuBlockCache::copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+
+size_t CpuBlockCache::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->cached;
+}
+
+size_t CpuBlockCache::hits() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->hits;
+}
+
+void CpuBlockCache::release() {
+  std::multimap<size_t, void*> blocks;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    blocks.swap(impl_->free_by_size);
+    impl_->cached = 0;
+  }
+  for (auto& [size, p] : blocks) std::free(p);
+}
+
+bool cpu_block_cache_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CPU_CACHE");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+ScopedCpuBlockCache::ScopedCpuBlockCache() {
+  if (!cpu_block_cache_enabled()) return;
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current != c10::GetDefaultCPUAllocator()) return;  // a user's allocator, or already ours
+  c10::SetCPUAllocator(&CpuBlockCache::get(), /*priority=*/0);
+  if (c10::GetCPUAllocator() == &CpuBlockCache::get()) prev_ = current;
+}
+
+ScopedCpuBlockCache::~ScopedCpuBlockCache() {
+  if (prev_) c10::SetCPUAllocator(prev_, /*priority=*/0);
+}
+
+at::Tensor empty_strided_step(c10::IntArrayRef sizes, c10::IntArrayRef strides, const at::TensorOptions& options) {
+  if (options.device().is_cpu() && !options.pinned_memory() && cpu_block_cache_enabled())
+    return at::detail::empty_strided_generic(sizes, strides, &CpuBlockCache::get(),
+                                             c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                             c10::typeMetaToScalarType(options.dtype()));
+  return at::empty_strided(sizes, strides, options);
+}
+
+}  // namespace kiln

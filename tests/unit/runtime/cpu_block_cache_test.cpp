@@ -1,0 +1,107 @@
+// CpuBlockCache: blocks come back for the same sizes, the cap holds, raw_allocate works (ATen
+// kernels use it), the scoped swap routes ATen's CPU allocations through the cache and restores
+// LibTorch's allocator, and many threads allocating and freeing at once leave it consistent.
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+
+#include "cpu_block_cache.h"
+
+namespace {
+
+using kiln::CpuBlockCache;
+
+TEST(CpuBlockCache, AFreedBlockServesTheNextRequestOfItsSize) {
+  auto& cache = CpuBlockCache::get();
+  cache.release();
+  void* first = nullptr;
+  {
+    at::Tensor t = kiln::empty_strided_step({1000, 1000}, {1000, 1}, at::TensorOptions(at::kFloat));
+    first = t.data_ptr();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 64, 0u) << "blocks are 64-byte aligned";
+  }
+  EXPECT_GE(cache.cached_bytes(), 4000000u);
+  const size_t hits = cache.hits();
+  at::Tensor again = kiln::empty_strided_step({1000, 1000}, {1000, 1}, at::TensorOptions(at::kFloat));
+  EXPECT_EQ(again.data_ptr(), first);
+  EXPECT_EQ(cache.hits(), hits + 1);
+  EXPECT_EQ(cache.cached_bytes(), 0u);
+  // Writable, and the values are the tensor's.
+  again.fill_(3.5f);
+  EXPECT_EQ(again.sum().item<double>(), 3.5e6);
+}
+
+TEST(CpuBlockCache, ABlockMoreThanTwiceTheRequestIsNotHandedOut) {
+  auto& cache = CpuBlockCache::get();
+  cache.release();
+  void* big = nullptr;
+  {
+    at::Tensor t = kiln::empty_strided_step({1 << 22}, {1}, at::TensorOptions(at::kByte));
+    big = t.data_ptr();
+  }
+  at::Tensor small = kiln::empty_strided_step({1 << 20}, {1}, at::TensorOptions(at::kByte));
+  EXPECT_NE(small.data_ptr(), big);
+  at::Tensor half = kiln::empty_strided_step({(1 << 21) + 4096}, {1}, at::TensorOptions(at::kByte));
+  EXPECT_EQ(half.data_ptr(), big);
+}
+
+TEST(CpuBlockCache, RawAllocateHandsOutTheBlockAsItsOwnContext) {
+  auto& cache = CpuBlockCache::get();
+  void* p = cache.raw_allocate(12345);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 1, 12345);
+  cache.raw_deallocate(p);
+  EXPECT_GE(cache.cached_bytes(), 12345u);
+}
+
+TEST(CpuBlockCache, TheScopeRoutesAtenAllocationsAndRestoresLibTorchsAllocator) {
+  c10::Allocator* before = c10::GetCPUAllocator();
+  ASSERT_EQ(before, c10::GetDefaultCPUAllocator());
+  auto& cache = CpuBlockCache::get();
+  cache.release();
+  {
+    kiln::ScopedCpuBlockCache scope;
+    EXPECT_EQ(c10::GetCPUAllocator(), &cache);
+    at::Tensor a = at::randn({256, 256});
+    at::Tensor b = at::mm(a, a);  // allocated by ATen inside the scope
+    EXPECT_EQ(b.storage().allocator(), &cache);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), before);
+  EXPECT_GT(cache.cached_bytes(), 0u) << "tensors made in the scope went back to the cache";
+  at::Tensor outside = at::empty({256, 256});
+  EXPECT_NE(outside.storage().allocator(), &cache);
+}
+
+TEST(CpuBlockCache, ATensorFromTheCacheCanGrow) {
+  kiln::ScopedCpuBlockCache scope;
+  at::Tensor t = at::empty({10});
+  t.resize_({1 << 20});
+  t.fill_(1);
+  EXPECT_EQ(t.sum().item<double>(), static_cast<double>(1 << 20));
+}
+
+TEST(CpuBlockCache, ThreadsAllocatingAndFreeingAtOnceKeepItConsistent) {
+  auto& cache = CpuBlockCache::get();
+  cache.release();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([t] {
+      for (int i = 0; i < 2000; ++i) {
+        const int64_t n = 1024 * (1 + (i * 7 + t) % 64);
+        at::Tensor x = kiln::empty_strided_step({n}, {1}, at::TensorOptions(at::kFloat));
+        x.data_ptr<float>()[0] = static_cast<float>(i);
+        x.data_ptr<float>()[n - 1] = static_cast<float>(t);
+        ASSERT_EQ(x.data_ptr<float>()[0], static_cast<float>(i));
+      }
+    });
+  for (auto& th : threads) th.join();
+  // Every block is back; a release frees them all.
+  EXPECT_GT(cache.cached_bytes(), 0u);
+  cache.release();
+  EXPECT_EQ(cache.cached_bytes(), 0u);
+}
+
+}  // namespace
