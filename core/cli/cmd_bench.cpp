@@ -326,14 +326,14 @@ int cmd_bench(int argc, char** argv) {
                 "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
                 "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
                 "\"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, "
+                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
                 "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
                 json_str(workload).c_str(), json_str(device).c_str(), steps, json_str(backend).c_str(),
                 json_str(chosen).c_str(), json_str(why).c_str(), json_str(runs_on).c_str(), json_str(mode).c_str(),
                 eager_ms, kiln_ms, eager_ms / kiln_ms, first_s, st.compiled_steps, st.compiles, st.rebuilds,
                 phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_str(st.last_fallback).c_str(),
                 st.graphs_recorded, st.graph_replays, json_str(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb,
-                probe_ms, eager.faults_per_step, kiln.faults_per_step);
+                probe_ms, static_cast<long long>(st.adopted_writebacks), eager.faults_per_step, kiln.faults_per_step);
     if (check)
       std::printf(", \"check\": {\"ok\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
                   "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",

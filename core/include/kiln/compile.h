@@ -67,6 +67,7 @@ struct StepStats {
   int graphs_recorded = 0;          // CUDA graphs recorded (one per signature, again after a re-plan)
   int graph_replays = 0;            // compiled steps that were one graph launch
   std::string last_graph_skip;      // "kiln: skipping cudagraphs due to ..." ("" when none)
+  int64_t adopted_writebacks = 0;   // write-backs done by handing the target the value's storage (no copy)
   double probe_seconds = 0;         // host time of the optimizer probe, all compiled steps together
 };
 

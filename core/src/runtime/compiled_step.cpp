@@ -55,6 +55,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// KILN_WRITEBACK_COPY=1: write-backs always copy (no storage adoption; see adopt_storage).
+bool storage_swap_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_WRITEBACK_COPY");
+    return !(v && *v && std::string(v) != "0");
+  }();
+  return on;
+}
+
 // KILN_GRAPH_RUNTIME_SCALARS=1: graph steps with run-time scalars (experimental; see plan_graphs).
 bool graph_runtime_scalars_enabled() {
   const char* v = std::getenv("KILN_GRAPH_RUNTIME_SCALARS");
@@ -154,6 +163,7 @@ struct CompiledStep::Impl {
     ir::ValueId value;
     at::Tensor target;  // WriteBack: the tensor written; Grad: the parameter
     int result = -1;
+    bool adopt = false;  // WriteBack: the target may take the value's storage (see adopt_storage)
   };
 
   struct Entry {
@@ -392,6 +402,15 @@ struct CompiledStep::Impl {
       }
       e.outs.push_back(std::move(b));
     }
+    // A write-back may hand its value's storage to the target only when no other output (a result,
+    // a gradient, another write-back) is the same value, and never into a CUDA graph's replay
+    // (its buffers are fixed addresses).
+    {
+      std::map<ir::ValueId, int> uses;
+      for (const auto& o : e.outs) ++uses[o.value];
+      for (auto& o : e.outs)
+        o.adopt = o.kind == OutBind::WriteBack && uses[o.value] == 1 && !e.graphs && storage_swap_enabled();
+    }
     e.scalars.assign(g.scalar_inputs.size(), c10::IValue());
     e.graph = std::move(g);
     e.env.assign(e.graph.values.size(), at::Tensor());
@@ -620,9 +639,39 @@ struct CompiledStep::Impl {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (const auto& o : e.outs) {
       if (o.kind != OutBind::WriteBack) continue;
-      const auto& v = env[static_cast<size_t>(o.value)];
-      if (!v.is_same(o.target)) o.target.copy_(v);
+      auto& v = env[static_cast<size_t>(o.value)];
+      if (v.is_same(o.target)) continue;
+      if (o.adopt && adopt_storage(o.target, v)) {
+        ++stats.adopted_writebacks;
+        continue;
+      }
+      o.target.copy_(v);
     }
+  }
+
+  // A write-back without the copy: the target (a parameter, an optimizer state tensor) takes the
+  // new value's storage, and its old storage is freed. Only on the CPU, for dense tensors of the
+  // same layout, when nothing else can see either storage: the target's storage has no other
+  // tensor (no view, no alias the user kept from .detach()) and the value's storage is the
+  // value's alone. LibTorch's optimizers and the user keep the same TensorImpl, which now reads
+  // the new values: what a copy would have given, without moving the bytes (AdamW on gpt writes
+  // back 128 MB per step). Returns false (copy instead) when any condition fails.
+  static bool adopt_storage(const at::Tensor& target, at::Tensor& v) {
+    if (!target.device().is_cpu() || v.device() != target.device() || v.scalar_type() != target.scalar_type())
+      return false;
+    if (target.is_view() || v.is_view() || target.storage_offset() != 0 || v.storage_offset() != 0) return false;
+    if (!target.is_contiguous() || !v.is_contiguous() || target.sizes() != v.sizes() || target.strides() != v.strides())
+      return false;
+    if (!target.has_storage() || !v.has_storage() || target.is_inference() != v.is_inference()) return false;
+    const auto& ts = target.storage();
+    const auto& vs = v.storage();
+    if (ts.use_count() != 1 || vs.use_count() != 1 || v.use_count() != 1) return false;
+    if (ts.nbytes() != target.nbytes() || vs.nbytes() < v.nbytes() || !ts.resizable() || !vs.resizable()) return false;
+    auto* impl = target.unsafeGetTensorImpl();
+    if (!impl->allow_tensor_metadata_change()) return false;
+    impl->set_storage_keep_dtype(vs);
+    v.reset();
+    return true;
   }
 
   // The host side of a finished step: versions, .grad, results. clone_results: results live in a

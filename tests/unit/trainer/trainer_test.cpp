@@ -239,3 +239,67 @@ TEST(Trainer, NamedBackendThatCannotRunHereIsAnErrorWithThePluginsReason) {
     EXPECT_NE(std::string(e.what()).find("needs a CUDA device; none found"), std::string::npos) << e.what();
   }
 }
+
+// On the CPU a write-back from generated code hands the new storage to the parameter and the
+// optimizer state instead of copying (adopt_storage): same TensorImpls, new data, the numbers of
+// LibTorch eager.
+TEST(CompiledStepMemory, WriteBacksAdoptTheNewStorageAndMatchEager) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed, /*adamw=*/true), s = make(seed, /*adamw=*/true);
+  auto args = compile_args();
+  args.torch_compile_backend = "inductor";
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  const auto params = s.net->parameters();
+  std::vector<const void*> impls;
+  for (const auto& p : params) impls.push_back(p.unsafeGetTensorImpl());
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  std::vector<const void*> data_before;
+  for (int i = 0; i < 8; ++i) {
+    if (i == 3)
+      for (const auto& p : params) data_before.push_back(p.data_ptr());
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
+  }
+  EXPECT_GT(trainer.stats().adopted_writebacks, 0) << "no write-back took its value's storage";
+  const auto after = s.net->parameters();
+  size_t moved = 0;
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_EQ(after[i].unsafeGetTensorImpl(), impls[i]) << "parameter " << i << " is still the same tensor";
+    moved += after[i].data_ptr() != data_before[i];
+  }
+  EXPECT_GT(moved, 0u) << "no parameter's data moved";
+  expect_same_params(ref, s);
+  // The optimizer state is the optimizer's own tensors, with eager's values.
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& sa = static_cast<torch::optim::AdamWParamState&>(
+        *ref.opt->state().at(ref.net->parameters()[i].unsafeGetTensorImpl()));
+    auto& sb = static_cast<torch::optim::AdamWParamState&>(*s.opt->state().at(params[i].unsafeGetTensorImpl()));
+    EXPECT_TRUE(at::allclose(sa.exp_avg(), sb.exp_avg(), 1e-5, 1e-7)) << "exp_avg " << i;
+    EXPECT_TRUE(at::allclose(sa.exp_avg_sq(), sb.exp_avg_sq(), 1e-5, 1e-9)) << "exp_avg_sq " << i;
+  }
+}
+
+// A view of a parameter the user keeps (here .detach(), which shares the storage) must go on
+// seeing the parameter's values: that write-back copies in place instead.
+TEST(CompiledStepMemory, AnAliasTheUserKeepsSeesEveryUpdate) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.torch_compile_backend = "inductor";
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  at::Tensor weight = s.net->parameters()[0];
+  at::Tensor alias = weight.detach();
+  const void* data = weight.data_ptr();
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 6; ++i) {
+    trainer.step(x, y);
+    eager_step(ref, x, y);
+  }
+  EXPECT_GT(trainer.stats().compiled_steps, 0);
+  EXPECT_EQ(weight.data_ptr(), data) << "the aliased parameter kept its storage";
+  EXPECT_TRUE(at::equal(alias, weight)) << "the alias sees the updated weights";
+  expect_same_params(ref, s);
+}
