@@ -42,6 +42,10 @@ def main():
     for w in a.workloads:
         base = [a.kiln, "bench", w, "--device", a.device, "--backend", a.backend, "--mode", a.mode,
                 "--steps", str(a.steps), "--json"]
+        if a.device == "cpu":
+            # LibTorch eager and kiln take turns step by step: a shared CPU whose load changes
+            # during the run slows both alike (on CUDA the blocks of kiln bench are kept).
+            base.append("--interleave")
         cold = run_json(base, env)
         warm = run_json(base, env)  # same cache directory: compiled kernels are found
         ref_cmd = [sys.executable, os.path.join(HERE, "reference.py"), w, "--device", a.device,

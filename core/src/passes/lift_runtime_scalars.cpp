@@ -3,21 +3,30 @@
 // into tensor ops that read a new graph input of role Scalar, "scalar.<q>", a 0-dim tensor of the
 // dtype and device of the tensor it combines with; the compiled step fills it before every call.
 //
-//   div.Scalar(x, $q)            -> mul.Tensor(x, R), R = 1/$q (reciprocal)
-//   mul.Scalar(x, $q)            -> mul.Tensor(x, S)
-//   add.Scalar(x, $q, a)         -> add.Tensor(x, S, a)        (sub likewise)
-//   add.Scalar(x, c, $q)         -> add.Tensor(x, S, c)        (x + c*alpha == x + alpha*c)
-//   add.Tensor(x, y, $q)         -> add.Tensor(x, mul.Tensor(y, S), 1)   (sub likewise)
-//   addcdiv(x, a, b, $q)         -> add.Tensor(x, mul.Tensor(div.Tensor(a, b), S), 1)
-//   addcmul(x, a, b, $q)         -> add.Tensor(x, mul.Tensor(mul.Tensor(a, S), b), 1)
-//   lerp.Scalar(x, y, $q)        -> lerp.Tensor(x, y, S)
-//   pow.Tensor_Scalar(x, $q)     -> pow.Tensor_Tensor(x, S)
-//   fill.Scalar(x, $q)           -> fill.Tensor(x, S)
-// The addcdiv/addcmul forms evaluate in the order ATen's CUDA kernels do (x + v*(a/b), x + v*a*b),
-// up to the contraction of a*b+c into one fused multiply-add that the single ATen kernel may do
-// (a last-bit difference). div.Scalar becomes a multiplication by the reciprocal, as ATen's CUDA
-// kernel computes a division by a host scalar (1/s rounded to the operand's math type, then a
-// multiply): bit for bit the same.
+//   div.Scalar(x, $q)        -> mul.Tensor(x, R), R = 1/$q                  (CUDA)
+//                               div.Tensor(x, S)                            (CPU)
+//   mul.Scalar(x, $q)        -> mul.Tensor(x, S)
+//   add.Scalar(x, $q, a)     -> add.Tensor(x, S, a)       (sub likewise)
+//   add.Scalar(x, c, $q)     -> add.Tensor(x, S, c)       (x + c*alpha == x + alpha*c)
+//   add.Tensor(x, y, $q)     -> addcmul(x, y, S, 1)       (sub: value -1)
+//   addcdiv(x, a, b, $q)     -> addcmul(x, div.Tensor(a, b), S, 1)          (CUDA)
+//                               addcdiv(x, mul.Tensor(a, S), b, 1)          (CPU)
+//   addcmul(x, a, b, $q)     -> addcmul(x, mul.Tensor(a, S), b, 1)
+//   lerp.Scalar(x, y, $q)    -> lerp.Tensor(x, y, S)
+//   pow.Tensor_Scalar(x, $q) -> pow.Tensor_Tensor(x, S)
+//   fill.Scalar(x, $q)       -> fill.Tensor(x, S)
+//
+// Each form follows the order in which ATen's kernel for the host-scalar op rounds, so that the
+// lifted step stays as close as ATen allows to the step with host scalars (in bf16 training a
+// last-bit difference in AdamW's update grows over a few dozen steps into differences as large as
+// the noise of non-deterministic kernels):
+// - CPU: ATen divides by a scalar (a / s), and computes addcdiv as x + (value*a)/b: the lifted
+//   forms above are bit for bit the same (LiftRuntimeScalars tests check it with at::equal).
+// - CUDA: ATen's division by a host scalar multiplies by 1/s computed in the operand's math type
+//   (fill_scalars computes R the same way), and addcdiv is x + value*(a/b). Where nvcc contracts
+//   that into one fused multiply-add, no pair of ATen ops with a tensor `value` reproduces the
+//   single rounding: the lifted x + (a/b)*S can differ in the last bit. Not yet measured on the
+//   GPU (see docs/backends/cudagraphs.md).
 #include <map>
 #include <stdexcept>
 
@@ -86,9 +95,11 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
     const std::string& ph = n.phase;
     auto T = [](ir::ValueId v) { return ir::Arg::tensor(v); };
     if ((op == "aten::div.Scalar" || op == "aten::mul.Scalar") && A.size() == 2 && runtime(A[1]) && !runtime(A[0])) {
-      const bool div = op == "aten::div.Scalar";
-      const auto s = scalar_tensor(A[1].scalar_input, g.value(A[0].value).meta, /*reciprocal=*/div);
-      out.push_back(node("aten::mul.Tensor", {T(A[0].value), T(s)}, result, ph));
+      const auto& xmeta = g.value(A[0].value).meta;
+      const bool reciprocal = op == "aten::div.Scalar" && xmeta.device.is_cuda();
+      const auto s = scalar_tensor(A[1].scalar_input, xmeta, reciprocal);
+      const bool divide = op == "aten::div.Scalar" && !reciprocal;
+      out.push_back(node(divide ? "aten::div.Tensor" : "aten::mul.Tensor", {T(A[0].value), T(s)}, result, ph));
     } else if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && A.size() == 3 && runtime(A[1]) != runtime(A[2])) {
       const std::string top = op == "aten::add.Scalar" ? "aten::add.Tensor" : "aten::sub.Tensor";
       const int k = runtime(A[1]) ? 1 : 2;  // the run-time one becomes the tensor, the other alpha
@@ -98,24 +109,26 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
       out.push_back(node(top, {T(A[0].value), T(s), alpha}, result, ph));
     } else if ((op == "aten::add.Tensor" || op == "aten::sub.Tensor") && A.size() == 3 && runtime(A[2]) &&
                A[1].kind == ir::Arg::Kind::Tensor) {
-      const auto& ymeta = g.value(A[1].value).meta;
-      const auto s = scalar_tensor(A[2].scalar_input, ymeta);
-      const auto scaled = new_value(ymeta);
-      out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, scaled, ph));
-      out.push_back(node(op, {T(A[0].value), T(scaled), one()}, result, ph));
+      const auto s = scalar_tensor(A[2].scalar_input, g.value(A[1].value).meta);
+      ir::Arg value = ir::Arg::integer(op == "aten::add.Tensor" ? 1 : -1);
+      value.is_scalar = true;
+      out.push_back(node("aten::addcmul", {T(A[0].value), T(A[1].value), T(s), value}, result, ph));
     } else if ((op == "aten::addcdiv" || op == "aten::addcmul") && A.size() == 4 && runtime(A[3]) &&
                !runtime(A[0]) && A[1].kind == ir::Arg::Kind::Tensor && A[2].kind == ir::Arg::Kind::Tensor) {
-      ir::TensorMeta m = rmeta;
       const auto s = scalar_tensor(A[3].scalar_input, rmeta);
-      const auto t1 = new_value(m), t2 = new_value(m);
-      if (op == "aten::addcdiv") {
-        out.push_back(node("aten::div.Tensor", {T(A[1].value), T(A[2].value)}, t1, ph));
-        out.push_back(node("aten::mul.Tensor", {T(t1), T(s)}, t2, ph));
+      if (op == "aten::addcdiv" && rmeta.device.is_cuda()) {
+        const auto q = new_value(rmeta);
+        out.push_back(node("aten::div.Tensor", {T(A[1].value), T(A[2].value)}, q, ph));
+        out.push_back(node("aten::addcmul", {T(A[0].value), T(q), T(s), one()}, result, ph));
+      } else if (op == "aten::addcdiv") {
+        const auto scaled = new_value(g.value(A[1].value).meta);
+        out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, scaled, ph));
+        out.push_back(node("aten::addcdiv", {T(A[0].value), T(scaled), T(A[2].value), one()}, result, ph));
       } else {
-        out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, t1, ph));
-        out.push_back(node("aten::mul.Tensor", {T(t1), T(A[2].value)}, t2, ph));
+        const auto scaled = new_value(g.value(A[1].value).meta);
+        out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, scaled, ph));
+        out.push_back(node("aten::addcmul", {T(A[0].value), T(scaled), T(A[2].value), one()}, result, ph));
       }
-      out.push_back(node("aten::add.Tensor", {T(A[0].value), T(t2), one()}, result, ph));
     } else if (op == "aten::lerp.Scalar" && A.size() == 3 && runtime(A[2])) {
       const auto s = scalar_tensor(A[2].scalar_input, g.value(A[0].value).meta);
       out.push_back(node("aten::lerp.Tensor", {T(A[0].value), T(A[1].value), T(s)}, result, ph));

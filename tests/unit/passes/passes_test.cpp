@@ -291,11 +291,12 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
   EXPECT_TRUE(unsupported.empty());
   const std::string out = ir::print(g);
   EXPECT_EQ(out.find('$', out.find("input")), std::string::npos) << out;  // no run-time scalar left
-  EXPECT_NE(out.find("scalar \"scalar.0.reciprocal.Float.cpu\""), std::string::npos) << out;
-  EXPECT_NE(out.find("aten::mul.Tensor(%2, %10)"), std::string::npos) << out;  // div.Scalar: times 1/s
-  EXPECT_EQ(out.find("aten::addcdiv"), std::string::npos) << out;
+  EXPECT_NE(out.find("scalar \"scalar.0.Float.cpu\""), std::string::npos) << out;
+  EXPECT_NE(out.find("aten::div.Tensor(%2, %10)"), std::string::npos) << out;  // div.Scalar on the CPU: divides
+  EXPECT_NE(out.find("aten::addcdiv(%0, %"), std::string::npos) << out;  // CPU: x + (S*a)/b, as ATen's CPU kernel
+  EXPECT_NE(out.find("aten::addcmul"), std::string::npos) << out;
   EXPECT_NE(out.find("aten::lerp.Tensor"), std::string::npos) << out;
-  ASSERT_EQ(lifted.size(), 3u);  // one per (scalar, reciprocal or not, dtype, device)
+  ASSERT_EQ(lifted.size(), 2u);  // one per (scalar, reciprocal or not, dtype, device)
   EXPECT_EQ(ir::print(ir::parse(out)), out);  // the text round-trips with the new role
   // Same numbers: the original with the scalars bound, the lifted graph with 0-dim tensors.
   std::vector<at::Tensor> ins = {at::randn({4, 3}), at::randn({4, 3}), at::rand({4, 3}) + 0.5};
@@ -312,7 +313,27 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
     env2[l.value] = at::scalar_tensor(l.reciprocal ? 1.0f / static_cast<float>(values[l.scalar]) : values[l.scalar], at::kFloat);
   for (const auto& n : g.nodes) EagerExecutor::run_node(n, env2);
   const at::Tensor got = env2[g.outputs[0].value];
-  EXPECT_LE(((got - want).norm() / want.norm()).item<double>(), 1e-6);
+  // Bit for bit: each lifted form rounds where ATen's kernel for the host-scalar op rounds.
+  EXPECT_TRUE(at::equal(got, want)) << "max difference " << (got - want).abs().max().item<double>();
+}
+
+// On CUDA a division by a host scalar is ATen's multiplication by 1/s (in the operand's math
+// type), so the lifted scalar there is the reciprocal.
+TEST(LiftRuntimeScalars, DivisionOnCudaBecomesAMultiplicationByTheReciprocal) {
+  ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  input %0 : f32[4]{1} on cuda:0 state "v"
+  %1 : f32[4]{1} on cuda:0 = aten::div.Scalar(%0, $0:scalar(0.5))
+  output %1 result "y"
+}
+)");
+  std::vector<LiftedScalar> lifted;
+  EXPECT_TRUE(lift_runtime_scalars(g, &lifted).empty());
+  const std::string out = ir::print(g);
+  ASSERT_EQ(lifted.size(), 1u);
+  EXPECT_TRUE(lifted[0].reciprocal);
+  EXPECT_NE(out.find("aten::mul.Tensor(%0, %2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("scalar.0.reciprocal.Float.cuda:0"), std::string::npos) << out;
 }
 
 TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {

@@ -186,6 +186,36 @@ TEST(Trainer, AdamWBiasCorrectionsBecomeRunTimeScalars) {
     EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*st).step(), 8);
 }
 
+// The machinery CUDA graphs use for run-time scalars (lifted into 0-dim tensors that are filled
+// before every step), run on the CPU through KILN_LIFT_RUNTIME_SCALARS: the AdamW step stays bit
+// for bit LibTorch eager's.
+TEST(Trainer, LiftedRunTimeScalarsOnTheCpuAreBitForBitEager) {
+  ::setenv("KILN_LIFT_RUNTIME_SCALARS", "1", 1);
+  const auto seed = fresh_seed();
+  auto ref = make(seed, true), s = make(seed, true);
+  auto args = compile_args();
+  args.torch_compile_backend = "eager";  // kiln's eager executor: ATen's own kernels, node by node
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 10; ++i) {
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::equal(got, want)) << "step " << i;
+  }
+  ::unsetenv("KILN_LIFT_RUNTIME_SCALARS");
+  const auto* g = trainer.compiled_step().compiled_graph();
+  ASSERT_NE(g, nullptr);
+  size_t lifted = 0;
+  for (const auto& in : g->inputs) lifted += in.role == kiln::ir::InputRole::Scalar;
+  EXPECT_GT(lifted, 0u) << "the bias corrections are 0-dim tensor inputs";
+  for (const auto& n : g->nodes)
+    for (const auto& a : n.args) EXPECT_LT(a.scalar_input, 0) << n.op << " still takes a host scalar";
+  EXPECT_EQ(trainer.stats().compiled_steps, 8);
+  auto pa = ref.net->parameters(), pb = s.net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
 TEST(Trainer, CompileOffRunsLibTorchEager) {
   auto s = make(fresh_seed());
   kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, {});
