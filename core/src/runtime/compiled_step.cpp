@@ -44,6 +44,7 @@
 #include "kiln/capture.h"
 #include "kiln/executor.h"
 #include "kiln/log.h"
+#include "kiln/op_info.h"
 #include "kiln/partitioned_executor.h"
 #include "kiln/passes.h"
 #include "cpu_block_cache.h"
@@ -573,6 +574,13 @@ struct CompiledStep::Impl {
           why = c10::str("cpu device (node ", i, " ", g.nodes[i].op, " makes a ", g.value(v).meta.device, " tensor)");
           break;
         }
+    // A random op (dropout) draws from LibTorch's CUDA generator, whose seed and offset a raw
+    // capture bakes into the graph: every replay would draw the same numbers. PyTorch registers
+    // the generator with its graphs for that; kiln does not yet, so such a step is not graphed.
+    for (size_t i = 0; i < g.nodes.size() && why.empty(); ++i)
+      if (op_info(g.nodes[i].op).nondeterministic)
+        why = c10::str("a random op (node ", i, " ", g.nodes[i].op,
+                       "): a replayed graph would draw the same random numbers every step");
     if (why.empty() && !g.scalar_inputs.empty()) {
       if (!graph_runtime_scalars_enabled() && lift_would_apply(g)) {
         // Measured on the H200 (2026-11-30, deterministic kernels, so that eager matches itself):

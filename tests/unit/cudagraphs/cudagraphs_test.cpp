@@ -318,3 +318,26 @@ TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
   EXPECT_EQ(st.graphs_recorded, 0);
   EXPECT_NE(st.last_fallback.find("_local_scalar_dense"), std::string::npos) << st.last_fallback;
 }
+
+// Dropout draws from the CUDA generator; a raw capture would bake its offsets and every replay would
+// draw the same mask. Such a step runs compiled without a graph and says why.
+TEST(CudaGraphsCuda, AStepWithDropoutIsNotGraphedAndSaysWhy) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  auto w = kiln::make_workload("mlp", {"cuda", 11, 0});
+  auto step = kiln::compile_step(
+      [&w](const std::vector<at::Tensor>& in) {
+        w.optimizer->zero_grad();
+        auto h = at::dropout(w.forward(in[0]), 0.1, /*train=*/true);
+        auto loss = w.loss_fn(h, in[1]);
+        loss.backward();
+        w.optimizer->step();
+        return std::vector<at::Tensor>{loss.detach()};
+      },
+      {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
+  for (int s = 0; s < 5; ++s) step({w.input, w.target});
+  const auto& st = step.stats();
+  EXPECT_EQ(st.graphs_recorded, 0);
+  EXPECT_EQ(st.compiled_steps, 3) << st.last_fallback;
+  EXPECT_NE(st.last_graph_skip.find("skipping cudagraphs due to a random op"), std::string::npos) << st.last_graph_skip;
+  EXPECT_NE(st.last_graph_skip.find("dropout"), std::string::npos) << st.last_graph_skip;
+}
