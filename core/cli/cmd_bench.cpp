@@ -6,7 +6,7 @@
 // ratio and kiln's first-step seconds (the eager warm-up plus the capture-and-compile step).
 // --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or
 // a final parameter (with --check-grads: or its last gradient) differs beyond the tolerance for the precision (relative error; float32 1e-5,
-// bf16 autocast 1e-2; --tolerance overrides it). On CUDA it also reports each side's peak allocated
+// bf16 autocast 1e-2, generated CPU kernels 1e-4; --tolerance overrides it). On CUDA it also reports each side's peak allocated
 // memory (LibTorch's caching allocator, above what was allocated when that side started), and
 // --check makes CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and
 // flash attention's backward are not, and eager would not even match itself): deterministic
@@ -50,7 +50,8 @@ void usage(FILE* out) {
                "  --optimizer O sgd or adamw instead of the workload's own (to tell a model's effect from an optimizer's)\n"
                "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
                "  --check-grads --check, and the last step's gradients too\n"
-               "  --tolerance X relative error allowed by --check (default 1e-5 float32, 1e-2 bf16)\n"
+               "  --tolerance X relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
+               "                backend runs generated kernels (inductor on the CPU); bf16 autocast 1e-2)\n"
                "  --interleave  run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
                "  --json        one JSON object on stdout\n");
 }
@@ -291,7 +292,10 @@ int cmd_bench(int argc, char** argv) {
   double worst_loss = 0, worst_param = 0;
   std::string worst_param_name;
   int first_loss_diff = -1;  // the first step whose losses are not bit-identical (1-based)
-  const double tol = tolerance >= 0 ? tolerance : eager_w.autocast_bf16 ? 1e-2 : 1e-5;
+  // Generated kernels (inductor on the CPU) fuse and reorder float arithmetic: issue 6 holds them
+  // to 1e-4 over 20 steps; ATen's own kernels (the eager executor, CUDA graphs of it) to 1e-5.
+  const bool generated_code = chosen == "inductor" && device == "cpu";
+  const double tol = tolerance >= 0 ? tolerance : eager_w.autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;
   if (check) {
     for (int s = 0; s < steps; ++s) {
       const double e = eager.losses[static_cast<size_t>(s)], k = kiln.losses[static_cast<size_t>(s)];
