@@ -28,6 +28,7 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
+#include "kiln/json_text.h"
 #include "kiln/log.h"
 #include "kiln/workloads.h"
 
@@ -132,19 +133,6 @@ void run_interleaved(E&& eager_step, Workload& ew, K&& kiln_step, Workload& kw, 
       r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
     }
   }
-}
-
-std::string json_str(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o + "\"";
 }
 
 }  // namespace
@@ -332,16 +320,16 @@ int cmd_bench(int argc, char** argv) {
                 "\"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
                 "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
                 "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
-                json_str(workload).c_str(), json_str(device).c_str(), steps, json_str(backend).c_str(),
-                json_str(chosen).c_str(), json_str(why).c_str(), json_str(runs_on).c_str(), json_str(mode).c_str(),
+                json_quote(workload).c_str(), json_quote(device).c_str(), steps, json_quote(backend).c_str(),
+                json_quote(chosen).c_str(), json_quote(why).c_str(), json_quote(runs_on).c_str(), json_quote(mode).c_str(),
                 eager_ms, kiln_ms, eager_ms / kiln_ms, first_s, st.compiled_steps, st.compiles, st.rebuilds,
-                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_str(st.last_fallback).c_str(),
-                st.graphs_recorded, st.graph_replays, json_str(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb,
+                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_quote(st.last_fallback).c_str(),
+                st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb,
                 probe_ms, static_cast<long long>(st.adopted_writebacks), eager.faults_per_step, kiln.faults_per_step);
     if (check)
       std::printf(", \"check\": {\"ok\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
                   "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
-                  check_ok ? "true" : "false", tol, worst_loss, worst_param, json_str(worst_param_name).c_str(),
+                  check_ok ? "true" : "false", tol, worst_loss, worst_param, json_quote(worst_param_name).c_str(),
                   first_loss_diff);
     std::printf("}\n");
   } else {

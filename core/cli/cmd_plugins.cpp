@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
+#include "kiln/json_text.h"
 #include "kiln/host_services.h"
 #include "kiln/plugin_registry.h"
 #include "kiln/selection.h"
@@ -16,28 +17,6 @@ namespace kiln::cli {
 
 namespace {
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_list(const std::string& comma_separated) {
   std::string out = "[";
   size_t start = 0;
@@ -45,7 +24,7 @@ std::string json_list(const std::string& comma_separated) {
   while (start < comma_separated.size()) {
     size_t end = comma_separated.find(',', start);
     if (end == std::string::npos) end = comma_separated.size();
-    out += (first ? "" : ", ") + json_string(comma_separated.substr(start, end - start));
+    out += (first ? "" : ", ") + json_quote(comma_separated.substr(start, end - start));
     first = false;
     start = end + 1;
   }
@@ -112,17 +91,17 @@ int cmd_plugins(int argc, char** argv) {
       std::printf("%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
                   "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
                   "\"available\": %s, \"reason\": %s, \"path\": %s}",
-                  first ? "" : ",", json_string(p.name()).c_str(), json_string(p.version()).c_str(),
-                  json_string(p.vendor()).c_str(), json_string(p.description()).c_str(),
-                  json_string(p.abi_version()).c_str(), json_list(device_kinds_string(p.device_kinds())).c_str(),
+                  first ? "" : ",", json_quote(p.name()).c_str(), json_quote(p.version()).c_str(),
+                  json_quote(p.vendor()).c_str(), json_quote(p.description()).c_str(),
+                  json_quote(p.abi_version()).c_str(), json_list(device_kinds_string(p.device_kinds())).c_str(),
                   json_list(modes_string(p.modes())).c_str(), p.concurrent_execution_safe() ? "true" : "false",
-                  r.availability.available ? "true" : "false", json_string(r.availability.reason).c_str(),
-                  json_string(p.path()).c_str());
+                  r.availability.available ? "true" : "false", json_quote(r.availability.reason).c_str(),
+                  json_quote(p.path()).c_str());
       first = false;
     }
     for (const auto& f : reg.failures()) {
       std::printf("%s\n  {\"loaded\": false, \"path\": %s, \"error\": %s}", first ? "" : ",",
-                  json_string(f.path).c_str(), json_string(f.message).c_str());
+                  json_quote(f.path).c_str(), json_quote(f.message).c_str());
       first = false;
     }
     std::printf("%s]\n", first ? "" : "\n");

@@ -8,6 +8,8 @@
 // writes the JSON report.
 #pragma once
 
+#include "kiln/json_text.h"
+
 #include <string>
 #include <vector>
 
@@ -49,6 +51,6 @@ bool filter_matches(const std::string& filter, const std::string& name);
 // the exit code: 0 when nothing failed, crashed or hung, 1 otherwise, 2 for a setup error.
 int run_suite(const RunnerOptions& options, const std::vector<std::string>& cases);
 
-std::string json_escape(const std::string& s);
+using kiln::json_escape;
 
 }  // namespace kiln::conformance

@@ -3,35 +3,12 @@
 #include <cstdio>
 #include <sstream>
 
+#include "kiln/json_text.h"
 #include "kiln/selection.h"
 
 namespace kiln {
 
 namespace {
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20 || c == 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);  // UTF-8 passes through; sysfs text is bytes, see below
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // Bytes that are not valid UTF-8 (a garbage model name in a described machine) become U+FFFD so
 // the document stays valid JSON.
@@ -64,10 +41,10 @@ class JsonWriter {
   void end_array() { close(']'); }
   void key(const std::string& k) {
     item();
-    out_ << json_string(k) << ": ";
+    out_ << json_quote(k) << ": ";
     after_key_ = true;
   }
-  void value(const std::string& v) { raw(json_string(valid_utf8(v))); }
+  void value(const std::string& v) { raw(json_quote(valid_utf8(v))); }
   void value(const char* v) { value(std::string(v)); }
   void value(bool v) { raw(v ? "true" : "false"); }
   void value(int v) { raw(std::to_string(v)); }

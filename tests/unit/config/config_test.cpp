@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/config.h"
+#include "kiln/json_text.h"
 
 namespace fs = std::filesystem;
 using kiln::ConfigError;
@@ -213,3 +214,13 @@ INSTANTIATE_TEST_SUITE_P(
       std::string n = info.param.file;
       return n.substr(0, n.find('.'));
     });
+
+// The one JSON escaping rule of kiln's command line, reports and conformance runner.
+TEST(JsonText, EscapesQuotesBackslashesAndEveryControlCharacter) {
+  EXPECT_EQ(kiln::json_quote("plain"), "\"plain\"");
+  EXPECT_EQ(kiln::json_escape("a\"b\\c"), "a\\\"b\\\\c");
+  EXPECT_EQ(kiln::json_escape("\n\r\t\b\f"), "\\n\\r\\t\\b\\f");
+  EXPECT_EQ(kiln::json_escape(std::string("\x01\x1f\x7f", 3)), "\\u0001\\u001f\\u007f");
+  EXPECT_EQ(kiln::json_escape(std::string("nul\0end", 7)), "nul\\u0000end");
+  EXPECT_EQ(kiln::json_escape("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 passes through
+}
