@@ -237,31 +237,61 @@ static inline float k_tanh(float x) {
   float r = p / q;
   return x != x ? x : r;
 }
-static inline float k_erf(float x) {
-  float a = x < 0.0f ? -x : x;
-  float t = 1.0f / (1.0f + 0.3275911f * a);
-  float p = 1.061405429f;
-  p = p * t + -1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t + -0.284496736f;
-  p = p * t + 0.254829592f;
-  float y = 1.0f - p * t * k_exp(-a * a);
-  y = x < 0.0f ? -y : y;
-  // The approximation above has an absolute error of 1.5e-7, a large relative error near 0
-  // (1e-5 at |x| = 0.01, which gelu's backward exposes): there the Taylor series, to x^11.
+// erfc(a) for a >= 0 as t*exp(-a*a + Q(t)), t = 1/(1 + a/2): Q is kiln's own least-squares fit
+// (Chebyshev nodes, double precision, degree 10) of log(erfc(a)) + a*a - log(t) over a in [0, 9.5];
+// its relative error is below 1e-8 in double and a few 1e-7 in float (up to 2e-6 near a = 6, from
+// rounding a*a), so the tail of erfc (1 + erf(x) for negative x, which gelu needs) keeps its
+// relative accuracy, where 1 - erf(a) loses it all by cancellation.
+static inline float k_erfc_pos(float a) {
+  float t = 1.0f / (1.0f + 0.5f * a);
+  float q = -1.492886170e-01f;
+  q = q * t + 1.016766408e+00f;
+  q = q * t + -2.907409833e+00f;
+  q = q * t + 4.423094861e+00f;
+  q = q * t + -3.735888645e+00f;
+  q = q * t + 1.789192161e+00f;
+  q = q * t + -7.660246212e-01f;
+  q = q * t + 2.415236474e-01f;
+  q = q * t + 3.516406231e-01f;
+  q = q * t + 1.001979212e+00f;
+  q = q * t + -1.265585194e+00f;
+  return t * k_exp(-a * a + q);
+}
+// erf below 0.9: its Taylor series to x^19 (the next term is below 2e-8 of erf there), accurate in
+// relative terms down to 0, where gelu's backward needs it (and near its root, x = -0.75, where
+// the sum Phi(x) + x*phi(x) cancels).
+static inline float k_erf_series(float x) {
   const float x2 = x * x;
-  float s = -0.000854832702f;
+  float s = -1.63658447e-07f;
+  s = s * x2 + 1.64621144e-06f;
+  s = s * x2 + -1.49256504e-05f;
+  s = s * x2 + 1.20553330e-04f;
+  s = s * x2 + -0.000854832702f;
   s = s * x2 + 0.00522397762f;
   s = s * x2 + -0.0268661707f;
   s = s * x2 + 0.112837917f;
   s = s * x2 + -0.376126389f;
   s = s * x2 + 1.12837917f;
-  return a < 0.5f ? s * x : y;
+  return s * x;
+}
+static inline float k_erf(float x) {
+  const float a = x < 0.0f ? -x : x;
+  float y = 1.0f - k_erfc_pos(a);
+  y = x < 0.0f ? -y : y;
+  return a < 0.9f ? k_erf_series(x) : (x != x ? x : y);
+}
+// The standard normal CDF, Phi(x) = erfc(-x/sqrt(2))/2, from the tail form alone (accurate in
+// relative terms on both sides, no series needed: Phi does not vanish at 0): gelu's x*Phi(x) and
+// its backward without the cancellation of 1 + erf(x/sqrt(2)) for negative x.
+static inline float k_ndtr(float x) {
+  const float c = 0.5f * k_erfc_pos((x < 0.0f ? -x : x) * 0.707106781f);
+  return x != x ? x : (x < 0.0f ? c : 1.0f - c);
 }
 static inline double k_exp(double x) { return exp(x); }
 static inline double k_log(double x) { return log(x); }
 static inline double k_tanh(double x) { return tanh(x); }
 static inline double k_erf(double x) { return erf(x); }
+static inline double k_ndtr(double x) { return 0.5 * erfc(-x * 0.70710678118654752); }
 static inline float k_sqrt(float x) { return __builtin_sqrtf(x); }
 static inline double k_sqrt(double x) { return __builtin_sqrt(x); }
 static inline float k_abs(float x) { return __builtin_fabsf(x); }
@@ -367,7 +397,7 @@ class KernelEmitter {
     if (op == "neg") return "(-" + a(0) + ")";
     if (op == "relu") return "(" + a(0) + " < (" + T + ")0 ? (" + T + ")0 : " + a(0) + ")";
     if (op == "sigmoid") return "((" + std::string(T) + ")1 / ((" + T + ")1 + k_exp(-" + a(0) + ")))";
-    if (op == "exp" || op == "log" || op == "tanh" || op == "erf" || op == "sqrt" || op == "abs")
+    if (op == "exp" || op == "log" || op == "tanh" || op == "erf" || op == "ndtr" || op == "sqrt" || op == "abs")
       return "k_" + op + "(" + a(0) + ")";
     if (op == "rsqrt") return "((" + std::string(T) + ")1 / k_sqrt(" + a(0) + "))";
     if (op == "reciprocal") return "((" + std::string(T) + ")1 / " + a(0) + ")";

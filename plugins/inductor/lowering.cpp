@@ -360,7 +360,9 @@ void Lowerer::lower_special(const Node& n) {
       auto mul = [&](int u, int v) { return p.op("mul", ty, {u, v}); };
       auto add = [&](int u, int v) { return p.op("add", ty, {u, v}); };
       if (!tanh_approx) {
-        int cdf = mul(cst(p, 0.5), add(cst(p, 1.0), p.op("erf", ty, {mul(a, cst(p, M_SQRT1_2))})));
+        // Phi(x) straight from erfc's tail form: no cancellation for negative x, where
+        // 1 + erf(x/sqrt(2)) loses every digit (ATen's formula: 1e-3 to 1e-1 below x = -4).
+        int cdf = p.op("ndtr", ty, {a});
         if (!bwd) return mul(a, cdf);
         int pdf = mul(cst(p, 0.3989422804014327), p.op("exp", ty, {mul(cst(p, -0.5), mul(a, a))}));
         return mul(g(p, idx), add(cdf, mul(a, pdf)));
