@@ -37,14 +37,16 @@ bool as_accurate_as_eager(const ir::Graph& g, const std::vector<at::Tensor>& inp
   if (plugin_err <= 2 * eager_err + tolerance(ref.scalar_type()) / 10) return true;
   // Eager may land closer by luck (its rounding order happened to cancel). Then the measure is the
   // result's own conditioning: how far the float64 result moves when every floating input is
-  // perturbed by one unit in the last place of the output's dtype. A plugin no further from the
-  // float64 result than four such moves rounds no worse than a correct evaluation can.
+  // perturbed by up to four units in the last place of the output's dtype (a stand-in for the
+  // roundings inside a composite op such as gelu's backward near its root). A plugin no further
+  // from the float64 result than four such moves rounds no worse than a correct evaluation can; in
+  // a well-conditioned place that is still ~1e-6, ten times inside the tolerance.
   const double ulp = ref.scalar_type() == at::kBFloat16 ? 0x1p-8 : ref.scalar_type() == at::kHalf ? 0x1p-11 : 0x1p-24;
   double spread = 0;
-  for (int trial = 0; trial < 4; ++trial) {
+  for (int trial = 0; trial < 8; ++trial) {
     std::vector<at::Tensor> moved;
     for (const auto& t : wide)
-      moved.push_back(at::isFloatingType(t.scalar_type()) ? t * (1 + ulp * (2 * at::rand_like(t) - 1)) : t);
+      moved.push_back(at::isFloatingType(t.scalar_type()) ? t * (1 + 4 * ulp * (2 * at::rand_like(t) - 1)) : t);
     try {
       const auto e = run_eager(g, moved);
       spread = std::max(spread, (e[k] - exact[k]).abs().max().item<double>());
