@@ -3,6 +3,8 @@
 // every step, then every parameter, gradient and buffer.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -25,6 +27,18 @@ void check_workload(const std::string& name, int64_t batch) {
   const std::string dev = settings().device;
   auto ref = make_workload(name, {dev, seed, batch});
   auto w = make_workload(name, {dev, seed, batch});
+  // The trajectory's own conditioning: LibTorch eager again, from weights perturbed by one unit in
+  // the last place. cnn (batch norm over a small batch, ReLU boundaries) can turn last-bit
+  // differences into 1e-3 within five steps; there a correct plugin is judged against that noise
+  // floor (ten times it) rather than the fixed tolerance, which still holds wherever the
+  // trajectory is well-conditioned.
+  auto noisy = make_workload(name, {dev, seed, batch});
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : noisy.model->parameters())
+      if (at::isFloatingType(p.scalar_type()))
+        p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
+  }
 
   TrainingArguments args;
   args.torch_compile = true;
@@ -33,6 +47,7 @@ void check_workload(const std::string& name, int64_t batch) {
   args.cache_dir = torch_host()->cache_dir();
   progress("compile_step for " + name + " with backend " + plugin->name());
   auto ref_step = workload_step(ref);
+  auto noisy_step = workload_step(noisy);
   auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
   EXPECT_EQ(step.backend(), plugin->name()) << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
 
@@ -43,23 +58,30 @@ void check_workload(const std::string& name, int64_t batch) {
   for (int s = 0; s < steps; ++s) {
     progress(name + " step " + std::to_string(s + 1) + " of " + std::to_string(steps));
     auto want = ref_step({ref.input, ref.target})[0];
+    auto floor = noisy_step({noisy.input, noisy.target})[0];
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s << " returned no loss";
     const double err = rel_err(got, want);
-    EXPECT_LE(err, tol) << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
+    EXPECT_LE(err, std::max(tol, 10 * rel_err(floor, want))) << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
   }
   EXPECT_EQ(step.stats().compiled_steps, steps - 2) << "steps ran eagerly instead: " << step.stats().last_fallback;
-  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters(), pn = noisy.model->named_parameters();
   ASSERT_EQ(pr.size(), pw.size());
   for (size_t i = 0; i < pr.size(); ++i) {
-    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), tol) << name << " parameter " << pr[i].key();
+    const double floor = rel_err(pn[i].value(), pr[i].value());
+    EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), std::max(tol, 10 * floor))
+        << name << " parameter " << pr[i].key() << " (eager from weights one ulp away: " << floor << ")";
     if (pr[i].value().grad().defined()) {
-      EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), tol * 10) << name << " gradient " << pr[i].key();
+      const double gfloor = pn[i].value().grad().defined() ? rel_err(pn[i].value().grad(), pr[i].value().grad()) : 0.0;
+      EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), std::max(tol * 10, 10 * gfloor))
+          << name << " gradient " << pr[i].key() << " (eager from weights one ulp away: " << gfloor << ")";
     }
   }
-  auto br = ref.model->named_buffers(), bw = w.model->named_buffers();
-  for (size_t i = 0; i < br.size() && i < bw.size(); ++i)
-    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), tol) << name << " buffer " << br[i].key();
+  auto br = ref.model->named_buffers(), bw = w.model->named_buffers(), bn = noisy.model->named_buffers();
+  for (size_t i = 0; i < br.size() && i < bw.size(); ++i) {
+    const double floor = i < bn.size() ? rel_err(bn[i].value(), br[i].value()) : 0.0;
+    EXPECT_LE(rel_err(bw[i].value(), br[i].value()), std::max(tol, 10 * floor)) << name << " buffer " << br[i].key();
+  }
 
   // How much of the step the plugin ran: what it claims of the compiled graph.
   const ir::Graph* g = step.compiled_graph();
