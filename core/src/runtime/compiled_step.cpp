@@ -493,15 +493,11 @@ struct CompiledStep::Impl {
     return true;
   }
 
-  static bool lift_would_apply(const ir::Graph& g) {
-    ir::Graph lg = g;
-    std::vector<LiftedScalar> lifted;
-    return lift_runtime_scalars(lg, &lifted).empty() && !lifted.empty();
-  }
-
   // Turns g's run-time scalars into 0-dim tensors on e.graph_device, read from one buffer per dtype
   // that fill_scalars writes before every call. Returns why not ("" when done or nothing to do).
-  std::string lift(Entry& e, ir::Graph& g) {
+  // for_graph: the lifting is for a CUDA graph, which a step with lifted scalars does not get yet
+  // unless KILN_GRAPH_RUNTIME_SCALARS=1 (see plan_graphs).
+  std::string lift(Entry& e, ir::Graph& g, bool for_graph) {
     if (g.scalar_inputs.empty()) return "";
     ir::Graph lg = g;
     std::vector<LiftedScalar> lifted;
@@ -510,6 +506,15 @@ struct CompiledStep::Impl {
       return "a run-time scalar argument of " + bad.front() +
              " (a CUDA graph bakes kernel arguments; kiln turns run-time scalars of add, sub, mul, div, addcdiv, "
              "addcmul, lerp, pow and fill into device tensors, not of this op)";
+    if (for_graph && !lifted.empty() && !graph_runtime_scalars_enabled()) {
+      // Measured on the H200 (2026-11-30, deterministic kernels, so that eager matches itself):
+      // gpt + AdamW replayed as a graph ended 30 steps with its loss 17% off eager while the same
+      // step without a graph matched to the bit, and mlp/cnn (SGD, no run-time scalars) graph to
+      // the bit. Until that is found, a step with run-time scalars runs without a graph.
+      return c10::str(g.scalar_inputs.size(), " run-time scalars (the optimizer's per-step scalars, e.g. AdamW's bias "
+                      "corrections): their graphed replay does not match eager yet; set KILN_GRAPH_RUNTIME_SCALARS=1 "
+                      "to graph such steps anyway");
+    }
     g = std::move(lg);
     e.lifted = std::move(lifted);
     std::vector<std::pair<c10::ScalarType, int64_t>> bufs;  // (dtype, count)
@@ -549,7 +554,7 @@ struct CompiledStep::Impl {
       // KILN_LIFT_RUNTIME_SCALARS=1 (a debugging aid): lift run-time scalars into tensors without
       // a graph, to tell the lifting's numerics from the graph's replay, on any device.
       if (const char* v = std::getenv("KILN_LIFT_RUNTIME_SCALARS"); v && *v && std::string(v) != "0") {
-        const std::string why = lift(e, g);
+        const std::string why = lift(e, g, /*for_graph=*/false);
         if (!why.empty()) warn_once("kiln: KILN_LIFT_RUNTIME_SCALARS: cannot lift " + why);
       }
       return;
@@ -581,19 +586,7 @@ struct CompiledStep::Impl {
       if (op_info(g.nodes[i].op).nondeterministic)
         why = c10::str("a random op (node ", i, " ", g.nodes[i].op,
                        "): a replayed graph would draw the same random numbers every step");
-    if (why.empty() && !g.scalar_inputs.empty()) {
-      if (!graph_runtime_scalars_enabled() && lift_would_apply(g)) {
-        // Measured on the H200 (2026-11-30, deterministic kernels, so that eager matches itself):
-        // gpt + AdamW replayed as a graph ended 30 steps with its loss 17% off eager while the same
-        // step without a graph matched to the bit, and mlp/cnn (SGD, no run-time scalars) graph to
-        // the bit. Until that is found, a step with run-time scalars runs without a graph.
-        why = c10::str(g.scalar_inputs.size(), " run-time scalars (the optimizer's per-step scalars, e.g. AdamW's bias "
-                       "corrections): their graphed replay does not match eager yet; set KILN_GRAPH_RUNTIME_SCALARS=1 "
-                       "to graph such steps anyway");
-      } else {
-        why = lift(e, g);
-      }
-    }
+    if (why.empty()) why = lift(e, g, /*for_graph=*/true);
     if (!why.empty()) {
       const std::string msg = "kiln: skipping cudagraphs due to " + why;
       stats.last_graph_skip = msg;

@@ -87,6 +87,16 @@ struct Checked {
 };
 
 // Compiles `text` with the inductor and runs it against the eager executor on fresh inputs.
+// The graph's outputs after one run of `exec` on `inputs`.
+std::vector<at::Tensor> run_plugin(PartitionedExecutor& exec, const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  exec.run(env);
+  std::vector<at::Tensor> outs;
+  for (const auto& o : g.outputs) outs.push_back(env[o.value]);
+  return outs;
+}
+
 Checked check(const std::string& text, double tol = 1e-5, const std::string& cache_dir = "",
               KilnMode mode = KILN_MODE_DEFAULT, const Options& opts = {}) {
   ir::Graph g = ir::parse(text);
@@ -98,11 +108,9 @@ Checked check(const std::string& text, double tol = 1e-5, const std::string& cac
   for (int trial = 0; trial < 2; ++trial) {
     auto inputs = make_inputs(g);
     auto ref = run_eager(g, inputs);
-    std::vector<at::Tensor> env(g.values.size());
-    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-    exec.run(env);
+    const auto outs = run_plugin(exec, g, inputs);
     for (size_t k = 0; k < g.outputs.size(); ++k) {
-      const at::Tensor& out = env[g.outputs[k].value];
+      const at::Tensor& out = outs[k];
       EXPECT_TRUE(out.defined()) << "output " << k;
       if (!out.defined()) continue;
       EXPECT_EQ(out.sizes(), ref[k].sizes()) << "output " << k;
@@ -760,17 +768,15 @@ TEST(InductorRegression, EmptyTensorsCompileAndReductionsOverThemWriteTheirIdent
   EXPECT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
   auto inputs = make_inputs(g);
   auto ref = run_eager(g, inputs);
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  exec.run(env);
+  const auto outs = run_plugin(exec, g, inputs);
   for (size_t k = 0; k < g.outputs.size(); ++k) {
-    const at::Tensor& out = env[g.outputs[k].value];
+    const at::Tensor& out = outs[k];
     ASSERT_TRUE(out.defined()) << g.outputs[k].name;
     EXPECT_EQ(out.sizes(), ref[k].sizes()) << g.outputs[k].name;
     EXPECT_TRUE(at::allclose(out, ref[k], 1e-5, 1e-6, /*equal_nan=*/true)) << g.outputs[k].name << "\n" << out << "\n" << ref[k];
   }
-  EXPECT_TRUE(at::equal(env[3], at::zeros({5})));
-  EXPECT_TRUE(env[5].isnan().all().item<bool>());
+  EXPECT_TRUE(at::equal(outs[1], at::zeros({5})));
+  EXPECT_TRUE(outs[3].isnan().all().item<bool>());
 }
 
 // amax over an empty dim is an error in ATen: such nodes are left to eager, never claimed.
@@ -976,10 +982,7 @@ TEST(InductorRegression, GeluBackwardNearItsRootIsAsAccurateAsLibTorch) {
   ASSERT_GT(exec.stats().nodes_compiled, 0);
   for (int trial = 0; trial < 4; ++trial) {
     std::vector<at::Tensor> inputs = {-0.7518 + 0.004 * at::randn({64, 33}), at::randn({64, 33})};
-    std::vector<at::Tensor> env(g.values.size());
-    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-    exec.run(env);
-    const at::Tensor got = env[g.outputs[0].value].to(at::kDouble);
+    const at::Tensor got = run_plugin(exec, g, inputs)[0].to(at::kDouble);
     const at::Tensor eager = at::gelu_backward(inputs[1], inputs[0]).to(at::kDouble);
     const at::Tensor exact = at::gelu_backward(inputs[1].to(at::kDouble), inputs[0].to(at::kDouble));
     const double ours = ((got - exact).norm() / exact.norm()).item<double>();
@@ -1005,15 +1008,13 @@ TEST(InductorRegression, GeluTailAndErfAreAccurateAgainstFloat64) {
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
   ASSERT_EQ(exec.stats().nodes_compiled, 2u);
   std::vector<at::Tensor> inputs = {at::linspace(-6.0, -2.0, 4096), at::linspace(-3.0, 3.0, 4096)};
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  exec.run(env);
+  const auto outs = run_plugin(exec, g, inputs);
   auto worst = [](const at::Tensor& got, const at::Tensor& exact) {
     return ((got.to(at::kDouble) - exact).abs() / exact.abs().clamp_min(1e-30)).max().item<double>();
   };
   const auto x = inputs[0].to(at::kDouble), y = inputs[1].to(at::kDouble);
-  EXPECT_LE(worst(env[g.outputs[0].value], at::gelu(x)), 1e-5);
-  EXPECT_LE(worst(env[g.outputs[1].value], at::erf(y)), 5e-7);
+  EXPECT_LE(worst(outs[0], at::gelu(x)), 1e-5);
+  EXPECT_LE(worst(outs[1], at::erf(y)), 5e-7);
 }
 
 TEST(InductorRegression, ErfAndGeluBackwardAreAccurateNearZero) {
