@@ -290,6 +290,9 @@ int cmd_bench(int argc, char** argv) {
       const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
       worst_loss = std::max(worst_loss, err);
       if (first_loss_diff < 0 && e != k) first_loss_diff = s + 1;
+      // KILN_BENCH_TRACE=1: every step's two losses (how a difference starts and grows).
+      if (const char* t = std::getenv("KILN_BENCH_TRACE"); t && *t && std::string(t) != "0")
+        std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e\n", s + 1, e, k, err);
     }
     auto pe = eager_w.model->named_parameters(), pk = kiln_w.model->named_parameters();
     for (size_t i = 0; i < pe.size(); ++i) {

@@ -348,3 +348,63 @@ TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {
   ASSERT_EQ(unsupported.size(), 1u);
   EXPECT_EQ(unsupported[0], "aten::clamp");
 }
+
+// On CUDA each lifted form must round as ATen's kernel for the host-scalar op does (issue 8: a
+// last-bit difference in AdamW's update grows in bf16 training). One op at a time, on a million
+// elements shaped like AdamW's operands, so that a failure names the form that differs and how
+// often. Skips without a CUDA device (scripts/device-check capture runs it on the GPU machine).
+TEST(LiftRuntimeScalarsCuda, EachLiftedFormRoundsAsAtensHostScalarKernel) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine (scripts/device-check capture)";
+  struct Form {
+    const char* op;    // the node, %0..%2 the inputs, $0 the run-time scalar
+    double value;      // the scalar (AdamW-like)
+  };
+  const Form forms[] = {
+      {"aten::div.Scalar(%0, $0:scalar(0.5))", 0.0547},          // exp_avg_sq.sqrt() / sqrt(bc2)
+      {"aten::addcdiv(%0, %1, %2, $0:scalar(0.5))", -0.00369},   // p.addcdiv_(m, denom, -step_size)
+      {"aten::addcmul(%0, %1, %1, $0:scalar(0.5))", 0.001},      // v.addcmul_(g, g, 1 - beta2)
+      {"aten::add.Tensor(%0, %1, $0:scalar(0.5))", 0.1},         // m.add_(g, 1 - beta1)
+      {"aten::mul.Scalar(%0, $0:scalar(0.5))", 0.99999},         // p.mul_(1 - lr * wd)
+      {"aten::add.Scalar(%0, $0:scalar(0.5), scalar(1))", 1e-8}, // denom.add_(eps)
+      {"aten::lerp.Scalar(%0, %1, $0:scalar(0.5))", 0.1},
+  };
+  const int64_t n = 1 << 20;
+  const auto opts = at::TensorOptions(at::kFloat).device(at::kCUDA);
+  int failures = 0;
+  for (const auto& f : forms) {
+    const std::string text = std::string(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  input %0 : f32[1048576]{1} on cuda:0 param "p"
+  input %1 : f32[1048576]{1} on cuda:0 state "m"
+  input %2 : f32[1048576]{1} on cuda:0 state "d"
+  %3 : f32[1048576]{1} on cuda:0 = )") + f.op + R"(
+  output %3 result "y"
+}
+)";
+    const ir::Graph orig = ir::parse(text);
+    ir::Graph g = orig;
+    std::vector<LiftedScalar> lifted;
+    ASSERT_TRUE(lift_runtime_scalars(g, &lifted).empty()) << f.op;
+    ASSERT_EQ(lifted.size(), 1u) << f.op;
+    const std::vector<at::Tensor> ins = {at::randn({n}, opts) * 0.02, at::randn({n}, opts) * 1e-3,
+                                         at::rand({n}, opts) * 1e-3 + 1e-8};
+    std::vector<c10::IValue> scalars = {f.value};
+    std::vector<at::Tensor> env(orig.values.size());
+    for (size_t i = 0; i < 3; ++i) env[orig.inputs[i].value] = ins[i];
+    for (const auto& node : orig.nodes) EagerExecutor::run_node(node, env, &scalars);
+    const at::Tensor want = env[orig.outputs[0].value];
+    std::vector<at::Tensor> env2(g.values.size());
+    for (size_t i = 0; i < 3; ++i) env2[g.inputs[i].value] = ins[i];
+    // As CompiledStep::fill_scalars: the reciprocal in float, else the value rounded to float.
+    const float s = lifted[0].reciprocal ? 1.0f / static_cast<float>(f.value) : static_cast<float>(f.value);
+    env2[lifted[0].value] = at::scalar_tensor(s, opts);
+    for (const auto& node : g.nodes) EagerExecutor::run_node(node, env2);
+    const at::Tensor got = env2[g.outputs[0].value];
+    const int64_t differ = got.ne(want).sum().item<int64_t>();
+    if (differ != 0) ++failures;
+    std::printf("lifted %-48s %s: %lld of %lld elements differ (max |diff| %.3e)\n", f.op,
+                lifted[0].reciprocal ? "(reciprocal)" : "", static_cast<long long>(differ), static_cast<long long>(n),
+                (got - want).abs().max().item<double>());
+  }
+  EXPECT_EQ(failures, 0) << "lifted forms that do not round as ATen's CUDA kernels (see the lines above)";
+}
