@@ -81,6 +81,13 @@ def main():
             fmt(k.get("kiln_first_step_s"), "{:.2f} s"), fmt(kw.get("kiln_first_step_s"), "{:.2f} s"),
             fmt(best["first_step_s"] if best else None, "{:.1f} s"),
         ]))
+    print("\nevery PyTorch configuration (ms/step, first step, peak memory):")
+    for r in rows:
+        for t in r["torch"]:
+            if "ms_per_step" in t:
+                mem = t.get("peak_mem_bytes")
+                print(f"  {r['workload']:4} {t['config']:28} {t['ms_per_step']:9.3f} ms  {t['first_step_s']:6.2f} s"
+                      + (f"  {mem / 2**20:8.1f} MiB" if mem else ""))
     for r in rows:
         for t in r["torch"]:
             if "error" in t:

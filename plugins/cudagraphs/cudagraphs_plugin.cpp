@@ -9,11 +9,9 @@
 #include <kiln/plugin_api.hpp>
 
 #include <string>
-#include <utility>
 
 #if defined(KILN_CUDAGRAPHS_WITH_CUDA)
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #endif
 
 namespace {
@@ -30,22 +28,6 @@ void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
   throw Error(e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ? KILN_ERROR_UNAVAILABLE : KILN_ERROR_INTERNAL,
               std::string(what) + " failed: " + cuda_error(e));
-}
-
-// Keeps the CUDA runtime library loaded for the life of the process once this plugin has been
-// loaded. Unloading libcudart does not give back what it allocated when it was loaded (on the
-// H200 host, with a driver present: ~72 KiB of heap per load/unload cycle, measured by the
-// conformance case ABI.LoadUnloadAndReloadWithoutLeaks), so a host that loads and unloads the
-// plugin repeatedly would leak that much per cycle. Marked RTLD_NODELETE, the runtime stays, and
-// later loads of the plugin reuse it. The plugin itself still unloads. A host that links the CUDA
-// runtime already (LibTorch does) never unloads it anyway.
-void pin_cuda_runtime() {
-  static const bool pinned = [] {
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(&cudaGetErrorString), &info) == 0 || !info.dli_fname) return false;
-    return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
-  }();
-  (void)pinned;
 }
 
 class CudaGraph : public GraphExec {
@@ -69,11 +51,7 @@ class CudaGraph : public GraphExec {
 
 class CudaGraphsPlugin : public Plugin {
  public:
-#if defined(KILN_CUDAGRAPHS_WITH_CUDA)
-  explicit CudaGraphsPlugin(Host host) : Plugin(std::move(host)) { pin_cuda_runtime(); }
-#else
   using Plugin::Plugin;
-#endif
 
   static Descriptor describe() {
     Descriptor d;

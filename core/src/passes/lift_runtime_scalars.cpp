@@ -11,7 +11,8 @@
 //   add.Tensor(x, y, $q)     -> addcmul(x, y, S, 1)       (sub: value -1)
 //   addcdiv(x, a, b, $q)     -> addcmul(x, div.Tensor(a, b), S, 1)          (CUDA)
 //                               addcdiv(x, mul.Tensor(a, S), b, 1)          (CPU)
-//   addcmul(x, a, b, $q)     -> addcmul(x, mul.Tensor(a, S), b, 1)
+//   addcmul(x, a, b, $q)     -> addcmul(x, mul.Tensor(a, b), S, 1)          (CUDA)
+//                               addcmul(x, mul.Tensor(a, S), b, 1)          (CPU)
 //   lerp.Scalar(x, y, $q)    -> lerp.Tensor(x, y, S)
 //   pow.Tensor_Scalar(x, $q) -> pow.Tensor_Tensor(x, S)
 //   fill.Scalar(x, $q)       -> fill.Tensor(x, S)
@@ -23,10 +24,11 @@
 // - CPU: ATen divides by a scalar (a / s), and computes addcdiv as x + (value*a)/b: the lifted
 //   forms above are bit for bit the same (LiftRuntimeScalars tests check it with at::equal).
 // - CUDA: ATen's division by a host scalar multiplies by 1/s computed in the operand's math type
-//   (fill_scalars computes R the same way), and addcdiv is x + value*(a/b). Where nvcc contracts
-//   that into one fused multiply-add, no pair of ATen ops with a tensor `value` reproduces the
-//   single rounding: the lifted x + (a/b)*S can differ in the last bit. Not yet measured on the
-//   GPU (see docs/backends/cudagraphs.md).
+//   (fill_scalars computes R the same way); addcdiv and addcmul are fma(value, a/b, x) and
+//   fma(value, a*b, x) with the quotient or product rounded first, and addcmul with value 1 is
+//   fma(a, b, x): the lifted forms above give the same single roundings. Measured bit for bit on
+//   the H200 (LiftRuntimeScalarsCuda test, a million elements per form).
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -44,6 +46,22 @@ ir::Arg one() {
   ir::Arg a = ir::Arg::integer(1);
   a.is_scalar = true;
   return a;
+}
+
+// The contiguous result of an elementwise op of a and b (broadcast shapes, a's dtype and device).
+ir::TensorMeta broadcast_meta(const ir::TensorMeta& a, const ir::TensorMeta& b) {
+  ir::TensorMeta m = a;
+  m.storage_offset = 0;
+  const size_t n = std::max(a.shape.size(), b.shape.size());
+  m.shape.assign(n, 1);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t x = i < n - a.shape.size() ? 1 : a.shape[i - (n - a.shape.size())];
+    const int64_t y = i < n - b.shape.size() ? 1 : b.shape[i - (n - b.shape.size())];
+    m.shape[i] = x == 1 ? y : x;
+  }
+  m.strides.assign(n, 1);
+  for (size_t i = n; i-- > 1;) m.strides[i - 1] = m.strides[i] * std::max<int64_t>(m.shape[i], 1);
+  return m;
 }
 
 }  // namespace
@@ -124,6 +142,11 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
         const auto scaled = new_value(g.value(A[1].value).meta);
         out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, scaled, ph));
         out.push_back(node("aten::addcdiv", {T(A[0].value), T(scaled), T(A[2].value), one()}, result, ph));
+      } else if (rmeta.device.is_cuda()) {
+        // ATen's CUDA addcmul: fma(value, a*b, x), the product rounded first.
+        const auto prod = new_value(broadcast_meta(g.value(A[1].value).meta, g.value(A[2].value).meta));
+        out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(A[2].value)}, prod, ph));
+        out.push_back(node("aten::addcmul", {T(A[0].value), T(prod), T(s), one()}, result, ph));
       } else {
         const auto scaled = new_value(g.value(A[1].value).meta);
         out.push_back(node("aten::mul.Tensor", {T(A[1].value), T(s)}, scaled, ph));

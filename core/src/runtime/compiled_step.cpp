@@ -65,12 +65,6 @@ bool storage_swap_enabled() {
   return on;
 }
 
-// KILN_GRAPH_RUNTIME_SCALARS=1: graph steps with run-time scalars (experimental; see plan_graphs).
-bool graph_runtime_scalars_enabled() {
-  const char* v = std::getenv("KILN_GRAPH_RUNTIME_SCALARS");
-  return v && *v && std::string(v) != "0";
-}
-
 // Runs a compiled graph given its inputs bound in env, with the step's run-time scalars.
 struct GraphExecutor {
   virtual ~GraphExecutor() = default;
@@ -116,6 +110,24 @@ void optimizer_state_tensors(const torch::optim::OptimizerParamState& st,
   } else if (auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&st)) {
     out.emplace_back("sum", s->sum());
   }
+}
+
+// Whether a node draws from a random generator when it runs: a nondeterministic_seeded op, unless
+// its dropout probability is 0 (the attention kernels draw only when dropout_p > 0: gpt's
+// _scaled_dot_product_cudnn_attention and flash attention carry dropout_p = 0) or it is a
+// dropout not in training.
+bool draws_random_numbers(const ir::Node& n) {
+  const OpInfo& info = op_info(n.op);
+  if (!info.nondeterministic) return false;
+  if (!info.handle) return true;
+  const auto& params = info.handle->schema().arguments();
+  for (size_t k = 0; k < params.size() && k < n.args.size(); ++k) {
+    const auto& a = n.args[k];
+    if (params[k].name() == "dropout_p" && a.kind == ir::Arg::Kind::Double && a.scalar_input < 0 && a.d == 0.0)
+      return false;
+    if (params[k].name() == "train" && a.kind == ir::Arg::Kind::Bool && a.i == 0) return false;
+  }
+  return true;
 }
 
 bool arg_matches(const ir::Arg& a, const c10::IValue& v) {
@@ -495,9 +507,7 @@ struct CompiledStep::Impl {
 
   // Turns g's run-time scalars into 0-dim tensors on e.graph_device, read from one buffer per dtype
   // that fill_scalars writes before every call. Returns why not ("" when done or nothing to do).
-  // for_graph: the lifting is for a CUDA graph, which a step with lifted scalars does not get yet
-  // unless KILN_GRAPH_RUNTIME_SCALARS=1 (see plan_graphs).
-  std::string lift(Entry& e, ir::Graph& g, bool for_graph) {
+  std::string lift(Entry& e, ir::Graph& g) {
     if (g.scalar_inputs.empty()) return "";
     ir::Graph lg = g;
     std::vector<LiftedScalar> lifted;
@@ -506,15 +516,6 @@ struct CompiledStep::Impl {
       return "a run-time scalar argument of " + bad.front() +
              " (a CUDA graph bakes kernel arguments; kiln turns run-time scalars of add, sub, mul, div, addcdiv, "
              "addcmul, lerp, pow and fill into device tensors, not of this op)";
-    if (for_graph && !lifted.empty() && !graph_runtime_scalars_enabled()) {
-      // Measured on the H200 (2026-11-30, deterministic kernels, so that eager matches itself):
-      // gpt + AdamW replayed as a graph ended 30 steps with its loss 17% off eager while the same
-      // step without a graph matched to the bit, and mlp/cnn (SGD, no run-time scalars) graph to
-      // the bit. Until that is found, a step with run-time scalars runs without a graph.
-      return c10::str(g.scalar_inputs.size(), " run-time scalars (the optimizer's per-step scalars, e.g. AdamW's bias "
-                      "corrections): their graphed replay does not match eager yet; set KILN_GRAPH_RUNTIME_SCALARS=1 "
-                      "to graph such steps anyway");
-    }
     g = std::move(lg);
     e.lifted = std::move(lifted);
     std::vector<std::pair<c10::ScalarType, int64_t>> bufs;  // (dtype, count)
@@ -554,7 +555,7 @@ struct CompiledStep::Impl {
       // KILN_LIFT_RUNTIME_SCALARS=1 (a debugging aid): lift run-time scalars into tensors without
       // a graph, to tell the lifting's numerics from the graph's replay, on any device.
       if (const char* v = std::getenv("KILN_LIFT_RUNTIME_SCALARS"); v && *v && std::string(v) != "0") {
-        const std::string why = lift(e, g, /*for_graph=*/false);
+        const std::string why = lift(e, g);
         if (!why.empty()) warn_once("kiln: KILN_LIFT_RUNTIME_SCALARS: cannot lift " + why);
       }
       return;
@@ -583,10 +584,10 @@ struct CompiledStep::Impl {
     // capture bakes into the graph: every replay would draw the same numbers. PyTorch registers
     // the generator with its graphs for that; kiln does not yet, so such a step is not graphed.
     for (size_t i = 0; i < g.nodes.size() && why.empty(); ++i)
-      if (op_info(g.nodes[i].op).nondeterministic)
+      if (draws_random_numbers(g.nodes[i]))
         why = c10::str("a random op (node ", i, " ", g.nodes[i].op,
                        "): a replayed graph would draw the same random numbers every step");
-    if (why.empty()) why = lift(e, g, /*for_graph=*/true);
+    if (why.empty()) why = lift(e, g);
     if (!why.empty()) {
       const std::string msg = "kiln: skipping cudagraphs due to " + why;
       stats.last_graph_skip = msg;
@@ -603,7 +604,11 @@ struct CompiledStep::Impl {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (size_t b = 0; b < e.scalar_buffers.size(); ++b) {
       auto& buf = e.scalar_buffers[b];
-      at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU));
+      // Pinned memory from LibTorch's caching host allocator: the non-blocking copy records an
+      // event on the block, which is not handed out again before the copy has read it. (A pageable
+      // buffer freed at once was overwritten before the copy read it on the H200 machine: the
+      // lifted AdamW steps of mlp, cnn and gpt drifted from eager from their first step.)
+      at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
       AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
         scalar_t* p = host.data_ptr<scalar_t>();
         for (size_t k = 0; k < e.lifted.size(); ++k) {
@@ -619,7 +624,6 @@ struct CompiledStep::Impl {
           }
         }
       });
-      // Pageable source: the driver stages it before returning, so `host` may die at once.
       buf.copy_(host, /*non_blocking=*/true);
     }
   }
