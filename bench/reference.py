@@ -102,7 +102,7 @@ def run_one(workload, device, config, steps, warmup):
     fwd = model
     if config == "cudagraphs":
         fwd = torch.compile(model, backend="cudagraphs")
-    elif config != "eager":
+    elif config not in ("eager", "whole-step-graph"):
         fwd = torch.compile(model, mode=config)
     cuda = device == "cuda"
 

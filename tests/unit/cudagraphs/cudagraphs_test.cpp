@@ -12,9 +12,11 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
+#include <torch/optim/adamw.h>
 
 #include "kiln/backend.h"
 #include "kiln/compile.h"
+#include "kiln/ir_text.h"
 #include "kiln/host_services.h"
 #include "kiln/plugin_registry.h"
 #include "kiln/workloads.h"
@@ -347,4 +349,70 @@ TEST(CudaGraphsCuda, AStepWithDropoutIsNotGraphedAndSaysWhy) {
   EXPECT_EQ(st.compiled_steps, 3) << st.last_fallback;
   EXPECT_NE(st.last_graph_skip.find("skipping cudagraphs due to a random op"), std::string::npos) << st.last_graph_skip;
   EXPECT_NE(st.last_graph_skip.find("dropout"), std::string::npos) << st.last_graph_skip;
+}
+
+// Run-time scalars lifted into 0-dim device tensors (the machinery of graphed AdamW steps), here
+// without a graph (KILN_LIFT_RUNTIME_SCALARS): with deterministic kernels the AdamW step must stay
+// bit for bit LibTorch eager's. On a difference it says where it first appears: which tensor
+// (parameter, gradient, exp_avg, exp_avg_sq), at which step, and one element's whole update.
+TEST(CudaGraphsCuda, LiftedRunTimeScalarsAreBitForBitEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  Deterministic deterministic;
+  ::setenv("KILN_LIFT_RUNTIME_SCALARS", "1", 1);
+  const uint64_t seed = 2468;
+  auto ref = kiln::make_workload("mlp", {"cuda", seed, 0, "adamw"});
+  auto w = kiln::make_workload("mlp", {"cuda", seed, 0, "adamw"});
+  auto ref_step = step_of(ref);
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args_for("inductor", "default"));
+  auto states = [](torch::optim::Optimizer& o, const at::Tensor& p) -> std::pair<at::Tensor, at::Tensor> {
+    auto it = o.state().find(p.unsafeGetTensorImpl());
+    if (it == o.state().end()) return {};
+    auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    return {st.exp_avg(), st.exp_avg_sq()};
+  };
+  bool reported = false;
+  for (int s = 0; s < 10 && !reported; ++s) {
+    auto pr = ref.model->parameters(), pw = w.model->parameters();
+    std::vector<at::Tensor> before;
+    for (auto& p : pr) before.push_back(p.detach().clone());
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    EXPECT_TRUE(at::equal(got, want)) << "loss at step " << s + 1;
+    for (size_t i = 0; i < pr.size() && !reported; ++i) {
+      auto [mr, vr] = states(*ref.optimizer, pr[i]);
+      auto [mw, vw] = states(*w.optimizer, pw[i]);
+      const std::pair<const char*, std::pair<at::Tensor, at::Tensor>> pairs[] = {
+          {"grad", {pr[i].grad(), pw[i].grad()}}, {"exp_avg", {mr, mw}}, {"exp_avg_sq", {vr, vw}}, {"param", {pr[i], pw[i]}}};
+      for (const auto& [what, t] : pairs) {
+        if (!t.first.defined() || !t.second.defined() || at::equal(t.first, t.second)) continue;
+        const auto diff = t.first.ne(t.second).flatten();
+        const int64_t k = diff.nonzero()[0][0].item<int64_t>();
+        auto at_k = [&](const at::Tensor& x) { return x.detach().flatten()[k].item<double>(); };
+        std::printf("first difference: step %d, parameter %zu, %s: %lld of %lld elements; element %lld:\n", s + 1, i, what,
+                    static_cast<long long>(diff.sum().item<int64_t>()), static_cast<long long>(diff.numel()),
+                    static_cast<long long>(k));
+        std::printf("  param before %.9g\n  grad   eager %.9g kiln %.9g\n  m      eager %.9g kiln %.9g\n"
+                    "  v      eager %.9g kiln %.9g\n  param  eager %.9g kiln %.9g\n",
+                    at_k(before[i]), at_k(pr[i].grad()), at_k(pw[i].grad()), at_k(mr), at_k(mw), at_k(vr), at_k(vw),
+                    at_k(pr[i]), at_k(pw[i]));
+        ADD_FAILURE() << "step " << s + 1 << ": parameter " << i << " " << what << " differs";
+        reported = true;
+        break;
+      }
+    }
+  }
+  ::unsetenv("KILN_LIFT_RUNTIME_SCALARS");
+  if (const auto* g = step.compiled_graph()) {
+    const std::string text = kiln::ir::print(*g);
+    size_t lines = 0;
+    for (size_t a = 0, b; a < text.size() && lines < 400; a = b + 1, ++lines) {
+      b = text.find('\n', a);
+      if (b == std::string::npos) b = text.size();
+      const std::string line = text.substr(a, b - a);
+      if (line.find("scalar") != std::string::npos || line.find("addc") != std::string::npos ||
+          line.find("sqrt") != std::string::npos || line.find("div") != std::string::npos ||
+          line.find("mul") != std::string::npos || line.find("add") != std::string::npos)
+        std::printf("  %s\n", line.c_str());
+    }
+  }
 }
