@@ -605,9 +605,7 @@ struct CompiledStep::Impl {
     for (size_t b = 0; b < e.scalar_buffers.size(); ++b) {
       auto& buf = e.scalar_buffers[b];
       // Pinned memory from LibTorch's caching host allocator: the non-blocking copy records an
-      // event on the block, which is not handed out again before the copy has read it. (A pageable
-      // buffer freed at once was overwritten before the copy read it on the H200 machine: the
-      // lifted AdamW steps of mlp, cnn and gpt drifted from eager from their first step.)
+      // event on the block, which is not handed out again before the copy has read it.
       at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
       AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
         scalar_t* p = host.data_ptr<scalar_t>();
@@ -618,9 +616,11 @@ struct CompiledStep::Impl {
           if (!e.lifted[k].reciprocal) {
             p[e.lifted_at[k].second] = static_cast<scalar_t>(d);
           } else {
-            // As ATen's CUDA division by a host scalar: 1/s in the operand's math type.
+            // As ATen's CUDA division by a host scalar: 1/s in double, then rounded to the
+            // operand's math type (1/s in float differs in the last bit for about half the
+            // values: AdamW's 1/sqrt(1 - 0.999^3) does, and the lifted step drifted from eager).
             using opmath_t = at::opmath_type<scalar_t>;
-            p[e.lifted_at[k].second] = static_cast<scalar_t>(opmath_t(1) / static_cast<opmath_t>(d));
+            p[e.lifted_at[k].second] = static_cast<scalar_t>(static_cast<opmath_t>(1.0 / d));
           }
         }
       });
