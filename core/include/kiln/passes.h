@@ -48,6 +48,19 @@ struct LiftedScalar {
 };
 std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<LiftedScalar>* lifted = nullptr);
 
+// The optimizer's per-parameter element-wise updates as multi-tensor ops (experimental, CUDA;
+// off unless KILN_BATCH_OPTIMIZER=1): LibTorch's C++ optimizers update each parameter with its own
+// few kernels (AdamW: ~10 per parameter, 770 launches on gpt), where PyTorch's foreach optimizers
+// launch a few multi-tensor kernels for all of them. Nodes of the optimizer phase with the same
+// op, the same constant arguments, the same dtype and device and the same depth in the graph (so
+// that none depends on another) become one ATen `_foreach_*` node over the lists of their operands
+// (mul.Scalar, add.Scalar with alpha 1, add/sub.Tensor, mul/div.Tensor of same-shaped operands,
+// mul.Tensor by one shared 0-dim tensor, addcmul, addcdiv, sqrt, lerp.Scalar). A node whose result
+// is written back (a parameter's or a state's new value) stays single, so that it still computes
+// straight into the written tensor. Nodes are re-ordered topologically, keeping graph order where
+// they are free. Returns how many nodes were folded into multi-tensor nodes.
+size_t batch_optimizer_updates(ir::Graph& graph);
+
 struct PassRecord {
   std::string name;
   size_t nodes_before = 0, nodes_after = 0;

@@ -372,8 +372,19 @@ struct CompiledStep::Impl {
     log_debug(line);
     g.verify();
     plan_graphs(e, g);
-    if (resolved.plugin && !(resolved.cuda_graphs && resolved.plugin == resolved.graph_plugin &&
-                             resolved.choice.backend == "cudagraphs")) {
+    const bool eager_executor = !resolved.plugin || (resolved.cuda_graphs && resolved.plugin == resolved.graph_plugin &&
+                                                     resolved.choice.backend == "cudagraphs");
+    // KILN_BATCH_OPTIMIZER=1 (experimental): the optimizer's per-parameter updates as multi-tensor
+    // ops, where ATen's kernels run them (on CUDA; on the CPU only with no backend claiming nodes,
+    // since inductor fuses the optimizer there itself).
+    if (const char* v = std::getenv("KILN_BATCH_OPTIMIZER"); v && *v && std::string(v) != "0" &&
+        (e.graph_device.is_cuda() || eager_executor)) {
+      const size_t before = g.nodes.size();
+      const size_t folded = batch_optimizer_updates(g);
+      log_info(c10::str("kiln: KILN_BATCH_OPTIMIZER: ", folded, " optimizer nodes folded into multi-tensor ops (",
+                        before, " -> ", g.nodes.size(), " nodes)"));
+    }
+    if (!eager_executor) {
       e.exec = std::make_unique<PartitionedGraphExecutor>(g, resolved, debug_dir(popts));
     } else {
       ir::Graph planned = g;

@@ -1,5 +1,7 @@
 // The passes, IR in and IR out (golden text), plus numeric checks that rewrites are exact.
+#include <array>
 #include <cmath>
+#include <set>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/core/function_schema.h>
+#include <c10/util/StringUtil.h>
 
 #include "kiln/executor.h"
 #include "kiln/ir_text.h"
@@ -421,4 +424,178 @@ TEST(LiftRuntimeScalarsCuda, EachLiftedFormRoundsAsAtensHostScalarKernel) {
                 static_cast<long long>(worst_at), worst_value);
   }
   EXPECT_EQ(failures, 0) << "lifted forms that do not round as ATen's CUDA kernels (see the lines above)";
+}
+
+// The optimizer's per-parameter updates as multi-tensor ops (KILN_BATCH_OPTIMIZER): AdamW on three
+// parameters of two shapes, as LibTorch's C++ AdamW records it after run-time scalar lifting on
+// CUDA, with gradients that come out of the backward at different depths (here on the CPU, where
+// the multi-tensor ops loop over the single ops: bit for bit).
+TEST(BatchOptimizerUpdates, FoldsEqualPerParameterOpsIntoForeachOpsAndKeepsWriteBacksSingle) {
+  std::string text = "graph {\n";
+  const char* shapes[] = {"f32[4,3]{3,1}", "f32[3]{1}", "f32[4,3]{3,1}"};
+  // inputs: p_i %(4i), g_i %(4i+1), m_i %(4i+2), v_i %(4i+3); the shared lifted scalars %12 (R), %13 (S)
+  for (int i = 0; i < 3; ++i) {
+    text += c10::str("  input %", 4 * i, " : ", shapes[i], " param \"p", i, "\"\n");
+    text += c10::str("  input %", 4 * i + 1, " : ", shapes[i], " grad \"g", i, "\"\n");
+    text += c10::str("  input %", 4 * i + 2, " : ", shapes[i], " state \"m", i, "\"\n");
+    text += c10::str("  input %", 4 * i + 3, " : ", shapes[i], " state \"v", i, "\"\n");
+  }
+  text += "  input %12 : f32[]{} scalar \"R\"\n  input %13 : f32[]{} scalar \"S\"\n";
+  int next = 14;
+  std::vector<std::array<int, 3>> wb;  // (p, m, v) new values per parameter
+  for (int i = 0; i < 3; ++i) {
+    const int p = 4 * i, m = p + 2, v = p + 3;
+    const std::string t = shapes[i];
+    // Each gradient leaves the backward at its own depth (here: after 2i negations).
+    int g = p + 1;
+    for (int k = 0; k < 2 * i; ++k, ++next) {
+      text += c10::str("  %", next, " : ", t, " = aten::neg(%", g, ") backward\n");
+      g = next;
+    }
+    const int p1 = next++, m1 = next++, m2 = next++, v1 = next++, v2 = next++, s = next++, d0 = next++, d = next++,
+              q = next++, p2 = next++;
+    text += c10::str("  %", p1, " : ", t, " = aten::mul.Scalar(%", p, ", scalar(0.99999)) optimizer\n");
+    text += c10::str("  %", m1, " : ", t, " = aten::mul.Scalar(%", m, ", scalar(0.9)) optimizer\n");
+    text += c10::str("  %", m2, " : ", t, " = aten::add.Tensor(%", m1, ", %", g, ", scalar(0.09999999999999998)) optimizer\n");
+    text += c10::str("  %", v1, " : ", t, " = aten::mul.Scalar(%", v, ", scalar(0.999)) optimizer\n");
+    text += c10::str("  %", v2, " : ", t, " = aten::addcmul(%", v1, ", %", g, ", %", g, ", scalar(0.0010000000000000009)) optimizer\n");
+    text += c10::str("  %", s, " : ", t, " = aten::sqrt(%", v2, ") optimizer\n");
+    text += c10::str("  %", d0, " : ", t, " = aten::mul.Tensor(%", s, ", %12) optimizer\n");
+    text += c10::str("  %", d, " : ", t, " = aten::add.Scalar(%", d0, ", scalar(1e-08), scalar(1)) optimizer\n");
+    text += c10::str("  %", q, " : ", t, " = aten::div.Tensor(%", m2, ", %", d, ") optimizer\n");
+    text += c10::str("  %", p2, " : ", t, " = aten::addcmul(%", p1, ", %", q, ", %13, scalar(1)) optimizer\n");
+    wb.push_back({p2, m2, v2});
+  }
+  for (int i = 0; i < 3; ++i) {
+    text += c10::str("  output %", wb[i][0], " writeback ", 4 * i, " \"p", i, "\"\n");
+    text += c10::str("  output %", wb[i][1], " writeback ", 4 * i + 2, " \"m", i, "\"\n");
+    text += c10::str("  output %", wb[i][2], " writeback ", 4 * i + 3, " \"v", i, "\"\n");
+  }
+  text += "}\n";
+  const ir::Graph orig = ir::parse(text);
+  ir::Graph g = orig;
+  const size_t folded = batch_optimizer_updates(g);
+  g.verify();
+  const std::string out = ir::print(g);
+  // Folded: mul.Scalar x3 kinds, sqrt, mul by the shared R, add eps, div: 7 ops x 3 parameters.
+  EXPECT_EQ(folded, 21u) << out;
+  for (const char* op : {"aten::_foreach_mul.Scalar", "aten::_foreach_sqrt", "aten::_foreach_mul.Tensor",
+                         "aten::_foreach_add.Scalar", "aten::_foreach_div.List"})
+    EXPECT_NE(out.find(op), std::string::npos) << op << "\n" << out;
+  // The written-back values (m's add, v's addcmul, p's addcmul) stay single ops.
+  size_t singles = 0;
+  for (const auto& n : g.nodes) singles += n.op == "aten::add.Tensor" || n.op == "aten::addcmul";
+  EXPECT_EQ(singles, 9u) << out;
+  EXPECT_EQ(g.nodes.size(), 6u + 30u - 21u + 7u) << out;  // 6 backward negations
+  // Every value is produced before it is read.
+  std::set<ir::ValueId> have;
+  for (const auto& in : g.inputs) have.insert(in.value);
+  for (const auto& n : g.nodes) {
+    for (auto v : ir::Graph::node_inputs(n)) EXPECT_TRUE(have.count(v)) << "%" << v << " read before it is made\n" << out;
+    for (auto v : n.outputs) have.insert(v);
+  }
+  // The same numbers, bit for bit (fresh random operands, v and the scalars positive).
+  std::vector<at::Tensor> ins;
+  for (int i = 0; i < 3; ++i) {
+    auto sizes = i == 1 ? std::vector<int64_t>{3} : std::vector<int64_t>{4, 3};
+    ins.push_back(at::randn(sizes));
+    ins.push_back(at::randn(sizes));
+    ins.push_back(at::randn(sizes));
+    ins.push_back(at::rand(sizes));
+  }
+  ins.push_back(at::scalar_tensor(18.27f));
+  ins.push_back(at::scalar_tensor(-0.00369f));
+  const auto want = evaluate(orig, ins), got = evaluate(g, ins);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(at::equal(got[k], want[k])) << "output " << k;
+}
+
+// Nodes that depend on each other, or differ in a constant, dtype or shape-compatibility, are not
+// folded together.
+TEST(BatchOptimizerUpdates, LeavesDependentAndDifferentNodesAlone) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4]{1} param "a"
+  input %1 : f32[4]{1} param "b"
+  input %2 : f64[4]{1} param "c"
+  input %3 : f32[2]{1} param "d"
+  %4 : f32[4]{1} = aten::mul.Scalar(%0, scalar(0.5)) optimizer
+  %5 : f32[4]{1} = aten::mul.Scalar(%4, scalar(0.5)) optimizer
+  %6 : f32[4]{1} = aten::mul.Scalar(%1, scalar(0.25)) optimizer
+  %7 : f64[4]{1} = aten::mul.Scalar(%2, scalar(0.5)) optimizer
+  %8 : f32[4]{1} = aten::add.Scalar(%1, scalar(2), scalar(3)) optimizer
+  %9 : f32[4]{1} = aten::add.Scalar(%0, scalar(2), scalar(3)) optimizer
+  %10 : f32[4]{1} = aten::mul.Scalar(%3, scalar(0.5)) forward
+  output %5 result "x"
+  output %6 result "y"
+  output %7 result "z"
+  output %8 result "w"
+  output %9 result "u"
+  output %10 result "t"
+}
+)");
+  // %4 and %5 chain; %6 has another constant; %7 another dtype; add.Scalar with alpha 3 has no
+  // multi-tensor form; %10 is not the optimizer's. Only results: nothing may fold.
+  EXPECT_EQ(batch_optimizer_updates(g), 0u) << ir::print(g);
+}
+
+// On CUDA ATen's multi-tensor kernels must round as its single-op kernels do, or the batched
+// optimizer step drifts from eager (as the lifted scalars once did). Each foldable op, over three
+// tensors of sizes that take the vectorized and the unaligned paths, against the single ops, bit
+// for bit. Skips without a CUDA device (scripts/device-check batch runs it on the GPU machine).
+TEST(BatchOptimizerUpdatesCuda, EachMultiTensorOpRoundsAsTheSingleOps) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine (scripts/device-check batch)";
+  const char* ops[] = {
+      "aten::mul.Scalar(%A, scalar(0.999))",
+      "aten::add.Scalar(%A, scalar(1e-08), scalar(1))",
+      "aten::add.Tensor(%A, %B, scalar(0.09999999999999998))",
+      "aten::sub.Tensor(%A, %B, scalar(0.37))",
+      "aten::mul.Tensor(%A, %B)",
+      "aten::mul.Tensor(%A, %S)",
+      "aten::div.Tensor(%A, %C)",
+      "aten::addcmul(%A, %B, %B, scalar(0.0010000000000000009))",
+      "aten::addcdiv(%A, %B, %C, scalar(-0.0036900369003690036))",
+      "aten::sqrt(%C)",
+      "aten::lerp.Scalar(%A, %B, scalar(0.1))",
+      "aten::lerp.Scalar(%A, %B, scalar(0.7))",
+  };
+  const std::vector<int64_t> sizes = {1000003, 4096, 17};
+  const auto opts = at::TensorOptions(at::kFloat).device(at::kCUDA);
+  int failures = 0;
+  for (const char* op : ops) {
+    std::string text = "graph {\n  input %0 : f32[]{} on cuda:0 scalar \"S\"\n";
+    int next = 1;
+    std::vector<int> a, b, c, r;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string t = c10::str("f32[", sizes[i], "]{1} on cuda:0");
+      a.push_back(next++), b.push_back(next++), c.push_back(next++);
+      text += c10::str("  input %", a[i], " : ", t, " param \"a", i, "\"\n");
+      text += c10::str("  input %", b[i], " : ", t, " grad \"b", i, "\"\n");
+      text += c10::str("  input %", c[i], " : ", t, " state \"c", i, "\"\n");
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::string node = op;
+      for (auto [k, v] : {std::pair<const char*, int>{"%A", a[i]}, {"%B", b[i]}, {"%C", c[i]}, {"%S", 0}})
+        for (size_t at = node.find(k); at != std::string::npos; at = node.find(k))
+          node.replace(at, 2, "%" + std::to_string(v));
+      r.push_back(next++);
+      text += c10::str("  %", r[i], " : f32[", sizes[i], "]{1} on cuda:0 = ", node, " optimizer\n");
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) text += c10::str("  output %", r[i], " result \"r", i, "\"\n");
+    text += "}\n";
+    const ir::Graph orig = ir::parse(text);
+    ir::Graph g = orig;
+    ASSERT_EQ(batch_optimizer_updates(g), sizes.size()) << op;
+    std::vector<at::Tensor> ins = {at::scalar_tensor(18.27f, opts)};
+    for (auto n : sizes) {
+      ins.push_back(at::randn({n}, opts));
+      ins.push_back(at::randn({n}, opts));
+      ins.push_back(at::rand({n}, opts) + 0.5);
+    }
+    const auto want = evaluate(orig, ins), got = evaluate(g, ins);
+    int64_t differ = 0;
+    for (size_t k = 0; k < want.size(); ++k) differ += got[k].ne(want[k]).sum().item<int64_t>();
+    if (differ != 0) ++failures;
+    std::printf("multi-tensor %-58s %lld elements differ\n", op, static_cast<long long>(differ));
+  }
+  EXPECT_EQ(failures, 0) << "multi-tensor ops that do not round as the single ops (see the lines above)";
 }

@@ -216,6 +216,37 @@ TEST(Trainer, LiftedRunTimeScalarsOnTheCpuAreBitForBitEager) {
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
 }
 
+// KILN_BATCH_OPTIMIZER (experimental): AdamW's per-parameter updates folded into multi-tensor ops,
+// with the run-time scalars lifted as for a CUDA graph. On the CPU ATen's multi-tensor ops loop over
+// the single ops, so the step must stay bit for bit eager's; the CUDA kernels are checked on the GPU
+// machine (scripts/device-check batch).
+TEST(Trainer, BatchedOptimizerUpdatesAreBitForBitEager) {
+  ::setenv("KILN_BATCH_OPTIMIZER", "1", 1);
+  ::setenv("KILN_LIFT_RUNTIME_SCALARS", "1", 1);
+  const auto seed = fresh_seed();
+  auto ref = make(seed, true), s = make(seed, true);
+  auto args = compile_args();
+  args.torch_compile_backend = "eager";
+  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 10; ++i) {
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::equal(got, want)) << "step " << i;
+  }
+  ::unsetenv("KILN_BATCH_OPTIMIZER");
+  ::unsetenv("KILN_LIFT_RUNTIME_SCALARS");
+  const auto* g = trainer.compiled_step().compiled_graph();
+  ASSERT_NE(g, nullptr);
+  size_t multi = 0;
+  for (const auto& n : g->nodes) multi += n.op.rfind("aten::_foreach_", 0) == 0;
+  EXPECT_GT(multi, 0u) << "the optimizer's updates are multi-tensor ops";
+  EXPECT_EQ(trainer.stats().compiled_steps, 8);
+  auto pa = ref.net->parameters(), pb = s.net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
 TEST(Trainer, CompileOffRunsLibTorchEager) {
   auto s = make(fresh_seed());
   kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, {});
