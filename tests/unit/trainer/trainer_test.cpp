@@ -1,5 +1,7 @@
 // kiln::Trainer and compile_step: fallback, fullgraph, guards and recompilation, run-time
 // optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
+#include <functional>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -13,6 +15,7 @@
 #include <torch/utils.h>
 
 #include <fstream>
+#include <functional>
 
 #include "kiln/compile.h"
 #include "kiln/trainer.h"
@@ -186,43 +189,12 @@ TEST(Trainer, AdamWBiasCorrectionsBecomeRunTimeScalars) {
     EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*st).step(), 8);
 }
 
-// The machinery CUDA graphs use for run-time scalars (lifted into 0-dim tensors that are filled
-// before every step), run on the CPU through KILN_LIFT_RUNTIME_SCALARS: the AdamW step stays bit
-// for bit LibTorch eager's.
-TEST(Trainer, LiftedRunTimeScalarsOnTheCpuAreBitForBitEager) {
-  ::setenv("KILN_LIFT_RUNTIME_SCALARS", "1", 1);
-  const auto seed = fresh_seed();
-  auto ref = make(seed, true), s = make(seed, true);
-  auto args = compile_args();
-  args.torch_compile_backend = "eager";  // kiln's eager executor: ATen's own kernels, node by node
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
-  auto x = at::randn({8, 12});
-  auto y = at::randint(0, 5, {8});
-  for (int i = 0; i < 10; ++i) {
-    auto got = trainer.step(x, y);
-    auto want = eager_step(ref, x, y);
-    EXPECT_TRUE(at::equal(got, want)) << "step " << i;
-  }
-  ::unsetenv("KILN_LIFT_RUNTIME_SCALARS");
-  const auto* g = trainer.compiled_step().compiled_graph();
-  ASSERT_NE(g, nullptr);
-  size_t lifted = 0;
-  for (const auto& in : g->inputs) lifted += in.role == kiln::ir::InputRole::Scalar;
-  EXPECT_GT(lifted, 0u) << "the bias corrections are 0-dim tensor inputs";
-  for (const auto& n : g->nodes)
-    for (const auto& a : n.args) EXPECT_LT(a.scalar_input, 0) << n.op << " still takes a host scalar";
-  EXPECT_EQ(trainer.stats().compiled_steps, 8);
-  auto pa = ref.net->parameters(), pb = s.net->parameters();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
-}
-
-// KILN_BATCH_OPTIMIZER (experimental): AdamW's per-parameter updates folded into multi-tensor ops,
-// with the run-time scalars lifted as for a CUDA graph. On the CPU ATen's multi-tensor ops loop over
-// the single ops, so the step must stay bit for bit eager's; the CUDA kernels are checked on the GPU
-// machine (scripts/device-check batch).
-TEST(Trainer, BatchedOptimizerUpdatesAreBitForBitEager) {
-  ::setenv("KILN_BATCH_OPTIMIZER", "1", 1);
-  ::setenv("KILN_LIFT_RUNTIME_SCALARS", "1", 1);
+// Ten AdamW steps through kiln's eager executor (ATen's own kernels, node by node) with the given
+// environment switches set, each step's loss and the final parameters compared with LibTorch eager
+// bit for bit; `inspect` then looks at the compiled graph.
+static void expect_adamw_bit_for_bit_eager(const std::vector<const char*>& switches,
+                                           const std::function<void(const kiln::ir::Graph&)>& inspect) {
+  for (const char* v : switches) ::setenv(v, "1", 1);
   const auto seed = fresh_seed();
   auto ref = make(seed, true), s = make(seed, true);
   auto args = compile_args();
@@ -235,16 +207,38 @@ TEST(Trainer, BatchedOptimizerUpdatesAreBitForBitEager) {
     auto want = eager_step(ref, x, y);
     EXPECT_TRUE(at::equal(got, want)) << "step " << i;
   }
-  ::unsetenv("KILN_BATCH_OPTIMIZER");
-  ::unsetenv("KILN_LIFT_RUNTIME_SCALARS");
+  for (const char* v : switches) ::unsetenv(v);
   const auto* g = trainer.compiled_step().compiled_graph();
   ASSERT_NE(g, nullptr);
-  size_t multi = 0;
-  for (const auto& n : g->nodes) multi += n.op.rfind("aten::_foreach_", 0) == 0;
-  EXPECT_GT(multi, 0u) << "the optimizer's updates are multi-tensor ops";
+  inspect(*g);
   EXPECT_EQ(trainer.stats().compiled_steps, 8);
   auto pa = ref.net->parameters(), pb = s.net->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+}
+
+// The machinery CUDA graphs use for run-time scalars (lifted into 0-dim tensors that are filled
+// before every step), run on the CPU through KILN_LIFT_RUNTIME_SCALARS: the AdamW step stays bit
+// for bit LibTorch eager's.
+TEST(Trainer, LiftedRunTimeScalarsOnTheCpuAreBitForBitEager) {
+  expect_adamw_bit_for_bit_eager({"KILN_LIFT_RUNTIME_SCALARS"}, [](const kiln::ir::Graph& g) {
+    size_t lifted = 0;
+    for (const auto& in : g.inputs) lifted += in.role == kiln::ir::InputRole::Scalar;
+    EXPECT_GT(lifted, 0u) << "the bias corrections are 0-dim tensor inputs";
+    for (const auto& n : g.nodes)
+      for (const auto& a : n.args) EXPECT_LT(a.scalar_input, 0) << n.op << " still takes a host scalar";
+  });
+}
+
+// KILN_BATCH_OPTIMIZER (experimental): AdamW's per-parameter updates folded into multi-tensor ops,
+// with the run-time scalars lifted as for a CUDA graph. On the CPU ATen's multi-tensor ops loop over
+// the single ops, so the step must stay bit for bit eager's; the CUDA kernels are checked on the GPU
+// machine (scripts/device-check batch).
+TEST(Trainer, BatchedOptimizerUpdatesAreBitForBitEager) {
+  expect_adamw_bit_for_bit_eager({"KILN_BATCH_OPTIMIZER", "KILN_LIFT_RUNTIME_SCALARS"}, [](const kiln::ir::Graph& g) {
+    size_t multi = 0;
+    for (const auto& n : g.nodes) multi += n.op.rfind("aten::_foreach_", 0) == 0;
+    EXPECT_GT(multi, 0u) << "the optimizer's updates are multi-tensor ops";
+  });
 }
 
 TEST(Trainer, CompileOffRunsLibTorchEager) {
