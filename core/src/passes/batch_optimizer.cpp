@@ -149,12 +149,10 @@ size_t batch_optimizer_updates(ir::Graph& g) {
       unit_of_node[i] = static_cast<int>(units.size());
       units.push_back({i, static_cast<int>(i), -1});
     }
-  for (size_t f = 0; f < fused.size(); ++f) {
-    const int u = static_cast<int>(units.size());
-    units.push_back({fused_at[f], -1, static_cast<int>(f)});
-    for (size_t i = 0; i < n; ++i)
-      if (member_of[i] == static_cast<int>(f)) unit_of_node[i] = u;
-  }
+  const int first_multi = static_cast<int>(units.size());
+  for (size_t f = 0; f < fused.size(); ++f) units.push_back({fused_at[f], -1, static_cast<int>(f)});
+  for (size_t i = 0; i < n; ++i)
+    if (member_of[i] >= 0) unit_of_node[i] = first_multi + member_of[i];
   auto unit_node = [&](const Unit& u) -> const ir::Node& {
     return u.single >= 0 ? g.nodes[static_cast<size_t>(u.single)] : fused[static_cast<size_t>(u.multi)];
   };
