@@ -135,7 +135,8 @@ GraphOutcome drive(const RawContext& ctx, const SampleGraph& s, StructLayout lay
     o.claim = ctx.claim(copy_view(full.view(), arena, layout), &o.claims);
   }
   if (!o.claim.ok) return o;
-  const auto env = given_env ? *given_env : eager_env(s.graph, s.inputs);
+  std::vector<at::Tensor> computed;
+  const auto& env = given_env ? *given_env : (computed = eager_env(s.graph, s.inputs));
   for (const auto& pg : groups_of(s.graph, o.claims)) {
     GraphView sub(s.graph, pg.nodes, pg.inputs, pg.outputs);
     KilnExecutable* exe = nullptr;

@@ -52,8 +52,8 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<Lift
 // off unless KILN_BATCH_OPTIMIZER=1): LibTorch's C++ optimizers update each parameter with its own
 // few kernels (AdamW: ~10 per parameter, 770 launches on gpt), where PyTorch's foreach optimizers
 // launch a few multi-tensor kernels for all of them. Nodes of the optimizer phase with the same
-// op, the same constant arguments, the same dtype and device and the same depth in the graph (so
-// that none depends on another) become one ATen `_foreach_*` node over the lists of their operands
+// op, the same constant arguments, the same dtype and device and the same depth within the
+// optimizer phase (so that none depends on another) become one ATen `_foreach_*` node over the lists of their operands
 // (mul.Scalar, add.Scalar with alpha 1, add/sub.Tensor, mul/div.Tensor of same-shaped operands,
 // mul.Tensor by one shared 0-dim tensor, addcmul, addcdiv, sqrt, lerp.Scalar). A node whose result
 // is written back (a parameter's or a state's new value) stays single, so that it still computes
