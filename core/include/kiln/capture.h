@@ -58,6 +58,9 @@ class StepRecorder {
 
   bool ok() const;
   const CaptureFailure& failure() const;
+  // Values the step read on the host and that kiln let through (".item() of a tensor the step had
+  // already used on the device, in aten::..."), one line each.
+  const std::vector<std::string>& host_reads() const;
 
   // The value a tensor holds at the end of the step, kNoValue when the step never saw it.
   ir::ValueId value_of(const at::Tensor& t) const;

@@ -21,8 +21,18 @@
 // captured or compiled runs eagerly with one warning (an error with args.fullgraph).
 //
 // Contract for `fn`: it calls each optimizer in StepState::optimizers' step() once, with no
-// closure, after the backward; tensors it reads other than its inputs, the modules' parameters
-// and buffers and the optimizers' state are bound by identity at capture (read in place).
+// closure, anywhere after the backward that made its gradients (several optimizers, several
+// backward passes and several models in one step are fine); tensors it reads other than its
+// inputs, the modules' parameters and buffers and the optimizers' state are bound by identity at
+// capture (read in place). Host code in `fn` runs at capture only: a compiled step runs the
+// recorded ATen calls, not `fn` (a value read with .item() is computed, not handed to host code).
+//
+// Guards: before every compiled step kiln checks the input signature, the modules' parameters,
+// buffers and submodules (by identity), train()/eval(), and replays every optimizer's step() on the
+// host; when an optimizer's calls or the tensors they work on changed (torch::load of its state, a
+// hyper-parameter that changes its arithmetic), the step is captured again. A learning rate or
+// other scalar that merely changes value becomes a run-time scalar. A step that falls back runs
+// from exactly the state the eager step would see: the optimizers' counters are restored first.
 #pragma once
 
 #include <functional>
@@ -61,6 +71,8 @@ struct StepStats {
   int compiled_steps = 0;
   int compiles = 0;        // signatures compiled (the capture step included)
   int rebuilds = 0;        // re-plans of a signature after a scalar turned out to vary per step
+  int recaptures = 0;      // captures again because what the step reads changed (optimizer state
+                           // loaded, parameters or modules replaced, calls of an optimizer changed)
   double last_compile_seconds = 0;  // capture step + compile, for the last signature
   std::string last_fallback;        // why the last eager fallback happened ("" when none)
   // Whole-step CUDA graphs (reduce-overhead, max-autotune, the cudagraphs backend on CUDA).

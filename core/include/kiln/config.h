@@ -42,6 +42,10 @@ struct TrainingArguments {
   std::string torch_compile_mode = "default";
   bool fullgraph = false;
   int recompile_limit = 8;
+  // Trainer: clip the gradients' total 2-norm to this before the optimizer step
+  // (torch::nn::utils::clip_grad_norm_). 0 turns clipping off. Hugging Face's default is 1.0;
+  // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
+  double max_grad_norm = 0.0;
   std::vector<std::string> plugin_dirs;
   std::string cache_dir = default_cache_dir();
   std::string log_level = "info";

@@ -1,14 +1,27 @@
-// kiln::Trainer: the user's training step (forward, loss, backward, optimizer update) run through
-// kiln. The first step runs eagerly; kiln compiles the whole step and runs the compiled step from
-// then on, falling back to the eager step whenever capture or compile fails.
+// kiln::Trainer: the user's training step (forward, loss, backward, optional gradient clipping,
+// optimizer update) run through kiln. The first step runs eagerly; kiln compiles the whole step and
+// runs the compiled step from then on, falling back to the eager step whenever capture or compile
+// fails.
+//
+//   Net model;                                   // TORCH_MODULE(Net), or std::make_shared<NetImpl>()
+//   torch::optim::AdamW opt(model->parameters());
+//   kiln::Trainer trainer(model, opt, loss_fn, args);
+//   auto loss = trainer.step(x, y);              // forward(Tensor)
+//   auto loss = trainer.step({ids, lengths}, y); // forward(Tensor, Tensor)
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include "kiln/config.h"
@@ -21,27 +34,78 @@ struct StepStats;
 namespace kiln {
 
 using ForwardFn = std::function<at::Tensor(const at::Tensor& input)>;
+using MultiForwardFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+namespace trainer_detail {
+// The number of tensors a module's (non-template, non-overloaded) forward takes.
+template <class F>
+struct arity;
+template <class C, class R, class... A>
+struct arity<R (C::*)(A...)> : std::integral_constant<size_t, sizeof...(A)> {};
+template <class C, class R, class... A>
+struct arity<R (C::*)(A...) const> : std::integral_constant<size_t, sizeof...(A)> {};
+
+template <class M, class = void>
+struct has_plain_forward : std::false_type {};
+template <class M>
+struct has_plain_forward<M, std::void_t<decltype(&M::forward)>> : std::true_type {};
+
+template <class M, size_t... I>
+at::Tensor call_forward(M& m, const std::vector<at::Tensor>& in, std::index_sequence<I...>) {
+  return m.forward(in[I]...);
+}
+
+// forward(inputs...) of `model`, checking the count. Modules whose forward is a template
+// (torch::nn::Sequential) take one tensor.
+template <class Module>
+MultiForwardFn forward_of(const std::shared_ptr<Module>& model) {
+  if constexpr (has_plain_forward<Module>::value) {
+    constexpr size_t n = arity<decltype(&Module::forward)>::value;
+    return [model](const std::vector<at::Tensor>& in) -> at::Tensor {
+      if (in.size() != n)
+        throw std::invalid_argument("kiln::Trainer: the model's forward takes " + std::to_string(n) +
+                                    " tensors, the step was given " + std::to_string(in.size()));
+      return call_forward(*model, in, std::make_index_sequence<n>{});
+    };
+  } else {
+    return [model](const std::vector<at::Tensor>& in) -> at::Tensor {
+      if (in.size() != 1)
+        throw std::invalid_argument("kiln::Trainer: the model's forward is called with one tensor, the step was given " +
+                                    std::to_string(in.size()));
+      return model->forward(in[0]);
+    };
+  }
+}
+}  // namespace trainer_detail
 
 class Trainer {
  public:
-  // `model` must be a torch::nn::Module with `Tensor forward(Tensor)`; the optimizer must outlive
-  // the Trainer.
+  // `model`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Linear, a
+  // TORCH_MODULE), whose forward takes one or several tensors and returns the output the loss
+  // reads. The optimizer must outlive the Trainer.
   template <class Module>
   Trainer(std::shared_ptr<Module> model, torch::optim::Optimizer& optimizer, LossFn loss_fn,
           TrainingArguments args = {})
-      : Trainer(std::static_pointer_cast<torch::nn::Module>(model),
-                [model](const at::Tensor& x) { return model->forward(x); }, optimizer,
+      : Trainer(std::static_pointer_cast<torch::nn::Module>(model), trainer_detail::forward_of(model), optimizer,
                 std::move(loss_fn), std::move(args)) {}
+  template <class Contained>
+  Trainer(const torch::nn::ModuleHolder<Contained>& model, torch::optim::Optimizer& optimizer, LossFn loss_fn,
+          TrainingArguments args = {})
+      : Trainer(model.ptr(), optimizer, std::move(loss_fn), std::move(args)) {}
 
-  Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward,
-          torch::optim::Optimizer& optimizer, LossFn loss_fn, TrainingArguments args = {});
+  Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward, torch::optim::Optimizer& optimizer,
+          LossFn loss_fn, TrainingArguments args = {});
+  Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, torch::optim::Optimizer& optimizer,
+          LossFn loss_fn, TrainingArguments args = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // One training step: zero_grad, forward, loss, backward, optimizer update. Returns the loss.
+  // One training step: zero_grad, forward, loss, backward, clip_grad_norm_ (args.max_grad_norm > 0),
+  // optimizer update. Returns the loss.
   at::Tensor step(const at::Tensor& input, const at::Tensor& target);
+  at::Tensor step(const std::vector<at::Tensor>& inputs, const at::Tensor& target);
 
   // The backend chosen and the reasons, for display.
   const std::string& backend() const;

@@ -1,5 +1,7 @@
 // StepRecorder and probe_calls: the two ModeHandlers of kiln's capture.
 #include <mutex>
+
+#include <c10/util/StringUtil.h>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -182,6 +184,12 @@ struct StepRecorder::State : capture_detail::ModeHandler {
 
   bool recording = true;
   bool backward_seen = false;
+  // Host reads let through: which values the recorded nodes have used so far (a read is allowed
+  // only of a value already used on the device), and the numbers read (that must not come back as
+  // an argument: host code computed something from them).
+  std::vector<char> used_on_device;
+  std::vector<double> read_values;
+  std::vector<std::string> host_reads;
   CaptureFailure failure;
   int constants = 0;
 
@@ -259,7 +267,9 @@ struct StepRecorder::State : capture_detail::ModeHandler {
       std::lock_guard<std::mutex> lock(mu);
       if (recording) {
         node.op = op_full_name(op);
-        if (is_data_dependent_op(node.op)) {
+        if (node.op == "aten::_local_scalar_dense") {
+          host_read(*(stack->end() - 1));
+        } else if (is_data_dependent_op(node.op)) {
           fail(node.op, "its result depends on tensor data (" + node.op + ")");
         } else {
           record = true;
@@ -287,7 +297,16 @@ struct StepRecorder::State : capture_detail::ModeHandler {
 
     op.callBoxed(stack);
 
-    if (!record) return;
+    if (!record) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (pending_read && recording && !stack->empty()) {
+        const auto& r = stack->back();
+        if (r.isDouble() || r.isInt() || r.isBool())
+          read_values.push_back(r.isDouble() ? r.toDouble() : r.isInt() ? static_cast<double>(r.toInt()) : r.toBool());
+      }
+      pending_read = false;
+      return;
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (!recording) return;
     const size_t nret = srets.size();
@@ -330,7 +349,48 @@ struct StepRecorder::State : capture_detail::ModeHandler {
         return;
       }
     }
+    for (const auto& a : node.args) {
+      if (!read_values.empty() && passes_read_value(a)) {
+        fail(node.op, node.op + " takes a number the step read from a tensor on the host (.item()); host arithmetic "
+                                "on tensor values cannot be replayed");
+        return;
+      }
+      for (auto v : a.kind == ir::Arg::Kind::Tensor ? std::vector<ir::ValueId>{a.value} : a.values)
+        if (v != ir::kNoValue) {
+          if (used_on_device.size() <= static_cast<size_t>(v)) used_on_device.resize(static_cast<size_t>(v) + 1, 0);
+          used_on_device[static_cast<size_t>(v)] = 1;
+        }
+    }
     graph.add_node(std::move(node));
+  }
+
+  bool pending_read = false;
+
+  // `.item()` (aten::_local_scalar_dense) of a tensor the step already used on the device is let
+  // through: clip_grad_norm_ reads its total norm that way, after scaling the gradients with it on
+  // the device, only to return it. A read of a value not used yet is what host control flow looks
+  // like (`if (x.max().item() > 0)`), and stops the capture.
+  void host_read(const c10::IValue& arg) {
+    const std::string op = "aten::_local_scalar_dense";
+    if (!arg.isTensor()) return fail(op, "its result depends on tensor data (" + op + ")");
+    const auto& t = arg.toTensor();
+    auto it = impl_value.find(t.unsafeGetTensorImpl());
+    const ir::ValueId v = it != impl_value.end() ? it->second : ir::kNoValue;
+    if (v == ir::kNoValue || static_cast<size_t>(v) >= used_on_device.size() || !used_on_device[static_cast<size_t>(v)])
+      return fail(op, "it reads a tensor's value on the host (.item(), " + op +
+                          ") before the step uses that tensor on the device: host code may decide on it");
+    pending_read = true;
+    host_reads.push_back(c10::str(".item() of value %", v, ", already used on the device"));
+  }
+
+  bool passes_read_value(const ir::Arg& a) const {
+    for (double r : read_values) {
+      if (a.kind == ir::Arg::Kind::Double && a.d == r) return true;
+      if (a.kind == ir::Arg::Kind::Int && r == static_cast<double>(static_cast<int64_t>(r)) && a.i == static_cast<int64_t>(r) &&
+          a.is_scalar)
+        return true;
+    }
+    return false;
   }
 };
 
@@ -353,6 +413,7 @@ std::vector<at::Tensor> StepRecorder::run(const std::function<std::vector<at::Te
 }
 
 bool StepRecorder::ok() const { return s_->recording; }
+const std::vector<std::string>& StepRecorder::host_reads() const { return s_->host_reads; }
 const CaptureFailure& StepRecorder::failure() const { return s_->failure; }
 
 ir::ValueId StepRecorder::value_of(const at::Tensor& t) const {

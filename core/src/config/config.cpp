@@ -2,6 +2,7 @@
 #include "kiln/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -169,7 +170,8 @@ void TrainingArguments::apply_toml_string(const std::string& text, const std::st
     throw ConfigError(where, "", "TOML syntax error: " + std::string(e.description()));
   }
 
-  static const std::vector<std::string> top_keys = {"compile", "plugin", "logging"};
+  static const std::vector<std::string> top_keys = {"compile", "training", "plugin", "logging"};
+  static const std::vector<std::string> training_keys = {"max_grad_norm"};
   static const std::vector<std::string> compile_keys = {
       "torch_compile", "torch_compile_backend", "torch_compile_mode", "fullgraph",
       "recompile_limit", "plugin_dirs", "cache_dir"};
@@ -236,6 +238,20 @@ void TrainingArguments::apply_toml_string(const std::string& text, const std::st
         } else {
           unknown_key(name, full, compile_keys, where);
         }
+        origins[name] = where;
+      }
+    } else if (key == "training") {
+      for (const auto& [tk, v] : expect_table(node, key)) {
+        const std::string name(tk.str());
+        const std::string full = "training." + name;
+        const SettingOrigin where = origin_of(v, source);
+        if (name != "max_grad_norm") unknown_key(name, full, training_keys, where);
+        if (!v.is_number()) wrong_type(v, full, "a number");
+        const double d = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+        if (!(d >= 0) || !std::isfinite(d))
+          throw ConfigError(where, full, "key '" + full + "' must be a finite number >= 0 (0 turns clipping off), got " +
+                                             scalar_to_string(v));
+        max_grad_norm = d;
         origins[name] = where;
       }
     } else if (key == "logging") {
@@ -323,6 +339,10 @@ void TrainingArguments::validate() const {
   if (torch_compile_backend.empty())
     throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend",
                       "torch_compile_backend must not be empty; use \"auto\"");
+  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm))
+    throw ConfigError(origin_or_code(*this, "max_grad_norm"), "max_grad_norm",
+                      "max_grad_norm must be a finite number >= 0 (0 turns clipping off), got " +
+                          std::to_string(max_grad_norm));
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (std::find(levels.begin(), levels.end(), log_level) == levels.end())
     throw ConfigError(origin_or_code(*this, "log_level"), "log_level",

@@ -80,6 +80,11 @@ FunctionalVariant functional_variant(const std::string& op, const c10::FunctionS
   if (overload.size() > 4 && overload.compare(overload.size() - 4, 4, "_out") == 0)
     candidates.push_back(join_op(name, overload.substr(0, overload.size() - 4)));
   candidates.push_back(join_op(name + "_functional", overload));
+  if (!name.empty() && name.back() == '_')  // normal_ -> normal_functional
+    candidates.push_back(join_op(name.substr(0, name.size() - 1) + "_functional", overload));
+  // Random ops: the functional form draws from the same generator as the in-place one, the same
+  // numbers for the same generator state (ATen computes it as empty_like(self).bernoulli_(p)).
+  if (op == "aten::bernoulli_.float") candidates.push_back("aten::bernoulli.p");
   if (name == "aten::native_batch_norm") candidates.push_back("aten::_native_batch_norm_legit_functional");
   for (const auto& c : candidates) {
     const auto* fs = find_schema(c);

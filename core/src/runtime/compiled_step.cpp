@@ -49,6 +49,7 @@
 #include "kiln/passes.h"
 #include "cpu_block_cache.h"
 #include "cuda_graph_step.h"
+#include "optimizer_probe.h"
 
 namespace kiln {
 
@@ -164,6 +165,11 @@ struct CompiledStep::Impl {
   std::vector<std::shared_ptr<torch::nn::Module>> all_modules;
   std::vector<std::pair<std::string, at::Tensor>> params;  // unique, named
   std::set<std::string> warned;
+  std::vector<std::string> optimizer_names;
+  std::vector<const void*> structure;  // structure_now() when the state was collected
+  // Captures that failed, by signature without sizes: a new shape with the same cause runs eagerly
+  // at once instead of paying another failing capture.
+  std::map<std::vector<int64_t>, std::string> failed_captures;
 
   struct InBind {
     ir::ValueId value;
@@ -181,6 +187,8 @@ struct CompiledStep::Impl {
 
   struct Entry {
     bool compiled = false;
+    bool retry = false;               // the capture is to be done again at the next step
+    std::vector<int64_t> shapeless;   // the signature without sizes (failed_captures' key)
     std::string reason;
     // From the capture.
     ir::Graph raw;
@@ -190,12 +198,18 @@ struct CompiledStep::Impl {
     size_t num_results = 0;
     std::vector<at::Tensor> grad_placeholder_for;  // params whose grad must be defined for the probe
     std::vector<at::Tensor> grad_placeholders;
-    // Probe matching: raw node of each optimizer call, and the run-time scalar slots.
-    std::vector<int32_t> opt_nodes;
+    // Probe matching: each optimizer's calls in the raw graph (found at the first compiled step),
+    // the tensors they must work on, and the run-time scalar slots.
+    std::unordered_map<int32_t, at::Tensor> storage_tensor;  // raw storage id -> parameter/buffer/state
+    OptimizerSites sites;
+    bool sites_found = false;
     std::map<std::pair<int32_t, int32_t>, int32_t> slot_scalar;  // (raw node, arg) -> scalar input
     // The executable.
     ir::Graph graph;
     std::unordered_map<ir::ValueId, at::Tensor> constants;
+    // Under a CUDA graph, the address of every tensor the graph reads in place: torch::load gives
+    // a parameter new memory (Tensor::set_), which a replay would not see.
+    std::vector<std::pair<at::Tensor, const void*>> graph_addresses;
     std::unique_ptr<GraphExecutor> exec;
     std::vector<InBind> ins;
     std::vector<OutBind> outs;
@@ -217,6 +231,9 @@ struct CompiledStep::Impl {
   }
 
   void collect_state() {
+    all_modules.clear();
+    params.clear();
+    structure = structure_now();
     std::set<const c10::TensorImpl*> seen;
     for (size_t m = 0; m < state.modules.size(); ++m) {
       const auto& mod = state.modules[m];
@@ -227,7 +244,35 @@ struct CompiledStep::Impl {
     }
   }
 
-  std::vector<int64_t> signature(const std::vector<at::Tensor>& inputs) const {
+  // with_sizes = false: the same without sizes (ranks only), the key of failed_captures.
+  // Every module, parameter and buffer the step can see, by address: parameters replaced, a
+  // module added, a buffer re-registered all change it.
+  std::vector<const void*> structure_now() const {
+    std::vector<const void*> out;
+    out.reserve(structure.size());
+    std::function<void(const torch::nn::Module&)> walk = [&](const torch::nn::Module& m) {
+      out.push_back(&m);
+      for (const auto& p : m.parameters(/*recurse=*/false)) out.push_back(p.unsafeGetTensorImpl());
+      for (const auto& b : m.buffers(/*recurse=*/false)) out.push_back(b.unsafeGetTensorImpl());
+      for (const auto& c : m.children()) walk(*c);
+    };
+    for (const auto& m : state.modules) walk(*m);
+    return out;
+  }
+
+  // Parameters, buffers or submodules changed since the step was captured: every plan reads the old
+  // ones, so all are dropped and the step is captured again.
+  void check_structure() {
+    if (structure_now() == structure) return;
+    log_info("kiln: the modules' parameters, buffers or submodules changed; capturing the step again");
+    collect_state();
+    cache.clear();
+    failed_captures.clear();
+    last = nullptr;
+    ++stats.recaptures;
+  }
+
+  std::vector<int64_t> signature(const std::vector<at::Tensor>& inputs, bool with_sizes = true) const {
     std::vector<int64_t> sig;
     sig.reserve(16 + inputs.size() * 8 + params.size() * 4);
     auto add_tensor = [&](const at::Tensor& t) {
@@ -236,7 +281,8 @@ struct CompiledStep::Impl {
         return;
       }
       sig.push_back(t.dim());
-      for (auto s : t.sizes()) sig.push_back(s);
+      if (with_sizes)
+        for (auto s : t.sizes()) sig.push_back(s);
       sig.push_back(static_cast<int64_t>(t.scalar_type()));
       sig.push_back(static_cast<int64_t>(t.device().type()) * 1000 + t.device().index());
       sig.push_back(t.requires_grad());
@@ -295,6 +341,7 @@ struct CompiledStep::Impl {
     std::set<const c10::TensorImpl*> grads_before;
     for (const auto& [name, p] : params)
       if (p.grad().defined()) grads_before.insert(p.grad().unsafeGetTensorImpl());
+    const size_t state_entries = optimizer_state_entries(state.optimizers);
     StepRecorder rec(known_tensors(inputs));
     auto results = rec.run([&] { return fn(inputs); });
     ++stats.eager_steps;
@@ -302,6 +349,12 @@ struct CompiledStep::Impl {
     std::string failure;
     if (!rec.ok()) {
       failure = "kiln: the step cannot be captured: " + rec.failure().reason;
+    } else if (optimizer_state_entries(state.optimizers) != state_entries) {
+      // An optimizer made state for a parameter it had not stepped before (new parameters, or the
+      // state was cleared): the recorded step creates that state instead of reading it. Captured
+      // again at the next step, when the state exists.
+      e.retry = true;
+      failure = "kiln: an optimizer created state for new parameters during this step";
     } else {
       for (size_t k = 0; k < results.size() && failure.empty(); ++k) {
         const auto v = rec.value_of(results[k]);
@@ -318,13 +371,22 @@ struct CompiledStep::Impl {
         e.grad_of["grad." + name] = p;
         e.grad_placeholder_for.push_back(p);
       }
+      for (const auto& r : rec.host_reads())
+        log_info("kiln: the step reads a value on the host (" + r + "); the compiled step computes it on the device, "
+                 "and the host code that used it ran once, at capture");
     }
     if (failure.empty()) {
       e.raw = std::move(rec.graph());
       for (size_t i = 0; i < e.raw.inputs.size(); ++i) {
         const auto& in = e.raw.inputs[i];
-        if (rec.input_user_index()[i] >= 0) e.user[in.name] = rec.input_user_index()[i];
-        else e.bound[in.name] = rec.input_tensors()[i];
+        if (rec.input_user_index()[i] >= 0) {
+          e.user[in.name] = rec.input_user_index()[i];
+          continue;
+        }
+        e.bound[in.name] = rec.input_tensors()[i];
+        if (in.role == ir::InputRole::Parameter || in.role == ir::InputRole::Buffer ||
+            in.role == ir::InputRole::OptimizerState)
+          e.storage_tensor[e.raw.value(in.value).storage] = rec.input_tensors()[i];
       }
       try {
         build(e);
@@ -338,7 +400,12 @@ struct CompiledStep::Impl {
     if (!failure.empty()) {
       e.compiled = false;
       e.reason = failure;
-      fallback(failure);
+      if (e.retry) {
+        log_info(failure + "; capturing the step again at the next step");
+      } else {
+        failed_captures.emplace(e.shapeless, failure);
+        fallback(failure);
+      }
     } else {
       log_info(c10::str("kiln: compiled the step (", e.graph.nodes.size(), " nodes, ", e.raw.nodes.size(),
                         " captured) in ", stats.last_compile_seconds, " s"));
@@ -440,78 +507,69 @@ struct CompiledStep::Impl {
     e.env.assign(e.graph.values.size(), at::Tensor());
   }
 
-  // Replays the optimizers' step() without kernels; binds run-time scalars. Returns false (with
-  // the reason) when the optimizer's calls no longer match the captured ones.
+  // Replays the optimizers' step() without kernels, one optimizer at a time; checks that each made
+  // the calls the captured graph holds, on the same tensors; binds run-time scalars. Returns false
+  // (with the reason, naming the optimizer) when they no longer match. The optimizers' host state
+  // has advanced either way: the caller restores it from a snapshot when this fails.
   bool probe(Entry& e, std::string& why) {
     if (state.optimizers.empty()) return true;
     // The optimizers skip parameters without a gradient; the graph computes them all.
-    std::vector<size_t> placed;
     for (size_t i = 0; i < e.grad_placeholder_for.size(); ++i) {
       auto& p = e.grad_placeholder_for[i];
       if (p.grad().defined()) continue;
       if (e.grad_placeholders.size() <= i) e.grad_placeholders.resize(e.grad_placeholder_for.size());
       if (!e.grad_placeholders[i].defined()) e.grad_placeholders[i] = at::empty_like(p);
       p.mutable_grad() = e.grad_placeholders[i];
-      placed.push_back(i);
     }
-    auto calls = probe_calls([&] {
-      c10::NoGradGuard no_grad;
-      for (auto* o : state.optimizers) o->step();
-    });
-    if (e.opt_nodes.empty() && !calls.empty()) {
-      // First compiled step: find the optimizer's calls among the captured optimizer-phase nodes.
-      const auto& nodes = e.raw.nodes;
-      for (size_t start = 0; start + calls.size() <= nodes.size() && e.opt_nodes.empty(); ++start) {
-        if (nodes[start].phase != "optimizer") continue;
-        size_t k = 0;
-        while (k < calls.size() && nodes[start + k].op == calls[k].op) ++k;
-        if (k == calls.size())
-          for (size_t j = 0; j < calls.size(); ++j) e.opt_nodes.push_back(static_cast<int32_t>(start + j));
-      }
-      if (e.opt_nodes.empty()) {
-        why = "the optimizer's calls do not match the captured step";
-        return false;
-      }
+    std::vector<std::vector<ProbeCall>> calls(state.optimizers.size());
+    for (size_t o = 0; o < state.optimizers.size(); ++o)
+      calls[o] = probe_calls([&] {
+        c10::NoGradGuard no_grad;
+        state.optimizers[o]->step();
+      });
+    if (!e.sites_found) {
+      why = match_optimizer_calls(e.raw, e.storage_tensor, calls, optimizer_names, e.sites);
+      if (!why.empty()) return false;
+      e.sites_found = true;
+    } else {
+      why = check_optimizer_calls(e.raw, e.sites, calls, optimizer_names);
+      if (!why.empty()) return false;
     }
-    if (calls.size() != e.opt_nodes.size()) {
-      why = "the optimizer made " + std::to_string(calls.size()) + " calls, the captured step " + std::to_string(e.opt_nodes.size());
-      return false;
-    }
+    // Every scalar argument of every call: a run-time scalar slot is bound; a value that differs
+    // from the capture's (a bias correction, a scheduled learning rate) becomes a slot.
     bool changed = false;
-    for (size_t j = 0; j < calls.size(); ++j) {
-      const auto node = e.opt_nodes[j];
-      const auto& raw = e.raw.nodes[static_cast<size_t>(node)];
-      if (raw.op != calls[j].op) {
-        why = "the optimizer called " + calls[j].op + " where the captured step has " + raw.op;
-        return false;
-      }
-      for (size_t k = 0; k < raw.args.size(); ++k) {
-        const auto& a = raw.args[k];
-        if (a.kind != ir::Arg::Kind::Int && a.kind != ir::Arg::Kind::Double && a.kind != ir::Arg::Kind::Bool) continue;
-        const auto& v = calls[j].args[k];
-        auto slot = e.slot_scalar.find({node, static_cast<int32_t>(k)});
-        if (slot != e.slot_scalar.end()) {
-          e.scalars[static_cast<size_t>(slot->second)] = scalar_value(a, v);
-        } else if (!arg_matches(a, v)) {
-          const auto q = static_cast<int32_t>(e.slot_scalar.size());
-          e.slot_scalar[{node, static_cast<int32_t>(k)}] = q;
-          changed = true;
+    for (size_t o = 0; o < calls.size(); ++o)
+      for (size_t j = 0; j < calls[o].size(); ++j) {
+        const auto node = e.sites[o][j].node;
+        const auto& raw = e.raw.nodes[static_cast<size_t>(node)];
+        for (size_t k = 0; k < raw.args.size(); ++k) {
+          const auto& a = raw.args[k];
+          if (a.kind != ir::Arg::Kind::Int && a.kind != ir::Arg::Kind::Double && a.kind != ir::Arg::Kind::Bool) continue;
+          const auto& v = calls[o][j].args[k];
+          auto slot = e.slot_scalar.find({node, static_cast<int32_t>(k)});
+          if (slot != e.slot_scalar.end()) {
+            if (static_cast<size_t>(slot->second) < e.scalars.size())
+              e.scalars[static_cast<size_t>(slot->second)] = scalar_value(a, v);
+          } else if (!arg_matches(a, v)) {
+            const auto q = static_cast<int32_t>(e.slot_scalar.size());
+            e.slot_scalar[{node, static_cast<int32_t>(k)}] = q;
+            changed = true;
+          }
         }
       }
-    }
     if (changed) {
       // Re-plan with the new run-time scalars, then bind them all from this probe.
       const auto b0 = Clock::now();
       build(e);
       ++stats.rebuilds;
       stats.probe_seconds -= std::chrono::duration<double>(Clock::now() - b0).count();  // the probe alone
-      for (const auto& [slot, q] : e.slot_scalar) {
-        size_t j = 0;
-        while (e.opt_nodes[j] != slot.first) ++j;
+      std::map<int32_t, const ProbeCall*> call_at;
+      for (size_t o = 0; o < calls.size(); ++o)
+        for (size_t j = 0; j < calls[o].size(); ++j) call_at[e.sites[o][j].node] = &calls[o][j];
+      for (const auto& [slot, q] : e.slot_scalar)
         e.scalars[static_cast<size_t>(q)] =
             scalar_value(e.raw.nodes[static_cast<size_t>(slot.first)].args[static_cast<size_t>(slot.second)],
-                         calls[j].args[static_cast<size_t>(slot.second)]);
-      }
+                         call_at.at(slot.first)->args[static_cast<size_t>(slot.second)]);
     }
     return true;
   }
@@ -768,6 +826,9 @@ struct CompiledStep::Impl {
       return results;
     }
     for (auto& t : e.env) t.reset();
+    e.graph_addresses.clear();
+    for (const auto& b : e.ins)
+      if (b.user < 0 && b.tensor.defined()) e.graph_addresses.emplace_back(b.tensor, b.tensor.const_data_ptr());
     e.cg = std::move(cg);
     ++stats.graphs_recorded;
     log_info(c10::str("kiln: recorded the step as a CUDA graph (", e.graph.nodes.size(), " nodes, ", e.lifted.size(),
@@ -777,6 +838,14 @@ struct CompiledStep::Impl {
   }
 
   std::vector<at::Tensor> replay(const std::vector<at::Tensor>& inputs, Entry& e) {
+    for (const auto& [t, address] : e.graph_addresses)
+      if (t.const_data_ptr() != address) {
+        log_info("kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
+                 "the graph again");
+        e.cg.reset();
+        e.graph_addresses.clear();
+        return warm_up_and_record(inputs, e);
+      }
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       size_t k = 0;
@@ -793,40 +862,84 @@ struct CompiledStep::Impl {
     return finish(e, true);
   }
 
+  // A signature seen for the first time: captured and compiled, unless past the limit or its capture
+  // already failed for another shape.
+  std::vector<at::Tensor> capture_new(const std::vector<at::Tensor>& inputs, std::vector<int64_t> sig) {
+    if (static_cast<int>(cache.size()) >= args.recompile_limit) {
+      warn_once(c10::str("kiln: recompile_limit (", args.recompile_limit,
+                         ") reached; steps with a new input signature run eagerly"));
+      stats.last_fallback = "recompile_limit";
+      return eager(inputs);
+    }
+    auto e = std::make_unique<Entry>();
+    e->shapeless = signature(inputs, /*with_sizes=*/false);
+    last = e.get();
+    auto& ref = *e;
+    cache.emplace(std::move(sig), std::move(e));
+    if (auto f = failed_captures.find(ref.shapeless); f != failed_captures.end()) {
+      ref.reason = f->second;
+      stats.last_fallback = f->second;
+      log_debug("kiln: a new input shape, the same cause as an earlier failed capture: " + f->second);
+      return eager(inputs);
+    }
+    return capture_and_compile(inputs, ref);
+  }
+
+  // What a plan read changed (an optimizer's state or calls): the plan is dropped and the step is
+  // captured again; past recompile_limit such changes, the signature runs eagerly.
+  std::vector<at::Tensor> recapture(const std::vector<at::Tensor>& inputs, Entry& e, const std::string& why) {
+    if (stats.recaptures >= args.recompile_limit) {
+      e.compiled = false;
+      e.reason = why;
+      fallback(c10::str(why, "; the step was captured again ", stats.recaptures,
+                        " times already (recompile_limit), so this signature now runs eagerly"));
+      return eager(inputs);
+    }
+    ++stats.recaptures;
+    log_info(why + "; capturing the step again");
+    auto sig = signature(inputs);
+    cache.erase(sig);
+    last = nullptr;
+    return capture_new(inputs, std::move(sig));
+  }
+
   std::vector<at::Tensor> step(const std::vector<at::Tensor>& inputs) {
     ++stats.steps;
     if (!args.compile_enabled()) return eager(inputs);
     // The first step ever runs eagerly, so that optimizer state exists when the step is captured.
     if (stats.steps == 1) return eager(inputs);
+    check_structure();
     auto sig = signature(inputs);
     auto it = cache.find(sig);
-    if (it == cache.end()) {
-      if (static_cast<int>(cache.size()) >= args.recompile_limit) {
-        warn_once(c10::str("kiln: recompile_limit (", args.recompile_limit,
-                           ") reached; steps with a new input signature run eagerly"));
-        stats.last_fallback = "recompile_limit";
-        return eager(inputs);
-      }
-      auto e = std::make_unique<Entry>();
-      last = e.get();
-      auto& ref = *e;
-      cache.emplace(std::move(sig), std::move(e));
-      return capture_and_compile(inputs, ref);
+    if (it != cache.end() && it->second->retry) {
+      cache.erase(it);
+      it = cache.end();
     }
+    if (it == cache.end()) return capture_new(inputs, std::move(sig));
     Entry& e = *it->second;
     last = &e;
     if (!e.compiled) return eager(inputs);
+    // Nothing of a failed attempt may survive it: the optimizers' host state (step counts, state
+    // entries) is put back before the eager step runs.
+    const OptimizerSnapshot snapshot(state.optimizers);
     std::string why;
     const auto p0 = Clock::now();
     const bool probed = probe(e, why);
     stats.probe_seconds += std::chrono::duration<double>(Clock::now() - p0).count();
     if (!probed) {
-      e.compiled = false;
-      e.reason = "kiln: " + why;
-      fallback(e.reason);
-      return eager(inputs);
+      snapshot.restore();
+      return recapture(inputs, e, "kiln: " + why);
     }
-    return run_compiled(inputs, e);
+    try {
+      return run_compiled(inputs, e);
+    } catch (const std::exception& ex) {
+      snapshot.restore();
+      e.compiled = false;
+      e.reason = std::string("kiln: the compiled step failed: ") + ex.what();
+      stats.last_fallback = e.reason;
+      throw CompileError(e.reason + " (the optimizers' host state was restored; parameters the step writes in place may "
+                                    "be partly updated)");
+    }
   }
 };
 
@@ -834,7 +947,15 @@ CompiledStep::CompiledStep(StepFn fn, StepState state, TrainingArguments args) :
   impl_->fn = std::move(fn);
   impl_->state = std::move(state);
   impl_->args = std::move(args);
+  // The environment wins over the file and the code, here as in Trainer (docs/config.md).
+  impl_->args.apply_env();
+  impl_->args.validate();
+  set_log_level(impl_->args.log_level);
   impl_->collect_state();
+  for (size_t o = 0; o < impl_->state.optimizers.size(); ++o) {
+    if (!impl_->state.optimizers[o]) throw std::invalid_argument(c10::str("kiln: StepState optimizer ", o, " is null"));
+    impl_->optimizer_names.push_back(optimizer_name(*impl_->state.optimizers[o], o));
+  }
   if (impl_->args.compile_enabled()) {
     // A named backend that cannot run here throws (BackendSelectionError, with its reason).
     impl_->resolved = resolve_backend(impl_->args);

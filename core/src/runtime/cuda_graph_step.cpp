@@ -6,8 +6,10 @@
 
 #if defined(KILN_HAVE_CUDA)
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,18 +21,105 @@
 
 namespace kiln::cudagraph {
 
+namespace {
+
+// An exception's message without ATen's backtrace and CUDA's hints (the lines after the first).
+std::string first_line(const char* what) {
+  std::string s(what);
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+// The reason of a capture whose body threw: the op being run and the error.
+std::string body_failure(const std::exception& e) {
+  const std::string op = current_node_op();
+  return c10::str(op.empty() ? std::string("an error") : "incompatible op " + op, " during capture (",
+                  first_line(e.what()), ")");
+}
+
+// LibTorch's CUDA graph, for a step that draws random numbers. In LibTorch 2.11:
+//   capture_begin(pool, mode): registers the current device's default CUDA generator with the
+//     graph (CUDAGeneratorImpl::register_graph: its state allocates the one-element seed and offset
+//     device tensors at the first registration), runs CUDAGeneratorState::capture_prologue on every
+//     registered state (capturing_ = true, offset_intragraph_ = 0, tensors filled), then
+//     beginAllocateToPool (device and pinned host allocators, filters keyed on the capture id) and
+//     cudaStreamBeginCapture on the current stream. While capturing, philox_cuda_state hands
+//     kernels pointers to the tensors plus the offset counted so far in the graph.
+//   capture_end(): cudaStreamEndCapture, endAllocateToPool (both allocators), capture_epilogue
+//     (capturing_ = false; its offset_intragraph_ is the whole-graph increment), instantiate.
+//   replay(): replay_prologue(increment) per state (fills the tensors with the generator's seed and
+//     current offset on the current stream, then advances the offset by the increment, as the eager
+//     ops would have), then cudaGraphLaunch on the current stream.
+//   ~CUDAGraph: unregister_graph per state, then reset(): releasePool if capture_end got that far.
+// Those CUDAGeneratorState methods are not exported; CUDAGraph's are, and call them.
+//
+// If capture_begin or capture_end throws half-way, CUDAGraph leaves behind what only its protected
+// members say: a generator still in capture mode (every later eager random op would then fail with
+// "Offset increment outside graph capture encountered unexpectedly"), allocator filters that point
+// at this object, and a pool reference nobody releases. abandon() undoes them.
+struct RandomGraph : at::cuda::CUDAGraph {
+  RandomGraph() : at::cuda::CUDAGraph(/*keep_graph=*/false) {}
+
+  // After a registration that threw: the state may be in the graph's map without the graph in
+  // the state's set, and ~CUDAGraph's unregister_graph would then throw from a destructor.
+  void forget_generators() { captured_generator_states_.clear(); }
+
+  // After capture_begin or capture_end threw. Noexcept: it runs on the way to CaptureFailed.
+  void abandon(cudaStream_t stream) noexcept {
+    if (capture_ended_) return;  // capture_end got past the epilogue: ~CUDAGraph releases the rest
+    // A capture still open (capture_begin threw after cudaStreamBeginCapture).
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream, &g);
+      if (g) (void)cudaGraphDestroy(g);
+    }
+    (void)cudaGetLastError();
+    // What capture_epilogue would have done (it returns offset_intragraph_, reset by the next
+    // prologue). The generator's own offset was not advanced by the capture: it stays where the
+    // warm-up left it, as after an eager step.
+    for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
+    // capture_begin sets mempool_id_ just before beginAllocateToPool (a fresh handle: that cannot
+    // fail) and capture_end ends the allocation right after cudaStreamEndCapture: end it here
+    // unless capture_end did, then drop the pool reference beginAllocateToPool took (reset() only
+    // does when capture_ended_).
+    if (mempool_id_.first == 0 && mempool_id_.second == 0) return;  // failed before the allocators
+    const auto quietly = [](const auto& f) {
+      try {
+        f();
+      } catch (...) {
+      }
+    };
+    quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(capture_dev_, mempool_id_); });
+    quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(mempool_id_); });
+    quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(capture_dev_, mempool_id_); });
+    quietly([&] { at::getHostAllocator(at::kCUDA)->release_pool(mempool_id_); });
+  }
+};
+
+}  // namespace
+
 struct Step::Impl {
   std::shared_ptr<const LoadedPlugin> plugin;
   c10::Device device;
+  bool random;
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool{0, 0};
-  bool pool_used = false;
-  std::unique_ptr<PluginGraph> graph;
+  bool pool_used = false;  // this Step holds the pool's reference (the plugin path)
+  std::unique_ptr<PluginGraph> graph;         // the plugin path
+  std::unique_ptr<RandomGraph> random_graph;  // a step that draws random numbers; owns its pool reference
 
-  Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d)
-      : plugin(std::move(p)), device(d), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+  Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d, bool r)
+      : plugin(std::move(p)),
+        device(d),
+        random(r),
+        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
 
   DLDevice dl() const { return DLDevice{kDLCUDA, static_cast<int32_t>(device.index())}; }
+
+  // record() of a step that draws random numbers, after the capture stream waited for the
+  // current one: at::cuda::CUDAGraph on the capture stream, into `pool`.
+  void record_random(const std::function<void(void*)>& body);
 
   // `to` waits for the work enqueued so far on `from`.
   static void order(const c10::cuda::CUDAStream& from, const c10::cuda::CUDAStream& to) {
@@ -41,11 +130,12 @@ struct Step::Impl {
   }
 };
 
-Step::Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device)
-    : impl_(std::make_unique<Impl>(std::move(plugin), device)) {}
+Step::Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers)
+    : impl_(std::make_unique<Impl>(std::move(plugin), device, draws_random_numbers)) {}
 
 Step::~Step() {
   impl_->graph.reset();
+  impl_->random_graph.reset();  // unregisters the generator, releases its pool reference
   static_outputs.clear();
   static_inputs.clear();
   if (impl_->pool_used) {
@@ -57,7 +147,8 @@ Step::~Step() {
   }
 }
 
-bool Step::recorded() const { return impl_->graph != nullptr; }
+bool Step::recorded() const { return impl_->graph != nullptr || impl_->random_graph != nullptr; }
+bool Step::draws_random_numbers() const { return impl_->random; }
 
 void Step::warm_up(const std::function<void(void*)>& body, const std::vector<at::Tensor>& live) {
   c10::cuda::CUDAGuard guard(impl_->device);
@@ -80,6 +171,11 @@ void Step::record(const std::function<void(void*)>& body) {
   const auto dev = impl_->device.index();
   impl_->pool = at::cuda::graph_pool_handle();
   const cudaStream_t capture = impl_->stream.stream();
+  if (impl_->random) {
+    impl_->record_random(body);
+    Impl::order(impl_->stream, current);
+    return;
+  }
   c10::cuda::CUDACachingAllocator::beginAllocateToPool(dev, impl_->pool,
                                                        [capture](cudaStream_t s) { return s == capture; });
   impl_->pool_used = true;
@@ -95,10 +191,7 @@ void Step::record(const std::function<void(void*)>& body) {
     try {
       body(capture);
     } catch (const std::exception& e) {
-      const std::string op = current_node_op();
-      std::string what = e.what();
-      if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);  // drop ATen's backtrace
-      failure = c10::str(op.empty() ? std::string("an error") : "incompatible op " + op, " during capture (", what, ")");
+      failure = body_failure(e);
     }
   }
   try {
@@ -115,8 +208,53 @@ void Step::record(const std::function<void(void*)>& body) {
   Impl::order(impl_->stream, current);
 }
 
+void Step::Impl::record_random(const std::function<void(void*)>& body) {
+  const cudaStream_t capture = stream.stream();
+  auto graph = std::make_unique<RandomGraph>();
+  // Registered here, with the step's current stream current, although capture_begin registers the
+  // current device's default generator too (a second registration changes nothing): the first
+  // registration allocates the generator's seed and offset tensors, and on this stream they are
+  // ordered with the replays that fill and read them, and with their free after the last graph.
+  try {
+    graph->register_generator_state(at::cuda::detail::getDefaultCUDAGenerator(device.index()));
+  } catch (const std::exception& e) {
+    graph->forget_generators();
+    throw CaptureFailed("the CUDA generator could not be registered with the graph: " + first_line(e.what()));
+  }
+  std::string failure;
+  {
+    c10::cuda::CUDAStreamGuard on_capture_stream(stream);
+    try {
+      // Thread-local mode, as the kiln plugin's graph_capture_begin: only this thread's unsafe
+      // calls invalidate the capture.
+      graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    } catch (const std::exception& e) {
+      graph->abandon(capture);
+      throw CaptureFailed("the capture could not start: " + first_line(e.what()));
+    }
+    try {
+      body(capture);
+    } catch (const std::exception& e) {
+      failure = body_failure(e);
+    }
+    try {
+      graph->capture_end();
+    } catch (const std::exception& e) {
+      graph->abandon(capture);
+      if (failure.empty()) failure = "the capture was invalidated: " + first_line(e.what());
+      else failure += "; " + first_line(e.what());
+    }
+  }
+  if (!failure.empty()) throw CaptureFailed(failure);  // ~RandomGraph: unregisters, releases what is left
+  random_graph = std::move(graph);
+}
+
 void Step::replay() {
   c10::cuda::CUDAGuard guard(impl_->device);
+  if (impl_->random_graph) {
+    impl_->random_graph->replay();  // replay_prologue, then cudaGraphLaunch on the current stream
+    return;
+  }
   impl_->graph->launch(c10::cuda::getCurrentCUDAStream(impl_->device.index()).stream());
 }
 
@@ -151,13 +289,14 @@ void cuda_reset_peak_allocated(int device) {
 
 namespace kiln::cudagraph {
 struct Step::Impl {};
-Step::Step(std::shared_ptr<const LoadedPlugin>, c10::Device) {
+Step::Step(std::shared_ptr<const LoadedPlugin>, c10::Device, bool) {
   throw std::runtime_error("kiln was built without the CUDA toolkit or without a CUDA build of LibTorch");
 }
 Step::~Step() = default;
 void Step::warm_up(const std::function<void(void*)>&, const std::vector<at::Tensor>&) {}
 void Step::record(const std::function<void(void*)>&) { throw CaptureFailed("kiln was built without CUDA"); }
 bool Step::recorded() const { return false; }
+bool Step::draws_random_numbers() const { return false; }
 void Step::replay() {}
 bool cuda_available() { return false; }
 }  // namespace kiln::cudagraph

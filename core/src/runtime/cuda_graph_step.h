@@ -1,8 +1,9 @@
 // Whole-step CUDA graphs (docs/backends/cudagraphs.md): the compiled step's executor run, recorded
 // on a capture stream into one CUDA graph through a plugin's ABI 1.2 graph functions, with its
-// memory in a private pool of LibTorch's caching allocator, then replayed. Internal to the core;
-// compiled_step.cpp drives it. Built only with the CUDA toolkit (KILN_HAVE_CUDA); this header
-// includes no CUDA headers.
+// memory in a private pool of LibTorch's caching allocator, then replayed. A step that draws
+// random numbers is recorded with LibTorch's own at::cuda::CUDAGraph instead (see Step's
+// constructor). Internal to the core; compiled_step.cpp drives it. Built only with the CUDA toolkit
+// (KILN_HAVE_CUDA); this header includes no CUDA headers.
 #pragma once
 
 #include <functional>
@@ -30,7 +31,20 @@ class CaptureFailed : public std::runtime_error {
 class Step {
  public:
   // A dedicated capture stream and a private memory pool on `device`; graphs through `plugin`.
-  Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device);
+  //
+  // draws_random_numbers: the body draws from LibTorch's CUDA generator (native_dropout,
+  // bernoulli, rand...). A raw capture would bake the generator's seed and offset into the graph,
+  // so every replay would draw the same numbers. Such a step is recorded and replayed with
+  // at::cuda::CUDAGraph, as PyTorch does: the default CUDA generator of `device` is registered with
+  // the graph, the capture reads its seed and offset from device tensors, and each replay first
+  // fills them with the generator's current seed and offset, then advances the offset by what the
+  // whole step consumed. A replay then draws exactly the numbers the eager step would draw from
+  // the same generator state (a seed set between steps included), and leaves the generator where
+  // the eager step would. The plugin's graph functions are not used for such a step. Without the
+  // flag a random op in the body fails the capture (CaptureFailed: LibTorch refuses to advance a
+  // generator that is not registered with a capture). A random op drawing from another
+  // generator (another device's, or an explicit one) fails the capture too.
+  Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers = false);
   ~Step();  // destroys the graph, frees the static tensors, releases the pool
   Step(const Step&) = delete;
   Step& operator=(const Step&) = delete;
@@ -41,10 +55,15 @@ class Step {
   void warm_up(const std::function<void(void* stream)>& body, const std::vector<at::Tensor>& live);
   // Records body(stream) on the capture stream, allocations going to the private pool. Throws
   // CaptureFailed with the reason (the op that broke it and the CUDA error) after ending the
-  // capture; the caller then drops every tensor the body allocated and destroys this Step.
+  // capture; the caller then drops every tensor the body allocated and destroys this Step. The
+  // recorded work does not run, so it draws no random numbers: the generator stays where the
+  // warm-up left it, and the first replay draws what the next eager step would.
   void record(const std::function<void(void* stream)>& body);
   bool recorded() const;
-  // One replay on the current stream.
+  // Whether this Step records with at::cuda::CUDAGraph and the CUDA generator (the constructor's flag).
+  bool draws_random_numbers() const;
+  // One replay on the current stream (for a step that draws random numbers: the generator's seed
+  // and offset are filled in, and the offset advanced, first, on that stream).
   void replay();
 
   // Tensors the graph reads or writes that this Step keeps alive and in place: static inputs

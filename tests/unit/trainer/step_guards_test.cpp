@@ -1,0 +1,383 @@
+// compile_step on the things ordinary training loops do between and inside steps: several
+// optimizers, a checkpoint loaded mid-training, a hyper-parameter that changes an optimizer's
+// arithmetic, parameters replaced, dropout, gradient clipping, the environment, shapes whose capture
+// failed. Every test runs the same loop through LibTorch eager from the same seed and compares bit
+// for bit: the backend is "eager" (kiln's capture, passes and executor on ATen's own kernels), so
+// any difference is kiln changing what the step computes.
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/dropout.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+#include <torch/utils.h>
+
+#include "kiln/compile.h"
+#include "kiln/trainer.h"
+#include "log_capture.h"
+
+namespace nn = torch::nn;
+
+namespace {
+
+uint64_t fresh_seed() { return std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32); }
+
+kiln::TrainingArguments eager_backend() {
+  kiln::TrainingArguments a;
+  a.torch_compile = true;
+  a.torch_compile_backend = "eager";
+  return a;
+}
+
+at::Tensor ce(const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }
+
+void expect_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(at::equal(a[i], b[i])) << what << " " << i << " differs by "
+                                       << (a[i] - b[i]).abs().max().item<double>();
+}
+
+int64_t adam_step(const torch::optim::Optimizer& opt) {
+  int64_t s = -1;
+  for (const auto& [k, st] : const_cast<torch::optim::Optimizer&>(opt).state())
+    s = static_cast<torch::optim::AdamParamState&>(*st).step();
+  return s;
+}
+
+// A generator and a discriminator, each with its own Adam: the discriminator steps after its
+// backward, the generator after a second backward through the discriminator.
+struct Gan {
+  nn::Sequential g{nn::Linear(4, 16), nn::ReLU(), nn::Linear(16, 8)};
+  nn::Sequential d{nn::Linear(8, 16), nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.2)), nn::Linear(16, 1)};
+  torch::optim::Adam opt_g{g->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999})};
+  torch::optim::Adam opt_d{d->parameters(), torch::optim::AdamOptions(2e-3).betas({0.5, 0.999})};
+
+  std::vector<at::Tensor> step(const std::vector<at::Tensor>& in) {
+    const auto& real = in[0];
+    const auto& z = in[1];
+    auto bce = [](const at::Tensor& logits, double label) {
+      return nn::functional::binary_cross_entropy_with_logits(logits, at::full_like(logits, label));
+    };
+    opt_d.zero_grad();
+    auto fake = g->forward(z);
+    auto d_loss = bce(d->forward(real), 1.0) + bce(d->forward(fake.detach()), 0.0);
+    d_loss.backward();
+    opt_d.step();
+    opt_g.zero_grad();
+    auto g_loss = bce(d->forward(fake), 1.0);
+    g_loss.backward();
+    opt_g.step();
+    return {d_loss.detach(), g_loss.detach()};
+  }
+  std::vector<at::Tensor> params() {
+    auto p = g->parameters();
+    for (auto& t : d->parameters()) p.push_back(t);
+    return p;
+  }
+};
+
+}  // namespace
+
+TEST(StepGuards, TwoOptimizersTwoBackwardsCompileAndMatchEagerWithCountersExact) {
+  const auto seed = fresh_seed();
+  torch::manual_seed(seed);
+  Gan ref;
+  torch::manual_seed(seed);
+  Gan s;
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return s.step(in); },
+                                 {{s.g.ptr(), s.d.ptr()}, {&s.opt_d, &s.opt_g}}, eager_backend());
+  for (int i = 0; i < 12; ++i) {
+    auto real = at::randn({16, 8}), z = at::randn({16, 4});
+    auto want = ref.step({real, z});
+    auto got = step({real, z});
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+  }
+  EXPECT_TRUE(step.stats().last_fallback.empty()) << step.stats().last_fallback;
+  EXPECT_TRUE(step.last_step_compiled());
+  EXPECT_EQ(step.stats().compiled_steps, 10);
+  EXPECT_EQ(adam_step(s.opt_d), adam_step(ref.opt_d));
+  EXPECT_EQ(adam_step(s.opt_g), 12);
+  expect_equal(s.params(), ref.params(), "parameter");
+}
+
+// A hyper-parameter that changes the optimizer's calls (weight decay from 0 adds an op): the probe
+// fails, the optimizers' counters are put back, the step is captured again. Before, the failed
+// attempt had advanced Adam's counter and the re-run advanced it again.
+TEST(StepGuards, OptimizerCallsChangingRecapturesAndLeavesNoPartialEffect) {
+  const auto seed = fresh_seed();
+  torch::manual_seed(seed);
+  nn::Sequential ref(nn::Linear(6, 12), nn::Tanh(), nn::Linear(12, 3));
+  torch::manual_seed(seed);
+  nn::Sequential net(nn::Linear(6, 12), nn::Tanh(), nn::Linear(12, 3));
+  torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(net->parameters(), 1e-2);
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 10; ++i) {
+    if (i == 5)
+      for (auto* o : {&ref_opt, &opt})
+        static_cast<torch::optim::AdamOptions&>(o->param_groups()[0].options()).weight_decay(0.1);
+    auto x = at::randn({10, 6}), y = at::randint(0, 3, {10});
+    auto want = body(ref, ref_opt, {x, y});
+    auto got = step({x, y});
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+    EXPECT_EQ(adam_step(opt), adam_step(ref_opt)) << "step " << i;
+  }
+  EXPECT_EQ(step.stats().recaptures, 1);
+  EXPECT_TRUE(step.last_step_compiled());
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+}
+
+// torch::load of the optimizer into the very objects the compiled step uses: the step must follow
+// the loaded state (before, it kept the Adam state it had captured).
+TEST(StepGuards, CheckpointLoadedMidTrainingIsFollowed) {
+  const auto seed = fresh_seed();
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_ckpt_" + std::to_string(seed));
+  std::filesystem::create_directories(dir);
+  torch::manual_seed(seed);
+  nn::Sequential ref(nn::Linear(6, 12), nn::ReLU(), nn::Linear(12, 3));
+  torch::manual_seed(seed);
+  nn::Sequential net(nn::Linear(6, 12), nn::ReLU(), nn::Linear(12, 3));
+  torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(net->parameters(), 1e-2);
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  const auto model_path = (dir / "model.pt").string(), opt_path = (dir / "opt.pt").string();
+  for (int i = 0; i < 14; ++i) {
+    if (i == 4) {
+      torch::save(ref, model_path);
+      torch::save(ref_opt, opt_path);
+    }
+    if (i == 9)
+      for (auto [m, o] : {std::pair{&ref, &ref_opt}, std::pair{&net, &opt}}) {
+        torch::load(*m, model_path);
+        torch::load(*o, opt_path);
+      }
+    auto x = at::randn({10, 6}), y = at::randint(0, 3, {10});
+    auto want = body(ref, ref_opt, {x, y});
+    auto got = step({x, y});
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+    EXPECT_EQ(adam_step(opt), adam_step(ref_opt)) << "step " << i;
+  }
+  EXPECT_GE(step.stats().recaptures, 1);
+  EXPECT_TRUE(step.last_step_compiled());
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+struct MlpImpl : nn::Module {
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  MlpImpl() : fc1(register_module("fc1", nn::Linear(6, 12))), fc2(register_module("fc2", nn::Linear(12, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2->forward(at::relu(fc1->forward(x))); }
+};
+TORCH_MODULE(Mlp);
+}  // namespace
+
+// A layer replaced between steps (and given to the optimizer): the plans read the old parameters,
+// so the step is captured again.
+TEST(StepGuards, ReplacedLayerRecaptures) {
+  const auto seed = fresh_seed();
+  torch::manual_seed(seed);
+  Mlp ref;
+  torch::manual_seed(seed);
+  Mlp net;
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto body = [](Mlp& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 10; ++i) {
+    if (i == 5) {
+      const auto s2 = fresh_seed();
+      for (auto [m, o] : {std::pair{&ref, &ref_opt}, std::pair{&net, &opt}}) {
+        torch::manual_seed(s2);
+        (*m)->fc2 = (*m)->replace_module("fc2", nn::Linear(12, 3));
+        o->param_groups()[0].params() = (*m)->parameters();
+      }
+    }
+    auto x = at::randn({10, 6}), y = at::randint(0, 3, {10});
+    auto want = body(ref, ref_opt, {x, y});
+    auto got = step({x, y});
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+  }
+  EXPECT_GE(step.stats().recaptures, 1);
+  EXPECT_TRUE(step.last_step_compiled());
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+}
+
+// Dropout on the CPU draws with bernoulli_; the compiled step draws the same masks from the same
+// generator state, so it matches eager bit for bit, step after step (the masks change).
+TEST(StepGuards, DropoutOnCpuDrawsEagersMasks) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(8, 32), nn::ReLU(), nn::Dropout(0.3), nn::Linear(32, 4));
+  };
+  auto ref = make(), net = make();
+  torch::optim::SGD ref_opt(ref->parameters(), 0.05), opt(net->parameters(), 0.05);
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto out = m->forward(in[0]);
+    auto loss = ce(out, in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach(), out.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
+  at::Tensor previous;
+  for (int i = 0; i < 8; ++i) {
+    // The same generator state before both steps.
+    auto gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    auto want = body(ref, ref_opt, {x, y});
+    gen.set_state(state);
+    auto got = step({x, y});
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " result");
+    if (previous.defined() && i > 2) EXPECT_FALSE(at::equal(got[1], previous)) << "fresh masks each step";
+    previous = got[1];
+  }
+  EXPECT_TRUE(step.stats().last_fallback.empty()) << step.stats().last_fallback;
+  EXPECT_EQ(step.stats().compiled_steps, 6);
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+}
+
+// clip_grad_norm_ reads its total norm with .item() after scaling the gradients with it on the
+// device: captured, the norm and the clip coefficient stay tensors. Trainer's max_grad_norm too.
+TEST(StepGuards, ClipGradNormIsCaptured) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(8, 32), nn::Tanh(), nn::Linear(32, 4));
+  };
+  auto ref = make(), net = make(), tnet = make();
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  torch::optim::SGD topt(tnet->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    nn::utils::clip_grad_norm_(m->parameters(), 0.25);
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  auto args = eager_backend();
+  args.max_grad_norm = 0.25;
+  kiln::Trainer trainer(tnet, topt, ce, args);
+  for (int i = 0; i < 8; ++i) {
+    auto x = at::randn({16, 8}) * 4, y = at::randint(0, 4, {16});
+    auto want = body(ref, ref_opt, {x, y});
+    expect_equal(step({x, y}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+    expect_equal({trainer.step(x, y)}, want, "Trainer step " + std::to_string(i) + " loss");
+  }
+  EXPECT_TRUE(step.stats().last_fallback.empty()) << step.stats().last_fallback;
+  EXPECT_EQ(step.stats().compiled_steps, 6);
+  EXPECT_EQ(trainer.stats().compiled_steps, 6);
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+  expect_equal(tnet->parameters(), ref->parameters(), "Trainer parameter");
+}
+
+// A host read of a value the step has not used on the device is host control flow: it is not
+// captured, and a new shape with the same cause does not pay another capture.
+TEST(StepGuards, FailedCaptureIsRememberedAcrossShapes) {
+  torch::manual_seed(fresh_seed());
+  nn::Sequential net(nn::Linear(6, 12), nn::ReLU(), nn::Linear(12, 3));
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  LogCapture logs;
+  auto step = kiln::compile_step(
+      [&](const std::vector<at::Tensor>& in) {
+        opt.zero_grad();
+        auto out = net->forward(in[0]);
+        const double scale = out.abs().max().item<double>() > 1e9 ? 0.5 : 1.0;
+        auto loss = ce(out * scale, in[1]);
+        loss.backward();
+        opt.step();
+        return std::vector<at::Tensor>{loss.detach()};
+      },
+      {{net.ptr()}, {&opt}}, eager_backend());
+  for (int64_t batch : {8, 8, 8, 5, 5, 7}) step({at::randn({batch, 6}), at::randint(0, 3, {batch})});
+  EXPECT_EQ(step.stats().compiles, 1) << "batch 5 and 7 did not capture again";
+  EXPECT_EQ(step.stats().compiled_steps, 0);
+  EXPECT_NE(step.stats().last_fallback.find("aten::_local_scalar_dense"), std::string::npos) << step.stats().last_fallback;
+}
+
+TEST(StepGuards, EnvironmentChoosesTheBackendOfCompileStep) {
+  ::setenv("KILN_BACKEND", "eager", 1);
+  torch::manual_seed(fresh_seed());
+  nn::Sequential net(nn::Linear(6, 3));
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  kiln::TrainingArguments args;
+  args.torch_compile = true;
+  args.torch_compile_backend = "inductor";
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0]}; },
+                                 {{net.ptr()}, {&opt}}, args);
+  ::unsetenv("KILN_BACKEND");
+  EXPECT_EQ(step.backend(), "eager");
+  EXPECT_EQ(step.args().torch_compile_backend, "eager");
+}
+
+namespace {
+struct TwoInputImpl : nn::Module {
+  nn::Linear a{nullptr}, b{nullptr};
+  TwoInputImpl() : a(register_module("a", nn::Linear(5, 3))), b(register_module("b", nn::Linear(2, 3))) {}
+  at::Tensor forward(const at::Tensor& x, at::Tensor extra) { return a->forward(x) + b->forward(extra); }
+};
+TORCH_MODULE(TwoInput);
+}  // namespace
+
+// Trainer takes a module holder (no .ptr()) and a forward with several tensors.
+TEST(StepGuards, TrainerTakesAModuleHolderWithSeveralInputs) {
+  const auto seed = fresh_seed();
+  torch::manual_seed(seed);
+  TwoInput ref;
+  torch::manual_seed(seed);
+  TwoInput model;
+  torch::optim::SGD ref_opt(ref->parameters(), 0.1), opt(model->parameters(), 0.1);
+  kiln::Trainer trainer(model, opt, ce, eager_backend());
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({7, 5}), e = at::randn({7, 2}), y = at::randint(0, 3, {7});
+    ref_opt.zero_grad();
+    auto want = ce(ref->forward(x, e), y);
+    want.backward();
+    ref_opt.step();
+    expect_equal({trainer.step({x, e}, y)}, {want.detach()}, "step " + std::to_string(i) + " loss");
+  }
+  EXPECT_TRUE(trainer.compiled());
+  expect_equal(model->parameters(), ref->parameters(), "parameter");
+  EXPECT_THROW(trainer.step({at::randn({7, 5})}, at::randint(0, 3, {7})), std::invalid_argument);
+}
