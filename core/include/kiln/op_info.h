@@ -26,4 +26,14 @@ inline bool op_is_pure(const OpInfo& i) {
   return i.found && !i.is_mutable && !i.nondeterministic;
 }
 
+namespace ir {
+struct Node;
+}
+
+// Whether this node draws from a random generator when it runs: a nondeterministic_seeded op,
+// unless its dropout probability is 0 (the attention kernels draw only when dropout_p > 0) or it
+// is a dropout not in training. Such nodes run on ATen's kernels, in captured order, so that they
+// draw what the eager step draws.
+bool node_draws_random_numbers(const ir::Node& n);
+
 }  // namespace kiln

@@ -269,6 +269,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
         node.op = op_full_name(op);
         if (node.op == "aten::_local_scalar_dense") {
           host_read(*(stack->end() - 1));
+        } else if (node.op == "aten::equal" && same_value(*(stack->end() - 2), *(stack->end() - 1))) {
+          // equal(x, x): true whatever x holds (ATen answers it from the tensors' identity without
+          // reading them). nn::MultiheadAttention asks it to pick its self-attention path.
+          pending_equal = true;
         } else if (is_data_dependent_op(node.op)) {
           fail(node.op, "its result depends on tensor data (" + node.op + ")");
         } else {
@@ -299,6 +303,12 @@ struct StepRecorder::State : capture_detail::ModeHandler {
 
     if (!record) {
       std::lock_guard<std::mutex> lock(mu);
+      if (pending_equal) {
+        pending_equal = false;
+        if (recording && (stack->empty() || !stack->back().isBool() || !stack->back().toBool()))
+          fail("aten::equal", "its result depends on tensor data (aten::equal)");
+        return;
+      }
       if (pending_read && recording && !stack->empty()) {
         const auto& r = stack->back();
         if (r.isDouble() || r.isInt() || r.isBool())
@@ -365,6 +375,15 @@ struct StepRecorder::State : capture_detail::ModeHandler {
   }
 
   bool pending_read = false;
+  bool pending_equal = false;
+
+  // Whether two arguments are the same value of the step (the same tensor, or a view with the
+  // same sizes, strides and offset over the same memory).
+  bool same_value(const c10::IValue& a, const c10::IValue& b) {
+    if (!a.isTensor() || !b.isTensor() || !a.toTensor().defined() || !b.toTensor().defined()) return false;
+    const auto va = value_for_arg(a.toTensor()), vb = value_for_arg(b.toTensor());
+    return va != ir::kNoValue && va == vb;
+  }
 
   // `.item()` (aten::_local_scalar_dense) of a tensor the step already used on the device is let
   // through: clip_grad_norm_ reads its total norm that way, after scaling the gradients with it on

@@ -7,6 +7,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/function_schema.h>
 
+#include "kiln/ir.h"
+
 namespace kiln {
 
 const OpInfo& op_info(const std::string& op) {
@@ -34,6 +36,20 @@ const OpInfo& op_info(const std::string& op) {
     info.handle = &handles.back();
   }
   return cache.emplace(op, info).first->second;
+}
+
+bool node_draws_random_numbers(const ir::Node& n) {
+  const OpInfo& info = op_info(n.op);
+  if (!info.nondeterministic) return false;
+  if (!info.handle) return true;
+  const auto& params = info.handle->schema().arguments();
+  for (size_t k = 0; k < params.size() && k < n.args.size(); ++k) {
+    const auto& a = n.args[k];
+    if (params[k].name() == "dropout_p" && a.kind == ir::Arg::Kind::Double && a.scalar_input < 0 && a.d == 0.0)
+      return false;
+    if (params[k].name() == "train" && a.kind == ir::Arg::Kind::Bool && a.i == 0) return false;
+  }
+  return true;
 }
 
 }  // namespace kiln

@@ -16,6 +16,7 @@
 
 #include "kiln/ir_text.h"
 #include "kiln/partition.h"
+#include "kiln/op_info.h"
 
 namespace kiln {
 
@@ -223,6 +224,15 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
       const int32_t a = unit_of[prod], b = unit_of[i];
       if (a != b && succ[a].insert(b).second) ++indegree[b];
     }
+  // Random ops keep their captured order among themselves: each draws from the generator state the
+  // one before it left, as in the eager step.
+  int32_t last_random = -1;
+  for (size_t i = 0; i < n_nodes; ++i) {
+    if (!node_draws_random_numbers(g.nodes[i])) continue;
+    const int32_t b = unit_of[i];
+    if (last_random >= 0 && last_random != b && succ[last_random].insert(b).second) ++indegree[b];
+    last_random = b;
+  }
   std::set<int32_t> ready;
   for (size_t i = 0; i < n_nodes; ++i)
     if (unit_of[i] == static_cast<int32_t>(i) && indegree[i] == 0) ready.insert(static_cast<int32_t>(i));

@@ -8,6 +8,7 @@
 #include <c10/util/StringUtil.h>
 
 #include "kiln/log.h"
+#include "kiln/op_info.h"
 #include "kiln/passes.h"
 #include "kiln/plugin_registry.h"
 #include "../runtime/cpu_block_cache.h"
@@ -15,6 +16,9 @@
 namespace kiln {
 
 bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars) {
+  // A random op stays on ATen's kernel, drawing from LibTorch's generator in captured order: a
+  // plugin's own random numbers would not be the eager step's.
+  if (node_draws_random_numbers(node)) return false;
   for (const auto& a : node.args)
     if (a.scalar_input >= 0 && !plugin_takes_runtime_scalars) return false;
   for (auto v : node.outputs)

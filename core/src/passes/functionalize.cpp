@@ -16,6 +16,7 @@
 //  - Every graph input whose storage was written gets a WriteBack output of its final value.
 // Anything else (writes through a Tensor[] argument, ops with no functional variant) throws: the
 // compile fails and the step runs eagerly with a warning naming the op.
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -23,6 +24,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "kiln/executor.h"
+#include "kiln/op_info.h"
 #include "kiln/passes.h"
 
 namespace kiln {
@@ -99,6 +101,36 @@ FunctionalVariant functional_variant(const std::string& op, const c10::FunctionS
     if (names_ok) return {c, fs};
   }
   return {};
+}
+
+// Random ops draw their numbers in memory order: bernoulli_ on a transposed tensor gives element
+// (i, j) the draw that the same op on a contiguous tensor gives element (j, i). Their functional
+// forms return contiguous results, so a write into a non-contiguous (but dense) tensor becomes the
+// functional op on the tensor permuted into memory order, permuted back. Returns the permutation
+// (empty when the tensor is contiguous); throws when no permutation makes it contiguous.
+std::vector<int64_t> memory_order(const ir::TensorMeta& m, const std::string& op) {
+  if (m.is_contiguous()) return {};
+  std::vector<int64_t> perm(m.shape.size());
+  for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t b) { return m.strides[a] > m.strides[b]; });
+  int64_t expect = 1;
+  for (size_t k = perm.size(); k-- > 0;) {
+    const auto d = static_cast<size_t>(perm[k]);
+    if (m.shape[d] != 1 && m.strides[d] != expect)
+      throw std::runtime_error(op + " writes a tensor that is not dense in memory; kiln cannot draw its random numbers "
+                                    "in the order the in-place op draws them");
+    expect *= m.shape[d];
+  }
+  return perm;
+}
+
+ir::TensorMeta permuted(const ir::TensorMeta& m, const std::vector<int64_t>& perm) {
+  ir::TensorMeta p = m;
+  for (size_t k = 0; k < perm.size(); ++k) {
+    p.shape[k] = m.shape[static_cast<size_t>(perm[k])];
+    p.strides[k] = m.strides[static_cast<size_t>(perm[k])];
+  }
+  return p;
 }
 
 struct Functionalizer {
@@ -268,6 +300,31 @@ struct Functionalizer {
       n.args.push_back(raw.args[i]);
     }
     map_args(n);
+    // A random op writing a non-contiguous tensor: draw on it permuted into memory order.
+    std::vector<int64_t> perm;
+    int self_arg = -1;  // the variant's argument that is the written tensor
+    if (op_info(raw.op).nondeterministic && written.size() == 1 && kept == 0) {
+      const auto& wm = g.value(raw.args[written[0]].value).meta;
+      perm = memory_order(wm, raw.op);
+      for (size_t k = 0; k < fv.schema->arguments().size() && !perm.empty(); ++k)
+        if (fv.schema->arguments()[k].name() == sargs[written[0]].name()) self_arg = static_cast<int>(k);
+      for (const auto& a : n.args)
+        if (!perm.empty() && a.kind == ir::Arg::Kind::Tensor && &a != &n.args[static_cast<size_t>(std::max(self_arg, 0))])
+          throw std::runtime_error(raw.op + " with a tensor argument writes a non-contiguous tensor; kiln cannot draw "
+                                            "its random numbers in the order the in-place op draws them");
+      if (!perm.empty() && self_arg >= 0) {
+        ir::Node pn;
+        pn.op = "aten::permute";
+        pn.phase = raw.phase;
+        const auto in = n.args[static_cast<size_t>(self_arg)].value;
+        pn.args = {ir::Arg::tensor(in), ir::Arg::int_list(perm)};
+        pn.outputs = {out.add_value(permuted(out.value(in).meta, perm))};
+        n.args[static_cast<size_t>(self_arg)] = ir::Arg::tensor(pn.outputs[0]);
+        out.add_node(std::move(pn));
+      } else {
+        perm.clear();
+      }
+    }
     std::vector<ir::ValueId> kept_new;
     for (size_t r = 0; r < srets.size(); ++r)
       if (ret_alias[r] < 0) {
@@ -300,7 +357,29 @@ struct Functionalizer {
     std::vector<ir::ValueId> promoted_values;
     for (auto [k, dt] : promoted) promoted_values.push_back(n.outputs[k]);
     const std::string phase = n.phase;
-    out.add_node(std::move(n));
+    if (!perm.empty()) {
+      // The variant's result is the permuted, contiguous tensor; permuting it back gives the
+      // written tensor's own layout.
+      std::vector<int64_t> inverse(perm.size());
+      for (size_t k = 0; k < perm.size(); ++k) inverse[static_cast<size_t>(perm[k])] = static_cast<int64_t>(k);
+      auto cm = permuted(out.value(written_new[0]).meta, perm);
+      int64_t stride = 1;
+      for (size_t k = cm.shape.size(); k-- > 0;) {
+        cm.strides[k] = stride;
+        stride *= cm.shape[k];
+      }
+      const auto drawn = out.add_value(cm);
+      n.outputs.back() = drawn;
+      out.add_node(std::move(n));
+      ir::Node back;
+      back.op = "aten::permute";
+      back.phase = phase;
+      back.args = {ir::Arg::tensor(drawn), ir::Arg::int_list(inverse)};
+      back.outputs = {written_new[0]};
+      out.add_node(std::move(back));
+    } else {
+      out.add_node(std::move(n));
+    }
     for (size_t p = 0; p < promoted.size(); ++p) {
       const size_t w = promoted[p].first - first_written_out;
       ir::Node cast;

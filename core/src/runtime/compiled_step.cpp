@@ -113,24 +113,6 @@ void optimizer_state_tensors(const torch::optim::OptimizerParamState& st,
   }
 }
 
-// Whether a node draws from a random generator when it runs: a nondeterministic_seeded op, unless
-// its dropout probability is 0 (the attention kernels draw only when dropout_p > 0: gpt's
-// _scaled_dot_product_cudnn_attention and flash attention carry dropout_p = 0) or it is a
-// dropout not in training.
-bool draws_random_numbers(const ir::Node& n) {
-  const OpInfo& info = op_info(n.op);
-  if (!info.nondeterministic) return false;
-  if (!info.handle) return true;
-  const auto& params = info.handle->schema().arguments();
-  for (size_t k = 0; k < params.size() && k < n.args.size(); ++k) {
-    const auto& a = n.args[k];
-    if (params[k].name() == "dropout_p" && a.kind == ir::Arg::Kind::Double && a.scalar_input < 0 && a.d == 0.0)
-      return false;
-    if (params[k].name() == "train" && a.kind == ir::Arg::Kind::Bool && a.i == 0) return false;
-  }
-  return true;
-}
-
 bool arg_matches(const ir::Arg& a, const c10::IValue& v) {
   switch (a.kind) {
     case ir::Arg::Kind::Int:
@@ -217,6 +199,7 @@ struct CompiledStep::Impl {
     std::vector<at::Tensor> env;
     // Whole-step CUDA graph.
     bool graphs = false;
+    bool draws_random = false;  // the plan has a random op: its graph registers the CUDA generator
     c10::Device graph_device = c10::Device(c10::kCPU);
     std::vector<LiftedScalar> lifted;          // run-time scalars as 0-dim device tensors
     std::vector<at::Tensor> scalar_buffers;    // one device buffer per dtype of lifted scalars
@@ -649,13 +632,10 @@ struct CompiledStep::Impl {
           why = c10::str("cpu device (node ", i, " ", g.nodes[i].op, " makes a ", g.value(v).meta.device, " tensor)");
           break;
         }
-    // A random op (dropout) draws from LibTorch's CUDA generator, whose seed and offset a raw
-    // capture bakes into the graph: every replay would draw the same numbers. PyTorch registers
-    // the generator with its graphs for that; kiln does not yet, so such a step is not graphed.
-    for (size_t i = 0; i < g.nodes.size() && why.empty(); ++i)
-      if (draws_random_numbers(g.nodes[i]))
-        why = c10::str("a random op (node ", i, " ", g.nodes[i].op,
-                       "): a replayed graph would draw the same random numbers every step");
+    // A random op (dropout) draws from LibTorch's CUDA generator: the graph is recorded with the
+    // generator registered (cudagraph::Step), so that each replay draws fresh numbers, eager's.
+    e.draws_random = false;
+    for (const auto& n : g.nodes) e.draws_random = e.draws_random || node_draws_random_numbers(n);
     if (why.empty()) why = lift(e, g);
     if (!why.empty()) {
       const std::string msg = "kiln: skipping cudagraphs due to " + why;
@@ -791,7 +771,7 @@ struct CompiledStep::Impl {
   std::vector<at::Tensor> warm_up_and_record(const std::vector<at::Tensor>& inputs, Entry& e) {
     std::unique_ptr<cudagraph::Step> cg;
     try {
-      cg = std::make_unique<cudagraph::Step>(resolved.graph_plugin, e.graph_device);
+      cg = std::make_unique<cudagraph::Step>(resolved.graph_plugin, e.graph_device, e.draws_random);
     } catch (const std::exception& ex) {
       e.graphs = false;
       stats.last_graph_skip = std::string("kiln: skipping cudagraphs due to ") + ex.what();

@@ -3,9 +3,11 @@
 //    reduce-overhead does without a GPU.
 //  - CUDA (skipped with the reason elsewhere): 20 steps of mlp, cnn and gpt (bf16 autocast) under
 //    `inductor` + `reduce-overhead` and under the `cudagraphs` backend match LibTorch eager; a new
-//    batch size records a second graph; a step with .item() falls back and says why.
+//    batch size records a second graph; a step with .item() falls back and says why; a step with
+//    dropout is graphed and draws eager's masks.
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 
 #include <gtest/gtest.h>
 
@@ -328,27 +330,55 @@ TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
   EXPECT_NE(st.last_fallback.find("_local_scalar_dense"), std::string::npos) << st.last_fallback;
 }
 
-// Dropout draws from the CUDA generator; a raw capture would bake its offsets and every replay would
-// draw the same mask. Such a step runs compiled without a graph and says why.
-TEST(CudaGraphsCuda, AStepWithDropoutIsNotGraphedAndSaysWhy) {
+// Dropout draws from the CUDA generator. The graph is recorded with the generator registered (as
+// PyTorch's CUDA graphs do), so every replay draws fresh masks: exactly the eager step's masks from
+// the same generator state, step after step, across a torch::manual_seed between steps too.
+TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  Deterministic deterministic;
+  auto ref = kiln::make_workload("mlp", {"cuda", 11, 0});
   auto w = kiln::make_workload("mlp", {"cuda", 11, 0});
-  auto step = kiln::compile_step(
-      [&w](const std::vector<at::Tensor>& in) {
-        w.optimizer->zero_grad();
-        auto h = at::dropout(w.forward(in[0]), 0.1, /*train=*/true);
-        auto loss = w.loss_fn(h, in[1]);
-        loss.backward();
-        w.optimizer->step();
-        return std::vector<at::Tensor>{loss.detach()};
-      },
-      {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
-  for (int s = 0; s < 5; ++s) step({w.input, w.target});
+  auto body = [](kiln::Workload& m) {
+    return [&m](const std::vector<at::Tensor>& in) {
+      m.optimizer->zero_grad();
+      auto h = at::dropout(m.forward(in[0]), 0.1, /*train=*/true);
+      auto loss = m.loss_fn(h, in[1]);
+      loss.backward();
+      m.optimizer->step();
+      return std::vector<at::Tensor>{loss.detach(), h.detach()};
+    };
+  };
+  auto ref_step = body(ref);
+  auto step = kiln::compile_step(body(w), {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
+  at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, 0));
+  at::Tensor previous_mask;
+  for (int s = 0; s < 10; ++s) {
+    if (s == 6) torch::manual_seed(1234);
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state = gen.get_state();
+    }
+    auto want = ref_step({ref.input, ref.target});
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(state);
+    }
+    auto got = step({w.input, w.target});
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_TRUE(at::equal(got[0], want[0])) << "loss at step " << s << ": " << got[0].item<float>() << " vs "
+                                            << want[0].item<float>();
+    const auto mask = got[1] == 0;
+    EXPECT_TRUE(at::equal(mask, want[1] == 0)) << "dropout mask at step " << s;
+    if (previous_mask.defined()) EXPECT_FALSE(at::equal(mask, previous_mask)) << "the same mask twice at step " << s;
+    previous_mask = mask;
+  }
   const auto& st = step.stats();
-  EXPECT_EQ(st.graphs_recorded, 0);
-  EXPECT_EQ(st.compiled_steps, 3) << st.last_fallback;
-  EXPECT_NE(st.last_graph_skip.find("skipping cudagraphs due to a random op"), std::string::npos) << st.last_graph_skip;
-  EXPECT_NE(st.last_graph_skip.find("dropout"), std::string::npos) << st.last_graph_skip;
+  EXPECT_EQ(st.graphs_recorded, 1) << st.last_graph_skip;
+  EXPECT_EQ(st.graph_replays, 7) << st.last_graph_skip;
+  EXPECT_EQ(st.last_graph_skip, "");
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(at::equal(pw[i].value(), pr[i].value())) << pr[i].key();
 }
 
 // Run-time scalars lifted into 0-dim device tensors (the machinery of graphed AdamW steps), here

@@ -16,6 +16,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
@@ -274,6 +275,37 @@ TEST(StepGuards, DropoutOnCpuDrawsEagersMasks) {
   expect_equal(net->parameters(), ref->parameters(), "parameter");
 }
 
+// Dropout of a transposed activation: bernoulli_ fills a non-contiguous tensor in memory order, and
+// the compiled step must give every element the same draw.
+TEST(StepGuards, DropoutOfATransposedTensorDrawsEagersMasks) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Linear(6, 10);
+  };
+  auto ref = make(), lin = make();
+  torch::optim::SGD ref_opt(ref->parameters(), 0.05), opt(lin->parameters(), 0.05);
+  auto body = [](nn::Linear& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto h = nn::functional::dropout(m->forward(in[0]).transpose(0, 1), nn::functional::DropoutFuncOptions().p(0.4));
+    auto loss = (h * h).mean();
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach(), h.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(lin, opt, in); },
+                                 {{lin.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({12, 6});
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    auto want = body(ref, ref_opt, {x});
+    gen.set_state(state);
+    expect_equal(step({x}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
+  }
+  EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
+}
+
 // clip_grad_norm_ reads its total norm with .item() after scaling the gradients with it on the
 // device: captured, the norm and the clip coefficient stay tensors. Trainer's max_grad_norm too.
 TEST(StepGuards, ClipGradNormIsCaptured) {
@@ -381,3 +413,42 @@ TEST(StepGuards, TrainerTakesAModuleHolderWithSeveralInputs) {
   expect_equal(model->parameters(), ref->parameters(), "parameter");
   EXPECT_THROW(trainer.step({at::randn({7, 5})}, at::randint(0, 3, {7})), std::invalid_argument);
 }
+
+// nn::MultiheadAttention asks torch::equal(query, key) on the host to pick its self-attention
+// path; equal(x, x) is answered from identity, so the step is captured (with attention dropout).
+class MultiheadSelfAttention : public ::testing::TestWithParam<double> {};
+
+TEST_P(MultiheadSelfAttention, IsCapturedAndMatchesEager) {
+  const double p = GetParam();
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::MultiheadAttention(nn::MultiheadAttentionOptions(16, 4).dropout(p).bias(false));
+  };
+  auto ref = make(), mha = make();
+  torch::optim::SGD ref_opt(ref->parameters(), 0.1), opt(mha->parameters(), 0.1);
+  auto body = [](nn::MultiheadAttention& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    const auto& x = in[0];
+    auto causal = at::full({x.size(0), x.size(0)}, -std::numeric_limits<float>::infinity()).triu(1);
+    auto y = std::get<0>(m->forward(x, x, x, {}, /*need_weights=*/false, causal));
+    auto loss = (y * y).mean();
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach(), y.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(mha, opt, in); },
+                                 {{mha.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({5, 3, 16});
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    const auto state = gen.get_state();
+    auto want = body(ref, ref_opt, {x});
+    gen.set_state(state);
+    expect_equal(step({x}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
+  }
+  EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
+  expect_equal(mha->parameters(), ref->parameters(), "parameter");
+}
+
+INSTANTIATE_TEST_SUITE_P(Dropout, MultiheadSelfAttention, ::testing::Values(0.0, 0.2));

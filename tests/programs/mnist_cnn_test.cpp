@@ -1,0 +1,53 @@
+// The classifier of PyTorch's MNIST example (corpus/mnist_cnn.h: two convolutions, max pooling, two
+// dropouts, a 9216 -> 128 -> 10 head), trained eagerly and through kiln with Adam and with SGD.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "corpus/mnist_cnn.h"
+#include "program_harness.h"
+
+namespace {
+
+using corpus::mnist_cnn::Optimizer;
+
+constexpr int kSteps = 8;
+
+programs::Run train(uint64_t seed, Optimizer kind, const std::optional<std::string>& backend) {
+  torch::manual_seed(seed);
+  corpus::mnist_cnn::Options options;
+  options.optimizer = kind;
+  corpus::mnist_cnn::Program program(options);
+  programs::Driver step(program.step(), program.state(), backend);
+
+  programs::Run run;
+  for (int i = 0; i < kSteps; ++i) run.record_step(step(program.batch(i)));
+  run.add_module("model.", *program.model);
+  run.add_optimizer(kind == Optimizer::Adam ? "adam." : "sgd.", *program.optimizer);
+  step.finish(run);
+  return run;
+}
+
+class MnistCnn : public ::testing::TestWithParam<std::string> {
+ protected:
+  void expect_like_eager(Optimizer kind) {
+    const uint64_t seed = programs::fresh_seed();
+    SCOPED_TRACE(programs::seed_note(seed));
+    const auto eager = train(seed, kind, std::nullopt);
+    programs::KilnLog log;
+    const auto kiln = train(seed, kind, GetParam());
+    programs::expect_no_fallback(kiln, kSteps, /*captures=*/1, log);
+    programs::expect_same_run(kiln, eager, GetParam(), {"loss"});
+  }
+};
+
+TEST_P(MnistCnn, AdamTrainsLikeEager) { expect_like_eager(Optimizer::Adam); }
+
+TEST_P(MnistCnn, SgdTrainsLikeEager) { expect_like_eager(Optimizer::Sgd); }
+
+INSTANTIATE_TEST_SUITE_P(Backends, MnistCnn, ::testing::ValuesIn(programs::backends()), programs::backend_test_name);
+
+}  // namespace
