@@ -333,8 +333,7 @@ TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
 // Dropout draws from the CUDA generator. The graph is recorded with the generator registered (as
 // PyTorch's CUDA graphs do), so every replay draws fresh masks: exactly the eager step's masks from
 // the same generator state, step after step, across a torch::manual_seed between steps too.
-TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+static void expect_dropout_like_eager(const std::string& backend, const std::string& mode, bool graphed) {
   Deterministic deterministic;
   auto ref = kiln::make_workload("mlp", {"cuda", 11, 0});
   auto w = kiln::make_workload("mlp", {"cuda", 11, 0});
@@ -349,7 +348,7 @@ TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
     };
   };
   auto ref_step = body(ref);
-  auto step = kiln::compile_step(body(w), {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
+  auto step = kiln::compile_step(body(w), {{w.model}, {w.optimizer.get()}}, args_for(backend, mode));
   at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, 0));
   at::Tensor previous_mask;
   for (int s = 0; s < 10; ++s) {
@@ -374,11 +373,24 @@ TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
     previous_mask = mask;
   }
   const auto& st = step.stats();
-  EXPECT_EQ(st.graphs_recorded, 1) << st.last_graph_skip;
-  EXPECT_EQ(st.graph_replays, 7) << st.last_graph_skip;
+  EXPECT_EQ(st.compiled_steps, 8) << st.last_fallback;
+  EXPECT_EQ(st.graphs_recorded, graphed ? 1 : 0) << st.last_graph_skip;
+  EXPECT_EQ(st.graph_replays, graphed ? 7 : 0) << st.last_graph_skip;
   EXPECT_EQ(st.last_graph_skip, "");
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(at::equal(pw[i].value(), pr[i].value())) << pr[i].key();
+}
+
+TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_dropout_like_eager("cudagraphs", "default", /*graphed=*/true);
+  expect_dropout_like_eager("inductor", "reduce-overhead", /*graphed=*/true);
+}
+
+// native_dropout is functional already: without a graph the compiled step draws eager's masks too.
+TEST(CudaGraphsCuda, AStepWithDropoutWithoutGraphsDrawsEagersMasks) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_dropout_like_eager("eager", "default", /*graphed=*/false);
 }
 
 // Run-time scalars lifted into 0-dim device tensors (the machinery of graphed AdamW steps), here
