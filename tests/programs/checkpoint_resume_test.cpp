@@ -6,7 +6,8 @@
 //  - change the learning rate of the optimizer's parameter group by hand;
 //  - switch the model to eval() for a step (no dropout) and back to train().
 // The small MLP with dropout and Adam of corpus/checkpoint_resume.h, on a fixed synthetic data set.
-#include <filesystem>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <string>
@@ -62,12 +63,20 @@ void set_lr(torch::optim::Optimizer& optimizer, double lr) {
 class CheckpointResume : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("kiln_programs_checkpoint_" + std::to_string(::getpid()) + "_" + GetParam());
-    std::filesystem::create_directories(dir_);
+    // POSIX rather than std::filesystem: LibTorch's wheel exports its own copy of some
+    // std::filesystem symbols, and a test binary built with a newer libstdc++ crashed calling them.
+    std::string tmpl = ::testing::TempDir() + "kiln_programs_checkpoint_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << "cannot make a temporary directory from " << tmpl;
+    dir_ = tmpl;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  void TearDown() override {
+    for (const auto& f : written_) std::remove(f.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  std::string path(const std::string& name) {
+    written_.push_back(dir_ + "/" + name);
+    return written_.back();
+  }
 
   // Runs `script` eagerly and through kiln from one seed; kiln must compile every step but the
   // first and one capture per signature (at least `min_captures`, at most `max_captures`), and
@@ -87,7 +96,8 @@ class CheckpointResume : public ::testing::TestWithParam<std::string> {
     programs::expect_same_run(got, want, GetParam(), {"loss"});
   }
 
-  std::filesystem::path dir_;
+  std::string dir_;
+  std::vector<std::string> written_;
 };
 
 TEST_P(CheckpointResume, LoadIntoTheSameModelAndOptimizerMidTraining) {

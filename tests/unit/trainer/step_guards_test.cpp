@@ -5,7 +5,8 @@
 // for bit: the backend is "eager" (kiln's capture, passes and executor on ATen's own kernels), so
 // any difference is kiln changing what the step computes.
 #include <cstdlib>
-#include <filesystem>
+#include <cstdio>
+#include <unistd.h>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -151,8 +152,10 @@ TEST(StepGuards, OptimizerCallsChangingRecapturesAndLeavesNoPartialEffect) {
 // the loaded state (before, it kept the Adam state it had captured).
 TEST(StepGuards, CheckpointLoadedMidTrainingIsFollowed) {
   const auto seed = fresh_seed();
-  const auto dir = std::filesystem::temp_directory_path() / ("kiln_ckpt_" + std::to_string(seed));
-  std::filesystem::create_directories(dir);
+  // POSIX rather than std::filesystem: LibTorch's wheel exports its own copy of some
+  // std::filesystem symbols, and a test binary built with a newer libstdc++ crashed calling them.
+  std::string dir = ::testing::TempDir() + "kiln_ckpt_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr) << dir;
   torch::manual_seed(seed);
   nn::Sequential ref(nn::Linear(6, 12), nn::ReLU(), nn::Linear(12, 3));
   torch::manual_seed(seed);
@@ -167,7 +170,7 @@ TEST(StepGuards, CheckpointLoadedMidTrainingIsFollowed) {
   };
   auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
                                  {{net.ptr()}, {&opt}}, eager_backend());
-  const auto model_path = (dir / "model.pt").string(), opt_path = (dir / "opt.pt").string();
+  const auto model_path = dir + "/model.pt", opt_path = dir + "/opt.pt";
   for (int i = 0; i < 14; ++i) {
     if (i == 4) {
       torch::save(ref, model_path);
@@ -187,7 +190,9 @@ TEST(StepGuards, CheckpointLoadedMidTrainingIsFollowed) {
   EXPECT_GE(step.stats().recaptures, 1);
   EXPECT_TRUE(step.last_step_compiled());
   expect_equal(net->parameters(), ref->parameters(), "parameter");
-  std::filesystem::remove_all(dir);
+  std::remove(model_path.c_str());
+  std::remove(opt_path.c_str());
+  ::rmdir(dir.c_str());
 }
 
 namespace {
