@@ -490,12 +490,47 @@ struct CompiledStep::Impl {
     e.env.assign(e.graph.values.size(), at::Tensor());
   }
 
+  // A parameter written in the step by something other than the listed optimizers' step(): an
+  // optimizer the user did not pass in StepState replays with the scalars of the capture (Adam's
+  // bias corrections would never move, its step count never advance). A hand-written update
+  // (p -= lr * grad) is fine, so this warns rather than falling back.
+  void warn_unlisted_updates(const Entry& e) {
+    std::map<int32_t, std::string> param_storage;
+    for (const auto& in : e.raw.inputs)
+      if (in.role == ir::InputRole::Parameter) param_storage[e.raw.value(in.value).storage] = in.name;
+    std::set<int32_t> listed;
+    for (const auto& per : e.sites)
+      for (const auto& c : per) listed.insert(c.node);
+    for (size_t i = 0; i < e.raw.nodes.size(); ++i) {
+      const auto& n = e.raw.nodes[i];
+      if (n.phase == "backward" || listed.count(static_cast<int32_t>(i))) continue;
+      const auto& info = op_info(n.op);
+      if (!info.is_mutable || !info.handle) continue;
+      const auto& params = info.handle->schema().arguments();
+      for (size_t k = 0; k < params.size() && k < n.args.size(); ++k) {
+        const auto* alias = params[k].alias_info();
+        if (!alias || !alias->isWrite() || n.args[k].kind != ir::Arg::Kind::Tensor) continue;
+        auto p = param_storage.find(e.raw.value(n.args[k].value).storage);
+        if (p == param_storage.end()) continue;
+        warn_once(c10::str("kiln: the step updates parameter '", p->second, "' with ", n.op,
+                           " outside the optimizers given to kiln (StepState::optimizers): if an optimizer makes "
+                           "that update, pass it there, or its host state (step counts, bias corrections, learning "
+                           "rate) will not advance in compiled steps"));
+        return;
+      }
+    }
+  }
+
   // Replays the optimizers' step() without kernels, one optimizer at a time; checks that each made
   // the calls the captured graph holds, on the same tensors; binds run-time scalars. Returns false
   // (with the reason, naming the optimizer) when they no longer match. The optimizers' host state
   // has advanced either way: the caller restores it from a snapshot when this fails.
   bool probe(Entry& e, std::string& why) {
-    if (state.optimizers.empty()) return true;
+    if (state.optimizers.empty()) {
+      if (!e.sites_found) warn_unlisted_updates(e);
+      e.sites_found = true;
+      return true;
+    }
     // The optimizers skip parameters without a gradient; the graph computes them all.
     for (size_t i = 0; i < e.grad_placeholder_for.size(); ++i) {
       auto& p = e.grad_placeholder_for[i];
@@ -514,6 +549,7 @@ struct CompiledStep::Impl {
       why = match_optimizer_calls(e.raw, e.storage_tensor, calls, optimizer_names, e.sites);
       if (!why.empty()) return false;
       e.sites_found = true;
+      warn_unlisted_updates(e);
     } else {
       why = check_optimizer_calls(e.raw, e.sites, calls, optimizer_names);
       if (!why.empty()) return false;

@@ -457,3 +457,26 @@ TEST_P(MultiheadSelfAttention, IsCapturedAndMatchesEager) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dropout, MultiheadSelfAttention, ::testing::Values(0.0, 0.2));
+
+// An optimizer the step uses but kiln was not given: its host state would not advance in compiled
+// steps, and kiln says so, naming the parameter.
+TEST(StepGuards, AnOptimizerNotGivenToKilnIsNamedInAWarning) {
+  torch::manual_seed(fresh_seed());
+  nn::Linear lin(4, 2);
+  torch::optim::Adam opt(lin->parameters(), 1e-2);
+  LogCapture logs;
+  auto step = kiln::compile_step(
+      [&](const std::vector<at::Tensor>& in) {
+        opt.zero_grad();
+        auto loss = lin->forward(in[0]).pow(2).mean();
+        loss.backward();
+        opt.step();
+        return std::vector<at::Tensor>{loss.detach()};
+      },
+      {{lin.ptr()}, {}}, eager_backend());
+  for (int i = 0; i < 4; ++i) step({at::randn({3, 4})});
+  int mentions = 0;
+  for (const auto& w : logs.warnings())
+    mentions += w.find("outside the optimizers given to kiln") != std::string::npos && w.find("weight") != std::string::npos;
+  EXPECT_EQ(mentions, 1);
+}
