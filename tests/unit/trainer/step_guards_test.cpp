@@ -480,3 +480,64 @@ TEST(StepGuards, AnOptimizerNotGivenToKilnIsNamedInAWarning) {
     mentions += w.find("outside the optimizers given to kiln") != std::string::npos && w.find("weight") != std::string::npos;
   EXPECT_EQ(mentions, 1);
 }
+
+// A run stopped after a checkpoint and resumed in new objects (a new process, in effect), both
+// halves compiled, ends where one uninterrupted eager run ends, bit for bit.
+TEST(StepGuards, ResumedRunMatchesAnUninterruptedEagerRun) {
+  const auto seed = fresh_seed();
+  std::string dir = ::testing::TempDir() + "kiln_resume_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr) << dir;
+  const auto model_path = dir + "/model.pt", opt_path = dir + "/opt.pt";
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(6, 16), nn::ReLU(), nn::Dropout(0.2), nn::Linear(16, 3));
+  };
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  torch::manual_seed(seed + 1);
+  std::vector<std::vector<at::Tensor>> batches;
+  for (int i = 0; i < 12; ++i) batches.push_back({at::randn({10, 6}), at::randint(0, 3, {10})});
+
+  auto ref = make();
+  torch::optim::Adam ref_opt(ref->parameters(), 1e-2);
+  torch::manual_seed(seed + 2);
+  std::vector<at::Tensor> want;
+  for (const auto& b : batches) want.push_back(body(ref, ref_opt, b)[0]);
+
+  std::vector<at::Tensor> got;
+  {
+    auto first = make();
+    torch::optim::Adam opt(first->parameters(), 1e-2);
+    auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(first, opt, in); },
+                                   {{first.ptr()}, {&opt}}, eager_backend());
+    torch::manual_seed(seed + 2);
+    for (int i = 0; i < 6; ++i) got.push_back(step(batches[static_cast<size_t>(i)])[0]);
+    EXPECT_TRUE(step.last_step_compiled());
+    torch::save(first, model_path);
+    torch::save(opt, opt_path);
+  }
+  // The generator goes on from where the first half left it, as in the uninterrupted run (making
+  // the new layers draws their initial weights from it).
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const auto rng = gen.get_state();
+  nn::Sequential second(nn::Linear(6, 16), nn::ReLU(), nn::Dropout(0.2), nn::Linear(16, 3));
+  torch::optim::Adam opt(second->parameters(), 1e-2);
+  torch::load(second, model_path);
+  torch::load(opt, opt_path);
+  gen.set_state(rng);
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(second, opt, in); },
+                                 {{second.ptr()}, {&opt}}, eager_backend());
+  for (int i = 6; i < 12; ++i) got.push_back(step(batches[static_cast<size_t>(i)])[0]);
+  EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
+  expect_equal(got, want, "seed " + std::to_string(seed) + " loss");
+  expect_equal(second->parameters(), ref->parameters(), "parameter");
+  EXPECT_EQ(adam_step(opt), adam_step(ref_opt));
+  std::remove(model_path.c_str());
+  std::remove(opt_path.c_str());
+  ::rmdir(dir.c_str());
+}
