@@ -180,6 +180,7 @@ struct CompiledStep::Impl {
     size_t num_results = 0;
     std::vector<at::Tensor> grad_placeholder_for;  // params whose grad must be defined for the probe
     std::vector<at::Tensor> grad_placeholders;
+    std::vector<at::Tensor> placed;  // parameters given a placeholder gradient by this step's probe
     // Probe matching: each optimizer's calls in the raw graph (found at the first compiled step),
     // the tensors they must work on, and the run-time scalar slots.
     std::unordered_map<int32_t, at::Tensor> storage_tensor;  // raw storage id -> parameter/buffer/state
@@ -531,13 +532,17 @@ struct CompiledStep::Impl {
       e.sites_found = true;
       return true;
     }
-    // The optimizers skip parameters without a gradient; the graph computes them all.
+    // The optimizers skip parameters without a gradient; the graph computes them all. A failed
+    // probe takes the placeholders away again (undo_placeholders): an eager step must not
+    // accumulate into them.
+    e.placed.clear();
     for (size_t i = 0; i < e.grad_placeholder_for.size(); ++i) {
       auto& p = e.grad_placeholder_for[i];
       if (p.grad().defined()) continue;
       if (e.grad_placeholders.size() <= i) e.grad_placeholders.resize(e.grad_placeholder_for.size());
       if (!e.grad_placeholders[i].defined()) e.grad_placeholders[i] = at::empty_like(p);
       p.mutable_grad() = e.grad_placeholders[i];
+      e.placed.push_back(p);
     }
     std::vector<std::vector<ProbeCall>> calls(state.optimizers.size());
     for (size_t o = 0; o < state.optimizers.size(); ++o)
@@ -942,14 +947,20 @@ struct CompiledStep::Impl {
     const auto p0 = Clock::now();
     const bool probed = probe(e, why);
     stats.probe_seconds += std::chrono::duration<double>(Clock::now() - p0).count();
+    auto undo_placeholders = [&e] {
+      for (auto& p : e.placed) p.mutable_grad().reset();
+      e.placed.clear();
+    };
     if (!probed) {
       snapshot.restore();
+      undo_placeholders();
       return recapture(inputs, e, "kiln: " + why);
     }
     try {
       return run_compiled(inputs, e);
     } catch (const std::exception& ex) {
       snapshot.restore();
+      undo_placeholders();
       e.compiled = false;
       e.reason = std::string("kiln: the compiled step failed: ") + ex.what();
       stats.last_fallback = e.reason;

@@ -541,3 +541,36 @@ TEST(StepGuards, ResumedRunMatchesAnUninterruptedEagerRun) {
   std::remove(opt_path.c_str());
   ::rmdir(dir.c_str());
 }
+
+// zero_grad outside the step function: the gradients are undefined when a step starts. When the
+// probe fails (weight decay turned on), the eager step that follows must find them undefined too,
+// not the placeholders the probe lent the optimizer.
+TEST(StepGuards, AFailedProbeLeavesGradientsAsTheyWere) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(5, 8), nn::Tanh(), nn::Linear(8, 2));
+  };
+  auto ref = make(), net = make();
+  torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(net->parameters(), 1e-2);
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 8; ++i) {
+    if (i == 4)
+      for (auto* o : {&ref_opt, &opt})
+        static_cast<torch::optim::AdamOptions&>(o->param_groups()[0].options()).weight_decay(0.05);
+    ref_opt.zero_grad();
+    opt.zero_grad();
+    auto x = at::randn({6, 5}), y = at::randint(0, 2, {6});
+    auto want = body(ref, ref_opt, {x, y});
+    expect_equal(step({x, y}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+  }
+  EXPECT_EQ(step.stats().recaptures, 1);
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+}
