@@ -149,6 +149,7 @@ struct CompiledStep::Impl {
   std::set<std::string> warned;
   std::vector<std::string> optimizer_names;
   std::vector<const void*> structure;  // structure_now() when the state was collected
+  bool structure_eager = false;        // it kept changing past recompile_limit: every step runs eagerly
   // Captures that failed, by signature without sizes: a new shape with the same cause runs eagerly
   // at once instead of paying another failing capture.
   std::map<std::vector<int64_t>, std::string> failed_captures;
@@ -246,14 +247,26 @@ struct CompiledStep::Impl {
 
   // Parameters, buffers or submodules changed since the step was captured: every plan reads the old
   // ones, so all are dropped and the step is captured again.
-  void check_structure() {
-    if (structure_now() == structure) return;
+  // Returns false once that happened more than recompile_limit times: the step then runs eagerly.
+  bool check_structure() {
+    if (structure_eager) return false;
+    if (structure_now() == structure) return true;
+    if (stats.recaptures >= args.recompile_limit) {
+      structure_eager = true;
+      collect_state();
+      cache.clear();
+      last = nullptr;
+      fallback(c10::str("kiln: the modules' parameters, buffers or submodules changed again after ", stats.recaptures,
+                        " captures (recompile_limit); the step runs eagerly from now on"));
+      return false;
+    }
     log_info("kiln: the modules' parameters, buffers or submodules changed; capturing the step again");
     collect_state();
     cache.clear();
     failed_captures.clear();
     last = nullptr;
     ++stats.recaptures;
+    return true;
   }
 
   std::vector<int64_t> signature(const std::vector<at::Tensor>& inputs, bool with_sizes = true) const {
@@ -929,7 +942,7 @@ struct CompiledStep::Impl {
     if (!args.compile_enabled()) return eager(inputs);
     // The first step ever runs eagerly, so that optimizer state exists when the step is captured.
     if (stats.steps == 1) return eager(inputs);
-    check_structure();
+    if (!check_structure()) return eager(inputs);
     auto sig = signature(inputs);
     auto it = cache.find(sig);
     if (it != cache.end() && it->second->retry) {
