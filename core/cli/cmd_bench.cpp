@@ -280,7 +280,7 @@ int cmd_bench(int argc, char** argv) {
   double worst_loss = 0, worst_param = 0;
   std::string worst_param_name;
   int first_loss_diff = -1;  // the first step whose losses are not bit-identical (1-based)
-  // Generated kernels (inductor on the CPU) fuse and reorder float arithmetic: issue 6 holds them
+  // Generated kernels (inductor on the CPU) fuse and reorder float arithmetic: kiln holds them
   // to 1e-4 over 20 steps; ATen's own kernels (the eager executor, CUDA graphs of it) to 1e-5.
   const bool generated_code = chosen == "inductor" && device == "cpu";
   const double tol = tolerance >= 0 ? tolerance : eager_w.autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;

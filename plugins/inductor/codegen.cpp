@@ -94,6 +94,89 @@ bool is_column(const LoweredGraph& L, int v) {
   return along_kept;
 }
 
+bool pointwise_kind(const ValueInfo& v) {
+  return v.kind == ValueInfo::Kind::Pointwise || v.kind == ValueInfo::Kind::View || v.kind == ValueInfo::Kind::Reshape;
+}
+
+// The dims of `shape` that the stages' every access (loads, stores, index values) walks as one
+// contiguous run: neighbouring live dims d, e merge when each index has coef(d) == coef(e) *
+// shape[e]; then i_d * coef(d) + i_e * coef(e) is (i_d * shape[e] + i_e) * coef(e), one variable.
+// Dims of extent 1 are left out (always index 0).
+std::vector<std::vector<int>> merged_dims(const LoweredGraph& L, const std::vector<int>& stages,
+                                          const std::vector<int64_t>& shape) {
+  ExprPool pool;
+  std::vector<int> vars;
+  Idx idx;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    vars.push_back(pool.new_var());
+    idx.push_back(Index::var(vars.back()));
+  }
+  std::vector<Index> accesses;
+  for (int v : stages) {
+    L.compute(pool, v, idx);
+    accesses.push_back(LoweredGraph::offset(L.values[static_cast<size_t>(v)], idx));
+  }
+  for (size_t e = 0; e < pool.size(); ++e) {
+    const Expr& x = pool.at(static_cast<int>(e));
+    if (x.k == Expr::K::Load || x.k == Expr::K::IndexVal) accesses.push_back(x.idx);
+  }
+  std::vector<std::vector<int>> groups;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool merge = !groups.empty();
+    if (merge) {
+      const int prev = groups.back().back();
+      for (const Index& ix : accesses)
+        if (ix.coef(vars[static_cast<size_t>(prev)]) != ix.coef(vars[d]) * shape[d]) {
+          merge = false;
+          break;
+        }
+    }
+    if (merge) groups.back().push_back(static_cast<int>(d));
+    else groups.push_back({static_cast<int>(d)});
+  }
+  return groups;
+}
+
+int64_t group_size(const std::vector<int64_t>& shape, const std::vector<int>& group) {
+  int64_t n = 1;
+  for (int d : group) n *= shape[static_cast<size_t>(d)];
+  return n;
+}
+
+// Loops over merged dims for a kernel whose stages are all pointwise of one shape, when the stages
+// stay legal under them: a single stage always; several only when each reads the earlier ones at
+// its own outer index (its whole index when everything merged into one loop).
+void merge_loops(const LoweredGraph& L, KernelPlan& K) {
+  if (K.column || K.stages.empty()) return;
+  const std::vector<int64_t> shape = L.values[static_cast<size_t>(K.stages[0])].shape;
+  for (int v : K.stages) {
+    const ValueInfo& info = L.values[static_cast<size_t>(v)];
+    if (!pointwise_kind(info) || info.shape != shape) return;
+  }
+  auto groups = merged_dims(L, K.stages, shape);
+  if (groups.empty()) return;
+  // Nothing merged and nothing of extent 1: the plain loops are the same.
+  if (groups.size() == shape.size()) return;
+  std::vector<int64_t> outer;
+  for (size_t g = 0; g + 1 < groups.size(); ++g) outer.push_back(group_size(shape, groups[g]));
+  if (K.stages.size() > 1) {
+    const bool flat = groups.size() == 1;
+    const size_t rank = flat ? shape.size() : static_cast<size_t>(groups.back().front());
+    std::set<int> in_kernel;
+    for (int v : K.stages) {
+      if (!legal(L, v, rank, in_kernel)) return;
+      in_kernel.insert(v);
+    }
+    if (flat) {
+      outer = {group_size(shape, groups[0])};
+      K.flat = true;
+    }
+  }
+  K.outer = outer;
+  K.groups = std::move(groups);
+}
+
 }  // namespace
 
 Program schedule(const LoweredGraph& L) {
@@ -103,7 +186,10 @@ Program schedule(const LoweredGraph& L) {
   bool open = false;
   std::set<int> extern_done;
   auto close = [&] {
-    if (open) P.kernels.push_back(cur), P.steps.push_back(Step{static_cast<int>(P.kernels.size() - 1), -1});
+    if (open) {
+      merge_loops(L, cur);
+      P.kernels.push_back(cur), P.steps.push_back(Step{static_cast<int>(P.kernels.size() - 1), -1});
+    }
     open = false;
     cur = KernelPlan{};
     in_kernel.clear();
@@ -135,6 +221,11 @@ Program schedule(const LoweredGraph& L) {
       bool ok = !red || p.size() == shape.size();
       ok = ok && (!p.empty() || cur.outer.empty());
       ok = ok && (p == cur.outer || prod(p) >= 8);
+      // A kernel without an outer loop runs each stage as its own loop nest; a large stage of
+      // another shape is better off in a kernel of its own, whose loops can then be fused.
+      if (ok && cur.outer.empty() && shape != stage_shape(L.values[static_cast<size_t>(cur.stages[0])]) &&
+          (work >= kParallelThreshold || cur.work >= kParallelThreshold))
+        ok = false;
       if (ok && !legal(L, v, p.size(), in_kernel)) ok = false;
       if (ok) {
         cur.outer = p;
@@ -500,20 +591,32 @@ class KernelEmitter {
     }
     if (!K_.outer.empty()) {
       base_ = 1;
-      if (par) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)\n";
+      if (K_.flat) body_ << (par ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)" : simd_pragma()) << "\n";
+      else if (par) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
       body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
       depth = 1;
       int64_t stride = n_outer;
       for (size_t d = 0; d < K_.outer.size(); ++d) {
         stride /= K_.outer[d];
+        if (K_.outer.size() == 1) {
+          body_ << ind(depth) << "const int64_t " << vname(ovars[d]) << " = x;\n";
+          continue;
+        }
         body_ << ind(depth) << "const int64_t " << vname(ovars[d]) << " = (x / " << stride << "LL) % " << K_.outer[d]
               << "LL;\n";
       }
     } else {
       base_ = 0;
     }
-    for (int v : K_.stages) emit_stage(v, ovars, depth, par && K_.outer.empty());
+    // Without an outer loop each stage is a loop nest of its own, parallel when it is large.
+    for (int v : K_.stages) emit_stage(v, ovars, depth, K_.outer.empty() && stage_work(v) >= kParallelThreshold);
     if (!K_.outer.empty()) body_ << "  }\n";
+  }
+
+  int64_t stage_work(int v) const {
+    const ValueInfo& info = L_.values[static_cast<size_t>(v)];
+    const bool red = info.kind == ValueInfo::Kind::Reduction;
+    return std::max<int64_t>(info.numel(), 1) * (red ? std::max<int64_t>(prod(info.red.red_shape), 1) : 1);
   }
 
   void open_loop(int var, int64_t n, int depth, const std::string& pragma) {
@@ -533,12 +636,29 @@ class KernelEmitter {
     std::vector<int64_t> sizes;
     const auto shape = red ? stripped(info.shape) : info.shape;
     int lvl = base_;
-    for (size_t d = k; d < shape.size(); ++d) {
-      int var = pool_.new_var();
-      var_level_[var] = ++lvl;
-      loops.push_back(var);
-      sizes.push_back(shape[d]);
-      idx.push_back(Index::var(var));
+    if (!K_.groups.empty()) {
+      // Merged dims (merge_loops): the last dim of each group carries the group's variable.
+      idx.assign(info.shape.size(), Index::constant(0));
+      for (size_t g = 0; g < K_.groups.size(); ++g) {
+        int var = -1;
+        if (g < k) {
+          var = ovars[g];
+        } else {
+          var = pool_.new_var();
+          var_level_[var] = ++lvl;
+          loops.push_back(var);
+          sizes.push_back(group_size(info.shape, K_.groups[g]));
+        }
+        idx[static_cast<size_t>(K_.groups[g].back())] = Index::var(var);
+      }
+    } else {
+      for (size_t d = k; d < shape.size(); ++d) {
+        int var = pool_.new_var();
+        var_level_[var] = ++lvl;
+        loops.push_back(var);
+        sizes.push_back(shape[d]);
+        idx.push_back(Index::var(var));
+      }
     }
     while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
     const size_t n_kept = loops.size();
@@ -567,8 +687,8 @@ class KernelEmitter {
       const bool innermost = i + 1 == loops.size();
       std::string pragma;
       if (i == 0 && parallel_inner && i < n_kept) {
-        pragma = innermost ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(nt > 1)"
-                           : "#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)";
+        pragma = innermost ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)"
+                           : "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)";
       } else if (innermost) {
         if (!red) pragma = simd_pragma();
         else if (info.red.combine == "sum") pragma = simd_pragma(" reduction(+:" + acc + ")");
@@ -583,6 +703,7 @@ class KernelEmitter {
     if (!red) {
       body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << name(root) << ";\n";
       for (size_t i = 0; i < loops.size(); ++i) body_ << ind(--d) << "}\n";
+      if (K_.flat) regs_[v] = name(root);  // later stages of this element read the register
       return;
     }
     body_ << ind(d) << combine(info, acc, name(root)) << "\n";
@@ -613,7 +734,7 @@ class KernelEmitter {
     }
     const int tb = pool_.new_var();
     var_level_[tb] = 1;
-    if (K_.work >= kParallelThreshold) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(nt > 1)\n";
+    if (K_.work >= kParallelThreshold) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
     body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
     int64_t stride = n_outer;
     for (size_t d = 0; d < lead.size(); ++d) {

@@ -20,6 +20,13 @@ struct KernelPlan {
   std::vector<int> stages;  // materialized values, in order
   bool column = false;
   int64_t work = 0;         // elements touched, for the parallel threshold
+  // Pointwise stages of one shape whose every access walks some neighbouring dims as one run of
+  // memory: the loops are over these groups of dims (outermost first; dims of extent 1 belong to
+  // none), `outer` over the leading groups. Empty: one loop per dim.
+  std::vector<std::vector<int>> groups;
+  // With groups: one loop over every element, each stage computed and stored in turn, later stages
+  // reading earlier ones from registers (they read them only at their own index).
+  bool flat = false;
 };
 
 struct Step {

@@ -32,7 +32,8 @@ using namespace kiln::inductor;
 using KernelFn = void (*)(void**, const double*, int);
 
 struct Settings {
-  int threads = 0;  // 0: every CPU this process may run on
+  int threads = 0;  // resolved: 0 in the options becomes default_threads()
+  bool follow_runtime = false;  // threads = 0: each execute uses the OpenMP runtime's current count
   std::string cxx;
   std::vector<std::string> cflags;
   bool extern_kernels = true;
@@ -52,8 +53,9 @@ bool parse_bool(const std::string& key, const std::string& v) {
   throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] " + key + " = '" + v + "' is not a boolean");
 }
 
-// threads = 0: what the process's OpenMP runtime (and so LibTorch) uses: OMP_NUM_THREADS when set,
-// else the CPUs this process may run on (its affinity mask, so `taskset` is honoured), never more.
+// Without an OpenMP runtime in the process (runtime_threads), and what max-autotune tunes for: what
+// the runtime would start with: OMP_NUM_THREADS when set, else the CPUs this process may run on (its
+// affinity mask, so `taskset` is honoured), never more.
 int default_threads() {
   int n = 0;
   cpu_set_t set;
@@ -88,8 +90,31 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels)");
     }
   }
-  if (s.threads == 0) s.threads = default_threads();
+  if (s.threads == 0) {
+    s.threads = default_threads();
+    s.follow_runtime = true;
+  }
   return s;
+}
+
+// The thread count the process's OpenMP runtime would use on the calling thread now: LibTorch's
+// intra-op thread count (ATen applies at::set_num_threads and its own default, the physical cores,
+// with omp_set_num_threads). Generated kernels run with the same team size as ATen's kernels:
+// libgomp keeps one pool, and teams of different sizes make it resize at every switch between a
+// generated kernel and an ATen op, with the extra threads spinning on cores (or SMT siblings)
+// ATen's threads are using. The plugin does not link OpenMP itself: the runtime is looked up in
+// the process (LibTorch loaded it), else through a generated library, whose libgomp dependency
+// binds to the copy already loaded; without one, default_threads().
+using OmpMaxThreads = int (*)();
+
+int runtime_threads(OmpMaxThreads from_library) {
+  static const auto global = reinterpret_cast<OmpMaxThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  static const int fallback = default_threads();
+  if (OmpMaxThreads fn = global ? global : from_library) {
+    const int n = fn();
+    if (n > 0) return std::min(n, 4096);
+  }
+  return fallback;
 }
 
 // KILN_INDUCTOR_PROFILE=1: time every kernel, extern call and layout copy, and print where the time
@@ -201,6 +226,8 @@ class CompiledGroup : public Executable {
   std::shared_ptr<Library> lib;
   std::vector<KernelFn> kernels;
   std::vector<int> kernel_threads;
+  std::vector<char> kernel_threads_follow;  // threads = 0 and not tuned to one thread: runtime_threads()
+  OmpMaxThreads omp_max_threads = nullptr;  // the generated library's view of the OpenMP runtime
   std::vector<Step> steps;
   std::vector<std::string> step_names; // for KILN_INDUCTOR_PROFILE
   std::map<int, ExternCall> externs;   // by node
@@ -249,7 +276,9 @@ class CompiledGroup : public Executable {
       const Step& st = steps[i];
       const auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if (st.kernel >= 0) {
-        kernels[static_cast<size_t>(st.kernel)](B.data(), param_values.data(), kernel_threads[static_cast<size_t>(st.kernel)]);
+        const auto k = static_cast<size_t>(st.kernel);
+        kernels[k](B.data(), param_values.data(),
+                   kernel_threads_follow[k] ? runtime_threads(omp_max_threads) : kernel_threads[k]);
       } else {
         call_extern(externs.at(st.extern_node), B);
       }
@@ -270,21 +299,22 @@ class CompiledGroup : public Executable {
   }
 
   // The kernels were generated for one dtype and shape per input and output; anything else would
-  // be read or written as if it were that one.
+  // be read or written as if it were that one. Runs for every tensor of every execute: the
+  // messages are only built on failure.
   static void check_tensor(const DLTensor& t, const Placement& m, const char* what, size_t i) {
-    const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
     auto fail = [&](const std::string& why) {
+      const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
       throw Error(KILN_ERROR_INVALID_ARGUMENT, std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " +
                                                    expected + ")");
     };
     if (t.device.device_type != kDLCPU) fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
     if (t.ndim < 0 || (t.ndim > 0 && !t.shape)) fail("rank " + std::to_string(t.ndim) + " without a shape");
-    const std::string got = type_str(t.dtype, t.ndim, t.shape);
+    auto got = [&] { return type_str(t.dtype, t.ndim, t.shape); };
     if (t.dtype.code != m.dtype.code || t.dtype.bits != m.dtype.bits || t.dtype.lanes != m.dtype.lanes)
-      fail("got " + got + ", another dtype");
-    if (t.ndim != static_cast<int32_t>(m.shape.size())) fail("got " + got + ", another rank");
+      fail("got " + got() + ", another dtype");
+    if (t.ndim != static_cast<int32_t>(m.shape.size())) fail("got " + got() + ", another rank");
     for (int32_t d = 0; d < t.ndim; ++d)
-      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) fail("got " + got + ", another shape");
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) fail("got " + got() + ", another shape");
     int64_t numel = 1;
     for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
     if (numel > 0 && !t.data) fail("data is NULL");
@@ -562,6 +592,12 @@ class InductorPlugin : public Plugin {
         exe->kernels.push_back(reinterpret_cast<KernelFn>(exe->lib->symbol(
             "kiln_k" + std::to_string(k) + "_v" + std::to_string(winners[k].first))));
         exe->kernel_threads.push_back(std::min(winners[k].second, s.threads));
+        exe->kernel_threads_follow.push_back(s.follow_runtime && winners[k].second > 1);
+      }
+      try {
+        exe->omp_max_threads = reinterpret_cast<OmpMaxThreads>(exe->lib->symbol("omp_get_max_threads"));
+      } catch (const Error&) {
+        exe->omp_max_threads = nullptr;  // runtime_threads() falls back
       }
     }
     if (exe->place.empty()) prepare(*exe, g, *L, P);

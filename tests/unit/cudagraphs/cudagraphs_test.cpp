@@ -219,7 +219,7 @@ TEST(CudaGraphsCuda, CnnReduceOverhead20StepsMatchEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   expect_graphed_parity("cnn", "inductor", "reduce-overhead", 1e-5);
 }
-// gpt with deterministic kernels: losses, parameters and gradients within 1e-2 (issue 8; in fact
+// gpt with deterministic kernels: losses, parameters and gradients within 1e-2 (in fact
 // bit for bit). With LibTorch's default kernels kiln WITHOUT a graph already differs from eager by
 // 6e-2 (math attention) to 7e-2 (flash/cuDNN attention) in some parameters or gradients after 20
 // bf16 AdamW steps (the NoiseFloor tests below print it): embedding and attention backward

@@ -11,7 +11,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -478,6 +480,155 @@ TEST(InductorFusion, RowPatternsBecomeOneKernelAndTheGroupIsOneLibrary) {
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor"))
     libs += e.path().extension() == ".so";
   EXPECT_EQ(libs, 1u);
+}
+
+// ---- Loops ----
+
+namespace {
+
+// The generated sources of a cache directory, concatenated.
+std::string generated_sources(const std::string& dir) {
+  std::string all;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) {
+    if (e.path().extension() != ".cpp") continue;
+    std::ifstream f(e.path());
+    all += std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  return all;
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(InductorLoops, ContiguousPointwiseRunsAsOneLoopAndBroadcastsKeepTheirDims) {
+  // Compiles `body` (over x : f32[4,8,6,6], contiguous, and `extra` inputs) and returns the source.
+  auto source_of = [](const std::string& extra, const std::string& body) {
+    const std::string dir = fresh_dir("loops");
+    auto c = check("graph {\n  input %0 : f32[4,8,6,6]{288,36,6,1} input \"x\"\n" + extra + body + "}\n", 1e-6, dir);
+    expect_all_compiled(c);
+    return generated_sources(dir);
+  };
+  // relu of a contiguous tensor walks memory as one run: one loop of 1152 elements (as ATen's
+  // TensorIterator does), not 4 * 8 * 6 outer iterations of 6.
+  const std::string relu = source_of("", R"(  %1 : f32[4,8,6,6]{288,36,6,1} = aten::relu(%0)
+  output %1 result "relu"
+)");
+  EXPECT_NE(relu.find("< 1152LL; ++v"), std::string::npos) << relu;
+  // A per-channel [8,1,1] scale only lets the last two dims merge: loops of 4, 8 and 36.
+  const std::string scaled = source_of("  input %1 : f32[8,1,1]{1,1,1} input \"s\"\n",
+                                       R"(  %2 : f32[4,8,6,6]{288,36,6,1} = aten::mul.Tensor(%0, %1)
+  output %2 result "scaled"
+)");
+  EXPECT_NE(scaled.find("< 36LL; ++v"), std::string::npos) << scaled;
+  EXPECT_EQ(scaled.find("< 1152LL"), std::string::npos) << scaled;
+  // An operand with its last two dims transposed merges nothing: one loop per dim.
+  const std::string mixed = source_of("  input %1 : f32[4,8,6,6]{288,36,1,6} input \"xt\"\n",
+                                      R"(  %2 : f32[4,8,6,6]{288,36,6,1} = aten::add.Tensor(%0, %1, scalar(1))
+  output %2 result "mixed"
+)");
+  EXPECT_NE(mixed.find("< 6LL; ++v"), std::string::npos) << mixed;
+  EXPECT_EQ(mixed.find("< 36LL"), std::string::npos) << mixed;
+  // Vectorized whatever the thread count: an if clause without a modifier on a combined
+  // `parallel for simd` also turns simd off when it is false (one thread ran scalar code).
+  for (const std::string* src : {&relu, &scaled, &mixed}) EXPECT_EQ(count(*src, "if(nt > 1)"), 0u) << *src;
+}
+
+TEST(InductorLoops, OptimizerStagesOfOneShapeShareOneLoopAndReadEachOtherFromRegisters) {
+  // SGD with momentum: the new momentum buffer and the new weight are computed in one pass over
+  // the elements; the weight reads the new buffer from a register, not back from memory.
+  const std::string dir = fresh_dir("loops_sgd");
+  auto c = check(R"(graph {
+  input %0 : f32[64,300]{300,1} param "w"
+  input %1 : f32[64,300]{300,1} grad "g"
+  input %2 : f32[64,300]{300,1} state "buf"
+  %3 : f32[64,300]{300,1} = aten::mul.Scalar(%2, scalar(0.9))
+  %4 : f32[64,300]{300,1} = aten::add.Tensor(%3, %1, scalar(1))
+  %5 : f32[64,300]{300,1} = aten::add.Tensor(%0, %4, scalar(-0.01))
+  output %4 result "buf"
+  output %5 result "w"
+}
+)", 1e-6, dir);
+  expect_all_compiled(c);
+  const std::string src = generated_sources(dir);
+  EXPECT_EQ(count(src, "for (int64_t x = 0; x < 19200LL; ++x)"), 1u) << src;
+  EXPECT_EQ(count(src, "for (int64_t v"), 0u) << src;
+}
+
+TEST(InductorLoops, AnExternResultThatIsAnOutputIsWrittenStraightIntoIt) {
+  // A matmul's weight gradient leaves the group through views that change nothing and is read by
+  // the optimizer's arithmetic (as in every training step): the matmul writes the output's buffer
+  // itself; the group's only generated stage is the product.
+  const std::string dir = fresh_dir("loops_alias");
+  auto c = check(R"(graph {
+  input %0 : f32[16,24]{24,1} input "a"
+  input %1 : f32[24,32]{32,1} input "b"
+  %2 : f32[16,32]{32,1} = aten::mm(%0, %1)
+  %3 : f32[32,16]{1,32} = aten::permute(%2, i[1, 0])
+  %4 : f32[16,32]{32,1} = aten::permute(%3, i[1, 0])
+  %5 : f32[16,32]{32,1} = aten::detach(%4)
+  %6 : f32[16,32]{32,1} = aten::mul.Scalar(%5, scalar(0.5))
+  output %5 result "grad"
+  output %6 result "half"
+}
+)", 1e-5, dir);
+  expect_all_compiled(c);
+  const std::string src = generated_sources(dir);
+  // One store: the product. The gradient is not copied out of a scratch buffer.
+  EXPECT_EQ(count(src, "] = t"), 1u) << src;
+}
+
+TEST(InductorNumerics, MaxPoolValuesAndIndicesAreAtensBitForBit) {
+  // Windows that tile the input (MNIST's 2x2), overlapping ones with rows left over (3x2 windows,
+  // stride 2x1, on a 3-D input), and ties, NaN and -inf, where ATen's order decides the index.
+  const char* graph = R"(graph {
+  input %0 : f32[2,3,8,8]{192,64,8,1} input "x"
+  input %1 : f32[3,9,7]{63,7,1} input "y"
+  %2 : f32[2,3,8,8]{192,64,8,1} = aten::relu(%0)
+  %3 : f32[2,3,4,4]{48,16,4,1}, %4 : i64[2,3,4,4]{48,16,4,1} = aten::max_pool2d_with_indices(%2, i[2], i[], i[0], i[1], false)
+  %5 : f32[3,4,6]{24,6,1}, %6 : i64[3,4,6]{24,6,1} = aten::max_pool2d_with_indices(%1, i[3, 2], i[2, 1], i[0, 0], i[1, 1], false)
+  output %3 result "pooled"
+  output %4 result "indices"
+  output %5 result "pooled3"
+  output %6 result "indices3"
+}
+)";
+  auto c = check(graph, 0.0);
+  expect_all_compiled(c);
+  ir::Graph g = ir::parse(graph);
+  auto plugin = load(fresh_dir("pool"));
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  auto inputs = make_inputs(g);
+  for (auto& t : inputs) t.copy_(at::round(t * 2));  // many ties
+  inputs[1].view(-1)[5] = NAN;
+  inputs[1].view(-1)[20] = -INFINITY;
+  inputs[1].view(-1)[21] = NAN;
+  inputs[0].view(-1)[9] = -INFINITY;
+  const auto ref = run_eager(g, inputs);
+  const auto out = run_plugin(exec, g, inputs);
+  for (size_t k = 0; k < out.size(); ++k)
+    EXPECT_TRUE(at::equal(out[k].nan_to_num(1e30f), ref[k].nan_to_num(1e30f))) << "output " << k << "\n"
+                                                                              << out[k] << "\n" << ref[k];
+}
+
+TEST(InductorClaims, MaxPoolWithPaddingOrDilationAndItsBackwardStayWithAten) {
+  auto c = check(R"(graph {
+  input %0 : f32[2,3,8,8]{192,64,8,1} input "x"
+  %1 : f32[2,3,8,8]{192,64,8,1} = aten::relu(%0)
+  %2 : f32[2,3,5,5]{75,25,5,1}, %3 : i64[2,3,5,5]{75,25,5,1} = aten::max_pool2d_with_indices(%1, i[2], i[], i[1], i[1], false)
+  %4 : f32[2,3,3,3]{27,9,3,1}, %5 : i64[2,3,3,3]{27,9,3,1} = aten::max_pool2d_with_indices(%1, i[2], i[2], i[0], i[2], false)
+  %6 : f32[2,3,8,8]{192,64,8,1} = aten::max_pool2d_with_indices_backward(%2, %1, i[2], i[], i[1], i[1], false, %3)
+  output %2 result "padded"
+  output %4 result "dilated"
+  output %6 result "grad"
+}
+)");
+  EXPECT_EQ(c.stats.claimed, 1u);  // the relu
+  EXPECT_TRUE(c.stats.compile_errors.empty());
 }
 
 // ---- Claims ----

@@ -353,7 +353,7 @@ TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {
   EXPECT_EQ(unsupported[0], "aten::clamp");
 }
 
-// On CUDA each lifted form must round as ATen's kernel for the host-scalar op does (issue 8: a
+// On CUDA each lifted form must round as ATen's kernel for the host-scalar op does (a
 // last-bit difference in AdamW's update grows in bf16 training). One op at a time, over the
 // scalars AdamW passes in its first 60 steps (1/sqrt(1 - 0.999^t), -lr/(1 - 0.9^t)) and random
 // ones, on elements whose terms are of comparable size, so that any difference in where a kernel
