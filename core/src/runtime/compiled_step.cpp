@@ -25,6 +25,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 
 #include <ATen/ATen.h>
@@ -148,7 +149,12 @@ struct CompiledStep::Impl {
   std::vector<std::pair<std::string, at::Tensor>> params;  // unique, named
   std::set<std::string> warned;
   std::vector<std::string> optimizer_names;
-  std::vector<const void*> structure;  // structure_now() when the state was collected
+  struct Structure {
+    std::vector<const void*> addresses;
+    std::string options;
+    bool operator==(const Structure& o) const { return addresses == o.addresses && options == o.options; }
+  };
+  Structure structure;                 // structure_now() when the state was collected
   bool structure_eager = false;        // it kept changing past recompile_limit: every step runs eagerly
   // Captures that failed, by signature without sizes: a new shape with the same cause runs eagerly
   // at once instead of paying another failing capture.
@@ -229,19 +235,25 @@ struct CompiledStep::Impl {
     }
   }
 
-  // with_sizes = false: the same without sizes (ranks only), the key of failed_captures.
-  // Every module, parameter and buffer the step can see, by address: parameters replaced, a
-  // module added, a buffer re-registered all change it.
-  std::vector<const void*> structure_now() const {
-    std::vector<const void*> out;
-    out.reserve(structure.size());
+  // Every module, parameter and buffer the step can see, by address (parameters replaced, a module
+  // added, a buffer re-registered all change it), and every module's options as LibTorch prints
+  // them ("torch::nn::Dropout(p=0.5, inplace=false)"): the forward reads those on the host, so a
+  // capture bakes them (a dropout probability or a batch norm momentum changed between steps).
+  Structure structure_now() const {
+    Structure out;
+    out.addresses.reserve(structure.addresses.size());
+    out.options.reserve(structure.options.size());
+    std::ostringstream os;
     std::function<void(const torch::nn::Module&)> walk = [&](const torch::nn::Module& m) {
-      out.push_back(&m);
-      for (const auto& p : m.parameters(/*recurse=*/false)) out.push_back(p.unsafeGetTensorImpl());
-      for (const auto& b : m.buffers(/*recurse=*/false)) out.push_back(b.unsafeGetTensorImpl());
+      out.addresses.push_back(&m);
+      for (const auto& p : m.parameters(/*recurse=*/false)) out.addresses.push_back(p.unsafeGetTensorImpl());
+      for (const auto& b : m.buffers(/*recurse=*/false)) out.addresses.push_back(b.unsafeGetTensorImpl());
+      m.pretty_print(os);
+      os << '\n';
       for (const auto& c : m.children()) walk(*c);
     };
     for (const auto& m : state.modules) walk(*m);
+    out.options = os.str();
     return out;
   }
 
@@ -256,11 +268,11 @@ struct CompiledStep::Impl {
       collect_state();
       cache.clear();
       last = nullptr;
-      fallback(c10::str("kiln: the modules' parameters, buffers or submodules changed again after ", stats.recaptures,
+      fallback(c10::str("kiln: the modules' parameters, buffers, submodules or options changed again after ", stats.recaptures,
                         " captures (recompile_limit); the step runs eagerly from now on"));
       return false;
     }
-    log_info("kiln: the modules' parameters, buffers or submodules changed; capturing the step again");
+    log_info("kiln: the modules' parameters, buffers, submodules or options changed; capturing the step again");
     collect_state();
     cache.clear();
     failed_captures.clear();
@@ -269,6 +281,7 @@ struct CompiledStep::Impl {
     return true;
   }
 
+  // with_sizes = false: the same without sizes (ranks only), the key of failed_captures.
   std::vector<int64_t> signature(const std::vector<at::Tensor>& inputs, bool with_sizes = true) const {
     std::vector<int64_t> sig;
     sig.reserve(16 + inputs.size() * 8 + params.size() * 4);

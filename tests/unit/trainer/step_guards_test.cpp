@@ -574,3 +574,37 @@ TEST(StepGuards, AFailedProbeLeavesGradientsAsTheyWere) {
   EXPECT_EQ(step.stats().recaptures, 1);
   expect_equal(net->parameters(), ref->parameters(), "parameter");
 }
+
+// A module option the forward reads on the host (a dropout probability) changed between steps: the
+// capture baked it, so the step is captured again.
+TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(8, 16), nn::ReLU(), nn::Dropout(0.1), nn::Linear(16, 4));
+  };
+  auto ref = make(), net = make();
+  torch::optim::SGD ref_opt(ref->parameters(), 0.05), opt(net->parameters(), 0.05);
+  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = ce(m->forward(in[0]), in[1]);
+    loss.backward();
+    o.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
+                                 {{net.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 8; ++i) {
+    if (i == 4)
+      for (auto* m : {&ref, &net}) (*m)->ptr<nn::DropoutImpl>(2)->options.p(0.6);
+    auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    const auto rng = gen.get_state();
+    auto want = body(ref, ref_opt, {x, y});
+    gen.set_state(rng);
+    expect_equal(step({x, y}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+  }
+  EXPECT_EQ(step.stats().recaptures, 1);
+  EXPECT_TRUE(step.last_step_compiled());
+  expect_equal(net->parameters(), ref->parameters(), "parameter");
+}
