@@ -7,6 +7,7 @@
 //    dropout is graphed and draws eager's masks.
 #include <cstdio>
 #include <cstdlib>
+#include <unistd.h>
 #include <mutex>
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
+#include <torch/serialize.h>
 #include <torch/optim/adamw.h>
 
 #include "kiln/backend.h"
@@ -391,6 +393,62 @@ TEST(CudaGraphsCuda, AStepWithDropoutIsGraphedAndDrawsEagersMasks) {
 TEST(CudaGraphsCuda, AStepWithDropoutWithoutGraphsDrawsEagersMasks) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   expect_dropout_like_eager("eager", "default", /*graphed=*/false);
+}
+
+// A checkpoint loaded into the very model and optimizer a graphed step uses: LibTorch's load gives
+// every parameter new memory (Tensor::set_) and the optimizer new state tensors. The recorded graph
+// would read the old ones; kiln notices both before the next replay (the graph's addresses, the
+// optimizer's tensors) and records again, and the losses stay eager's, bit for bit.
+// load_optimizer false: only the model is loaded (SGD keeps its momentum tensors), so nothing but
+// the parameters' memory tells the graph that it must be recorded again.
+static void expect_checkpoint_followed(const std::string& optimizer, bool load_optimizer) {
+  Deterministic deterministic;
+  auto ref = kiln::make_workload("mlp", {"cuda", 21, 0, optimizer});
+  auto w = kiln::make_workload("mlp", {"cuda", 21, 0, optimizer});
+  auto ref_step = step_of(ref);
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args_for("cudagraphs", "default"));
+  std::string dir = ::testing::TempDir() + "kiln_graph_ckpt_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr) << dir;
+  const std::string model_path = dir + "/model.pt", opt_path = dir + "/opt.pt";
+  for (int s = 0; s < 14; ++s) {
+    if (s == 5) {
+      torch::serialize::OutputArchive m, o;
+      ref.model->save(m);
+      ref.optimizer->save(o);
+      m.save_to(model_path);
+      o.save_to(opt_path);
+    }
+    if (s == 9)
+      for (auto* x : {&ref, &w}) {
+        torch::serialize::InputArchive m;
+        m.load_from(model_path, at::Device(at::kCUDA, 0));
+        x->model->load(m);
+        if (load_optimizer) {
+          torch::serialize::InputArchive o;
+          o.load_from(opt_path, at::Device(at::kCUDA, 0));
+          x->optimizer->load(o);
+        }
+      }
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    EXPECT_TRUE(at::equal(got, want)) << optimizer << " loss at step " << s << ": " << got.item<float>() << " vs "
+                                      << want.item<float>();
+  }
+  const auto& st = step.stats();
+  EXPECT_EQ(st.graphs_recorded, 2) << st.last_graph_skip;
+  EXPECT_EQ(st.recaptures, load_optimizer ? 1 : 0);
+  EXPECT_TRUE(step.last_step_compiled()) << st.last_fallback;
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_TRUE(at::equal(pw[i].value(), pr[i].value())) << pr[i].key();
+  std::remove(model_path.c_str());
+  std::remove(opt_path.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(CudaGraphsCuda, ACheckpointLoadedMidTrainingIsFollowedByTheGraph) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_checkpoint_followed("adamw", /*load_optimizer=*/true);
+  expect_checkpoint_followed("sgd", /*load_optimizer=*/false);
 }
 
 // Run-time scalars lifted into 0-dim device tensors (the machinery of graphed AdamW steps), here
