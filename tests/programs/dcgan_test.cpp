@@ -32,9 +32,16 @@ struct GanRun {
   std::vector<int64_t> discriminator_steps, generator_steps;
 };
 
-GanRun train(uint64_t seed, const std::optional<std::string>& backend) {
+// nudge: every parameter one ulp up before training (the noise-floor run).
+GanRun train(uint64_t seed, const std::optional<std::string>& backend, bool nudge = false) {
   torch::manual_seed(seed);
   corpus::dcgan::Program program;
+  if (nudge) {
+    torch::NoGradGuard no_grad;
+    for (auto* m : {static_cast<torch::nn::Module*>(program.generator.get()),
+                    static_cast<torch::nn::Module*>(program.discriminator.get())})
+      for (auto& p : m->parameters()) p.copy_(torch::nextafter(p, torch::full_like(p, INFINITY)));
+  }
   programs::Driver step(program.step(), program.state(), backend);
 
   GanRun out;
@@ -62,7 +69,12 @@ TEST_P(Dcgan, TrainsLikeEager) {
   EXPECT_EQ(kiln.discriminator_steps, eager.discriminator_steps) << "discriminator Adam step counters";
   EXPECT_EQ(kiln.generator_steps, eager.generator_steps) << "generator Adam step counters";
   EXPECT_EQ(eager.generator_steps, std::vector<int64_t>(eager.generator_steps.size(), kSteps));
-  programs::expect_same_run(kiln.run, eager.run, GetParam(), {"d_loss", "g_loss"});
+  // The adversarial game amplifies rounding: with generated kernels kiln is judged against how far
+  // eager itself goes from parameters one ulp away (a discriminator moment 1.8e-2 off after 8 steps
+  // was seen with a correct plugin).
+  std::optional<GanRun> noise;
+  if (GetParam() != "eager") noise = train(seed, std::nullopt, /*nudge=*/true);
+  programs::expect_same_run(kiln.run, eager.run, GetParam(), {"d_loss", "g_loss"}, noise ? &noise->run : nullptr);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Dcgan, ::testing::ValuesIn(programs::backends()), programs::backend_test_name);

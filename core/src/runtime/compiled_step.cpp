@@ -399,6 +399,7 @@ struct CompiledStep::Impl {
           e.storage_tensor[e.raw.value(in.value).storage] = rec.input_tensors()[i];
       }
       try {
+        look_ahead(e);
         build(e);
         e.compiled = true;
       } catch (const std::exception& ex) {
@@ -548,19 +549,10 @@ struct CompiledStep::Impl {
     }
   }
 
-  // Replays the optimizers' step() without kernels, one optimizer at a time; checks that each made
-  // the calls the captured graph holds, on the same tensors; binds run-time scalars. Returns false
-  // (with the reason, naming the optimizer) when they no longer match. The optimizers' host state
-  // has advanced either way: the caller restores it from a snapshot when this fails.
-  bool probe(Entry& e, std::string& why) {
-    if (state.optimizers.empty()) {
-      if (!e.sites_found) warn_unlisted_updates(e);
-      e.sites_found = true;
-      return true;
-    }
-    // The optimizers skip parameters without a gradient; the graph computes them all. A failed
-    // probe takes the placeholders away again (undo_placeholders): an eager step must not
-    // accumulate into them.
+  // The optimizers skip parameters without a gradient; the graph computes them all, so a probe lends
+  // a placeholder gradient to each parameter the step makes one for. A failed probe takes them
+  // back (undo_placeholders): an eager step must not accumulate into them.
+  void lend_placeholders(Entry& e) {
     e.placed.clear();
     for (size_t i = 0; i < e.grad_placeholder_for.size(); ++i) {
       auto& p = e.grad_placeholder_for[i];
@@ -570,23 +562,27 @@ struct CompiledStep::Impl {
       p.mutable_grad() = e.grad_placeholders[i];
       e.placed.push_back(p);
     }
+  }
+  static void undo_placeholders(Entry& e) {
+    for (auto& p : e.placed) p.mutable_grad().reset();
+    e.placed.clear();
+  }
+
+  // Every optimizer's step() replayed on the host with no kernels, one optimizer at a time.
+  std::vector<std::vector<ProbeCall>> probe_optimizers() {
     std::vector<std::vector<ProbeCall>> calls(state.optimizers.size());
     for (size_t o = 0; o < state.optimizers.size(); ++o)
       calls[o] = probe_calls([&] {
         c10::NoGradGuard no_grad;
         state.optimizers[o]->step();
       });
-    if (!e.sites_found) {
-      why = match_optimizer_calls(e.raw, e.storage_tensor, calls, optimizer_names, e.sites);
-      if (!why.empty()) return false;
-      e.sites_found = true;
-      warn_unlisted_updates(e);
-    } else {
-      why = check_optimizer_calls(e.raw, e.sites, calls, optimizer_names);
-      if (!why.empty()) return false;
-    }
-    // Every scalar argument of every call: a run-time scalar slot is bound; a value that differs
-    // from the capture's (a bias correction, a scheduled learning rate) becomes a slot.
+    return calls;
+  }
+
+  // Every scalar argument of every call: a run-time scalar slot is bound; a value that differs
+  // from the capture's (a bias correction, a scheduled learning rate) becomes a new slot. Returns
+  // whether a slot was added (the plan must be made again).
+  static bool bind_scalars(Entry& e, const std::vector<std::vector<ProbeCall>>& calls) {
     bool changed = false;
     for (size_t o = 0; o < calls.size(); ++o)
       for (size_t j = 0; j < calls[o].size(); ++j) {
@@ -607,6 +603,58 @@ struct CompiledStep::Impl {
           }
         }
       }
+    return changed;
+  }
+
+  // Right after a capture: the optimizers' next step() replayed on the host finds their calls in
+  // the graph and the scalars that the next step passes differently (Adam's bias corrections), so
+  // that the first plan already takes them as run-time inputs and is not made twice. The
+  // optimizers' host state and the gradients are put back afterwards. When the calls cannot be
+  // matched here, the first compiled step's probe tries again and says why.
+  void look_ahead(Entry& e) {
+    if (state.optimizers.empty()) return;
+    const OptimizerSnapshot snapshot(state.optimizers);
+    lend_placeholders(e);
+    try {
+      const auto calls = probe_optimizers();
+      if (match_optimizer_calls(e.raw, e.storage_tensor, calls, optimizer_names, e.sites).empty()) {
+        e.sites_found = true;
+        warn_unlisted_updates(e);
+        bind_scalars(e, calls);
+      } else {
+        e.sites.clear();
+      }
+    } catch (const std::exception& ex) {
+      log_debug(std::string("kiln: the optimizers' look-ahead after the capture failed: ") + ex.what());
+      e.sites.clear();
+      e.sites_found = false;
+    }
+    undo_placeholders(e);
+    snapshot.restore();
+  }
+
+  // Replays the optimizers' step() without kernels, one optimizer at a time; checks that each made
+  // the calls the captured graph holds, on the same tensors; binds run-time scalars. Returns false
+  // (with the reason, naming the optimizer) when they no longer match. The optimizers' host state
+  // has advanced either way: the caller restores it from a snapshot when this fails.
+  bool probe(Entry& e, std::string& why) {
+    if (state.optimizers.empty()) {
+      if (!e.sites_found) warn_unlisted_updates(e);
+      e.sites_found = true;
+      return true;
+    }
+    lend_placeholders(e);
+    auto calls = probe_optimizers();
+    if (!e.sites_found) {
+      why = match_optimizer_calls(e.raw, e.storage_tensor, calls, optimizer_names, e.sites);
+      if (!why.empty()) return false;
+      e.sites_found = true;
+      warn_unlisted_updates(e);
+    } else {
+      why = check_optimizer_calls(e.raw, e.sites, calls, optimizer_names);
+      if (!why.empty()) return false;
+    }
+    const bool changed = bind_scalars(e, calls);
     if (changed) {
       // Re-plan with the new run-time scalars, then bind them all from this probe.
       const auto b0 = Clock::now();
@@ -973,20 +1021,16 @@ struct CompiledStep::Impl {
     const auto p0 = Clock::now();
     const bool probed = probe(e, why);
     stats.probe_seconds += std::chrono::duration<double>(Clock::now() - p0).count();
-    auto undo_placeholders = [&e] {
-      for (auto& p : e.placed) p.mutable_grad().reset();
-      e.placed.clear();
-    };
     if (!probed) {
       snapshot.restore();
-      undo_placeholders();
+      undo_placeholders(e);
       return recapture(inputs, e, "kiln: " + why);
     }
     try {
       return run_compiled(inputs, e);
     } catch (const std::exception& ex) {
       snapshot.restore();
-      undo_placeholders();
+      undo_placeholders(e);
       e.compiled = false;
       e.reason = std::string("kiln: the compiled step failed: ") + ex.what();
       stats.last_fallback = e.reason;
