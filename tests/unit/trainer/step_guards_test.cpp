@@ -5,6 +5,7 @@
 // for bit: the backend is "eager" (kiln's capture, passes and executor on ATen's own kernels), so
 // any difference is kiln changing what the step computes.
 #include <cstdlib>
+#include <functional>
 #include <cstdio>
 #include <unistd.h>
 #include <random>
@@ -43,6 +44,26 @@ kiln::TrainingArguments eager_backend() {
 }
 
 at::Tensor ce(const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }
+
+// The ordinary step of a classifier: zero_grad, forward, cross-entropy, backward, step.
+std::vector<at::Tensor> ce_step(nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+  o.zero_grad();
+  auto loss = ce(m->forward(in[0]), in[1]);
+  loss.backward();
+  o.step();
+  return {loss.detach()};
+}
+
+// The eager step, then kiln's, from the same state of LibTorch's CPU generator: both draw the same
+// dropout masks when kiln computes what eager computes.
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> from_one_generator_state(
+    const std::function<std::vector<at::Tensor>()>& eager, const std::function<std::vector<at::Tensor>()>& compiled) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const auto state = gen.get_state();
+  auto want = eager();
+  gen.set_state(state);
+  return {compiled(), want};
+}
 
 void expect_equal(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
@@ -124,13 +145,7 @@ TEST(StepGuards, OptimizerCallsChangingRecapturesAndLeavesNoPartialEffect) {
   torch::manual_seed(seed);
   nn::Sequential net(nn::Linear(6, 12), nn::Tanh(), nn::Linear(12, 3));
   torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(net->parameters(), 1e-2);
-  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
-    o.zero_grad();
-    auto loss = ce(m->forward(in[0]), in[1]);
-    loss.backward();
-    o.step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
+  const auto body = ce_step;
   auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
                                  {{net.ptr()}, {&opt}}, eager_backend());
   for (int i = 0; i < 10; ++i) {
@@ -161,13 +176,7 @@ TEST(StepGuards, CheckpointLoadedMidTrainingIsFollowed) {
   torch::manual_seed(seed);
   nn::Sequential net(nn::Linear(6, 12), nn::ReLU(), nn::Linear(12, 3));
   torch::optim::Adam ref_opt(ref->parameters(), 1e-2), opt(net->parameters(), 1e-2);
-  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
-    o.zero_grad();
-    auto loss = ce(m->forward(in[0]), in[1]);
-    loss.backward();
-    o.step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
+  const auto body = ce_step;
   auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
                                  {{net.ptr()}, {&opt}}, eager_backend());
   const auto model_path = dir + "/model.pt", opt_path = dir + "/opt.pt";
@@ -265,12 +274,8 @@ TEST(StepGuards, DropoutOnCpuDrawsEagersMasks) {
   auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
   at::Tensor previous;
   for (int i = 0; i < 8; ++i) {
-    // The same generator state before both steps.
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const auto state = gen.get_state();
-    auto want = body(ref, ref_opt, {x, y});
-    gen.set_state(state);
-    auto got = step({x, y});
+    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x, y}); },
+                                                [&] { return step({x, y}); });
     expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " result");
     if (previous.defined() && i > 2) EXPECT_FALSE(at::equal(got[1], previous)) << "fresh masks each step";
     previous = got[1];
@@ -302,11 +307,8 @@ TEST(StepGuards, DropoutOfATransposedTensorDrawsEagersMasks) {
                                  {{lin.ptr()}, {&opt}}, eager_backend());
   for (int i = 0; i < 6; ++i) {
     auto x = at::randn({12, 6});
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    const auto state = gen.get_state();
-    auto want = body(ref, ref_opt, {x});
-    gen.set_state(state);
-    expect_equal(step({x}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
+    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x}); }, [&] { return step({x}); });
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
   }
   EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
 }
@@ -446,11 +448,8 @@ TEST_P(MultiheadSelfAttention, IsCapturedAndMatchesEager) {
                                  {{mha.ptr()}, {&opt}}, eager_backend());
   for (int i = 0; i < 6; ++i) {
     auto x = at::randn({5, 3, 16});
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    const auto state = gen.get_state();
-    auto want = body(ref, ref_opt, {x});
-    gen.set_state(state);
-    expect_equal(step({x}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
+    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x}); }, [&] { return step({x}); });
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i));
   }
   EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
   expect_equal(mha->parameters(), ref->parameters(), "parameter");
@@ -492,13 +491,7 @@ TEST(StepGuards, ResumedRunMatchesAnUninterruptedEagerRun) {
     torch::manual_seed(seed);
     return nn::Sequential(nn::Linear(6, 16), nn::ReLU(), nn::Dropout(0.2), nn::Linear(16, 3));
   };
-  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
-    o.zero_grad();
-    auto loss = ce(m->forward(in[0]), in[1]);
-    loss.backward();
-    o.step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
+  const auto body = ce_step;
   torch::manual_seed(seed + 1);
   std::vector<std::vector<at::Tensor>> batches;
   for (int i = 0; i < 12; ++i) batches.push_back({at::randn({10, 6}), at::randint(0, 3, {10})});
@@ -585,24 +578,16 @@ TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
   };
   auto ref = make(), net = make();
   torch::optim::SGD ref_opt(ref->parameters(), 0.05), opt(net->parameters(), 0.05);
-  auto body = [](nn::Sequential& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
-    o.zero_grad();
-    auto loss = ce(m->forward(in[0]), in[1]);
-    loss.backward();
-    o.step();
-    return std::vector<at::Tensor>{loss.detach()};
-  };
+  const auto body = ce_step;
   auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in); },
                                  {{net.ptr()}, {&opt}}, eager_backend());
   for (int i = 0; i < 8; ++i) {
     if (i == 4)
       for (auto* m : {&ref, &net}) (*m)->ptr<nn::DropoutImpl>(2)->options.p(0.6);
     auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    const auto rng = gen.get_state();
-    auto want = body(ref, ref_opt, {x, y});
-    gen.set_state(rng);
-    expect_equal(step({x, y}), want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
+    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x, y}); },
+                                                [&] { return step({x, y}); });
+    expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
   }
   EXPECT_EQ(step.stats().recaptures, 1);
   EXPECT_TRUE(step.last_step_compiled());
