@@ -37,10 +37,8 @@ GanRun train(uint64_t seed, const std::optional<std::string>& backend, bool nudg
   torch::manual_seed(seed);
   corpus::dcgan::Program program;
   if (nudge) {
-    torch::NoGradGuard no_grad;
-    for (auto* m : {static_cast<torch::nn::Module*>(program.generator.get()),
-                    static_cast<torch::nn::Module*>(program.discriminator.get())})
-      for (auto& p : m->parameters()) p.copy_(torch::nextafter(p, torch::full_like(p, INFINITY)));
+    programs::nudge_parameters(*program.generator);
+    programs::nudge_parameters(*program.discriminator);
   }
   programs::Driver step(program.step(), program.state(), backend);
 

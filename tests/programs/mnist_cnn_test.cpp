@@ -16,11 +16,13 @@ using corpus::mnist_cnn::Optimizer;
 
 constexpr int kSteps = 8;
 
-programs::Run train(uint64_t seed, Optimizer kind, const std::optional<std::string>& backend) {
+// nudge: every parameter one ulp up before training (the noise-floor run).
+programs::Run train(uint64_t seed, Optimizer kind, const std::optional<std::string>& backend, bool nudge = false) {
   torch::manual_seed(seed);
   corpus::mnist_cnn::Options options;
   options.optimizer = kind;
   corpus::mnist_cnn::Program program(options);
+  if (nudge) programs::nudge_parameters(*program.model);
   programs::Driver step(program.step(), program.state(), backend);
 
   programs::Run run;
@@ -40,7 +42,12 @@ class MnistCnn : public ::testing::TestWithParam<std::string> {
     programs::KilnLog log;
     const auto kiln = train(seed, kind, GetParam());
     programs::expect_no_fallback(kiln, kSteps, /*captures=*/1, log);
-    programs::expect_same_run(kiln, eager, GetParam(), {"loss"});
+    // ReLU masks and max-pool choices turn rounding into different gradients: with generated
+    // kernels kiln is judged against how far eager itself goes from parameters one ulp away (an
+    // Adam moment of the first convolution 1.4e-3 off after 8 steps was seen with a correct plugin).
+    std::optional<programs::Run> noise;
+    if (GetParam() != "eager") noise = train(seed, kind, std::nullopt, /*nudge=*/true);
+    programs::expect_same_run(kiln, eager, GetParam(), {"loss"}, noise ? &*noise : nullptr);
   }
 };
 

@@ -197,6 +197,11 @@ void expect_no_fallback(const Run& run, int total_steps, int min_captures, int m
   expect_no_fallback(*run.stats, run.last_step_compiled, total_steps, min_captures, max_captures, log);
 }
 
+void nudge_parameters(torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) p.copy_(at::nextafter(p, at::full_like(p, INFINITY)));
+}
+
 // The tolerance for one tensor: 1e-4, or ten times how far eager itself moves when its start is
 // one ulp away (noise), whichever is larger.
 double tolerance_for(const at::Tensor& want, const at::Tensor* moved) {

@@ -82,6 +82,9 @@ inline void expect_no_fallback(const Run& run, int total_steps, int captures, co
 // kiln's run against eager's: bit for bit (torch::equal) with the eager backend, else
 // ||kiln - eager|| / ||eager|| <= 1e-4 for every step result and every final state tensor.
 // `names`: the step's results, for the messages.
+// Every parameter of `module` one ulp up: the start of a noise-floor run (expect_same_run).
+void nudge_parameters(torch::nn::Module& module);
+
 // `noise`, for programs whose training amplifies rounding (a GAN's discriminator): an eager run of
 // the same program from parameters one ulp away. With generated kernels a tensor then passes within
 // ten times how far that run strayed from eager, when that is more than 1e-4 (conformance judges
