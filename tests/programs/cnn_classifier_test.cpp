@@ -18,9 +18,10 @@ namespace {
 
 constexpr int kSteps = 8;
 
-programs::Run train(uint64_t seed, const std::optional<std::string>& backend) {
+programs::Run train(uint64_t seed, const std::optional<std::string>& backend, bool nudge) {
   torch::manual_seed(seed);
   corpus::cnn_classifier::Program program;
+  if (nudge) programs::nudge_parameters(*program.model);
   programs::Driver step(program.step(), program.state(), backend);
 
   programs::Run run;
@@ -34,13 +35,7 @@ programs::Run train(uint64_t seed, const std::optional<std::string>& backend) {
 class CnnClassifier : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CnnClassifier, TrainsLikeEager) {
-  const uint64_t seed = programs::fresh_seed();
-  SCOPED_TRACE(programs::seed_note(seed));
-  const auto eager = train(seed, std::nullopt);
-  programs::KilnLog log;
-  const auto kiln = train(seed, GetParam());
-  programs::expect_no_fallback(kiln, kSteps, /*captures=*/1, log);
-  programs::expect_same_run(kiln, eager, GetParam(), {"loss"});
+  programs::expect_trains_like_eager(train, GetParam(), kSteps, /*captures=*/1, {"loss"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, CnnClassifier, ::testing::ValuesIn(programs::backends()),

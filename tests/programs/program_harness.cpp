@@ -276,4 +276,19 @@ void expect_same_run(const Run& kiln, const Run& eager, const std::string& backe
   EXPECT_EQ(kiln.state.size(), eager.state.size()) << "final state tensors";
 }
 
+std::pair<Run, Run> expect_trains_like_eager(const TrainFn& train, const std::string& backend, int total_steps,
+                                             int captures, const std::vector<std::string>& names,
+                                             bool with_noise_floor) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE(seed_note(seed));
+  auto eager = train(seed, std::nullopt, false);
+  KilnLog log;
+  auto kiln = train(seed, backend, false);
+  expect_no_fallback(kiln, total_steps, captures, log);
+  std::optional<Run> noise;
+  if (with_noise_floor && backend != "eager") noise = train(seed, std::nullopt, true);
+  expect_same_run(kiln, eager, backend, names, noise ? &*noise : nullptr);
+  return {std::move(eager), std::move(kiln)};
+}
+
 }  // namespace programs

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -91,6 +92,18 @@ void nudge_parameters(torch::nn::Module& module);
 // whole training steps the same way).
 void expect_same_run(const Run& kiln, const Run& eager, const std::string& backend,
                      const std::vector<std::string>& names, const Run* noise = nullptr);
+
+// A program trained from `seed`, as written (backend unset) or through kiln; `nudge` starts it from
+// parameters one ulp up (the noise-floor run, see expect_same_run).
+using TrainFn = std::function<Run(uint64_t seed, const std::optional<std::string>& backend, bool nudge)>;
+
+// The whole check of a program: trained eagerly and through kiln from one fresh seed, kiln must run
+// without fallback (`captures` signatures) and reproduce eager's run (`names`: the step's results).
+// with_noise_floor: with generated kernels, judge against eager's own noise floor (programs whose
+// training amplifies rounding). Returns the eager run and kiln's, for checks of their own.
+std::pair<Run, Run> expect_trains_like_eager(const TrainFn& train, const std::string& backend, int total_steps,
+                                             int captures, const std::vector<std::string>& names,
+                                             bool with_noise_floor = false);
 
 // The relative error used with generated kernels.
 constexpr double kTolerance = 1e-4;

@@ -16,9 +16,10 @@ namespace {
 
 constexpr int kSteps = 8;
 
-programs::Run train(uint64_t seed, const std::optional<std::string>& backend) {
+programs::Run train(uint64_t seed, const std::optional<std::string>& backend, bool nudge) {
   torch::manual_seed(seed);
   corpus::text_classifier::Program program;
+  if (nudge) programs::nudge_parameters(*program.model);
   programs::Driver step(program.step(), program.state(), backend);
 
   programs::Run run;
@@ -32,13 +33,7 @@ programs::Run train(uint64_t seed, const std::optional<std::string>& backend) {
 class TextClassifier : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TextClassifier, TrainsLikeEager) {
-  const uint64_t seed = programs::fresh_seed();
-  SCOPED_TRACE(programs::seed_note(seed));
-  const auto eager = train(seed, std::nullopt);
-  programs::KilnLog log;
-  const auto kiln = train(seed, GetParam());
-  programs::expect_no_fallback(kiln, kSteps, /*captures=*/1, log);
-  programs::expect_same_run(kiln, eager, GetParam(), {"loss", "correct"});
+  programs::expect_trains_like_eager(train, GetParam(), kSteps, /*captures=*/1, {"loss", "correct"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TextClassifier, ::testing::ValuesIn(programs::backends()),

@@ -1,12 +1,11 @@
 // StepRecorder and probe_calls: the two ModeHandlers of kiln's capture.
 #include <mutex>
-
-#include <c10/util/StringUtil.h>
 #include <unordered_map>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/StringUtil.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -190,6 +189,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
   std::vector<char> used_on_device;
   std::vector<double> read_values;
   std::vector<std::string> host_reads;
+  // Set before the real kernel runs, read after it: a read whose number to remember, an
+  // equal(x, x) whose answer to check.
+  bool pending_read = false;
+  bool pending_equal = false;
   CaptureFailure failure;
   int constants = 0;
 
@@ -373,9 +376,6 @@ struct StepRecorder::State : capture_detail::ModeHandler {
     }
     graph.add_node(std::move(node));
   }
-
-  bool pending_read = false;
-  bool pending_equal = false;
 
   // Whether two arguments are the same value of the step (the same tensor, or a view with the
   // same sizes, strides and offset over the same memory).

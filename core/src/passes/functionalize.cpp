@@ -302,28 +302,25 @@ struct Functionalizer {
     map_args(n);
     // A random op writing a non-contiguous tensor: draw on it permuted into memory order.
     std::vector<int64_t> perm;
-    int self_arg = -1;  // the variant's argument that is the written tensor
-    if (op_info(raw.op).nondeterministic && written.size() == 1 && kept == 0) {
-      const auto& wm = g.value(raw.args[written[0]].value).meta;
-      perm = memory_order(wm, raw.op);
-      for (size_t k = 0; k < fv.schema->arguments().size() && !perm.empty(); ++k)
-        if (fv.schema->arguments()[k].name() == sargs[written[0]].name()) self_arg = static_cast<int>(k);
-      for (const auto& a : n.args)
-        if (!perm.empty() && a.kind == ir::Arg::Kind::Tensor && &a != &n.args[static_cast<size_t>(std::max(self_arg, 0))])
+    if (op_info(raw.op).nondeterministic && written.size() == 1 && kept == 0)
+      perm = memory_order(g.value(raw.args[written[0]].value).meta, raw.op);
+    if (!perm.empty()) {
+      const auto& fargs = fv.schema->arguments();
+      size_t self = 0;
+      while (self < fargs.size() && fargs[self].name() != sargs[written[0]].name()) ++self;
+      for (size_t k = 0; k < n.args.size(); ++k)
+        if (n.args[k].kind == ir::Arg::Kind::Tensor && k != self)
           throw std::runtime_error(raw.op + " with a tensor argument writes a non-contiguous tensor; kiln cannot draw "
                                             "its random numbers in the order the in-place op draws them");
-      if (!perm.empty() && self_arg >= 0) {
-        ir::Node pn;
-        pn.op = "aten::permute";
-        pn.phase = raw.phase;
-        const auto in = n.args[static_cast<size_t>(self_arg)].value;
-        pn.args = {ir::Arg::tensor(in), ir::Arg::int_list(perm)};
-        pn.outputs = {out.add_value(permuted(out.value(in).meta, perm))};
-        n.args[static_cast<size_t>(self_arg)] = ir::Arg::tensor(pn.outputs[0]);
-        out.add_node(std::move(pn));
-      } else {
-        perm.clear();
-      }
+      if (self == fargs.size()) throw std::logic_error("the functional form of " + raw.op + " has no '" + sargs[written[0]].name() + "'");
+      ir::Node pn;
+      pn.op = "aten::permute";
+      pn.phase = raw.phase;
+      const auto in = n.args[self].value;
+      pn.args = {ir::Arg::tensor(in), ir::Arg::int_list(perm)};
+      pn.outputs = {out.add_value(permuted(out.value(in).meta, perm))};
+      n.args[self] = ir::Arg::tensor(pn.outputs[0]);
+      out.add_node(std::move(pn));
     }
     std::vector<ir::ValueId> kept_new;
     for (size_t r = 0; r < srets.size(); ++r)

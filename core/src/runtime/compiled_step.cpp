@@ -982,7 +982,8 @@ struct CompiledStep::Impl {
 
   // What a plan read changed (an optimizer's state or calls): the plan is dropped and the step is
   // captured again; past recompile_limit such changes, the signature runs eagerly.
-  std::vector<at::Tensor> recapture(const std::vector<at::Tensor>& inputs, Entry& e, const std::string& why) {
+  std::vector<at::Tensor> recapture(const std::vector<at::Tensor>& inputs, std::vector<int64_t> sig, Entry& e,
+                                    const std::string& why) {
     if (stats.recaptures >= args.recompile_limit) {
       e.compiled = false;
       e.reason = why;
@@ -992,7 +993,6 @@ struct CompiledStep::Impl {
     }
     ++stats.recaptures;
     log_info(why + "; capturing the step again");
-    auto sig = signature(inputs);
     cache.erase(sig);
     last = nullptr;
     return capture_new(inputs, std::move(sig));
@@ -1024,7 +1024,7 @@ struct CompiledStep::Impl {
     if (!probed) {
       snapshot.restore();
       undo_placeholders(e);
-      return recapture(inputs, e, "kiln: " + why);
+      return recapture(inputs, std::move(sig), e, "kiln: " + why);
     }
     try {
       return run_compiled(inputs, e);
