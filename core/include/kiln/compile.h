@@ -47,6 +47,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "kiln/config.h"
+#include "kiln/group_outcome.h"
 #include "kiln/ir.h"
 
 namespace kiln {
@@ -81,6 +82,7 @@ struct StepStats {
   std::string last_graph_skip;      // "kiln: skipping cudagraphs due to ..." ("" when none)
   int64_t adopted_writebacks = 0;   // write-backs done by handing the target the value's storage (no copy)
   double probe_seconds = 0;         // host time of the optimizer probe, all compiled steps together
+  std::vector<GroupOutcome> groups; // plugin groups of the last compiled plan
 };
 
 // LibTorch's CUDA caching allocator on `device`: bytes allocated now and at the peak since the

@@ -2,7 +2,8 @@
 // nodes through the C ABI, the core forms convex groups (partition.h), the plugin compiles each
 // group, and every node outside a compiled group runs eagerly. A group the plugin declines
 // (KILN_ERROR_UNIMPLEMENTED) runs eagerly without a word; a group whose compile fails runs
-// eagerly with one warning naming the plugin and its message. Nothing is lost either way.
+// eagerly with one warning naming the plugin and its message. Nothing is lost either way, and
+// groups() says which groups the plugin's code runs and why the others do not.
 //
 // KILN_VERIFY_GROUPS=1 checks every compiled group against the eager executor as it runs and logs
 // each output's relative error: the way to find which group of a backend computes a wrong number.
@@ -17,6 +18,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "kiln/executor.h"
+#include "kiln/group_outcome.h"
 #include "kiln/ir.h"
 #include "kiln/partition.h"
 #include "kiln/plugin_api.h"
@@ -51,6 +53,8 @@ class PartitionedExecutor {
            void* stream = nullptr) const;
 
   const PartitionStats& stats() const { return stats_; }
+  // Every group the plugin claimed, in partition order: compiled, declined or failed, and why.
+  const std::vector<GroupOutcome>& groups() const { return outcomes_; }
 
  private:
   struct Group {
@@ -70,6 +74,7 @@ class PartitionedExecutor {
     std::vector<ir::ValueId> free_after;
   };
   std::vector<Group> groups_;
+  std::vector<GroupOutcome> outcomes_;
   bool pass_scalars_ = false;
   std::vector<Unit> units_;
   PartitionStats stats_;

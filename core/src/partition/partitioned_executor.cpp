@@ -50,8 +50,13 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
   // Compile every group; a group that does not compile runs its nodes eagerly.
   std::vector<char> compiled(part.groups.size(), 0);
   groups_.resize(part.groups.size());
+  outcomes_.reserve(part.groups.size());
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
     const auto& pg = part.groups[gi];
+    GroupOutcome& outcome = outcomes_.emplace_back();
+    outcome.backend = plugin->name();
+    outcome.nodes = pg.nodes.size();
+    outcome.first_op = g.nodes[pg.nodes.front()].op;
     GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
     try {
       groups_[gi].exe = plugin->compile(sub.view(), mode);
@@ -60,9 +65,12 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
       for (auto ni : pg.nodes) groups_[gi].nodes.push_back(g.nodes[ni]);
       for (auto v : pg.outputs) groups_[gi].output_meta.push_back(g.value(v).meta);
       compiled[gi] = 1;
+      outcome.compiled = true;
       ++stats_.groups_compiled;
       stats_.nodes_compiled += pg.nodes.size();
     } catch (const PluginError& e) {
+      outcome.declined = e.code() == KILN_ERROR_UNIMPLEMENTED;
+      outcome.reason = e.what();  // names the plugin and the error code
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
         stats_.compile_errors.push_back(e.what());
         log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(),
