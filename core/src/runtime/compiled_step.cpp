@@ -462,8 +462,11 @@ struct CompiledStep::Impl {
       log_info(c10::str("kiln: KILN_BATCH_OPTIMIZER: ", folded, " optimizer nodes folded into multi-tensor ops (",
                         before, " -> ", g.nodes.size(), " nodes)"));
     }
+    stats.groups.clear();
     if (!eager_executor) {
-      e.exec = std::make_unique<PartitionedGraphExecutor>(g, resolved, debug_dir(popts));
+      auto partitioned = std::make_unique<PartitionedGraphExecutor>(g, resolved, debug_dir(popts));
+      stats.groups = partitioned->ex.groups();  // which groups the backend's own code runs
+      e.exec = std::move(partitioned);
     } else {
       ir::Graph planned = g;
       compute_writebacks_in_place(planned);
