@@ -453,6 +453,7 @@ PluginProgram::PluginProgram(const ir::Graph& g, KilnMode mode) : graph_(g) {
       nodes_compiled_ += pg.nodes.size();
     } catch (const PluginError& e) {
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) compile_errors_.push_back(e.what());
+      else ++groups_declined_;
     }
   }
 }

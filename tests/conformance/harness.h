@@ -184,6 +184,7 @@ class PluginProgram {
   size_t claimed() const { return claimed_; }                 // nodes the plugin claimed
   size_t nodes_compiled() const { return nodes_compiled_; }   // nodes the plugin runs
   const std::vector<std::string>& compile_errors() const { return compile_errors_; }  // not UNIMPLEMENTED
+  size_t groups_declined() const { return groups_declined_; }  // KILN_ERROR_UNIMPLEMENTED
   // The graph outputs for `inputs`. Throws PluginError from execute.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 
@@ -191,7 +192,7 @@ class PluginProgram {
   const ir::Graph& graph_;
   Partition part_;
   std::vector<std::unique_ptr<PluginExecutable>> exes_;
-  size_t claimed_ = 0, nodes_compiled_ = 0;
+  size_t claimed_ = 0, nodes_compiled_ = 0, groups_declined_ = 0;
   std::vector<std::string> compile_errors_;
 };
 

@@ -1,6 +1,7 @@
 // Whole training steps: the reference workloads (mlp, cnn, gpt) compiled by kiln with the plugin
 // under test as the backend, against LibTorch eager from the same weights and batch: the loss of
-// every step, then every parameter, gradient and buffer.
+// every step, then every parameter, gradient and buffer; and that the plugin's own code ran: a
+// step whose every claimed group fell back to eager matches eager trivially.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,11 +14,38 @@
 
 #include "harness.h"
 #include "kiln/compile.h"
-#include "kiln/partition.h"
 #include "kiln/workloads.h"
 
 namespace kiln::conformance {
 namespace {
+
+// The plugin groups of a compiled step by what became of them.
+struct WorkloadGroups {
+  size_t total = 0, compiled = 0, declined = 0, failed = 0;
+  size_t nodes_compiled = 0, nodes_declined = 0;
+  std::string first_decline, first_failure;  // "3 nodes from aten::relu: <the plugin's error>"
+};
+
+WorkloadGroups count_groups(const std::vector<GroupOutcome>& outcomes) {
+  WorkloadGroups c;
+  for (const auto& o : outcomes) {
+    ++c.total;
+    const std::string which =
+        std::to_string(o.nodes) + (o.nodes == 1 ? " node from " : " nodes from ") + o.first_op + ": " + o.reason;
+    if (o.compiled) {
+      ++c.compiled;
+      c.nodes_compiled += o.nodes;
+    } else if (o.declined) {
+      ++c.declined;
+      c.nodes_declined += o.nodes;
+      if (c.first_decline.empty()) c.first_decline = which;
+    } else {
+      ++c.failed;
+      if (c.first_failure.empty()) c.first_failure = which;
+    }
+  }
+  return c;
+}
 
 void check_workload(const std::string& name, int64_t batch) {
   const std::string skip = reason_to_skip_execution();
@@ -83,23 +111,33 @@ void check_workload(const std::string& name, int64_t batch) {
     EXPECT_LE(rel_err(bw[i].value(), br[i].value()), std::max(tol, 10 * floor)) << name << " buffer " << br[i].key();
   }
 
-  // How much of the step the plugin ran: what it claims of the compiled graph.
+  // What of the step the plugin's own code ran: the groups of the compiled plan as kiln compiled
+  // them. Matching numbers prove nothing of a group that ran on kiln's eager executor. Declining a
+  // group (KILN_ERROR_UNIMPLEMENTED) is allowed, declining every one is not: then none of the
+  // plugin's code ran. Any other compile error is a plugin failure that kiln hid by running the
+  // group eagerly.
   const ir::Graph* g = step.compiled_graph();
   ASSERT_NE(g, nullptr) << "no compiled graph";
-  std::vector<int64_t> claims;
-  {
-    GraphView v(*g);
-    claims = plugin->claim(v.view());
-  }
-  const auto groups = groups_of(*g, claims);
-  size_t in_groups = 0;
-  for (const auto& pg : groups) in_groups += pg.nodes.size();
-  const std::string what = plugin->name() + " claims " + std::to_string(claims.size()) + " of " +
-                           std::to_string(g->nodes.size()) + " nodes of the " + name + " step (" +
-                           std::to_string(groups.size()) + " groups)";
-  if (in_groups == 0 && !::testing::Test::HasFailure())
-    GTEST_SKIP() << what << ": nothing of the plugin ran; the step matched eager over " << steps << " steps";
-  note(what + "; " + std::to_string(steps) + " steps match eager (loss, parameters, gradients, buffers) within " +
+  const WorkloadGroups groups = count_groups(step.stats().groups);
+  const std::string what = plugin->name() + " runs " + std::to_string(groups.nodes_compiled) + " of " +
+                           std::to_string(g->nodes.size()) + " nodes of the " + name + " step in " +
+                           std::to_string(groups.compiled) + " of " + std::to_string(groups.total) + " groups";
+  const std::string declines =
+      groups.declined == 0 ? ""
+                           : "; declines " + std::to_string(groups.declined) + " (" +
+                                 std::to_string(groups.nodes_declined) + " nodes), first: " + groups.first_decline;
+  EXPECT_EQ(groups.failed, 0u) << groups.failed << " of " << groups.total
+                               << " claimed groups failed to compile and ran eagerly (decline with "
+                                  "KILN_ERROR_UNIMPLEMENTED instead); first: "
+                               << groups.first_failure;
+  if (groups.total == 0 && !::testing::Test::HasFailure())
+    GTEST_SKIP() << plugin->name() << " claims none of the " << g->nodes.size() << " nodes of the " << name
+                 << " step: nothing of the plugin ran; the step matched eager over " << steps << " steps";
+  if (groups.failed == 0)
+    EXPECT_GT(groups.compiled, 0u) << plugin->name() << " declined all " << groups.declined
+                                   << " groups it claimed of the " << name
+                                   << " step: none of its code ran; first: " << groups.first_decline;
+  note(what + declines + "; " + std::to_string(steps) + " steps match eager (loss, parameters, gradients, buffers) within " +
        std::to_string(tol));
 }
 

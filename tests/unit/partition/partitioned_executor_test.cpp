@@ -1,6 +1,7 @@
 // The partitioned executor with real plugins: the example third-party backend runs the
 // elementwise nodes it claims through the C ABI, the rest runs eagerly, and the results match the
-// eager executor; a plugin whose compile fails costs a warning, never a result.
+// eager executor; a plugin whose compile fails or that declines costs a warning or nothing, never a
+// result, and groups() records for each claimed group whether the plugin's code runs it.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -60,6 +61,18 @@ TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEag
   EXPECT_EQ(exec.stats().groups, 2u);
   EXPECT_EQ(exec.stats().groups_compiled, 2u);
   EXPECT_EQ(exec.stats().nodes_compiled, 5u);
+  // Each claimed group says that the plugin's code runs it.
+  ASSERT_EQ(exec.groups().size(), 2u);
+  EXPECT_EQ(exec.groups()[0].backend, "custom_elementwise");
+  EXPECT_EQ(exec.groups()[0].nodes, 2u);
+  EXPECT_EQ(exec.groups()[0].first_op, "aten::relu");
+  EXPECT_EQ(exec.groups()[1].nodes, 3u);
+  EXPECT_EQ(exec.groups()[1].first_op, "aten::add.Tensor");
+  for (const auto& o : exec.groups()) {
+    EXPECT_TRUE(o.compiled);
+    EXPECT_FALSE(o.declined);
+    EXPECT_EQ(o.reason, "");
+  }
   for (int trial = 0; trial < 3; ++trial) {
     std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
     auto ref = run_eager(g, inputs);
@@ -128,6 +141,41 @@ TEST(PartitionedExecutor, FailedCompileRunsEagerlyWithTheSameResults) {
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
   EXPECT_EQ(exec.stats().groups_compiled, 0u);
   ASSERT_FALSE(exec.stats().compile_errors.empty());
+  // Every group is recorded as a failure (not a decline), with the plugin's code and message.
+  ASSERT_EQ(exec.groups().size(), exec.stats().groups);
+  ASSERT_FALSE(exec.groups().empty());
+  for (const auto& o : exec.groups()) {
+    EXPECT_EQ(o.backend, "bad_compile_fails");
+    EXPECT_FALSE(o.compiled);
+    EXPECT_FALSE(o.declined);
+    EXPECT_NE(o.reason.find("compile failed (invalid argument)"), std::string::npos) << o.reason;
+    EXPECT_NE(o.reason.find("float64 is not supported"), std::string::npos) << o.reason;
+  }
+  std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
+  auto ref = run_eager(g, inputs);
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  exec.run(env);
+  EXPECT_TRUE(at::equal(env[9], ref[0]));
+  EXPECT_TRUE(at::equal(env[7], ref[1]));
+}
+
+TEST(PartitionedExecutor, DeclinedGroupsAreRecordedAsDeclinesWithTheReason) {
+  ir::Graph g = ir::parse(kGraph);
+  auto plugin = PluginRegistry::load_file(KILN_DECLINES_PLUGIN, host());
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  // It claims relu, mul | add, neg (not sigmoid): the same two groups, both declined, silently.
+  EXPECT_TRUE(exec.stats().compile_errors.empty());
+  ASSERT_EQ(exec.groups().size(), 2u);
+  EXPECT_EQ(exec.groups()[0].nodes, 2u);
+  EXPECT_EQ(exec.groups()[1].nodes, 2u);
+  for (const auto& o : exec.groups()) {
+    EXPECT_EQ(o.backend, "declines_everything");
+    EXPECT_FALSE(o.compiled);
+    EXPECT_TRUE(o.declined);
+    EXPECT_NE(o.reason.find("compile failed (unimplemented)"), std::string::npos) << o.reason;
+    EXPECT_NE(o.reason.find("no code generator yet"), std::string::npos) << o.reason;
+  }
   std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
   auto ref = run_eager(g, inputs);
   std::vector<at::Tensor> env(g.values.size());

@@ -1,0 +1,77 @@
+# Runs `kiln conformance` on the plugins whose own code never runs or runs wrong, and asserts the
+# verdict and message of every case it runs: a case passes only where the plugin did what it must.
+#   declines_everything   compile always returns KILN_ERROR_UNIMPLEMENTED
+#   compile_always_fails  compile always returns KILN_ERROR_INTERNAL
+#   wrong_kernel          add and sub ignore alpha
+#   cmake -DKILN=path/to/kiln -DPLUGIN_DIR=dir -DWORK_DIR=dir -P check_verdicts.cmake
+file(MAKE_DIRECTORY ${WORK_DIR})
+set(_cases "Claim.PartitionsFormedFromClaimsCompile:Numeric.UnaryPointwise:Numeric.BinaryPointwise:Workload.Mlp")
+# plugin|case|result|text the message must contain
+set(_expected
+  "declines_everything|Claim.PartitionsFormedFromClaimsCompile|passed| groups: 0 compiled, "
+  "declines_everything|Numeric.UnaryPointwise|skipped|declines to compile every one (KILN_ERROR_UNIMPLEMENTED)"
+  "declines_everything|Numeric.BinaryPointwise|skipped|declines to compile every one (KILN_ERROR_UNIMPLEMENTED)"
+  "declines_everything|Workload.Mlp|failed|declines_everything declined all"
+  "declines_everything|Workload.Mlp|failed|groups it claimed of the mlp step: none of its code ran"
+  "compile_always_fails|Claim.PartitionsFormedFromClaimsCompile|failed|failed to compile (internal)"
+  "compile_always_fails|Numeric.UnaryPointwise|failed|claimed, then failed to compile"
+  "compile_always_fails|Numeric.BinaryPointwise|failed|code generator crashed on"
+  "compile_always_fails|Workload.Mlp|failed|claimed groups failed to compile and ran eagerly"
+  "wrong_kernel|Claim.PartitionsFormedFromClaimsCompile|passed|compiled, 0 declined"
+  "wrong_kernel|Numeric.UnaryPointwise|passed|variants claimed and checked"
+  "wrong_kernel|Numeric.BinaryPointwise|failed|aten::add.Tensor(f32[4,5], f32[4,5]): output 0 relative error"
+  "wrong_kernel|Workload.Mlp|failed|mlp loss at step 4")
+set(_failures "")
+foreach(plugin declines_everything compile_always_fails wrong_kernel)
+  set(json ${WORK_DIR}/${plugin}.json)
+  file(REMOVE ${json})
+  execute_process(
+    COMMAND ${KILN} conformance ${PLUGIN_DIR}/libkiln_${plugin}.so --filter ${_cases} --jobs 2 --steps 2 --json ${json}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${plugin}: exit ${rc}\n${out}${err}")
+  if(NOT rc EQUAL 1)
+    list(APPEND _failures "${plugin}: exit status ${rc}, expected 1 (a case fails)")
+  endif()
+  if(NOT EXISTS ${json})
+    list(APPEND _failures "${plugin}: no JSON report written")
+    continue()
+  endif()
+  file(READ ${json} report)
+  string(JSON n_cases LENGTH "${report}" cases)
+  if(NOT n_cases EQUAL 4)
+    list(APPEND _failures "${plugin}: ${n_cases} cases reported, expected 4")
+  endif()
+  math(EXPR last "${n_cases} - 1")
+  foreach(i RANGE ${last})
+    string(JSON name GET "${report}" cases ${i} name)
+    string(JSON result GET "${report}" cases ${i} result)
+    string(JSON msg GET "${report}" cases ${i} message)
+    set(checked FALSE)
+    foreach(row ${_expected})
+      string(REPLACE "|" ";" fields "${row}")
+      list(GET fields 0 want_plugin)
+      list(GET fields 1 want_case)
+      list(GET fields 2 want_result)
+      list(GET fields 3 want_text)
+      if(NOT want_plugin STREQUAL plugin OR NOT want_case STREQUAL name)
+        continue()
+      endif()
+      set(checked TRUE)
+      if(NOT result STREQUAL want_result)
+        list(APPEND _failures "${plugin}: ${name} is ${result}, expected ${want_result} (${msg})")
+      endif()
+      string(FIND "${msg}" "${want_text}" at)
+      if(at EQUAL -1)
+        list(APPEND _failures "${plugin}: ${name}'s message lacks '${want_text}': ${msg}")
+      endif()
+    endforeach()
+    if(NOT checked)
+      list(APPEND _failures "${plugin}: ${name} has no expected verdict")
+    endif()
+  endforeach()
+endforeach()
+if(_failures)
+  string(REPLACE ";" "\n  " _text "${_failures}")
+  message(FATAL_ERROR "the conformance suite misjudged plugins whose code did not run or was wrong:\n  ${_text}")
+endif()
+message(STATUS "declined everything, failed every compile, wrong kernel: each got its verdicts")
