@@ -1,5 +1,6 @@
-// The character-GPT sample (shared/WORKLOADS.md, CPU size): a LibTorch training loop that runs
-// through kiln::Trainer with the default backend, next to the same loop in plain LibTorch eager.
+// The character-GPT sample (the gpt reference workload of docs/workloads.md, at its CPU size): a
+// LibTorch training loop that runs through kiln::Trainer with the default backend, next to the same
+// loop in plain LibTorch eager.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

@@ -1,5 +1,6 @@
-// The three reference workloads of shared/WORKLOADS.md (mlp, cnn, gpt), defined once so that
-// kiln bench, the demo, the tests and bench/reference.py run exactly the same work.
+// The three reference workloads (mlp, cnn, gpt; docs/workloads.md), defined once so that kiln bench,
+// the tests and the samples run exactly the same work, and bench/reference.py its PyTorch twin.
+// A library of its own (kiln_workloads): models and data that no user program needs from libkiln.
 #pragma once
 
 #include <functional>
@@ -26,9 +27,9 @@ struct Workload {
 struct WorkloadOptions {
   std::string device = "cpu";  // "cpu" or "cuda"
   uint64_t seed = 0;
-  // 0 = the WORKLOADS.md size for the device; otherwise overrides the batch size.
+  // 0 = the workload's size for the device (docs/workloads.md); otherwise overrides the batch size.
   int64_t batch = 0;
-  // "" = the workload's own optimizer (WORKLOADS.md); "sgd" (lr 0.01, momentum 0.9) or "adamw"
+  // "" = the workload's own optimizer; "sgd" (lr 0.01, momentum 0.9) or "adamw"
   // (lr 1e-3) swaps it, to tell a model's effect from an optimizer's.
   std::string optimizer;
 };
