@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch's side of the side-by-side benchmark: the three reference workloads of
-shared/WORKLOADS.md (mlp, cnn, gpt) with PyTorch eager and torch.compile, from the same
+docs/workloads.md (mlp, cnn, gpt) with PyTorch eager and torch.compile, from the same
 torch==2.11.0 that scripts/setup installs. kiln's own side is `kiln bench`; scripts/bench runs
 both and prints one table.
 
-Each configuration runs in its own process (as WORKLOADS.md measured them), so one compile does
+Each configuration runs in its own process (as docs/workloads.md describes), so one compile does
 not warm the next. Prints one JSON object per configuration on stdout:
   {"workload", "device", "config", "ms_per_step", "first_step_s", "steps", "peak_mem_bytes"}
 """
@@ -118,7 +118,7 @@ def run_one(workload, device, config, steps, warmup):
         return body()
 
     if config == "whole-step-graph":
-        # WORKLOADS.md's hand-made bar: forward, backward and optimizer.step() captured by hand in
+        # The hand-made bar: forward, backward and optimizer.step() captured by hand in
         # one torch.cuda.graph after a warm-up on a side stream (PyTorch's documented whole-network
         # recipe; AdamW needs capturable=True to keep its step counts on the device).
         if not cuda:

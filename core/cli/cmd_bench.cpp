@@ -1,23 +1,28 @@
-// `kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] [--batch N] [--check]
-// [--check-grads] [--tolerance X] [--interleave] [--json]`:
-// LibTorch eager and kiln side by side in one process on a reference workload of
-// shared/WORKLOADS.md. Prints eager and kiln ms per step (the median of five timed blocks of the
-// steady state, each ending in one device sync, as WORKLOADS.md and bench/reference.py time), their
-// ratio and kiln's first-step seconds (the eager warm-up plus the capture-and-compile step).
-// --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or
-// a final parameter (with --check-grads: or its last gradient) differs beyond the tolerance for the precision (relative error; float32 1e-5,
-// bf16 autocast 1e-2, generated CPU kernels 1e-4; --tolerance overrides it). On CUDA it also reports each side's peak allocated
-// memory (LibTorch's caching allocator, above what was allocated when that side started), and
-// --check makes CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and
-// flash attention's backward are not, and eager would not even match itself): deterministic
-// algorithms, math attention, CUBLAS_WORKSPACE_CONFIG. Time without --check.
+// `kiln bench WORKLOAD [options]`: LibTorch eager and kiln side by side in one process on a
+// reference workload (docs/workloads.md). Prints eager and kiln ms per step (the median of five
+// timed blocks of the steady state, each ending in one device sync, as docs/workloads.md and
+// bench/reference.py time), their ratio and kiln's first-step seconds (the eager warm-up plus the
+// capture-and-compile step), and what of the step the backend's own code ran: a backend whose every
+// group fell back to kiln's eager executor trains right and proves nothing, so the report names it.
+// --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or a
+// final parameter (with --check-grads: or its last gradient) differs beyond the tolerance, when a
+// step ran eagerly, or when the backend claimed groups and none of them, or not all that did not
+// decline, compiled. On CUDA it also reports each side's peak allocated memory, and --check makes
+// CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and flash
+// attention's backward are not, and eager would not even match itself). Time without --check.
+//
+// One pass per stage: parse the flags, run both sides, compare them, print the report.
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,7 +34,6 @@
 #include "kiln/compile.h"
 #include "kiln/config.h"
 #include "kiln/json_text.h"
-#include "kiln/log.h"
 #include "kiln/workloads.h"
 
 namespace kiln::cli {
@@ -39,42 +43,111 @@ using Clock = std::chrono::steady_clock;
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--steps N] "
-               "[--batch N] [--check] [--check-grads] [--tolerance X] [--interleave] [--json]\n\n"
-               "Runs a reference workload (mlp, cnn, gpt; shared/WORKLOADS.md) with LibTorch eager and with\n"
-               "kiln in this process and prints ms per step for both, the ratio and kiln's first-step time.\n\n"
-               "  --backend B   backend to ask for (default: KILN_BACKEND or auto)\n"
-               "  --mode M      default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
-               "  --device D    cpu (default) or cuda\n"
-               "  --steps N     steps per run (default 20; at least 4)\n"
-               "  --batch N     batch size (default: the WORKLOADS.md size for the device)\n"
-               "  --optimizer O sgd or adamw instead of the workload's own (to tell a model's effect from an optimizer's)\n"
-               "  --check       also compare losses and final parameters; exit 1 beyond tolerance\n"
-               "  --check-grads --check, and the last step's gradients too\n"
-               "  --tolerance X relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
-               "                backend runs generated kernels (inductor on the CPU); bf16 autocast 1e-2)\n"
-               "  --interleave  run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
-               "  --json        one JSON object on stdout\n");
+               "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
+               "[--steps N] [--batch N] [--optimizer O] [--check] [--check-grads] [--tolerance X] [--trace] "
+               "[--interleave] [--json]\n\n"
+               "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
+               "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
+               "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
+               "  --backend B     backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)\n"
+               "  --mode M        default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
+               "  --device D      cpu (default) or cuda\n"
+               "  --plugin-dir D  also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)\n"
+               "  --steps N       steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)\n"
+               "  --batch N       batch size (default: the workload's size for the device)\n"
+               "  --optimizer O   sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
+               "                  optimizer's)\n"
+               "  --check         also compare losses and final parameters; exit 1 beyond tolerance, or when a step\n"
+               "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
+               "  --check-grads   --check, and the last step's gradients too\n"
+               "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
+               "                  backend runs generated kernels (inductor on the CPU); bf16 autocast 1e-2)\n"
+               "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
+               "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
+               "  --json          one JSON object on stdout\n");
 }
 
-double rel_err(const at::Tensor& out, const at::Tensor& ref) {
-  auto o = out.detach().to(at::kDouble).cpu(), r = ref.detach().to(at::kDouble).cpu();
-  const double num = (o - r).norm().item<double>();
-  const double den = r.norm().item<double>();
-  if (std::isnan(num)) return INFINITY;
-  return den == 0 ? num : num / den;
+// A command line that cannot run: the message names the flag and the value. Exit status 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- Parse ----
+
+struct BenchOptions {
+  std::string workload;
+  std::string device = "cpu";
+  std::string backend;  // "" = TrainingArguments' own (auto, or KILN_BACKEND)
+  std::string mode = "default";
+  std::string optimizer;
+  std::vector<std::string> plugin_dirs;
+  int steps = 20;
+  int64_t batch = 0;      // 0 = the workload's size for the device
+  double tolerance = -1;  // < 0: the default for the precision
+  bool check = false, check_grads = false, json = false, interleave = false, trace = false;
+};
+
+int64_t parse_integer(const std::string& flag, const std::string& text, int64_t at_least) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end || errno == ERANGE)
+    throw UsageError(flag + " '" + text + "' is not an integer");
+  if (v < at_least) throw UsageError(flag + " '" + text + "' must be at least " + std::to_string(at_least));
+  return v;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+double parse_non_negative(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end || errno == ERANGE || !(v >= 0) || std::isinf(v))
+    throw UsageError(flag + " '" + text + "' is not a non-negative number");
+  return v;
 }
+
+// Returns false for --help (usage printed). Throws UsageError.
+bool parse(int argc, char** argv, BenchOptions& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--backend") o.backend = value();
+    else if (a == "--mode") o.mode = value();
+    else if (a == "--device") o.device = value();
+    else if (a == "--plugin-dir") o.plugin_dirs.push_back(value());
+    else if (a == "--steps") o.steps = static_cast<int>(parse_integer(a, value(), 4));
+    else if (a == "--batch") o.batch = parse_integer(a, value(), 1);
+    else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--tolerance") o.tolerance = parse_non_negative(a, value());
+    else if (a == "--check") o.check = true;
+    else if (a == "--check-grads") o.check = o.check_grads = true;
+    else if (a == "--trace") o.trace = true;
+    else if (a == "--interleave") o.interleave = true;
+    else if (a == "--json") o.json = true;
+    else if (a == "--help" || a == "-h") return false;
+    else if (!a.empty() && a[0] != '-' && o.workload.empty()) o.workload = a;
+    else throw UsageError("unknown option '" + a + "'");
+  }
+  if (o.workload.empty()) throw UsageError("which workload? (mlp, cnn, gpt)");
+  const auto& names = workload_names();
+  if (std::find(names.begin(), names.end(), o.workload) == names.end())
+    throw UsageError("unknown workload '" + o.workload + "'; valid workloads: mlp, cnn, gpt");
+  if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device '" + o.device + "': use cpu or cuda");
+  if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
+    throw UsageError("--optimizer '" + o.optimizer + "': use sgd or adamw");
+  return true;
+}
+
+// ---- Run ----
 
 struct Run {
-  std::vector<double> ms;     // the first kFirstSteps steps, each synchronised, then one entry per block
-  std::vector<float> losses;  // every step's
+  std::vector<double> ms;      // the first kFirstSteps steps, each synchronised, then one entry per block
+  std::vector<float> losses;   // every step's
   double faults_per_step = 0;  // minor page faults of the process per steady-state step
+  double peak_mb = 0;          // CUDA: peak allocated above what was allocated when the side started
 };
 
 long minor_faults() {
@@ -86,16 +159,13 @@ long minor_faults() {
 // Steps timed one by one (the eager warm-up, the capture and compile, a CUDA graph's recording).
 constexpr int kFirstSteps = 3;
 
-// Runs `steps` steps as WORKLOADS.md measures: the first kFirstSteps one at a time, each ending in
-// a device sync; the rest in (up to) five timed blocks, each ending in one sync, so that the host
+// Runs `steps` steps as docs/workloads.md measures: the first kFirstSteps one at a time, each ending
+// in a device sync; the rest in (up to) five timed blocks, each ending in one sync, so that the host
 // may run ahead of the device within a block as it does in a training loop. The losses are read
 // after each block (kiln's results are copies, an eager step's loss is a new tensor).
 template <class F>
 Run run_steps(F&& step, Workload& w, int steps) {
   Run r;
-  auto sync = [&](const at::Tensor& loss) {
-    if (loss.is_cuda()) torch::cuda::synchronize();
-  };
   int s = 0;
   for (; s < std::min(steps, kFirstSteps); ++s) {
     const auto t = Clock::now();
@@ -110,7 +180,7 @@ Run run_steps(F&& step, Workload& w, int steps) {
     std::vector<at::Tensor> losses;
     const auto t = Clock::now();
     for (int k = 0; k < n; ++k) losses.push_back(step(std::vector<at::Tensor>{w.input, w.target})[0]);
-    sync(losses.back());
+    if (losses.back().is_cuda()) torch::cuda::synchronize();
     r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count() / n);
     for (const auto& l : losses) r.losses.push_back(l.template item<float>());
   }
@@ -135,77 +205,43 @@ void run_interleaved(E&& eager_step, Workload& ew, K&& kiln_step, Workload& kw, 
   }
 }
 
-}  // namespace
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
-int cmd_bench(int argc, char** argv) {
-  std::string workload, device = "cpu", backend, mode = "default";
-  int steps = 20;
-  int64_t batch = 0;
-  std::string optimizer;
-  double tolerance = -1;  // < 0: the default for the precision
-  bool check = false, check_grads = false, json = false, interleave = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* opt) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "kiln bench: %s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--backend") backend = value("--backend");
-    else if (a == "--mode") mode = value("--mode");
-    else if (a == "--device") device = value("--device");
-    else if (a == "--steps") steps = std::atoi(value("--steps").c_str());
-    else if (a == "--batch") batch = std::atoll(value("--batch").c_str());
-    else if (a == "--optimizer") optimizer = value("--optimizer");
-    else if (a == "--tolerance") {
-      const std::string v = value("--tolerance");
-      char* end = nullptr;
-      tolerance = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(tolerance >= 0)) {
-        std::fprintf(stderr, "kiln bench: --tolerance '%s' is not a non-negative number\n", v.c_str());
-        return 2;
-      }
-    }
-    else if (a == "--check") check = true;
-    else if (a == "--check-grads") check = check_grads = true;
-    else if (a == "--interleave") interleave = true;
-    else if (a == "--json") json = true;
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else if (!a.empty() && a[0] != '-' && workload.empty()) {
-      workload = a;
-    } else {
-      std::fprintf(stderr, "kiln bench: unknown option '%s'\n\n", a.c_str());
-      usage(stderr);
-      return 2;
-    }
+// Peak allocated device memory of one side's run, above what was allocated when it started.
+struct PeakMemory {
+  bool cuda;
+  int64_t base = 0;
+  void start() {
+    if (!cuda) return;
+    torch::cuda::synchronize();
+    cuda_reset_peak_allocated(0);
+    base = cuda_allocated_bytes(0);
   }
-  if (workload.empty()) {
-    usage(stderr);
-    return 2;
+  double peak_mb() const {
+    if (!cuda) return 0;
+    torch::cuda::synchronize();
+    return static_cast<double>(cuda_peak_allocated_bytes(0) - base) / (1 << 20);
   }
-  if (std::find(workload_names().begin(), workload_names().end(), workload) == workload_names().end()) {
-    std::fprintf(stderr, "kiln bench: unknown workload '%s'; valid workloads: mlp, cnn, gpt\n", workload.c_str());
-    return 2;
-  }
-  if (device != "cpu" && device != "cuda") {
-    std::fprintf(stderr, "kiln bench: unknown device '%s'; use cpu or cuda\n", device.c_str());
-    return 2;
-  }
-  if (device == "cuda" && !torch::cuda::is_available()) {
-    std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
-    return 1;
-  }
-  if (steps < 4) steps = 4;
-  if (backend.empty()) {
-    const char* env = std::getenv("KILN_BACKEND");
-    backend = env && *env ? env : "auto";
-  }
-  if (!std::getenv("KILN_LOG_LEVEL")) set_log_level("warn");
-  if (device == "cuda" && check) {
+};
+
+struct BenchRun {
+  std::string requested;  // the backend asked for, after the environment
+  std::string chosen;     // the backend the selection chose ("eager" when none)
+  std::string why;        // the selection's reasons
+  // The workloads stay alive for compare(): the final parameters and gradients of both sides.
+  std::unique_ptr<Workload> eager_w, kiln_w;
+  Run eager, kiln;
+  StepStats stats;
+  int phase_nodes[3] = {0, 0, 0};  // captured forward, backward, optimizer
+  size_t compiled_nodes = 0;       // the compiled (pure) graph's nodes
+};
+
+BenchRun run(const BenchOptions& o) {
+  if (o.device == "cuda" && o.check) {
     setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);  // before the first cuBLAS handle
     auto& ctx = at::globalContext();
     ctx.setDeterministicCuDNN(true);
@@ -214,158 +250,282 @@ int cmd_bench(int argc, char** argv) {
     ctx.setSDPUseMemEfficient(false);
     ctx.setSDPUseCuDNN(false);
   }
-  // Peak allocated device memory of one side's run, above what was allocated when it started.
-  int64_t peak_base = 0;
-  auto mem_start = [&] {
-    if (device != "cuda") return;
-    torch::cuda::synchronize();
-    cuda_reset_peak_allocated(0);
-    peak_base = cuda_allocated_bytes(0);
-  };
-  auto mem_peak = [&]() -> double {
-    if (device != "cuda") return 0;
-    torch::cuda::synchronize();
-    return static_cast<double>(cuda_peak_allocated_bytes(0) - peak_base) / (1 << 20);
-  };
-  double eager_peak_mb = 0, kiln_peak_mb = 0;
-
   TrainingArguments args;
   args.torch_compile = true;
-  args.torch_compile_backend = backend;
-  args.torch_compile_mode = mode;
+  args.log_level = "warn";  // the report is the output; KILN_LOG_LEVEL still overrides
+  if (!o.backend.empty()) args.torch_compile_backend = o.backend;
+  args.torch_compile_mode = o.mode;
+  args.plugin_dirs = o.plugin_dirs;
+  // The environment wins over code, as in compile_step (docs/config.md): applied here too so that
+  // the report names the backend that was really asked for.
+  args.apply_env();
   args.validate();
 
+  BenchRun r;
+  r.requested = args.torch_compile_backend;
   const uint64_t seed = 1234;
-  if (batch < 0) {
-    std::fprintf(stderr, "kiln bench: --batch must be positive\n");
-    return 2;
-  }
-  auto eager_w = make_workload(workload, {device, seed, batch, optimizer});
-  auto kiln_w = make_workload(workload, {device, seed, batch, optimizer});
-  auto eager_step = workload_step(eager_w);
-  auto compiled = compile_step(workload_step(kiln_w), {{kiln_w.model}, {kiln_w.optimizer.get()}}, args);
-  const std::string chosen = compiled.backend();
-  std::string why;
-  for (const auto& r : compiled.backend_reasons()) why += (why.empty() ? "" : "; ") + r;
-  const std::string& runs_on = chosen;
+  r.eager_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer}));
+  r.kiln_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer}));
+  auto eager_step = workload_step(*r.eager_w);
+  auto compiled = compile_step(workload_step(*r.kiln_w), {{r.kiln_w->model}, {r.kiln_w->optimizer.get()}}, args);
+  r.chosen = compiled.backend();
+  for (const auto& reason : compiled.backend_reasons()) r.why += (r.why.empty() ? "" : "; ") + reason;
 
-  Run eager, kiln;
-  if (interleave) {
-    run_interleaved(eager_step, eager_w, compiled, kiln_w, steps, &eager, &kiln);
+  if (o.interleave) {
+    run_interleaved(eager_step, *r.eager_w, compiled, *r.kiln_w, o.steps, &r.eager, &r.kiln);
   } else {
-    mem_start();
-    eager = run_steps(eager_step, eager_w, steps);
-    eager_peak_mb = mem_peak();
-    mem_start();
-    kiln = run_steps(compiled, kiln_w, steps);
-    kiln_peak_mb = mem_peak();
+    PeakMemory mem{o.device == "cuda"};
+    mem.start();
+    r.eager = run_steps(eager_step, *r.eager_w, o.steps);
+    r.eager.peak_mb = mem.peak_mb();
+    mem.start();
+    r.kiln = run_steps(compiled, *r.kiln_w, o.steps);
+    r.kiln.peak_mb = mem.peak_mb();
   }
+  r.stats = compiled.stats();
+  if (const auto* graph = compiled.captured_graph())
+    for (const auto& n : graph->nodes) r.phase_nodes[n.phase == "forward" ? 0 : n.phase == "backward" ? 1 : 2]++;
+  r.compiled_nodes = compiled.compiled_graph() ? compiled.compiled_graph()->nodes.size() : 0;
+  return r;
+}
 
+// ---- Compare ----
 
-  // Steady state: the blocks (--interleave: every step after the first kFirstSteps).
-  const double eager_ms = median(std::vector<double>(eager.ms.begin() + kFirstSteps, eager.ms.end()));
-  const double kiln_ms = median(std::vector<double>(kiln.ms.begin() + kFirstSteps, kiln.ms.end()));
-  const auto& st = compiled.stats();
-  // With a CUDA graph, the first compiled step also warms up and records it.
-  const double first_s = (kiln.ms[0] + kiln.ms[1] + (st.graphs_recorded > 0 ? kiln.ms[2] : 0.0)) / 1000.0;
-  const auto* graph = compiled.captured_graph();
-  int phase_nodes[3] = {0, 0, 0};
-  if (graph)
-    for (const auto& n : graph->nodes)
-      phase_nodes[n.phase == "forward" ? 0 : n.phase == "backward" ? 1 : 2]++;
-  const size_t compiled_nodes = compiled.compiled_graph() ? compiled.compiled_graph()->nodes.size() : 0;
+// What of the compiled step the backend's own code ran, and everything that fell back to eager.
+struct BackendUse {
+  size_t groups = 0;          // groups the backend claimed
+  size_t groups_run = 0;      // of them, compiled: the backend's code runs them
+  size_t nodes_run = 0;       // nodes in those groups
+  size_t groups_failed = 0;   // compile failed with an error other than a decline
+  std::vector<GroupOutcome> fell_back;
+  bool ran = false;           // any of the backend's code ran (groups, or whole-step device graphs)
+  std::string runs_on;        // the backend's name when its code ran, else "eager"
+  std::string fallback;       // everything that fell back and why; "" only when nothing did
+};
 
-  const double probe_ms = st.compiled_steps > 1 ? 1000.0 * st.probe_seconds / (st.compiled_steps - 1) : 0.0;
-  bool check_ok = true;
+BackendUse backend_use(const BenchOptions& o, const BenchRun& r) {
+  const StepStats& st = r.stats;
+  BackendUse u;
+  std::map<std::string, std::pair<size_t, size_t>> by_reason;  // reason -> (groups, nodes)
+  for (const auto& g : st.groups) {
+    ++u.groups;
+    if (g.compiled) {
+      ++u.groups_run;
+      u.nodes_run += g.nodes;
+      continue;
+    }
+    if (!g.declined) ++u.groups_failed;
+    u.fell_back.push_back(g);
+    auto& [n_groups, n_nodes] = by_reason[g.reason];
+    ++n_groups;
+    n_nodes += g.nodes;
+  }
+  const bool steps_compiled = st.compiled_steps > 0;
+  u.ran = r.chosen != "eager" && steps_compiled && (u.groups_run > 0 || st.graphs_recorded > 0);
+  u.runs_on = u.ran ? r.chosen : "eager";
+
+  std::vector<std::string> parts;
+  if (r.chosen == "eager" && r.requested != "eager")
+    parts.push_back("no backend runs here (" + (r.why.empty() ? std::string("none chosen") : r.why) + ")");
+  if (st.compiled_steps < o.steps - 2)
+    parts.push_back(std::to_string(o.steps - 2 - st.compiled_steps) + " of " + std::to_string(o.steps - 2) +
+                    " steps after the capture ran eagerly" + (st.last_fallback.empty() ? "" : ": " + st.last_fallback));
+  else if (!st.last_fallback.empty())
+    parts.push_back(st.last_fallback);
+  if (!u.fell_back.empty()) {
+    std::string s = std::to_string(u.fell_back.size()) + " of " + std::to_string(u.groups) +
+                    " groups ran on kiln's eager executor:";
+    for (const auto& [reason, counts] : by_reason)
+      s += " " + std::to_string(counts.first) + " (" + std::to_string(counts.second) + " nodes) because " + reason + ";";
+    s.pop_back();
+    parts.push_back(s);
+  }
+  if (r.chosen != "eager" && steps_compiled && u.groups == 0 && st.graphs_recorded == 0)
+    parts.push_back(r.chosen + " claimed none of the " + std::to_string(r.compiled_nodes) +
+                    " nodes: kiln's eager executor ran the whole step");
+  if (!st.last_graph_skip.empty()) parts.push_back(st.last_graph_skip);
+  for (const auto& p : parts) u.fallback += (u.fallback.empty() ? "" : "; ") + p;
+  return u;
+}
+
+double rel_err(const at::Tensor& out, const at::Tensor& ref) {
+  auto o = out.detach().to(at::kDouble).cpu(), r = ref.detach().to(at::kDouble).cpu();
+  const double num = (o - r).norm().item<double>();
+  const double den = r.norm().item<double>();
+  if (std::isnan(num)) return INFINITY;
+  return den == 0 ? num : num / den;
+}
+
+struct Comparison {
+  bool ok = true;
+  std::string failure;  // why --check failed ("" when it passed)
+  double tolerance = 0;
   double worst_loss = 0, worst_param = 0;
   std::string worst_param_name;
   int first_loss_diff = -1;  // the first step whose losses are not bit-identical (1-based)
-  // Generated kernels (inductor on the CPU) fuse and reorder float arithmetic: kiln holds them
-  // to 1e-4 over 20 steps; ATen's own kernels (the eager executor, CUDA graphs of it) to 1e-5.
-  const bool generated_code = chosen == "inductor" && device == "cpu";
-  const double tol = tolerance >= 0 ? tolerance : eager_w.autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;
-  if (check) {
-    for (int s = 0; s < steps; ++s) {
-      const double e = eager.losses[static_cast<size_t>(s)], k = kiln.losses[static_cast<size_t>(s)];
-      const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
-      worst_loss = std::max(worst_loss, err);
-      if (first_loss_diff < 0 && e != k) first_loss_diff = s + 1;
-      // KILN_BENCH_TRACE=1: every step's two losses (how a difference starts and grows).
-      if (const char* t = std::getenv("KILN_BENCH_TRACE"); t && *t && std::string(t) != "0")
-        std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e\n", s + 1, e, k, err);
-    }
-    auto pe = eager_w.model->named_parameters(), pk = kiln_w.model->named_parameters();
-    for (size_t i = 0; i < pe.size(); ++i) {
-      const double err = rel_err(pk[i].value(), pe[i].value());
-      if (err > worst_param) worst_param = err, worst_param_name = pe[i].key();
-      // --check-grads: the last step's gradients too (kiln puts them in .grad like an eager step).
-      // Not by default: a last-step gradient can be ill-conditioned (cnn's after ~14 steps on one
-      // batch: LibTorch eager on 1 thread against 2 threads differs by 5e-3 there), while the
-      // losses and parameters stay within 1e-6.
-      if (!check_grads) continue;
-      const at::Tensor ge = pe[i].value().grad(), gk = pk[i].value().grad();
-      if (ge.defined() != gk.defined()) {
-        worst_param = INFINITY, worst_param_name = pe[i].key() + ".grad (defined on one side only)";
-      } else if (ge.defined()) {
-        const double gerr = rel_err(gk, ge);
-        if (gerr > worst_param) worst_param = gerr, worst_param_name = pe[i].key() + ".grad";
-      }
-    }
-    check_ok = worst_loss <= tol && worst_param <= tol && st.compiled_steps == steps - 2;
-  }
+};
 
-  if (json) {
-    std::printf("{\"workload\": %s, \"device\": %s, \"steps\": %d, \"backend_requested\": %s, "
-                "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
-                "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
-                "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
-                "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
-                "\"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-                "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
-                "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
-                json_quote(workload).c_str(), json_quote(device).c_str(), steps, json_quote(backend).c_str(),
-                json_quote(chosen).c_str(), json_quote(why).c_str(), json_quote(runs_on).c_str(), json_quote(mode).c_str(),
-                eager_ms, kiln_ms, eager_ms / kiln_ms, first_s, st.compiled_steps, st.compiles, st.rebuilds,
-                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes, json_quote(st.last_fallback).c_str(),
-                st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(), eager_peak_mb, kiln_peak_mb,
-                probe_ms, static_cast<long long>(st.adopted_writebacks), eager.faults_per_step, kiln.faults_per_step);
-    if (check)
-      std::printf(", \"check\": {\"ok\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
-                  "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
-                  check_ok ? "true" : "false", tol, worst_loss, worst_param, json_quote(worst_param_name).c_str(),
-                  first_loss_diff);
-    std::printf("}\n");
-  } else {
-    std::printf("kiln bench %s on %s, %d steps; backend: %s, mode %s\n", workload.c_str(), device.c_str(), steps,
-                chosen.c_str(), mode.c_str());
-    if (!why.empty()) std::printf("  why: %s\n", why.c_str());
-    std::printf("  captured nodes: forward %d, backward %d, optimizer %d; compiled graph %zu nodes\n",
-                phase_nodes[0], phase_nodes[1], phase_nodes[2], compiled_nodes);
-    std::printf("  eager  %9.3f ms/step\n  kiln   %9.3f ms/step   ratio %.3fx (eager/kiln)\n", eager_ms, kiln_ms,
-                eager_ms / kiln_ms);
-    std::printf("  kiln first step %.3f s (eager warm-up + capture + compile); %d of %d steps compiled\n", first_s,
-                st.compiled_steps, steps);
-    if (!interleave)
-      std::printf("  minor page faults per step: eager %.0f, kiln %.0f\n", eager.faults_per_step, kiln.faults_per_step);
-    if (probe_ms > 0)
-      std::printf("  optimizer probe (host replay of step() for its per-step scalars): %.3f ms/step\n", probe_ms);
-    if (!st.last_fallback.empty()) std::printf("  fallback: %s\n", st.last_fallback.c_str());
-    if (st.graphs_recorded > 0)
-      std::printf("  CUDA graphs: %d recorded, %d steps replayed (first step above includes the recording)\n",
-                  st.graphs_recorded, st.graph_replays);
-    if (!st.last_graph_skip.empty()) std::printf("  %s\n", st.last_graph_skip.c_str());
-    if (device == "cuda")
-      std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", eager_peak_mb,
-                  kiln_peak_mb);
-    if (check)
-      std::printf("  check: %s (max loss rel err %.3e, max parameter%s rel err %.3e%s%s, tolerance %g)\n",
-                  check_ok ? "PASS" : "FAIL", worst_loss, check_grads ? " or gradient" : "", worst_param,
-                  worst_param_name.empty() ? "" : " at ",
-                  worst_param_name.c_str(), tol);
-    if (check && first_loss_diff > 0)
-      std::printf("  losses first differ (not bit-identical) at step %d of %d\n", first_loss_diff, steps);
+Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u) {
+  Comparison c;
+  // Generated kernels (inductor on the CPU) fuse and reorder float arithmetic: kiln holds them to
+  // 1e-4 over 20 steps; ATen's own kernels (the eager executor, CUDA graphs of it) to 1e-5.
+  const bool generated_code = u.runs_on == "inductor" && o.device == "cpu";
+  c.tolerance = o.tolerance >= 0 ? o.tolerance : r.kiln_w->autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;
+  for (int s = 0; s < o.steps; ++s) {
+    const double e = r.eager.losses[static_cast<size_t>(s)], k = r.kiln.losses[static_cast<size_t>(s)];
+    const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
+    c.worst_loss = std::max(c.worst_loss, err);
+    if (c.first_loss_diff < 0 && e != k) c.first_loss_diff = s + 1;
   }
-  return check && !check_ok ? 1 : 0;
+  auto pe = r.eager_w->model->named_parameters(), pk = r.kiln_w->model->named_parameters();
+  for (size_t i = 0; i < pe.size(); ++i) {
+    const double err = rel_err(pk[i].value(), pe[i].value());
+    if (err > c.worst_param) c.worst_param = err, c.worst_param_name = pe[i].key();
+    // --check-grads: the last step's gradients too (kiln puts them in .grad like an eager step).
+    // Not by default: a last-step gradient can be ill-conditioned (cnn's after ~14 steps on one
+    // batch: LibTorch eager on 1 thread against 2 threads differs by 5e-3 there), while the
+    // losses and parameters stay within 1e-6.
+    if (!o.check_grads) continue;
+    const at::Tensor ge = pe[i].value().grad(), gk = pk[i].value().grad();
+    if (ge.defined() != gk.defined()) {
+      c.worst_param = INFINITY, c.worst_param_name = pe[i].key() + ".grad (defined on one side only)";
+    } else if (ge.defined()) {
+      const double gerr = rel_err(gk, ge);
+      if (gerr > c.worst_param) c.worst_param = gerr, c.worst_param_name = pe[i].key() + ".grad";
+    }
+  }
+  // The numbers prove something of the backend only when its code computed them.
+  if (c.worst_loss > c.tolerance || c.worst_param > c.tolerance) c.failure = "beyond tolerance";
+  else if (r.stats.compiled_steps != o.steps - 2) c.failure = "steps ran eagerly";
+  else if (u.groups_failed > 0)
+    c.failure = std::to_string(u.groups_failed) + " claimed groups failed to compile";
+  else if (u.groups > 0 && u.groups_run == 0)
+    c.failure = r.chosen + " compiled none of the " + std::to_string(u.groups) + " groups it claimed";
+  c.ok = c.failure.empty();
+  return c;
+}
+
+// ---- Print ----
+
+void print_trace(const BenchOptions& o, const BenchRun& r) {
+  for (int s = 0; s < o.steps; ++s) {
+    const double e = r.eager.losses[static_cast<size_t>(s)], k = r.kiln.losses[static_cast<size_t>(s)];
+    const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
+    std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e\n", s + 1, e, k, err);
+  }
+}
+
+struct Timing {
+  double eager_ms, kiln_ms, first_s, probe_ms;
+};
+
+Timing timing(const BenchRun& r) {
+  Timing t;
+  // Steady state: the blocks (--interleave: every step after the first kFirstSteps).
+  t.eager_ms = median(std::vector<double>(r.eager.ms.begin() + kFirstSteps, r.eager.ms.end()));
+  t.kiln_ms = median(std::vector<double>(r.kiln.ms.begin() + kFirstSteps, r.kiln.ms.end()));
+  // With a CUDA graph, the first compiled step also warms up and records it.
+  t.first_s = (r.kiln.ms[0] + r.kiln.ms[1] + (r.stats.graphs_recorded > 0 ? r.kiln.ms[2] : 0.0)) / 1000.0;
+  const auto& st = r.stats;
+  t.probe_ms = st.compiled_steps > 1 ? 1000.0 * st.probe_seconds / (st.compiled_steps - 1) : 0.0;
+  return t;
+}
+
+void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
+  const Timing t = timing(r);
+  const auto& st = r.stats;
+  std::printf("{\"workload\": %s, \"device\": %s, \"steps\": %d, \"backend_requested\": %s, "
+              "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
+              "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
+              "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
+              "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
+              "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
+              json_quote(o.workload).c_str(), json_quote(o.device).c_str(), o.steps, json_quote(r.requested).c_str(),
+              json_quote(r.chosen).c_str(), json_quote(r.why).c_str(), json_quote(u.runs_on).c_str(),
+              json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms, t.first_s, st.compiled_steps,
+              st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes,
+              u.nodes_run, u.groups_run, u.groups);
+  std::printf("\"fallback_groups\": [");
+  for (size_t i = 0; i < u.fell_back.size(); ++i) {
+    const auto& g = u.fell_back[i];
+    std::printf("%s{\"nodes\": %zu, \"first_op\": %s, \"declined\": %s, \"reason\": %s}", i ? ", " : "", g.nodes,
+                json_quote(g.first_op).c_str(), g.declined ? "true" : "false", json_quote(g.reason).c_str());
+  }
+  std::printf("], \"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
+              "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
+              "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
+              json_quote(u.fallback).c_str(), st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(),
+              r.eager.peak_mb, r.kiln.peak_mb, t.probe_ms, static_cast<long long>(st.adopted_writebacks),
+              r.eager.faults_per_step, r.kiln.faults_per_step);
+  if (c)
+    std::printf(", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
+                "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
+                c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
+                json_quote(c->worst_param_name).c_str(), c->first_loss_diff);
+  std::printf("}\n");
+}
+
+void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
+  const Timing t = timing(r);
+  const auto& st = r.stats;
+  std::printf("kiln bench %s on %s, %d steps; backend: %s, mode %s; runs on: %s\n", o.workload.c_str(),
+              o.device.c_str(), o.steps, r.chosen.c_str(), o.mode.c_str(), u.runs_on.c_str());
+  if (!r.why.empty()) std::printf("  why: %s\n", r.why.c_str());
+  std::printf("  captured nodes: forward %d, backward %d, optimizer %d; compiled graph %zu nodes\n", r.phase_nodes[0],
+              r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes);
+  if (r.chosen != "eager")
+    std::printf("  %s runs %zu of %zu nodes in %zu of %zu claimed groups\n", r.chosen.c_str(), u.nodes_run,
+                r.compiled_nodes, u.groups_run, u.groups);
+  std::printf("  eager  %9.3f ms/step\n  kiln   %9.3f ms/step   ratio %.3fx (eager/kiln)\n", t.eager_ms, t.kiln_ms,
+              t.eager_ms / t.kiln_ms);
+  std::printf("  kiln first step %.3f s (eager warm-up + capture + compile); %d of %d steps compiled\n", t.first_s,
+              st.compiled_steps, o.steps);
+  if (!o.interleave)
+    std::printf("  minor page faults per step: eager %.0f, kiln %.0f\n", r.eager.faults_per_step, r.kiln.faults_per_step);
+  if (t.probe_ms > 0)
+    std::printf("  optimizer probe (host replay of step() for its per-step scalars): %.3f ms/step\n", t.probe_ms);
+  if (!u.fallback.empty()) std::printf("  fallback: %s\n", u.fallback.c_str());
+  if (st.graphs_recorded > 0)
+    std::printf("  CUDA graphs: %d recorded, %d steps replayed (first step above includes the recording)\n",
+                st.graphs_recorded, st.graph_replays);
+  if (o.device == "cuda")
+    std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", r.eager.peak_mb,
+                r.kiln.peak_mb);
+  if (c) {
+    std::printf("  check: %s (max loss rel err %.3e, max parameter%s rel err %.3e%s%s, tolerance %g)%s%s\n",
+                c->ok ? "PASS" : "FAIL", c->worst_loss, o.check_grads ? " or gradient" : "", c->worst_param,
+                c->worst_param_name.empty() ? "" : " at ", c->worst_param_name.c_str(), c->tolerance,
+                c->ok ? "" : ": ", c->failure.c_str());
+    if (c->first_loss_diff > 0)
+      std::printf("  losses first differ (not bit-identical) at step %d of %d\n", c->first_loss_diff, o.steps);
+  }
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  BenchOptions o;
+  try {
+    if (!parse(argc, argv, o)) {
+      usage(stdout);
+      return 0;
+    }
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "kiln bench: %s (see kiln bench --help)\n", e.what());
+    return 2;
+  }
+  if (o.device == "cuda" && !torch::cuda::is_available()) {
+    std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
+    return 1;
+  }
+  const BenchRun r = run(o);
+  const BackendUse u = backend_use(o, r);
+  Comparison c;
+  if (o.check) c = compare(o, r, u);
+  if (o.trace) print_trace(o, r);
+  if (o.json) print_json(o, r, u, o.check ? &c : nullptr);
+  else print_text(o, r, u, o.check ? &c : nullptr);
+  return o.check && !c.ok ? 1 : 0;
 }
 
 }  // namespace kiln::cli
