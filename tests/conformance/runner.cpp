@@ -39,6 +39,8 @@ std::string runner_usage() {
          "Runs the plugin conformance suite against one backend plugin file. Every case runs in its own\n"
          "process; a crash or a hang is reported for that case and the suite goes on. Exit status: 0 when\n"
          "every case that applies passes, 1 when any failed, crashed or hung, 2 on a usage error.\n"
+         "Matching numbers are not enough: a whole-step case (Workload.*) fails when none of the plugin's\n"
+         "code ran (it declined every group it claimed) or a claimed group failed to compile.\n"
          "\n"
          "  --json FILE        also write the report as JSON\n"
          "  --filter PATTERN   cases to run, gtest style: 'ABI.*:Numeric.Matmul-ABI.LoadUnload*'\n"
