@@ -1,45 +1,14 @@
-// Scheduling (which materialized values share a loop nest) and C++ generation.
-//
-// A kernel is one loop nest with an outer iteration space O, run in parallel over O; inside each
-// outer iteration its stages run in order: a reduction whose result is indexed by O (kept in a
-// register for the stages after it), or a pointwise loop over the rest of its shape. So a row of
-// log-softmax (max, sum of exp, output) or of layer norm is one pass of one kernel, and pointwise
-// producers are inlined into the loops that read them. A reduction over leading dims (a bias
-// gradient) gets a "column" kernel that vectorizes across the kept dim instead.
+// C++ generation: the kernels of a scheduled program (schedule.h) as one source file, after the
+// kernel prelude (kernel_prelude.h), with OpenMP pragmas for threads and vectors.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "loop_ir.h"
+#include "schedule.h"
 
 namespace kiln::inductor {
-
-struct KernelPlan {
-  std::vector<int64_t> outer;
-  std::vector<int> stages;  // materialized values, in order
-  bool column = false;
-  int64_t work = 0;         // elements touched, for the parallel threshold
-  // Pointwise stages of one shape whose every access walks some neighbouring dims as one run of
-  // memory: the loops are over these groups of dims (outermost first; dims of extent 1 belong to
-  // none), `outer` over the leading groups. Empty: one loop per dim.
-  std::vector<std::vector<int>> groups;
-  // With groups: one loop over every element, each stage computed and stored in turn, later stages
-  // reading earlier ones from registers (they read them only at their own index).
-  bool flat = false;
-};
-
-struct Step {
-  int kernel = -1;          // a generated kernel, or
-  int extern_node = -1;     // a node run through call_eager
-};
-
-struct Program {
-  std::vector<KernelPlan> kernels;
-  std::vector<Step> steps;
-};
-
-Program schedule(const LoweredGraph& L);
 
 // One way to generate a kernel; max-autotune compiles several and keeps the fastest.
 struct Variant {

@@ -1,0 +1,54 @@
+// Scheduling: which materialized values share a loop nest, and in what order kernels and extern
+// calls run.
+//
+// A kernel is one loop nest with an outer iteration space O, run in parallel over O; inside each
+// outer iteration its stages run in order: a reduction whose result is indexed by O (kept in a
+// register for the stages after it), or a pointwise loop over the rest of its shape. So a row of
+// log-softmax (max, sum of exp, output) or of layer norm is one pass of one kernel, and pointwise
+// producers are inlined into the loops that read them. A reduction over leading dims (a bias
+// gradient) gets a "column" kernel that vectorizes across the kept dim instead.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "loop_ir.h"
+
+namespace kiln::inductor {
+
+// Elements of work below which a kernel runs on one thread: the scheduler keeps large stages of
+// other shapes out of kernels without an outer loop by it, and the emitter parallelizes by it.
+inline constexpr int64_t kParallelThreshold = 32768;
+
+struct KernelPlan {
+  std::vector<int64_t> outer;
+  std::vector<int> stages;  // materialized values, in order
+  bool column = false;
+  int64_t work = 0;         // elements touched, for the parallel threshold
+  // Pointwise stages of one shape whose every access walks some neighbouring dims as one run of
+  // memory: the loops are over these groups of dims (outermost first; dims of extent 1 belong to
+  // none), `outer` over the leading groups. Empty: one loop per dim.
+  std::vector<std::vector<int>> groups;
+  // With groups: one loop over every element, each stage computed and stored in turn, later stages
+  // reading earlier ones from registers (they read them only at their own index).
+  bool flat = false;
+};
+
+struct Step {
+  int kernel = -1;          // a generated kernel, or
+  int extern_node = -1;     // a node run through call_eager
+};
+
+struct Program {
+  std::vector<KernelPlan> kernels;
+  std::vector<Step> steps;
+};
+
+Program schedule(const LoweredGraph& L);
+
+// Shape arithmetic the emitter shares with the scheduler, so both see the same loops.
+std::vector<int64_t> stripped(std::vector<int64_t> s);  // without trailing dims of extent 1
+int64_t prod(const std::vector<int64_t>& s);
+int64_t group_size(const std::vector<int64_t>& shape, const std::vector<int>& group);  // a merged loop's extent
+
+}  // namespace kiln::inductor
