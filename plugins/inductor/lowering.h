@@ -1,6 +1,7 @@
 // Lowering: ATen nodes of a pure subgraph to the loop IR (loop_ir.h), and the claim rules that say
-// which nodes the inductor takes. The two share one table so that the plugin never claims a node it
-// cannot lower.
+// which nodes the inductor takes. Both come from one op registry (op_registry.h), so the plugin
+// never claims a node it cannot lower. The pipeline: validate_graph, then each node's claim check
+// and lowering in graph order, then materialize (materialize.h).
 #pragma once
 
 #include <memory>
@@ -9,6 +10,7 @@
 #include <kiln/plugin_api.hpp>
 
 #include "loop_ir.h"
+#include "validate_graph.h"
 
 namespace kiln::inductor {
 
@@ -17,16 +19,10 @@ struct LoweringOptions {
   bool runtime_scalars = false; // the host passes run-time scalars (ABI 1.1)
 };
 
-// Throws plugin::Error(KILN_ERROR_INVALID_ARGUMENT), naming the node and the index, unless every
-// value index of the graph view (graph inputs and outputs, node inputs, results, tensor and
-// tensor-list arguments) is in range and every pointer the lowering follows is set. The lowering
-// and the claim rules index arrays with these without further checks.
-void validate_graph(const plugin::Graph& g);
-
 // Whether the inductor takes `node` (empty string) or why not.
 std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, const LoweringOptions& opts);
 
-// The op's kind in the claim table: a pure view (index math only) or an extern kernel (call_eager).
+// The op's kind in the registry: a pure view (index math only) or an extern kernel (call_eager).
 bool is_view_op(const std::string& op);
 bool is_extern_op(const std::string& op);
 

@@ -1,0 +1,80 @@
+// What an op's lowering works with (op_registry.h): the LoweredGraph being built and the helpers
+// that turn a node into loop-IR definitions (loaders that broadcast, pointwise bodies, views as
+// index remaps, reductions, hidden intermediates), plus the argument decoding several ops share.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <kiln/plugin_api.hpp>
+
+#include "loop_ir.h"
+
+namespace kiln::inductor {
+
+// A value's definition at an index: what pointwise bodies and loaders are.
+using Loader = std::function<int(ExprPool&, const Idx&)>;
+
+// ABI 1.1's run-time scalar index of an argument, -1 for a constant (always -1 with a 1.0 header).
+int32_t rt_scalar(const plugin::Arg& a);
+
+int64_t norm_dim(int64_t d, int64_t nd);
+
+bool is_number(const plugin::Arg& a);
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape);
+
+// Reduction dims of an optional int list argument: None or [] means all dims.
+std::vector<int64_t> reduce_dims(const plugin::Arg& a, int64_t nd);
+
+// max_pool2d's window, from kernel_size, stride, padding, dilation and ceil_mode (lists of one or
+// two; an empty stride is the kernel size). Without a window, `why` says which argument the
+// generated kernel does not take.
+struct PoolWindow {
+  int64_t kh = 0, kw = 0, sh = 0, sw = 0;
+};
+std::optional<PoolWindow> pool_window(const plugin::Node& n, size_t first_arg, std::string* why);
+
+// An index as an i64 value of the expression pool (max-pool's argmax).
+int index_value(ExprPool& p, const Index& ix);
+
+class Lowerer {
+ public:
+  Lowerer(const plugin::Graph& g, LoweredGraph* out) : g_(g), L_(out) {}
+
+  const plugin::Graph& graph() const { return g_; }
+  // Loaders keep this pointer: the LoweredGraph never moves while they live.
+  const LoweredGraph* lowered() const { return L_; }
+  ValueInfo& val(int64_t v) { return L_->values[static_cast<size_t>(v)]; }
+
+  // The next position in the topological order (node results, hidden intermediates).
+  int next_order() { return order_++; }
+
+  // A scalar argument as a parameter of the generated code (a run-time scalar stays one).
+  int param(const plugin::Arg& a);
+
+  // A hidden intermediate (softmax's max, layer norm's variance): contiguous, always materialized.
+  int hidden(std::vector<int64_t> shape, Ty ty);
+
+  // Right-aligned broadcasting of `in` to an index of rank out_rank.
+  static Idx bidx(const std::vector<int64_t>& in_shape, const Idx& idx);
+  // A loader of `v` broadcast to the index of another value.
+  Loader bload(int64_t v, Ty as);
+
+  void pointwise(int64_t out, Loader body);
+  void view(int64_t out, int64_t src, std::function<Idx(const Idx&)> remap);
+  // out[o] = scale * combine_r body(full input index); `dims` are the reduced dims of `in_shape`.
+  void reduction(int out, const std::vector<int64_t>& in_shape, const std::vector<int64_t>& dims, bool keepdim,
+                 const std::string& combine, double scale, Loader body);
+
+  static std::vector<int64_t> keep_shape(const std::vector<int64_t>& shape, const std::vector<int64_t>& dims);
+
+ private:
+  const plugin::Graph& g_;
+  LoweredGraph* L_;
+  int order_ = 0;
+};
+
+}  // namespace kiln::inductor

@@ -1,0 +1,233 @@
+// Reductions and the composites built on them (softmax, layer norm, nll loss): each is one or
+// more reductions over the input plus pointwise results that read them, which the scheduler
+// puts in one pass over each row.
+#include <cmath>
+
+#include "ops.h"
+
+namespace kiln::inductor {
+
+using plugin::Graph;
+using plugin::Node;
+
+// ---- Claim rules ----
+
+std::string claim_sum_mean(const Graph&, const Node& n) {
+  auto dt = n.find_arg("dtype");
+  if (dt && !dt->is_none()) return "dtype argument";
+  return "";
+}
+
+// Forward and backward alike.
+std::string claim_nll_loss(const Graph& g, const Node& n) {
+  auto w = n.find_arg("weight");
+  if (w && !w->is_none()) return "class weights";
+  auto r = n.find_arg("reduction");
+  if (!r || r->tag() != KILN_ARG_INT || (r->as_int() != 1 && r->as_int() != 2)) return "reduction other than mean/sum";
+  auto self = n.find_arg("self");
+  if (!self || !self->is_tensor() || g.value(self->tensor_index()).ndim() != 2) return "input not 2-D";
+  return "";
+}
+
+// ---- Lowerings ----
+
+void lower_reduce(Lowerer& l, const Node& n, const std::string& combine, bool mean, bool all_dims) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int64_t x = n.arg(0).tensor_index();
+  const auto shape = l.val(x).shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  bool keepdim = false;
+  if (all_dims) {
+    for (int64_t d = 0; d < nd; ++d) dims.push_back(d);
+  } else {
+    dims = reduce_dims(n.arg(1), nd);
+    keepdim = n.arg(2).as_bool();
+  }
+  double scale = 1.0;
+  if (mean) {
+    int64_t cnt = 1;
+    for (auto d : dims) cnt *= shape[static_cast<size_t>(d)];
+    scale = cnt ? 1.0 / static_cast<double>(cnt) : NAN;
+  }
+  const int xi = static_cast<int>(x);
+  l.reduction(static_cast<int>(out), shape, dims, keepdim, combine, scale,
+              [G, xi, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, xi, i), ty); });
+}
+
+void lower_softmax(Lowerer& l, const Node& n, bool log) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int x = static_cast<int>(n.arg(0).tensor_index());
+  const auto shape = l.val(x).shape;
+  const std::vector<int64_t> dims = {norm_dim(n.arg(1).as_int(), static_cast<int64_t>(shape.size()))};
+  const auto ks = Lowerer::keep_shape(shape, dims);
+  // Shifted by the row's maximum, so exp never overflows.
+  const int m = l.hidden(ks, ty);
+  l.reduction(m, shape, dims, true, "max", 1.0, [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  const int s = l.hidden(ks, ty);
+  auto xm = [G, x, m, ks, ty](ExprPool& p, const Idx& i) {
+    return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, m, Lowerer::bidx(ks, i))});
+  };
+  l.reduction(s, shape, dims, true, "sum", 1.0, [xm, ty](ExprPool& p, const Idx& i) { return p.op("exp", ty, {xm(p, i)}); });
+  l.pointwise(out, [G, xm, s, ks, log, ty](ExprPool& p, const Idx& i) {
+    int sv = G->load(p, s, Lowerer::bidx(ks, i));
+    if (log) return p.op("sub", ty, {xm(p, i), p.op("log", ty, {sv})});
+    return p.op("div", ty, {p.op("exp", ty, {xm(p, i)}), sv});
+  });
+}
+
+void lower_softmax_backward(Lowerer& l, const Node& n, bool log) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int go = static_cast<int>(n.arg(0).tensor_index());
+  const int y = static_cast<int>(n.arg(1).tensor_index());
+  const auto shape = l.val(go).shape;
+  const std::vector<int64_t> dims = {norm_dim(n.arg(2).as_int(), static_cast<int64_t>(shape.size()))};
+  const auto ks = Lowerer::keep_shape(shape, dims);
+  const int s = l.hidden(ks, ty);
+  l.reduction(s, shape, dims, true, "sum", 1.0, [G, go, y, log, ty](ExprPool& p, const Idx& i) {
+    int g = p.cast(G->load(p, go, i), ty);
+    return log ? g : p.op("mul", ty, {g, p.cast(G->load(p, y, i), ty)});
+  });
+  l.pointwise(out, [G, go, y, s, ks, log, ty](ExprPool& p, const Idx& i) {
+    int g = p.cast(G->load(p, go, i), ty), o = p.cast(G->load(p, y, i), ty), sv = G->load(p, s, Lowerer::bidx(ks, i));
+    if (log) return p.op("sub", ty, {g, p.op("mul", ty, {p.op("exp", ty, {o}), sv})});
+    return p.op("mul", ty, {o, p.op("sub", ty, {g, sv})});
+  });
+}
+
+void lower_layer_norm(Lowerer& l, const Node& n) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int x = static_cast<int>(n.arg(0).tensor_index());
+  const auto shape = l.val(x).shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t axis = nd - static_cast<int64_t>(n.arg(1).as_ints().size());
+  std::vector<int64_t> dims;
+  int64_t cnt = 1;
+  for (int64_t d = axis; d < nd; ++d) {
+    dims.push_back(d);
+    cnt *= shape[static_cast<size_t>(d)];
+  }
+  const int w = n.arg(2).is_none() ? -1 : static_cast<int>(n.arg(2).tensor_index());
+  const int b = n.arg(3).is_none() ? -1 : static_cast<int>(n.arg(3).tensor_index());
+  const int eps = l.param(n.arg(4));
+  // mean and rstd are results of their own, with buffers (graph outputs or reductions).
+  const int mean = static_cast<int>(n.outputs()[1]), rstd = static_cast<int>(n.outputs()[2]);
+  const auto ks = l.val(mean).shape;  // keepdim shape
+  const double inv = 1.0 / static_cast<double>(cnt);
+  l.reduction(mean, shape, dims, true, "sum", inv, [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  auto xc = [G, x, mean, ks, ty](ExprPool& p, const Idx& i) {
+    return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, Lowerer::bidx(ks, i))});
+  };
+  // The variance of the centred values: two passes, no cancellation of E[x^2] - E[x]^2.
+  const int var = l.hidden(ks, ty);
+  l.reduction(var, shape, dims, true, "sum", inv, [xc, ty](ExprPool& p, const Idx& i) {
+    int c = xc(p, i);
+    return p.op("mul", ty, {c, c});
+  });
+  l.pointwise(rstd, [G, var, eps, ty](ExprPool& p, const Idx& i) {
+    return p.op("rsqrt", ty, {p.op("add", ty, {G->load(p, var, i), p.param(eps, ty)})});
+  });
+  const auto wshape = w >= 0 ? l.val(w).shape : std::vector<int64_t>{};
+  const auto bshape = b >= 0 ? l.val(b).shape : std::vector<int64_t>{};
+  l.pointwise(out, [G, xc, rstd, ks, w, b, wshape, bshape, ty](ExprPool& p, const Idx& i) {
+    int y = p.op("mul", ty, {xc(p, i), G->load(p, rstd, Lowerer::bidx(ks, i))});
+    if (w >= 0) y = p.op("mul", ty, {y, p.cast(G->load(p, w, Lowerer::bidx(wshape, i)), ty)});
+    if (b >= 0) y = p.op("add", ty, {y, p.cast(G->load(p, b, Lowerer::bidx(bshape, i)), ty)});
+    return y;
+  });
+}
+
+void lower_layer_norm_backward(Lowerer& l, const Node& n) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int go = static_cast<int>(n.arg(0).tensor_index());
+  const int x = static_cast<int>(n.arg(1).tensor_index());
+  const auto shape = l.val(x).shape;
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  const int64_t axis = nd - static_cast<int64_t>(n.arg(2).as_ints().size());
+  const int mean = static_cast<int>(n.arg(3).tensor_index()), rstd = static_cast<int>(n.arg(4).tensor_index());
+  const int w = n.arg(5).is_none() ? -1 : static_cast<int>(n.arg(5).tensor_index());
+  std::vector<int64_t> dims, lead;
+  int64_t cnt = 1;
+  for (int64_t d = 0; d < nd; ++d) {
+    if (d >= axis) {
+      dims.push_back(d);
+      cnt *= shape[static_cast<size_t>(d)];
+    } else {
+      lead.push_back(d);
+    }
+  }
+  const auto ks = l.val(mean).shape;
+  const auto wshape = w >= 0 ? l.val(w).shape : std::vector<int64_t>{};
+  auto xhat = [G, x, mean, rstd, ks, ty](ExprPool& p, const Idx& i) {
+    int c = p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, Lowerer::bidx(ks, i))});
+    return p.op("mul", ty, {c, G->load(p, rstd, Lowerer::bidx(ks, i))});
+  };
+  auto gw = [G, go, w, wshape, ty](ExprPool& p, const Idx& i) {
+    int g = p.cast(G->load(p, go, i), ty);
+    return w >= 0 ? p.op("mul", ty, {g, p.cast(G->load(p, w, Lowerer::bidx(wshape, i)), ty)}) : g;
+  };
+  const int a = l.hidden(ks, ty), bsum = l.hidden(ks, ty);
+  l.reduction(a, shape, dims, true, "sum", 1.0, gw);
+  l.reduction(bsum, shape, dims, true, "sum", 1.0,
+              [gw, xhat, ty](ExprPool& p, const Idx& i) { return p.op("mul", ty, {gw(p, i), xhat(p, i)}); });
+  const double inv = 1.0 / static_cast<double>(cnt);
+  l.pointwise(out, [G, gw, xhat, a, bsum, rstd, ks, inv, ty](ExprPool& p, const Idx& i) {
+    auto c = [&](double v) { return p.constant(v, ty); };
+    int t = p.op("sub", ty, {gw(p, i), p.op("mul", ty, {G->load(p, a, Lowerer::bidx(ks, i)), c(inv)})});
+    t = p.op("sub", ty, {t, p.op("mul", ty, {xhat(p, i), p.op("mul", ty, {G->load(p, bsum, Lowerer::bidx(ks, i)), c(inv)})})});
+    return p.op("mul", ty, {t, G->load(p, rstd, Lowerer::bidx(ks, i))});
+  });
+  // Weight and bias gradients: sums over the leading dims, for the results the graph uses.
+  const auto outs = n.outputs();
+  if (outs.size() > 1 && outs[1] >= 0)
+    l.reduction(static_cast<int>(outs[1]), shape, lead, false, "sum", 1.0, [G, go, xhat, ty](ExprPool& p, const Idx& i) {
+      return p.op("mul", ty, {p.cast(G->load(p, go, i), ty), xhat(p, i)});
+    });
+  if (outs.size() > 2 && outs[2] >= 0)
+    l.reduction(static_cast<int>(outs[2]), shape, lead, false, "sum", 1.0,
+                [G, go, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, go, i), ty); });
+}
+
+void lower_nll_loss_forward(Lowerer& l, const Node& n) {
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int x = static_cast<int>(n.arg(0).tensor_index());
+  const int target = static_cast<int>(n.arg(1).tensor_index());
+  const bool mean = n.arg(3).as_int() == 1;
+  const int64_t ignore = n.arg(4).as_int();
+  const auto shape = l.val(x).shape;  // [N, C]
+  const int64_t C = shape[1];
+  const int tw = static_cast<int>(n.outputs()[1]);
+  auto valid = [G, target, ignore](ExprPool& p, const Idx& i) {
+    int t = p.cast(G->load(p, target, {i[0]}), Ty::i64);
+    return std::make_pair(t, p.op("ne", Ty::b8, {t, p.constant(static_cast<double>(ignore), Ty::i64)}));
+  };
+  l.reduction(tw, {shape[0]}, {0}, false, "sum", 1.0, [valid, ty](ExprPool& p, const Idx& i) {
+    return p.op("where", ty, {valid(p, i).second, p.constant(1.0, ty), p.constant(0.0, ty)});
+  });
+  const int s = l.hidden({}, ty);
+  l.reduction(s, {shape[0]}, {0}, false, "sum", 1.0, [G, x, valid, C, ty](ExprPool& p, const Idx& i) {
+    auto [t, ok] = valid(p, i);
+    // Clamped so that a bad target can never read outside the row (eager rejects it anyway).
+    int tc = p.op("minimum", Ty::i64, {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(C - 1), Ty::i64)});
+    int v = p.cast(G->load(p, x, {i[0], Index::expr(tc)}), ty);
+    return p.op("where", ty, {ok, p.op("neg", ty, {v}), p.constant(0.0, ty)});
+  });
+  l.pointwise(out, [G, s, tw, mean, ty](ExprPool& p, const Idx&) {
+    int sv = G->load(p, s, {});
+    return mean ? p.op("div", ty, {sv, G->load(p, tw, {})}) : sv;
+  });
+}
+
+}  // namespace kiln::inductor
