@@ -32,11 +32,12 @@ using namespace kiln::inductor;
 using KernelFn = void (*)(void**, const double*, int);
 
 struct Settings {
-  int threads = 0;  // resolved: 0 in the options becomes default_threads()
+  int threads = 0;  // resolved: 0 in the options becomes the OpenMP runtime's count at compile time
   bool follow_runtime = false;  // threads = 0: each execute uses the OpenMP runtime's current count
   std::string cxx;
   std::vector<std::string> cflags;
   bool extern_kernels = true;
+  bool profile = false;
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -53,21 +54,19 @@ bool parse_bool(const std::string& key, const std::string& v) {
   throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] " + key + " = '" + v + "' is not a boolean");
 }
 
-// Without an OpenMP runtime in the process (runtime_threads), and what max-autotune tunes for: what
-// the runtime would start with: OMP_NUM_THREADS when set, else the CPUs this process may run on (its
-// affinity mask, so `taskset` is honoured), never more.
+// Only without an OpenMP runtime to ask (runtime_threads): the CPUs this process may run on (its
+// affinity mask, so `taskset` is honoured). The runtime itself reads OMP_NUM_THREADS.
 int default_threads() {
   int n = 0;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
   if (n <= 0) n = static_cast<int>(std::max<long>(sysconf(_SC_NPROCESSORS_ONLN), 1));
-  if (const char* e = std::getenv("OMP_NUM_THREADS"); e && *e) {
-    const long k = std::strtol(e, nullptr, 10);  // "4,2" (nested levels): the first
-    if (k > 0) n = static_cast<int>(std::min<long>(k, 4096));
-  }
   return n;
 }
+
+using OmpMaxThreads = int (*)();
+int runtime_threads(OmpMaxThreads from_library);
 
 Settings parse_settings(const std::map<std::string, std::string>& options) {
   Settings s;
@@ -85,13 +84,15 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.cflags = split_words(value);
     } else if (key == "extern_kernels") {
       s.extern_kernels = parse_bool(key, value);
+    } else if (key == "profile") {
+      s.profile = parse_bool(key, value);
     } else {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
-                                                   "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels)");
+                                                   "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels, profile)");
     }
   }
   if (s.threads == 0) {
-    s.threads = default_threads();
+    s.threads = runtime_threads(nullptr);  // what max-autotune tunes for
     s.follow_runtime = true;
   }
   return s;
@@ -105,8 +106,6 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
 // ATen's threads are using. The plugin does not link OpenMP itself: the runtime is looked up in
 // the process (LibTorch loaded it), else through a generated library, whose libgomp dependency
 // binds to the copy already loaded; without one, default_threads().
-using OmpMaxThreads = int (*)();
-
 int runtime_threads(OmpMaxThreads from_library) {
   static const auto global = reinterpret_cast<OmpMaxThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
   static const int fallback = default_threads();
@@ -117,8 +116,9 @@ int runtime_threads(OmpMaxThreads from_library) {
   return fallback;
 }
 
-// KILN_INDUCTOR_PROFILE=1: time every kernel, extern call and layout copy, and print where the time
-// went when the process exits (stderr). Off by default: a clock read per step otherwise.
+// `profile = true` in [plugin.inductor]: time every kernel, extern call and layout copy of the groups
+// compiled with it, and print where the time went when the process exits (stderr). Off by default:
+// a clock read per step otherwise.
 struct Profile {
   struct Entry {
     double ms = 0;
@@ -134,12 +134,11 @@ struct Profile {
   std::mutex mu;
   std::map<std::string, Entry> by_name;      // "kernel <shape>", "extern aten::mm [..]"
   std::map<std::string, Entry> by_kind;      // kernels, externs, relayout, execute
-  static Profile* get() {
+  // One for the process, made by the first group compiled with the option.
+  static Profile* enable() {
     static Profile* p = [] {
-      const char* v = std::getenv("KILN_INDUCTOR_PROFILE");
-      if (!v || !*v || std::string(v) == "0") return static_cast<Profile*>(nullptr);
       auto* prof = new Profile;
-      std::atexit([] { Profile::get()->print(); });
+      std::atexit([] { Profile::enable()->print(); });
       return prof;
     }();
     return p;
@@ -229,7 +228,8 @@ class CompiledGroup : public Executable {
   std::vector<char> kernel_threads_follow;  // threads = 0 and not tuned to one thread: runtime_threads()
   OmpMaxThreads omp_max_threads = nullptr;  // the generated library's view of the OpenMP runtime
   std::vector<Step> steps;
-  std::vector<std::string> step_names; // for KILN_INDUCTOR_PROFILE
+  Profile* profile = nullptr;          // the `profile` option
+  std::vector<std::string> step_names; // for the profile
   std::map<int, ExternCall> externs;   // by node
   std::vector<Placement> place;        // by value
   std::vector<ScalarParam> params;
@@ -256,7 +256,7 @@ class CompiledGroup : public Executable {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
                                                    std::to_string(n_out) + " outputs, got " + std::to_string(num_inputs) +
                                                    " and " + std::to_string(num_outputs));
-    Profile* prof = Profile::get();
+    Profile* prof = profile;
     const auto t_start = std::chrono::steady_clock::now();
     std::vector<void*> B(n_in + n_out + scratch.size());
     std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
@@ -592,7 +592,9 @@ class InductorPlugin : public Plugin {
         exe->kernels.push_back(reinterpret_cast<KernelFn>(exe->lib->symbol(
             "kiln_k" + std::to_string(k) + "_v" + std::to_string(winners[k].first))));
         exe->kernel_threads.push_back(std::min(winners[k].second, s.threads));
-        exe->kernel_threads_follow.push_back(s.follow_runtime && winners[k].second > 1);
+        // Untuned kernels always follow the runtime: a compile on a thread where LibTorch runs one
+        // thread says nothing about the threads the step will run with.
+        exe->kernel_threads_follow.push_back(s.follow_runtime && (!autotune || winners[k].second > 1));
       }
       try {
         exe->omp_max_threads = reinterpret_cast<OmpMaxThreads>(exe->lib->symbol("omp_get_max_threads"));
@@ -602,7 +604,8 @@ class InductorPlugin : public Plugin {
     }
     if (exe->place.empty()) prepare(*exe, g, *L, P);
     exe->steps = P.steps;
-    if (Profile::get()) {
+    if (s.profile) {
+      exe->profile = Profile::enable();
       for (const Step& st : P.steps) {
         std::string nm;
         auto shape_str = [](const std::vector<int64_t>& s) {

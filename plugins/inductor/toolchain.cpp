@@ -163,7 +163,6 @@ std::string inductor_cache_dir(const std::string& cache_dir) {
 Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>& extra_flags) {
   Toolchain tc;
   if (!cxx.empty()) tc.cxx = cxx;
-  else if (const char* env = std::getenv("CXX"); env && *env) tc.cxx = env;
   tc.flags = {"-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
               "-fno-semantic-interposition", "-w"};
   __builtin_cpu_init();

@@ -29,7 +29,8 @@ struct Toolchain {
   std::string cpu_features;         // what the flags target, e.g. "avx2,fma,avx512f"
 };
 
-// The compiler (an option or $CXX or c++), -O2, OpenMP, and -m flags for this CPU's ISA.
+// The compiler (the `cxx` option, else c++; the environment is not read, so the options alone say
+// what builds the kernels), -O2, OpenMP, and -m flags for this CPU's ISA.
 Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>& extra_flags);
 
 // Runs argv (no shell) and returns its exit status; `output` gets stdout and stderr.
