@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -786,6 +787,57 @@ TEST(InductorOptions, UnknownKeyIsRejectedByName) {
   ASSERT_EQ(exec.stats().compile_errors.size(), 1u);
   EXPECT_NE(exec.stats().compile_errors[0].find("invalid argument"), std::string::npos);
   EXPECT_NE(exec.stats().compile_errors[0].find("'thread'"), std::string::npos) << exec.stats().compile_errors[0];
+  // The message lists the keys there are.
+  EXPECT_NE(exec.stats().compile_errors[0].find("threads, cxx, cflags, extern_kernels, profile"), std::string::npos)
+      << exec.stats().compile_errors[0];
+}
+
+TEST(InductorOptions, TheCompilerIsTheCxxOptionNeverTheEnvironment) {
+  const char* before = std::getenv("CXX");
+  const std::string saved = before ? before : "";
+  setenv("CXX", "/bin/false", 1);
+  auto c = check(kCacheGraph, 1e-5, fresh_dir("cxxenv"));
+  if (before) setenv("CXX", saved.c_str(), 1);
+  else unsetenv("CXX");
+  EXPECT_EQ(c.stats.groups_compiled, 1u);
+  expect_all_compiled(c);
+}
+
+TEST(InductorOptions, ProfileOptionPrintsWhereTheTimeWentAtExit) {
+  // The profile is printed when the process exits: a child process compiles and runs, then exits.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const std::string dir = fresh_dir("profile");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 2);
+    alarm(300);  // a child that hangs fails the test instead of stalling it
+    int rc = 0;
+    try {
+      auto c = check(kCacheGraph, 1e-5, dir, KILN_MODE_DEFAULT, {{"profile", "true"}});
+      if (c.stats.groups_compiled != 1) rc = 2;
+    } catch (...) {
+      rc = 3;
+    }
+    std::exit(rc);  // runs the exit handlers, the profile's among them
+  }
+  close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n > 0) err.append(buf, static_cast<size_t>(n));
+    else if (errno != EINTR) break;
+  }
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << err;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << err;
+  EXPECT_NE(err.find("inductor profile"), std::string::npos) << err;
+  EXPECT_NE(err.find("kernels"), std::string::npos) << err;
+  EXPECT_NE(err.find("execute"), std::string::npos) << err;
 }
 
 TEST(InductorOptions, ThreadsAndExternKernelsAreHonoured) {
