@@ -28,7 +28,7 @@ std::string claim_expand(const plugin::Graph& g, const plugin::Node& n);
 void lower_copy(Lowerer& l, const plugin::Node& n);
 void lower_unary(Lowerer& l, const plugin::Node& n, const std::string& ir_op);
 void lower_silu(Lowerer& l, const plugin::Node& n);
-// self op other (alpha * other when the op has alpha); `reversed`: other op self (rsub).
+// self op alpha * other (alpha when the op has one); `reversed`: other op alpha * self (rsub).
 void lower_binary(Lowerer& l, const plugin::Node& n, const std::string& ir_op, bool scalar_other, bool reversed);
 void lower_pow(Lowerer& l, const plugin::Node& n);
 void lower_compare(Lowerer& l, const plugin::Node& n, const std::string& ir_op, bool scalar_other);

@@ -93,8 +93,12 @@ void lower_binary(Lowerer& l, const Node& n, const std::string& ir_op, bool scal
     alpha = l.param(*a);
   l.pointwise(out, [x, y, ir_op, reversed, alpha, ty](ExprPool& p, const Idx& idx) {
     int a = x(p, idx), b = y(p, idx);
+    // rsub(self, other, alpha) is other - alpha * self: alpha scales self there.
+    if (reversed) {
+      if (alpha >= 0) a = p.op("mul", ty, {a, p.param(alpha, ty)});
+      return p.op(ir_op, ty, {b, a});
+    }
     if (alpha >= 0) b = p.op("mul", ty, {b, p.param(alpha, ty)});
-    if (reversed) return p.op(ir_op, ty, {b, a});
     return p.op(ir_op, ty, {a, b});
   });
 }

@@ -177,6 +177,19 @@ TEST(InductorNumerics, BinaryOpsWithAlphaScalarsAndBroadcasting) {
   expect_all_compiled(c);
 }
 
+TEST(InductorNumerics, RsubScalesSelfByAlpha) {
+  // rsub(self, other, alpha) = other - alpha * self, for a tensor and a scalar other.
+  auto c = check(R"(graph {
+  input %0 : f32[7,13]{13,1} input "x"
+  input %1 : f32[7,13]{13,1} input "y"
+  %2 : f32[7,13]{13,1} = aten::rsub.Tensor(%0, %1, scalar(2))
+  %3 : f32[7,13]{13,1} = aten::rsub.Scalar(%2, scalar(0.5), scalar(-3))
+  output %3 result "z"
+}
+)");
+  expect_all_compiled(c);
+}
+
 TEST(InductorNumerics, UnaryOps) {
   auto c = check(R"(graph {
   input %0 : f32[5,33]{33,1} input "x"
