@@ -1,7 +1,9 @@
-// kiln's configuration: TrainingArguments with the Hugging Face names, loaded from TOML and
-// overridden by environment variables (code < file < environment). No LibTorch here.
+// kiln's configuration: every setting lives in TrainingArguments — the Hugging Face names at the
+// top, kiln's own in [runtime], [debug] and [experimental] — read once from code, a TOML file and
+// environment variables (code < file < environment) and passed down explicitly. No LibTorch here.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -14,6 +16,9 @@ namespace kiln {
 const std::vector<std::string>& valid_modes();
 // The in-tree backends plus "auto"; third-party names are checked against the loaded plugins.
 const std::vector<std::string>& builtin_backends();
+
+// $XDG_CACHE_HOME/kiln, else ~/.cache/kiln, else /tmp/kiln-cache.
+std::string default_cache_dir();
 
 // Where a setting came from, so later checks (a backend name against the plugins found) can
 // point at the file and line that set it.
@@ -29,30 +34,53 @@ class ConfigError : public std::runtime_error {
  public:
   ConfigError(SettingOrigin where, std::string key, std::string what);
   const SettingOrigin& where() const { return where_; }
-  const std::string& key() const { return key_; }
+  const std::string& key() const { return key_; }  // the setting's key, e.g. "runtime.fullgraph"
 
  private:
   SettingOrigin where_;
   std::string key_;
 };
 
+struct RuntimeOptions {  // [runtime]
+  std::vector<std::string> plugin_dirs;  // KILN_PLUGIN_PATH (':'-separated, searched before the file's)
+  std::string cache_dir = default_cache_dir();  // KILN_CACHE_DIR
+  bool fullgraph = false;  // a step that cannot be captured whole is an error, not an eager run
+  int recompile_limit = 8;
+  bool cpu_block_cache = true;            // KILN_CPU_CACHE
+  int64_t cpu_block_cache_max_mb = 2048;  // KILN_CPU_CACHE_MAX_MB
+  bool writeback_copy = false;  // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
+};
+
+struct DebugOptions {  // [debug]
+  std::string dump_dir;  // KILN_DEBUG_DIR: IR after every pass, the partition, the plan
+  bool check_meta = false;            // KILN_CHECK_META
+  bool verify_groups = false;         // KILN_VERIFY_GROUPS
+  bool lift_runtime_scalars = false;  // KILN_LIFT_RUNTIME_SCALARS
+};
+
+struct ExperimentalOptions {  // [experimental]
+  bool batch_optimizer = false;  // KILN_BATCH_OPTIMIZER
+};
+
 struct TrainingArguments {
   bool torch_compile = false;
-  std::string torch_compile_backend = "auto";
-  std::string torch_compile_mode = "default";
-  bool fullgraph = false;
-  int recompile_limit = 8;
+  std::string torch_compile_backend = "auto";   // KILN_BACKEND
+  std::string torch_compile_mode = "default";   // KILN_MODE
   // Trainer: clip the gradients' total 2-norm to this before the optimizer step
   // (torch::nn::utils::clip_grad_norm_). 0 turns clipping off. Hugging Face's default is 1.0;
   // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
   double max_grad_norm = 0.0;
-  std::vector<std::string> plugin_dirs;
-  std::string cache_dir = default_cache_dir();
-  std::string log_level = "info";
+  std::string log_level = "info";  // KILN_LOG_LEVEL
   // [plugin.<name>] tables: free-form key/value options handed to that plugin as strings.
+  // KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." overrides single options.
   std::map<std::string, std::map<std::string, std::string>> plugin_options;
 
-  // Keys set by a file or the environment, with where they came from.
+  RuntimeOptions runtime;
+  DebugOptions debug;
+  ExperimentalOptions experimental;
+
+  // Settings made by a file or the environment, by key ("runtime.fullgraph",
+  // "plugin.inductor.cxx"), with where they came from; a key not here was set in code or defaulted.
   std::map<std::string, SettingOrigin> origins;
 
   // Defaults, then the file, then the environment. Throws ConfigError.
@@ -64,9 +92,10 @@ struct TrainingArguments {
   // Layers a file over these settings (code < file).
   void apply_toml(const std::string& path);
   void apply_toml_string(const std::string& text, const std::string& source_name);
-  // Layers KILN_BACKEND, KILN_MODE, KILN_PLUGIN_PATH, KILN_CACHE_DIR, KILN_LOG_LEVEL on top.
+  // Layers every environment variable of settings() on top. Applying it twice changes nothing
+  // more than applying it once. Throws ConfigError naming the variable and its value.
   void apply_env();
-  // Checks values set in code too (mode name, recompile_limit); throws ConfigError.
+  // Checks every value, set in code too (mode name, limits); throws ConfigError.
   void validate() const;
   // Checks the backend name against the plugins actually found ("auto" always passes).
   void validate_backend(const std::vector<std::string>& available) const;
@@ -74,8 +103,23 @@ struct TrainingArguments {
   // Hugging Face semantics: naming a backend or a mode turns torch_compile on.
   bool compile_enabled() const;
 
-  static std::string default_cache_dir();
+  static std::string default_cache_dir() { return kiln::default_cache_dir(); }
 };
+
+// One setting as docs/config.md lists it. The key is both the TOML path and the field's path in
+// TrainingArguments ("runtime.fullgraph" is `[runtime] fullgraph` and `args.runtime.fullgraph`).
+struct SettingInfo {
+  std::string key;           // "torch_compile", "runtime.fullgraph", "plugin.<name>.<option>"
+  std::string env;           // the variable that overrides it; empty when there is none
+  std::string default_text;  // as TOML writes it: "false", "8", "\"auto\"", "[]"; empty for plugin options
+};
+// Every setting, in the order docs/config.md lists them. The same table parses files and the
+// environment and checks values, so a key is named in one place.
+std::vector<SettingInfo> settings();
+
+// The kiln logger's level before any TrainingArguments is read: KILN_LOG_LEVEL when it names a
+// level, else "info". A bad value is reported when the arguments are read (apply_env).
+std::string initial_log_level();
 
 // Levenshtein-nearest candidate within a small distance, for "did you mean".
 std::optional<std::string> nearest_name(const std::string& name,

@@ -23,8 +23,8 @@ inline void log_warn(const std::string& m) { log(LogLevel::warn, m); }
 inline void log_error(const std::string& m) { log(LogLevel::error, m); }
 
 // Level by name (trace, debug, info, warn, error, critical, off); throws std::invalid_argument.
+// The level starts at initial_log_level() (kiln/config.h); TrainingArguments::log_level sets it
+// for a compiled step.
 void set_log_level(const std::string& level);
-// Applies KILN_LOG_LEVEL when set.
-void apply_log_level_from_env();
 
 }  // namespace kiln

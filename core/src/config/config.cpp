@@ -1,11 +1,22 @@
 // TrainingArguments: defaults < TOML file < environment, with errors that name file, line and key.
+//
+// One table (table() below) names every setting once: its key, which is its TOML path and its
+// field's path; its environment variable; how a TOML value and an environment value become the
+// field; and the check every value passes however it was set. Parsing files, applying the
+// environment, validate() and the docs' test all walk that table.
 #include "kiln/config.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
 #include <sstream>
+#include <tuple>
 
 #include <toml++/toml.h>
 
@@ -18,13 +29,12 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return out;
 }
 
-SettingOrigin origin_of(const toml::node& n, const std::string& source) {
-  SettingOrigin o;
-  o.source = source;
-  o.line = static_cast<int>(n.source().begin.line);
-  o.column = static_cast<int>(n.source().begin.column);
-  return o;
+SettingOrigin at(const toml::source_region& r, const std::string& source) {
+  return {source, static_cast<int>(r.begin.line), static_cast<int>(r.begin.column)};
 }
+SettingOrigin origin_of(const toml::node& n, const std::string& source) { return at(n.source(), source); }
+
+SettingOrigin env_origin(const std::string& var) { return {"environment (" + var + ")", 0, 0}; }
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
@@ -47,34 +57,431 @@ std::string a_type(const toml::node& n) {
   return (t[0] == 'a' || t[0] == 'i' ? "an " : "a ") + t;
 }
 
-void unknown_key(const std::string& key, const std::string& full_key,
-                 const std::vector<std::string>& known, const SettingOrigin& where) {
-  std::string msg = "unknown key '" + full_key + "'";
-  if (auto near = nearest_name(key, known)) msg += "; did you mean '" + *near + "'?";
-  else msg += "; known keys here: " + join(known);
-  throw ConfigError(where, full_key, msg);
+ConfigError wrong_type(const toml::node& n, const std::string& source, const std::string& key, const char* want) {
+  return ConfigError(origin_of(n, source), key, "key '" + key + "' must be " + std::string(want) + ", not " + a_type(n));
+}
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return out + "\"";
+}
+
+std::string number_text(double d) {
+  std::ostringstream os;
+  os.precision(17);
+  os << d;
+  return os.str();
+}
+
+std::string scalar_to_string(const toml::node& n) {
+  if (auto s = n.as_string()) return s->get();
+  if (auto i = n.as_integer()) return std::to_string(i->get());
+  if (auto f = n.as_floating_point()) return number_text(f->get());
+  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
+  return {};
+}
+
+// The one boolean syntax of every environment variable.
+bool env_bool(const std::string& text, const SettingOrigin& where, const std::string& key) {
+  std::string t = text;
+  for (auto& c : t) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (t == "1" || t == "true" || t == "on" || t == "yes") return true;
+  if (t == "0" || t == "false" || t == "off" || t == "no") return false;
+  throw ConfigError(where, key, "'" + text + "' is not a boolean; use 1/0, true/false, on/off or yes/no");
+}
+
+int64_t env_integer(const std::string& text, const SettingOrigin& where, const std::string& key) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size())
+    throw ConfigError(where, key, "'" + text + "' is not an integer");
+  return v;
+}
+
+double env_number(const std::string& text, const SettingOrigin& where, const std::string& key) {
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size())
+    throw ConfigError(where, key, "'" + text + "' is not a number");
+  return v;
+}
+
+const std::vector<std::string>& log_levels() {
+  static const std::vector<std::string> l = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  return l;
 }
 
 void check_mode(const std::string& mode, const SettingOrigin& where, const std::string& key) {
   const auto& modes = valid_modes();
   if (std::find(modes.begin(), modes.end(), mode) != modes.end()) return;
   std::string msg = "unknown mode '" + mode + "'";
-  if (auto near = nearest_name(mode, modes)) msg += "; did you mean '" + *near + "'?";
-  msg += " Valid modes: " + join(modes);
+  if (auto near = nearest_name(mode, modes)) msg += "; did you mean '" + *near + "'? Valid modes: ";
+  else msg += "; valid modes: ";
+  msg += join(modes);
   throw ConfigError(where, key, msg);
 }
 
-std::string scalar_to_string(const toml::node& n) {
-  if (auto s = n.as_string()) return s->get();
-  if (auto i = n.as_integer()) return std::to_string(i->get());
-  if (auto f = n.as_floating_point()) {
-    std::ostringstream os;
-    os.precision(17);
-    os << f->get();
-    return os.str();
+void check_log_level(const std::string& level, const SettingOrigin& where, const std::string& key) {
+  const auto& levels = log_levels();
+  if (std::find(levels.begin(), levels.end(), level) != levels.end()) return;
+  std::string msg = "unknown log level '" + level + "'";
+  if (auto near = nearest_name(level, levels)) msg += "; did you mean '" + *near + "'? Valid levels: ";
+  else msg += "; valid levels: ";
+  throw ConfigError(where, key, msg + join(levels));
+}
+
+void check_not_empty(const std::string& value, const SettingOrigin& where, const std::string& key,
+                     const char* hint = "") {
+  if (value.empty()) throw ConfigError(where, key, "key '" + key + "' must not be empty" + hint);
+}
+
+// ---- the table ----------------------------------------------------------------------------------
+
+struct Setting {
+  std::string key;
+  std::string env;          // empty: no environment variable
+  std::string default_doc;  // empty: the value of a default TrainingArguments, as TOML text
+  // A TOML value (the key's node; for plugin options the whole [plugin] table) into the field.
+  std::function<void(TrainingArguments&, const toml::node&, const std::string& source)> from_toml;
+  // An environment value (never empty) into the field.
+  std::function<void(TrainingArguments&, const std::string&, const SettingOrigin&)> from_env;
+  // The field as TOML text.
+  std::function<std::string(const TrainingArguments&)> show;
+  // What every value must satisfy, set in code too.
+  std::function<void(const TrainingArguments&, const SettingOrigin&)> check;
+};
+
+// `field` is a generic lambda returning a reference to the field, for const and non-const arguments.
+template <class F>
+Setting flag(std::string key, std::string env, F field) {
+  Setting s{key, env};
+  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_boolean()) throw wrong_type(v, source, key, "a boolean");
+    field(a) = v.as_boolean()->get();
+  };
+  s.from_env = [key, field](TrainingArguments& a, const std::string& text, const SettingOrigin& where) {
+    field(a) = env_bool(text, where, key);
+  };
+  s.show = [field](const TrainingArguments& a) { return std::string(field(a) ? "true" : "false"); };
+  return s;
+}
+
+template <class F>
+Setting integer(std::string key, std::string env, F field, int64_t lo, int64_t hi) {
+  Setting s{key, env};
+  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_integer()) throw wrong_type(v, source, key, "an integer");
+    const int64_t n = v.as_integer()->get();
+    // Range first, so that a value the field cannot hold is reported, not truncated.
+    using T = std::decay_t<decltype(field(a))>;
+    if (n < static_cast<int64_t>(std::numeric_limits<T>::min()) || n > static_cast<int64_t>(std::numeric_limits<T>::max()))
+      throw ConfigError(origin_of(v, source), key, "key '" + key + "' is out of range, got " + std::to_string(n));
+    field(a) = static_cast<T>(n);
+  };
+  s.from_env = [key, field](TrainingArguments& a, const std::string& text, const SettingOrigin& where) {
+    const int64_t n = env_integer(text, where, key);
+    using T = std::decay_t<decltype(field(a))>;
+    if (n < static_cast<int64_t>(std::numeric_limits<T>::min()) || n > static_cast<int64_t>(std::numeric_limits<T>::max()))
+      throw ConfigError(where, key, "key '" + key + "' is out of range, got " + text);
+    field(a) = static_cast<T>(n);
+  };
+  s.show = [field](const TrainingArguments& a) { return std::to_string(field(a)); };
+  s.check = [key, field, lo, hi](const TrainingArguments& a, const SettingOrigin& where) {
+    const int64_t n = field(a);
+    if (n < lo || n > hi)
+      throw ConfigError(where, key, "key '" + key + "' must be between " + std::to_string(lo) + " and " +
+                                        std::to_string(hi) + ", got " + std::to_string(n));
+  };
+  return s;
+}
+
+template <class F>
+Setting text(std::string key, std::string env, F field,
+             std::function<void(const std::string&, const SettingOrigin&, const std::string&)> check = {}) {
+  Setting s{key, env};
+  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_string()) throw wrong_type(v, source, key, "a string");
+    field(a) = v.as_string()->get();
+  };
+  s.from_env = [field](TrainingArguments& a, const std::string& value, const SettingOrigin&) { field(a) = value; };
+  s.show = [field](const TrainingArguments& a) { return quoted(field(a)); };
+  if (check)
+    s.check = [key, field, check](const TrainingArguments& a, const SettingOrigin& where) { check(field(a), where, key); };
+  return s;
+}
+
+// Naming a backend or a mode turns torch_compile on (Hugging Face), in the file and the environment.
+Setting turns_compile_on(Setting s) {
+  auto from_toml = s.from_toml;
+  auto from_env = s.from_env;
+  s.from_toml = [from_toml](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    from_toml(a, v, source);
+    a.torch_compile = true;
+  };
+  s.from_env = [from_env](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    from_env(a, value, where);
+    a.torch_compile = true;
+  };
+  return s;
+}
+
+Setting max_grad_norm_setting() {
+  const std::string key = "max_grad_norm";
+  Setting s{key, ""};
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_number()) throw wrong_type(v, source, key, "a number");
+    a.max_grad_norm = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+  };
+  s.from_env = [key](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    a.max_grad_norm = env_number(value, where, key);
+  };
+  s.show = [](const TrainingArguments& a) { return number_text(a.max_grad_norm); };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    if (!(a.max_grad_norm >= 0) || !std::isfinite(a.max_grad_norm))
+      throw ConfigError(where, key, "key '" + key + "' must be a finite number >= 0 (0 turns clipping off), got " +
+                                        number_text(a.max_grad_norm));
+  };
+  return s;
+}
+
+// The file's list replaces the code's; KILN_PLUGIN_PATH's directories go before it. Entries that
+// repeat an earlier one are dropped, so applying the environment twice is applying it once.
+Setting plugin_dirs_setting() {
+  const std::string key = "runtime.plugin_dirs";
+  Setting s{key, "KILN_PLUGIN_PATH"};
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_array()) throw wrong_type(v, source, key, "an array of strings");
+    std::vector<std::string> dirs;
+    for (const auto& e : *v.as_array()) {
+      if (!e.is_string())
+        throw ConfigError(origin_of(e, source), key, "every entry of '" + key + "' must be a string, not " + a_type(e));
+      dirs.push_back(e.as_string()->get());
+    }
+    a.runtime.plugin_dirs = std::move(dirs);
+  };
+  s.from_env = [](TrainingArguments& a, const std::string& value, const SettingOrigin&) {
+    std::vector<std::string> dirs;
+    std::stringstream ss(value);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty()) dirs.push_back(d);
+    dirs.insert(dirs.end(), a.runtime.plugin_dirs.begin(), a.runtime.plugin_dirs.end());
+    std::set<std::string> seen;
+    a.runtime.plugin_dirs.clear();
+    for (auto& d : dirs)
+      if (seen.insert(d).second) a.runtime.plugin_dirs.push_back(std::move(d));
+  };
+  s.show = [](const TrainingArguments& a) {
+    std::vector<std::string> q;
+    for (const auto& d : a.runtime.plugin_dirs) q.push_back(quoted(d));
+    return "[" + join(q) + "]";
+  };
+  return s;
+}
+
+// [plugin.<name>] tables, and KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." over single options.
+Setting plugin_options_setting() {
+  Setting s{"plugin.<name>.<option>", "KILN_PLUGIN_OPTIONS"};
+  s.from_toml = [](TrainingArguments& a, const toml::node& node, const std::string& source) {
+    if (!node.is_table()) throw wrong_type(node, source, "plugin", "a table");
+    for (const auto& [pk, pv] : *node.as_table()) {
+      const std::string plugin(pk.str());
+      const std::string full = "plugin." + plugin;
+      if (!pv.is_table()) throw wrong_type(pv, source, full, "a table");
+      auto& opts = a.plugin_options[plugin];
+      for (const auto& [ok, ov] : *pv.as_table()) {
+        const std::string okey = full + "." + std::string(ok.str());
+        if (!(ov.is_string() || ov.is_integer() || ov.is_floating_point() || ov.is_boolean()))
+          throw ConfigError(origin_of(ov, source), okey,
+                            "plugin option '" + okey + "' must be a string, integer, float or boolean, not " + a_type(ov));
+        opts[std::string(ok.str())] = scalar_to_string(ov);
+        a.origins[okey] = origin_of(ov, source);
+      }
+    }
+  };
+  s.from_env = [](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    std::stringstream ss(value);
+    for (std::string entry; std::getline(ss, entry, ',');) {
+      const size_t eq = entry.find('=');
+      const size_t dot = entry.find('.');
+      if (eq == std::string::npos || dot == 0 || dot == std::string::npos || dot + 1 >= eq)
+        throw ConfigError(where, "plugin", "entry '" + entry + "' must be <plugin>.<option>=<value>, as in " +
+                                               "'inductor.cxx=clang++'; entries are separated by ','");
+      const std::string plugin = entry.substr(0, dot), option = entry.substr(dot + 1, eq - dot - 1);
+      a.plugin_options[plugin][option] = entry.substr(eq + 1);
+      a.origins["plugin." + plugin + "." + option] = where;
+    }
+  };
+  s.show = [](const TrainingArguments&) { return std::string(); };
+  return s;
+}
+
+const std::vector<Setting>& table() {
+  static const std::vector<Setting> t = [] {
+    std::vector<Setting> v;
+    // Top level: the Hugging Face TrainingArguments names.
+    v.push_back(flag("torch_compile", "", [](auto& a) -> auto& { return a.torch_compile; }));
+    v.push_back(turns_compile_on(text("torch_compile_backend", "KILN_BACKEND",
+                                      [](auto& a) -> auto& { return a.torch_compile_backend; },
+                                      [](const std::string& s, const SettingOrigin& w, const std::string& k) {
+                                        check_not_empty(s, w, k, "; use \"auto\"");
+                                      })));
+    v.push_back(turns_compile_on(text("torch_compile_mode", "KILN_MODE",
+                                      [](auto& a) -> auto& { return a.torch_compile_mode; }, check_mode)));
+    v.push_back(max_grad_norm_setting());
+    v.push_back(text("log_level", "KILN_LOG_LEVEL", [](auto& a) -> auto& { return a.log_level; }, check_log_level));
+    v.push_back(plugin_options_setting());
+    // [runtime]
+    v.push_back(plugin_dirs_setting());
+    Setting cache = text("runtime.cache_dir", "KILN_CACHE_DIR", [](auto& a) -> auto& { return a.runtime.cache_dir; },
+                         [](const std::string& s, const SettingOrigin& w, const std::string& k) { check_not_empty(s, w, k); });
+    cache.default_doc = "$XDG_CACHE_HOME/kiln";
+    v.push_back(std::move(cache));
+    v.push_back(flag("runtime.fullgraph", "", [](auto& a) -> auto& { return a.runtime.fullgraph; }));
+    v.push_back(integer("runtime.recompile_limit", "", [](auto& a) -> auto& { return a.runtime.recompile_limit; }, 0,
+                        1000000));
+    v.push_back(flag("runtime.cpu_block_cache", "KILN_CPU_CACHE", [](auto& a) -> auto& { return a.runtime.cpu_block_cache; }));
+    v.push_back(integer("runtime.cpu_block_cache_max_mb", "KILN_CPU_CACHE_MAX_MB",
+                        [](auto& a) -> auto& { return a.runtime.cpu_block_cache_max_mb; }, 0, int64_t{1} << 30));
+    v.push_back(flag("runtime.writeback_copy", "KILN_WRITEBACK_COPY", [](auto& a) -> auto& { return a.runtime.writeback_copy; }));
+    // [debug]
+    v.push_back(text("debug.dump_dir", "KILN_DEBUG_DIR", [](auto& a) -> auto& { return a.debug.dump_dir; }));
+    v.push_back(flag("debug.check_meta", "KILN_CHECK_META", [](auto& a) -> auto& { return a.debug.check_meta; }));
+    v.push_back(flag("debug.verify_groups", "KILN_VERIFY_GROUPS", [](auto& a) -> auto& { return a.debug.verify_groups; }));
+    v.push_back(flag("debug.lift_runtime_scalars", "KILN_LIFT_RUNTIME_SCALARS",
+                     [](auto& a) -> auto& { return a.debug.lift_runtime_scalars; }));
+    // [experimental]
+    v.push_back(flag("experimental.batch_optimizer", "KILN_BATCH_OPTIMIZER",
+                     [](auto& a) -> auto& { return a.experimental.batch_optimizer; }));
+    return v;
+  }();
+  return t;
+}
+
+const Setting* find_setting(const std::string& key) {
+  for (const auto& s : table())
+    if (s.key == key) return &s;
+  return nullptr;
+}
+
+// The tables of kiln's own settings, and [plugin.<name>].
+const std::vector<std::string>& kiln_tables() {
+  static const std::vector<std::string> t = {"runtime", "debug", "experimental"};
+  return t;
+}
+
+bool is_kiln_table(const std::string& name) {
+  const auto& t = kiln_tables();
+  return std::find(t.begin(), t.end(), name) != t.end();
+}
+
+// The keys directly in `table` ("" is the top level), as written there; the top level lists the
+// tables too.
+std::vector<std::string> keys_in(const std::string& table_name) {
+  std::vector<std::string> out;
+  for (const auto& s : table()) {
+    if (s.key.rfind("plugin.", 0) == 0) continue;
+    const size_t dot = s.key.find('.');
+    const std::string t = dot == std::string::npos ? "" : s.key.substr(0, dot);
+    if (t == table_name) out.push_back(dot == std::string::npos ? s.key : s.key.substr(dot + 1));
   }
-  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
-  return {};
+  if (table_name.empty()) {
+    out.insert(out.end(), kiln_tables().begin(), kiln_tables().end());
+    out.push_back("plugin");
+  }
+  return out;
+}
+
+// "did you mean": a near name in the same table first, else a near key of another table
+// ('fullgraph' at the top level is 'runtime.fullgraph').
+std::optional<std::string> suggest(const std::string& table_name, const std::string& name) {
+  if (auto near = nearest_name(name, keys_in(table_name)))
+    return table_name.empty() || is_kiln_table(*near) || *near == "plugin" ? *near : table_name + "." + *near;
+  std::vector<std::string> leaves, keys;
+  for (const auto& s : table()) {
+    if (s.key.rfind("plugin.", 0) == 0) continue;
+    keys.push_back(s.key);
+    leaves.push_back(s.key.substr(s.key.find('.') + 1));  // npos + 1 == 0: the whole key
+  }
+  if (auto near = nearest_name(name, leaves))
+    return keys[std::find(leaves.begin(), leaves.end(), *near) - leaves.begin()];
+  return std::nullopt;
+}
+
+ConfigError unknown_key(const std::string& table_name, const std::string& name, const SettingOrigin& where) {
+  const std::string full = table_name.empty() ? name : table_name + "." + name;
+  std::string msg = "unknown key '" + full + "'";
+  if (auto near = suggest(table_name, name)) msg += "; did you mean '" + *near + "'?";
+  else msg += "; known keys here: " + join(keys_in(table_name));
+  return ConfigError(where, full, msg);
+}
+
+// The layout before [runtime]: [compile], [training] and [logging]. Files written for it get an
+// error that says where each key went.
+const std::map<std::string, std::string>& moved_keys() {
+  static const std::map<std::string, std::string> m = {
+      {"compile.torch_compile", "torch_compile"},
+      {"compile.torch_compile_backend", "torch_compile_backend"},
+      {"compile.torch_compile_mode", "torch_compile_mode"},
+      {"compile.fullgraph", "runtime.fullgraph"},
+      {"compile.recompile_limit", "runtime.recompile_limit"},
+      {"compile.plugin_dirs", "runtime.plugin_dirs"},
+      {"compile.cache_dir", "runtime.cache_dir"},
+      {"training.max_grad_norm", "max_grad_norm"},
+      {"logging.level", "log_level"},
+  };
+  return m;
+}
+
+const std::map<std::string, std::string>& moved_tables() {
+  static const std::map<std::string, std::string> m = {
+      {"compile", "the top level (torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]"},
+      {"training", "the top level (max_grad_norm)"},
+      {"logging", "the top level (log_level)"},
+  };
+  return m;
+}
+
+// A table's entries in the order the file wrote them (toml++ keeps them sorted by name), so the
+// first error reported is the first in the file and later keys override earlier ones as written.
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<const toml::key*, const toml::node*>> out;
+  for (const auto& [k, v] : t) out.emplace_back(&k, &v);
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    const auto& x = a.first->source().begin;
+    const auto& y = b.first->source().begin;
+    return std::tie(x.line, x.column) < std::tie(y.line, y.column);
+  });
+  return out;
+}
+
+void moved_table_error(const std::string& old_table, const toml::key& key, const toml::node& node,
+                       const std::string& source) {
+  const auto& tables = moved_tables();
+  const std::string& where_now = tables.at(old_table);
+  if (!node.is_table())
+    throw ConfigError(at(key.source(), source), old_table,
+                      "table '" + old_table + "' is gone: its keys moved to " + where_now);
+  for (const auto& [k, v] : in_file_order(*node.as_table())) {
+    const std::string full = old_table + "." + std::string(k->str());
+    auto it = moved_keys().find(full);
+    if (it != moved_keys().end())
+      throw ConfigError(at(k->source(), source), full, "key '" + full + "' moved to '" + it->second + "'");
+    std::string msg = "unknown key '" + full + "'; table '" + old_table + "' is gone: its keys moved to " + where_now;
+    std::vector<std::string> old_names, new_keys;
+    for (const auto& [o, n] : moved_keys())
+      if (o.rfind(old_table + ".", 0) == 0) old_names.push_back(o.substr(old_table.size() + 1)), new_keys.push_back(n);
+    if (auto near = nearest_name(std::string(k->str()), old_names))
+      msg += "; did you mean '" + new_keys[std::find(old_names.begin(), old_names.end(), *near) - old_names.begin()] + "'?";
+    throw ConfigError(at(k->source(), source), full, msg);
+  }
+  throw ConfigError(at(key.source(), source), old_table,
+                    "table '" + old_table + "' is gone: its keys moved to " + where_now);
+}
+
+SettingOrigin origin_or_code(const TrainingArguments& a, const std::string& key) {
+  auto it = a.origins.find(key);
+  return it == a.origins.end() ? SettingOrigin{"code", 0, 0} : it->second;
 }
 
 }  // namespace
@@ -127,10 +534,25 @@ std::optional<std::string> nearest_name(const std::string& name,
   return std::nullopt;
 }
 
-std::string TrainingArguments::default_cache_dir() {
+std::string default_cache_dir() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return std::string(xdg) + "/kiln";
   if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.cache/kiln";
   return "/tmp/kiln-cache";
+}
+
+std::vector<SettingInfo> settings() {
+  const TrainingArguments defaults;
+  std::vector<SettingInfo> out;
+  for (const auto& s : table())
+    out.push_back({s.key, s.env, s.default_doc.empty() ? s.show(defaults) : s.default_doc});
+  return out;
+}
+
+std::string initial_log_level() {
+  const char* v = std::getenv(find_setting("log_level")->env.c_str());
+  if (!v || !*v) return "info";
+  const auto& levels = log_levels();
+  return std::find(levels.begin(), levels.end(), v) != levels.end() ? v : "info";
 }
 
 bool TrainingArguments::compile_enabled() const {
@@ -165,188 +587,52 @@ void TrainingArguments::apply_toml_string(const std::string& text, const std::st
   try {
     root = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    SettingOrigin where{source, static_cast<int>(e.source().begin.line),
-                        static_cast<int>(e.source().begin.column)};
-    throw ConfigError(where, "", "TOML syntax error: " + std::string(e.description()));
+    throw ConfigError(at(e.source(), source), "", "TOML syntax error: " + std::string(e.description()));
   }
 
-  static const std::vector<std::string> top_keys = {"compile", "training", "plugin", "logging"};
-  static const std::vector<std::string> training_keys = {"max_grad_norm"};
-  static const std::vector<std::string> compile_keys = {
-      "torch_compile", "torch_compile_backend", "torch_compile_mode", "fullgraph",
-      "recompile_limit", "plugin_dirs", "cache_dir"};
-  static const std::vector<std::string> logging_keys = {"level"};
-
-  auto expect_table = [&](const toml::node& n, const std::string& key) -> const toml::table& {
-    if (!n.is_table())
-      throw ConfigError(origin_of(n, source), key,
-                        "key '" + key + "' must be a table, not " + a_type(n));
-    return *n.as_table();
-  };
-  auto wrong_type = [&](const toml::node& n, const std::string& key, const char* want) {
-    throw ConfigError(origin_of(n, source), key,
-                      "key '" + key + "' must be " + std::string(want) + ", not " + a_type(n));
-  };
-  auto get_string = [&](const toml::node& n, const std::string& key) {
-    if (!n.is_string()) wrong_type(n, key, "a string");
-    return n.as_string()->get();
-  };
-  auto get_bool = [&](const toml::node& n, const std::string& key) {
-    if (!n.is_boolean()) wrong_type(n, key, "a boolean");
-    return n.as_boolean()->get();
+  auto apply = [&](const Setting& s, const toml::node& v) {
+    const SettingOrigin where = origin_of(v, source);
+    s.from_toml(*this, v, source);
+    if (s.check) s.check(*this, where);
+    origins[s.key] = where;
   };
 
-  for (const auto& [k, node] : root) {
-    const std::string key(k.str());
-    if (key == "compile") {
-      for (const auto& [ck, v] : expect_table(node, key)) {
-        const std::string name(ck.str());
-        const std::string full = "compile." + name;
-        const SettingOrigin where = origin_of(v, source);
-        if (name == "torch_compile") {
-          torch_compile = get_bool(v, full);
-        } else if (name == "torch_compile_backend") {
-          torch_compile_backend = get_string(v, full);
-          if (torch_compile_backend.empty())
-            throw ConfigError(where, full, "key '" + full + "' must not be empty; use \"auto\"");
-          torch_compile = true;
-        } else if (name == "torch_compile_mode") {
-          torch_compile_mode = get_string(v, full);
-          check_mode(torch_compile_mode, where, full);
-          torch_compile = true;
-        } else if (name == "fullgraph") {
-          fullgraph = get_bool(v, full);
-        } else if (name == "recompile_limit") {
-          if (!v.is_integer()) wrong_type(v, full, "an integer");
-          int64_t n = v.as_integer()->get();
-          if (n < 0 || n > 1000000)
-            throw ConfigError(where, full, "key '" + full + "' must be between 0 and 1000000, got " +
-                                               std::to_string(n));
-          recompile_limit = static_cast<int>(n);
-        } else if (name == "plugin_dirs") {
-          if (!v.is_array()) wrong_type(v, full, "an array of strings");
-          plugin_dirs.clear();
-          for (const auto& e : *v.as_array()) {
-            if (!e.is_string())
-              throw ConfigError(origin_of(e, source), full,
-                                "every entry of '" + full + "' must be a string, not " + a_type(e));
-            plugin_dirs.push_back(e.as_string()->get());
-          }
-        } else if (name == "cache_dir") {
-          cache_dir = get_string(v, full);
-          if (cache_dir.empty()) throw ConfigError(where, full, "key '" + full + "' must not be empty");
-        } else {
-          unknown_key(name, full, compile_keys, where);
-        }
-        origins[name] = where;
+  for (const auto& [k, node] : in_file_order(root)) {
+    const std::string name(k->str());
+    if (is_kiln_table(name)) {
+      if (!node->is_table()) throw wrong_type(*node, source, name, "a table");
+      for (const auto& [tk, v] : in_file_order(*node->as_table())) {
+        const Setting* s = find_setting(name + "." + std::string(tk->str()));
+        if (!s) throw unknown_key(name, std::string(tk->str()), at(tk->source(), source));
+        apply(*s, *v);
       }
-    } else if (key == "training") {
-      for (const auto& [tk, v] : expect_table(node, key)) {
-        const std::string name(tk.str());
-        const std::string full = "training." + name;
-        const SettingOrigin where = origin_of(v, source);
-        if (name != "max_grad_norm") unknown_key(name, full, training_keys, where);
-        if (!v.is_number()) wrong_type(v, full, "a number");
-        const double d = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
-        if (!(d >= 0) || !std::isfinite(d))
-          throw ConfigError(where, full, "key '" + full + "' must be a finite number >= 0 (0 turns clipping off), got " +
-                                             scalar_to_string(v));
-        max_grad_norm = d;
-        origins[name] = where;
-      }
-    } else if (key == "logging") {
-      for (const auto& [lk, v] : expect_table(node, key)) {
-        const std::string name(lk.str());
-        const std::string full = "logging." + name;
-        if (name != "level") unknown_key(name, full, logging_keys, origin_of(v, source));
-        std::string level = get_string(v, full);
-        static const std::vector<std::string> levels = {"trace", "debug", "info", "warn",
-                                                        "error", "critical", "off"};
-        if (std::find(levels.begin(), levels.end(), level) == levels.end())
-          throw ConfigError(origin_of(v, source), full,
-                            "unknown log level '" + level + "'; valid levels: " + join(levels));
-        log_level = level;
-        origins["log_level"] = origin_of(v, source);
-      }
-    } else if (key == "plugin") {
-      for (const auto& [pk, pv] : expect_table(node, key)) {
-        const std::string plugin(pk.str());
-        const std::string full = "plugin." + plugin;
-        auto& opts = plugin_options[plugin];
-        for (const auto& [ok, ov] : expect_table(pv, full)) {
-          const std::string okey = full + "." + std::string(ok.str());
-          if (!(ov.is_string() || ov.is_integer() || ov.is_floating_point() || ov.is_boolean()))
-            throw ConfigError(origin_of(ov, source), okey,
-                              "plugin option '" + okey + "' must be a string, integer, float or boolean, not " +
-                                  a_type(ov));
-          opts[std::string(ok.str())] = scalar_to_string(ov);
-        }
-      }
+    } else if (name == "plugin") {
+      find_setting("plugin.<name>.<option>")->from_toml(*this, *node, source);
+    } else if (moved_tables().count(name)) {
+      moved_table_error(name, *k, *node, source);
+    } else if (const Setting* s = find_setting(name)) {
+      apply(*s, *node);
     } else {
-      unknown_key(key, key, top_keys, origin_of(node, source));
+      throw unknown_key("", name, at(k->source(), source));
     }
   }
 }
 
 void TrainingArguments::apply_env() {
-  auto env = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return std::nullopt;
-    return std::string(v);
-  };
-  if (auto v = env("KILN_BACKEND")) {
-    torch_compile_backend = *v;
-    torch_compile = true;
-    origins["torch_compile_backend"] = {"environment (KILN_BACKEND)", 0, 0};
+  for (const auto& s : table()) {
+    if (s.env.empty()) continue;
+    const char* v = std::getenv(s.env.c_str());
+    if (!v || !*v) continue;  // set but empty is unset, as in `KILN_BACKEND= ./train`
+    const SettingOrigin where = env_origin(s.env);
+    s.from_env(*this, v, where);
+    if (s.check) s.check(*this, where);
+    if (s.key.rfind("plugin.", 0) != 0) origins[s.key] = where;  // plugin options record each option
   }
-  if (auto v = env("KILN_MODE")) {
-    SettingOrigin where{"environment (KILN_MODE)", 0, 0};
-    check_mode(*v, where, "KILN_MODE");
-    torch_compile_mode = *v;
-    torch_compile = true;
-    origins["torch_compile_mode"] = where;
-  }
-  if (auto v = env("KILN_PLUGIN_PATH")) {
-    // Colon-separated, searched before the configured plugin_dirs.
-    std::vector<std::string> dirs;
-    std::stringstream ss(*v);
-    for (std::string d; std::getline(ss, d, ':');)
-      if (!d.empty()) dirs.push_back(d);
-    dirs.insert(dirs.end(), plugin_dirs.begin(), plugin_dirs.end());
-    plugin_dirs = std::move(dirs);
-    origins["plugin_dirs"] = {"environment (KILN_PLUGIN_PATH)", 0, 0};
-  }
-  if (auto v = env("KILN_CACHE_DIR")) {
-    cache_dir = *v;
-    origins["cache_dir"] = {"environment (KILN_CACHE_DIR)", 0, 0};
-  }
-  if (auto v = env("KILN_LOG_LEVEL")) {
-    log_level = *v;
-    origins["log_level"] = {"environment (KILN_LOG_LEVEL)", 0, 0};
-  }
-}
-
-static SettingOrigin origin_or_code(const TrainingArguments& a, const std::string& key) {
-  auto it = a.origins.find(key);
-  return it == a.origins.end() ? SettingOrigin{"code", 0, 0} : it->second;
 }
 
 void TrainingArguments::validate() const {
-  check_mode(torch_compile_mode, origin_or_code(*this, "torch_compile_mode"), "torch_compile_mode");
-  if (recompile_limit < 0)
-    throw ConfigError(origin_or_code(*this, "recompile_limit"), "recompile_limit",
-                      "recompile_limit must not be negative, got " + std::to_string(recompile_limit));
-  if (torch_compile_backend.empty())
-    throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend",
-                      "torch_compile_backend must not be empty; use \"auto\"");
-  if (!(max_grad_norm >= 0) || !std::isfinite(max_grad_norm))
-    throw ConfigError(origin_or_code(*this, "max_grad_norm"), "max_grad_norm",
-                      "max_grad_norm must be a finite number >= 0 (0 turns clipping off), got " +
-                          std::to_string(max_grad_norm));
-  static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
-  if (std::find(levels.begin(), levels.end(), log_level) == levels.end())
-    throw ConfigError(origin_or_code(*this, "log_level"), "log_level",
-                      "unknown log level '" + log_level + "'; valid levels: " + join(levels));
+  for (const auto& s : table())
+    if (s.check) s.check(*this, origin_or_code(*this, s.key));
 }
 
 void TrainingArguments::validate_backend(const std::vector<std::string>& available) const {

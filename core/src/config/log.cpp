@@ -1,6 +1,7 @@
 #include "kiln/logger.h"
 
-#include <cstdlib>
+#include "kiln/config.h"
+
 #include <mutex>
 #include <stdexcept>
 
@@ -18,10 +19,8 @@ std::shared_ptr<spdlog::logger> logger() {
       log = spdlog::stderr_color_mt("kiln");
       log->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %v");
     }
-    if (const char* lvl = std::getenv("KILN_LOG_LEVEL"); lvl && *lvl) {
-      auto l = spdlog::level::from_str(lvl);
-      if (l != spdlog::level::off || std::string(lvl) == "off") log->set_level(l);
-    }
+    // Messages logged before any TrainingArguments is read already honour KILN_LOG_LEVEL.
+    log->set_level(spdlog::level::from_str(initial_log_level()));
   });
   return log;
 }
@@ -61,9 +60,5 @@ void log_plugin(const std::string& plugin, LogLevel level, const std::string& me
 }
 
 bool log_enabled(LogLevel level) { return logger()->should_log(to_spdlog(level)); }
-
-void apply_log_level_from_env() {
-  if (const char* lvl = std::getenv("KILN_LOG_LEVEL"); lvl && *lvl) set_log_level(lvl);
-}
 
 }  // namespace kiln

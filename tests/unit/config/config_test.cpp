@@ -1,9 +1,14 @@
-// Configuration: TOML loading, environment overrides, Hugging Face semantics, and the exact
-// error every bad file must give (file, line, column, key).
+// Configuration: TOML loading in the [runtime]/[debug]/[experimental] layout, the one rule of the
+// environment overrides, Hugging Face semantics, the exact error every bad file must give (file,
+// line, column, key), and that docs/config.md lists exactly the settings the code reads.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -17,16 +22,23 @@ using kiln::TrainingArguments;
 
 namespace {
 
-// Clears the KILN_* variables for the duration of a test, restoring nothing: tests set what they need.
+// Every variable the settings read, so that the machine's environment cannot leak into a test.
+void unset_kiln_environment() {
+  for (const auto& s : kiln::settings())
+    if (!s.env.empty()) unsetenv(s.env.c_str());
+}
+
 class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"KILN_BACKEND", "KILN_MODE", "KILN_PLUGIN_PATH", "KILN_CACHE_DIR", "KILN_LOG_LEVEL"})
-      unsetenv(v);
+    unset_kiln_environment();
     dir_ = fs::temp_directory_path() / ("kiln_config_test_" + std::to_string(std::random_device{}()));
     fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override {
+    unset_kiln_environment();
+    fs::remove_all(dir_);
+  }
   std::string write(const std::string& name, const std::string& text) {
     auto p = dir_ / name;
     std::ofstream(p) << text;
@@ -44,6 +56,16 @@ std::string error_of(const std::string& path) {
   return "(no error)";
 }
 
+std::string env_error() {
+  TrainingArguments a;
+  try {
+    a.apply_env();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 }  // namespace
 
 TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
@@ -52,26 +74,57 @@ TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
   EXPECT_FALSE(a.compile_enabled());
   EXPECT_EQ(a.torch_compile_backend, "auto");
   EXPECT_EQ(a.torch_compile_mode, "default");
-  EXPECT_FALSE(a.fullgraph);
-  EXPECT_EQ(a.recompile_limit, 8);
-  EXPECT_TRUE(a.plugin_dirs.empty());
+  EXPECT_EQ(a.max_grad_norm, 0.0);
+  EXPECT_EQ(a.log_level, "info");
+  EXPECT_FALSE(a.runtime.fullgraph);
+  EXPECT_EQ(a.runtime.recompile_limit, 8);
+  EXPECT_TRUE(a.runtime.plugin_dirs.empty());
+  EXPECT_TRUE(a.runtime.cpu_block_cache);
+  EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 2048);
+  EXPECT_FALSE(a.runtime.writeback_copy);
+  EXPECT_EQ(a.debug.dump_dir, "");
+  EXPECT_FALSE(a.debug.check_meta || a.debug.verify_groups || a.debug.lift_runtime_scalars);
+  EXPECT_FALSE(a.experimental.batch_optimizer);
+  EXPECT_NO_THROW(a.validate());
+}
+
+TEST_F(ConfigTest, CacheDirDefaultsToXdgThenHome) {
+  const char* home = std::getenv("HOME");
+  const std::string saved_home = home ? home : "";
   setenv("HOME", "/home/someone", 1);
   unsetenv("XDG_CACHE_HOME");
   EXPECT_EQ(TrainingArguments::default_cache_dir(), "/home/someone/.cache/kiln");
+  EXPECT_EQ(TrainingArguments().runtime.cache_dir, "/home/someone/.cache/kiln");
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(TrainingArguments().runtime.cache_dir, "/xdg/kiln");
+  unsetenv("XDG_CACHE_HOME");
+  setenv("HOME", saved_home.c_str(), 1);
 }
 
 TEST_F(ConfigTest, LoadsEveryKeyFromToml) {
-  auto path = write("train.toml", R"([compile]
-torch_compile = true
+  auto path = write("train.toml", R"(torch_compile = true
 torch_compile_backend = "inductor"
 torch_compile_mode = "max-autotune"
+max_grad_norm = 0.5
+log_level = "debug"
+
+[runtime]
 fullgraph = true
 recompile_limit = 3
 plugin_dirs = ["/opt/a", "/opt/b"]
 cache_dir = "/tmp/kc"
+cpu_block_cache = false
+cpu_block_cache_max_mb = 512
+writeback_copy = true
 
-[logging]
-level = "debug"
+[debug]
+dump_dir = "/tmp/ir"
+check_meta = true
+verify_groups = true
+lift_runtime_scalars = true
+
+[experimental]
+batch_optimizer = true
 
 [plugin.inductor]
 threads = 16
@@ -83,22 +136,37 @@ ratio = 0.5
   EXPECT_TRUE(a.torch_compile);
   EXPECT_EQ(a.torch_compile_backend, "inductor");
   EXPECT_EQ(a.torch_compile_mode, "max-autotune");
-  EXPECT_TRUE(a.fullgraph);
-  EXPECT_EQ(a.recompile_limit, 3);
-  EXPECT_EQ(a.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
-  EXPECT_EQ(a.cache_dir, "/tmp/kc");
+  EXPECT_EQ(a.max_grad_norm, 0.5);
   EXPECT_EQ(a.log_level, "debug");
+  EXPECT_TRUE(a.runtime.fullgraph);
+  EXPECT_EQ(a.runtime.recompile_limit, 3);
+  EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
+  EXPECT_EQ(a.runtime.cache_dir, "/tmp/kc");
+  EXPECT_FALSE(a.runtime.cpu_block_cache);
+  EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 512);
+  EXPECT_TRUE(a.runtime.writeback_copy);
+  EXPECT_EQ(a.debug.dump_dir, "/tmp/ir");
+  EXPECT_TRUE(a.debug.check_meta);
+  EXPECT_TRUE(a.debug.verify_groups);
+  EXPECT_TRUE(a.debug.lift_runtime_scalars);
+  EXPECT_TRUE(a.experimental.batch_optimizer);
   EXPECT_EQ(a.plugin_options.at("inductor").at("threads"), "16");
   EXPECT_EQ(a.plugin_options.at("inductor").at("simd"), "avx512");
   EXPECT_EQ(a.plugin_options.at("inductor").at("fast_math"), "false");
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
-  EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":4:22");
+  EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":9:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":23:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":27:8");
+  // Every key of the table was set by this file.
+  for (const auto& s : kiln::settings())
+    if (s.key.rfind("plugin.", 0) != 0) EXPECT_EQ(a.origins.count(s.key), 1u) << s.key;
 }
 
 TEST_F(ConfigTest, NamingABackendOrModeTurnsCompileOn) {
-  auto a = TrainingArguments::from_toml_string("[compile]\ntorch_compile_mode = \"reduce-overhead\"\n", "m.toml");
+  auto a = TrainingArguments::from_toml_string("torch_compile_mode = \"reduce-overhead\"\n", "m.toml");
   EXPECT_TRUE(a.torch_compile);
-  auto b = TrainingArguments::from_toml_string("[compile]\ntorch_compile_backend = \"cudagraphs\"\n", "b.toml");
+  auto b = TrainingArguments::from_toml_string("torch_compile_backend = \"cudagraphs\"\n", "b.toml");
   EXPECT_TRUE(b.torch_compile);
   TrainingArguments c;
   c.torch_compile_backend = "ipex";  // set in code
@@ -112,58 +180,203 @@ TEST_F(ConfigTest, NamingABackendOrModeTurnsCompileOn) {
 }
 
 TEST_F(ConfigTest, EnvironmentBeatsFileBeatsCode) {
-  auto path = write("t.toml", "[compile]\ntorch_compile_backend = \"inductor\"\ncache_dir = \"/from/file\"\nplugin_dirs = [\"/file/dir\"]\n");
+  auto path = write("t.toml",
+                    "torch_compile_backend = \"inductor\"\n[runtime]\ncache_dir = \"/from/file\"\n"
+                    "plugin_dirs = [\"/file/dir\"]\ncpu_block_cache_max_mb = 100\n");
   TrainingArguments a;
-  a.cache_dir = "/from/code";
+  a.runtime.cache_dir = "/from/code";
   a.torch_compile_backend = "ipex";
+  a.runtime.cpu_block_cache_max_mb = 50;
+  a.runtime.plugin_dirs = {"/code/dir"};
   a.apply_toml(path);
-  EXPECT_EQ(a.cache_dir, "/from/file");
+  EXPECT_EQ(a.runtime.cache_dir, "/from/file");
   EXPECT_EQ(a.torch_compile_backend, "inductor");
+  EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 100);
+  EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/file/dir"}));
   setenv("KILN_BACKEND", "cudagraphs", 1);
   setenv("KILN_CACHE_DIR", "/from/env", 1);
-  setenv("KILN_PLUGIN_PATH", "/env/one:/env/two", 1);
+  setenv("KILN_PLUGIN_PATH", "/env/one::/env/two", 1);
   setenv("KILN_LOG_LEVEL", "warn", 1);
+  setenv("KILN_CPU_CACHE_MAX_MB", "300", 1);
   a.apply_env();
   EXPECT_EQ(a.torch_compile_backend, "cudagraphs");
-  EXPECT_EQ(a.cache_dir, "/from/env");
-  EXPECT_EQ(a.plugin_dirs, (std::vector<std::string>{"/env/one", "/env/two", "/file/dir"}));
+  EXPECT_EQ(a.runtime.cache_dir, "/from/env");
+  // KILN_PLUGIN_PATH's directories are searched first, then the file's.
+  EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/env/one", "/env/two", "/file/dir"}));
   EXPECT_EQ(a.log_level, "warn");
+  EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 300);
   EXPECT_EQ(a.origins.at("torch_compile_backend").describe(), "environment (KILN_BACKEND)");
+  EXPECT_EQ(a.origins.at("runtime.plugin_dirs").describe(), "environment (KILN_PLUGIN_PATH)");
 }
 
-TEST_F(ConfigTest, BadModeFromEnvironmentNamesTheVariable) {
+TEST_F(ConfigTest, ApplyingTheEnvironmentTwiceIsApplyingItOnce) {
+  setenv("KILN_PLUGIN_PATH", "/env/one:/env/two", 1);
+  setenv("KILN_PLUGIN_OPTIONS", "inductor.cxx=clang++", 1);
+  TrainingArguments a;
+  a.runtime.plugin_dirs = {"/code/dir", "/env/two"};
+  a.apply_env();
+  const TrainingArguments once = a;
+  a.apply_env();
+  EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/env/one", "/env/two", "/code/dir"}));
+  EXPECT_EQ(a.runtime.plugin_dirs, once.runtime.plugin_dirs);
+  EXPECT_EQ(a.plugin_options, once.plugin_options);
+}
+
+// Every variable in the table reaches its own key: set each to a value other than the default and
+// look for it in origins and in the value the table reports back.
+TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
+  size_t variables = 0;
+  for (const auto& s : kiln::settings()) {
+    if (s.env.empty()) continue;
+    ++variables;
+    unset_kiln_environment();
+    std::string value, origin_key = s.key;
+    if (s.default_text == "false") value = "yes";
+    else if (s.default_text == "true") value = "off";
+    else if (s.key == "torch_compile_mode") value = "max-autotune";
+    else if (s.key == "log_level") value = "error";
+    else if (s.key == "runtime.cpu_block_cache_max_mb") value = "7";
+    else if (s.key == "plugin.<name>.<option>") value = "some_plugin.some_option=v", origin_key = "plugin.some_plugin.some_option";
+    else value = "/some/value";
+    setenv(s.env.c_str(), value.c_str(), 1);
+    TrainingArguments a;
+    a.apply_env();
+    ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
+    EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
+  }
+  EXPECT_EQ(variables, 14u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+}
+
+TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {
+  for (const char* yes : {"1", "true", "TRUE", "on", "On", "yes"}) {
+    setenv("KILN_WRITEBACK_COPY", yes, 1);
+    setenv("KILN_CPU_CACHE", yes, 1);
+    TrainingArguments a;
+    a.runtime.cpu_block_cache = false;
+    a.apply_env();
+    EXPECT_TRUE(a.runtime.writeback_copy) << yes;
+    EXPECT_TRUE(a.runtime.cpu_block_cache) << yes;
+  }
+  for (const char* no : {"0", "false", "False", "off", "no", "NO"}) {
+    setenv("KILN_WRITEBACK_COPY", no, 1);
+    setenv("KILN_CPU_CACHE", no, 1);
+    TrainingArguments a;
+    a.runtime.writeback_copy = true;
+    a.apply_env();
+    EXPECT_FALSE(a.runtime.writeback_copy) << no;
+    EXPECT_FALSE(a.runtime.cpu_block_cache) << no;
+  }
+}
+
+TEST_F(ConfigTest, SetButEmptyVariableIsUnset) {
+  setenv("KILN_CPU_CACHE", "", 1);
+  setenv("KILN_BACKEND", "", 1);
+  TrainingArguments a;
+  a.apply_env();
+  EXPECT_TRUE(a.runtime.cpu_block_cache);
+  EXPECT_EQ(a.torch_compile_backend, "auto");
+  EXPECT_TRUE(a.origins.empty());
+}
+
+TEST_F(ConfigTest, BadEnvironmentValuesNameTheVariableAndTheValue) {
+  setenv("KILN_CPU_CACHE", "maybe", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE): 'maybe' is not a boolean; use 1/0, true/false, on/off or yes/no");
+  unset_kiln_environment();
+  setenv("KILN_CHECK_META", "2", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_CHECK_META): '2' is not a boolean; use 1/0, true/false, on/off or yes/no");
+  unset_kiln_environment();
+  setenv("KILN_CPU_CACHE_MAX_MB", "12x", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE_MAX_MB): '12x' is not an integer");
+  unset_kiln_environment();
+  setenv("KILN_CPU_CACHE_MAX_MB", "-5", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE_MAX_MB): key 'runtime.cpu_block_cache_max_mb' must be between 0 "
+                         "and 1073741824, got -5");
+  unset_kiln_environment();
+  setenv("KILN_LOG_LEVEL", "verbose", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_LOG_LEVEL): unknown log level 'verbose'; valid levels: trace, debug, info, "
+                         "warn, error, critical, off");
+  unset_kiln_environment();
   setenv("KILN_MODE", "fast", 1);
   TrainingArguments a;
   try {
     a.apply_env();
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "environment (KILN_MODE): unknown mode 'fast' Valid modes: default, "
+    EXPECT_STREQ(e.what(), "environment (KILN_MODE): unknown mode 'fast'; valid modes: default, "
                            "reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
-    EXPECT_EQ(e.key(), "KILN_MODE");
+    EXPECT_EQ(e.key(), "torch_compile_mode");
+    EXPECT_EQ(e.where().source, "environment (KILN_MODE)");
   }
 }
 
-TEST_F(ConfigTest, BadModeSetInCodeIsCaughtByValidate) {
+TEST_F(ConfigTest, PluginOptionsFromEnvironmentReplaceSingleOptions) {
+  auto path = write("p.toml", "[plugin.inductor]\nthreads = 16\ncxx = \"g++\"\n");
+  setenv("KILN_PLUGIN_OPTIONS", "inductor.cxx=clang++,inductor.profile=1,other.x.y=a=b", 1);
+  auto a = TrainingArguments::from_toml(path);
+  EXPECT_EQ(a.plugin_options.at("inductor"),
+            (std::map<std::string, std::string>{{"threads", "16"}, {"cxx", "clang++"}, {"profile", "1"}}));
+  // The plugin's name ends at the first '.', the value starts after the first '='.
+  EXPECT_EQ(a.plugin_options.at("other").at("x.y"), "a=b");
+  EXPECT_EQ(a.origins.at("plugin.inductor.threads").describe(), path + ":2:11");
+  EXPECT_EQ(a.origins.at("plugin.inductor.cxx").describe(), "environment (KILN_PLUGIN_OPTIONS)");
+}
+
+TEST_F(ConfigTest, BadPluginOptionsEntryNamesTheVariableAndTheEntry) {
+  for (const char* bad : {"inductor", "inductor.profile", ".profile=1", "inductor.=1", "inductor.profile=1,,x"}) {
+    setenv("KILN_PLUGIN_OPTIONS", bad, 1);
+    const std::string err = env_error();
+    EXPECT_EQ(err.rfind("environment (KILN_PLUGIN_OPTIONS): entry '", 0), 0u) << bad << ": " << err;
+    EXPECT_NE(err.find("must be <plugin>.<option>=<value>"), std::string::npos) << err;
+  }
+  setenv("KILN_PLUGIN_OPTIONS", "inductor.profile=1,cxx", 1);
+  EXPECT_EQ(env_error(), "environment (KILN_PLUGIN_OPTIONS): entry 'cxx' must be <plugin>.<option>=<value>, as in "
+                         "'inductor.cxx=clang++'; entries are separated by ','");
+}
+
+TEST_F(ConfigTest, LoggerStartsAtTheEnvironmentsLevel) {
+  EXPECT_EQ(kiln::initial_log_level(), "info");
+  setenv("KILN_LOG_LEVEL", "debug", 1);
+  EXPECT_EQ(kiln::initial_log_level(), "debug");
+  setenv("KILN_LOG_LEVEL", "verbose", 1);  // reported by apply_env, not by the logger
+  EXPECT_EQ(kiln::initial_log_level(), "info");
+}
+
+TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
+  auto error_in_code = [](const TrainingArguments& a) -> std::string {
+    try {
+      a.validate();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
   TrainingArguments a;
   a.torch_compile_mode = "max_autotune";
-  try {
-    a.validate();
-    FAIL() << "expected an error";
-  } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "code: unknown mode 'max_autotune'; did you mean 'max-autotune'? Valid modes: "
-                           "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
-  }
+  EXPECT_EQ(error_in_code(a), "code: unknown mode 'max_autotune'; did you mean 'max-autotune'? Valid modes: "
+                              "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
+  TrainingArguments b;
+  b.runtime.recompile_limit = -1;
+  EXPECT_EQ(error_in_code(b), "code: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1");
+  TrainingArguments c;
+  c.runtime.cache_dir = "";
+  EXPECT_EQ(error_in_code(c), "code: key 'runtime.cache_dir' must not be empty");
+  TrainingArguments d;
+  d.max_grad_norm = -2;
+  EXPECT_EQ(error_in_code(d), "code: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -2");
+  TrainingArguments e;
+  e.log_level = "errror";
+  EXPECT_EQ(error_in_code(e), "code: unknown log level 'errror'; did you mean 'error'? Valid levels: trace, debug, "
+                              "info, warn, error, critical, off");
 }
 
 TEST_F(ConfigTest, UnknownBackendIsCheckedAgainstPluginsFound) {
-  auto path = write("b.toml", "[compile]\n  torch_compile_backend = \"inductr\"\n");
+  auto path = write("b.toml", "  torch_compile_backend = \"inductr\"\n");
   auto a = TrainingArguments::from_toml(path);
   try {
     a.validate_backend({"inductor", "cudagraphs", "my_backend"});
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), path + ":2:27: unknown backend 'inductr'; did you mean 'inductor'? "
+    EXPECT_EQ(std::string(e.what()), path + ":1:27: unknown backend 'inductr'; did you mean 'inductor'? "
                                             "Backends found: inductor, cudagraphs, my_backend");
   }
   a.torch_compile_backend = "my_backend";
@@ -185,35 +398,138 @@ struct BadFile {
 class BadToml : public ::testing::TestWithParam<BadFile> {};
 
 TEST_P(BadToml, GivesTheExactError) {
-  for (const char* v : {"KILN_BACKEND", "KILN_MODE", "KILN_PLUGIN_PATH", "KILN_CACHE_DIR", "KILN_LOG_LEVEL"})
-    unsetenv(v);
+  unset_kiln_environment();
   const std::string path = std::string(KILN_BAD_TOML_DIR) + "/" + GetParam().file;
   ASSERT_TRUE(fs::exists(path)) << path;
   EXPECT_EQ(error_of(path), path + ":" + GetParam().message);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Corpus, BadToml,
-    ::testing::Values(
-        BadFile{"unterminated_string.toml", "3:30: TOML syntax error: Error while parsing string: unescaped control characters other than TAB (U+0009) are explicitly prohibited"},
-        BadFile{"unknown_key_typo.toml", "2:16: unknown key 'compile.torch_compil'; did you mean 'torch_compile'?"},
-        BadFile{"wrong_type_bool.toml", "2:17: key 'compile.torch_compile' must be a boolean, not a string"},
-        BadFile{"unknown_mode.toml", "2:22: unknown mode 'reduce_overhead'; did you mean 'reduce-overhead'? Valid modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"},
-        BadFile{"wrong_type_int.toml", "2:19: key 'compile.recompile_limit' must be an integer, not a float"},
-        BadFile{"negative_recompile_limit.toml", "2:19: key 'compile.recompile_limit' must be between 0 and 1000000, got -1"},
-        BadFile{"plugin_dirs_not_array.toml", "2:15: key 'compile.plugin_dirs' must be an array of strings, not a string"},
-        BadFile{"plugin_dirs_bad_entry.toml", "2:22: every entry of 'compile.plugin_dirs' must be a string, not an integer"},
-        BadFile{"unknown_table.toml", "1:1: unknown key 'compiler'; did you mean 'compile'?"},
-        BadFile{"compile_not_table.toml", "1:11: key 'compile' must be a table, not an integer"},
-        BadFile{"plugin_option_array.toml", "2:11: plugin option 'plugin.inductor.threads' must be a string, integer, float or boolean, not an array"},
-        BadFile{"bad_log_level.toml", "2:9: unknown log level 'verbose'; valid levels: trace, debug, info, warn, error, critical, off"},
-        BadFile{"duplicate_key.toml", "3:17: TOML syntax error: Error while parsing key-value pair: cannot redefine existing boolean 'torch_compile'"},
-        BadFile{"empty_cache_dir.toml", "4:13: key 'compile.cache_dir' must not be empty"},
-        BadFile{"logging_unknown_key.toml", "2:9: unknown key 'logging.levle'; did you mean 'level'?"}),
-    [](const ::testing::TestParamInfo<BadFile>& info) {
-      std::string n = info.param.file;
-      return n.substr(0, n.find('.'));
-    });
+const BadFile kCorpus[] = {
+    BadFile{"unterminated_string.toml", "2:30: TOML syntax error: Error while parsing string: unescaped control characters other than TAB (U+0009) are explicitly prohibited"},
+    BadFile{"unknown_key_typo.toml", "1:1: unknown key 'torch_compil'; did you mean 'torch_compile'?"},
+    BadFile{"wrong_type_bool.toml", "2:13: key 'runtime.fullgraph' must be a boolean, not a string"},
+    BadFile{"unknown_mode.toml", "1:22: unknown mode 'reduce_overhead'; did you mean 'reduce-overhead'? Valid modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"},
+    BadFile{"wrong_type_int.toml", "2:19: key 'runtime.recompile_limit' must be an integer, not a float"},
+    BadFile{"negative_recompile_limit.toml", "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
+    BadFile{"plugin_dirs_not_array.toml", "2:15: key 'runtime.plugin_dirs' must be an array of strings, not a string"},
+    BadFile{"plugin_dirs_bad_entry.toml", "2:22: every entry of 'runtime.plugin_dirs' must be a string, not an integer"},
+    BadFile{"unknown_table.toml", "1:2: unknown key 'runtim'; did you mean 'runtime'?"},
+    BadFile{"runtime_not_table.toml", "1:11: key 'runtime' must be a table, not an integer"},
+    BadFile{"plugin_option_array.toml", "2:11: plugin option 'plugin.inductor.threads' must be a string, integer, float or boolean, not an array"},
+    BadFile{"bad_log_level.toml", "1:13: unknown log level 'verbose'; valid levels: trace, debug, info, warn, error, critical, off"},
+    BadFile{"duplicate_key.toml", "2:17: TOML syntax error: Error while parsing key-value pair: cannot redefine existing boolean 'torch_compile'"},
+    BadFile{"empty_cache_dir.toml", "4:13: key 'runtime.cache_dir' must not be empty"},
+    BadFile{"debug_unknown_key.toml", "2:1: unknown key 'debug.dump_dri'; did you mean 'debug.dump_dir'?"},
+    BadFile{"key_in_wrong_table.toml", "1:1: unknown key 'fullgraph'; did you mean 'runtime.fullgraph'?"},
+    BadFile{"key_after_table.toml", "3:1: unknown key 'runtime.torch_compile_backend'; did you mean 'torch_compile_backend'?"},
+    BadFile{"first_error_in_file_order.toml", "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
+    BadFile{"cpu_cache_max_out_of_range.toml", "2:26: key 'runtime.cpu_block_cache_max_mb' must be between 0 and 1073741824, got 3000000000"},
+    BadFile{"negative_max_grad_norm.toml", "1:17: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -1"},
+    BadFile{"experimental_wrong_type.toml", "2:19: key 'experimental.batch_optimizer' must be a boolean, not an integer"},
+    BadFile{"old_compile_table.toml", "3:1: key 'compile.fullgraph' moved to 'runtime.fullgraph'"},
+    BadFile{"old_training_table.toml", "2:1: key 'training.max_grad_norm' moved to 'max_grad_norm'"},
+    BadFile{"old_logging_table.toml", "2:1: key 'logging.level' moved to 'log_level'"},
+    BadFile{"old_compile_typo.toml", "2:1: unknown key 'compile.torch_compil'; table 'compile' is gone: its keys moved to the top level (torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]; did you mean 'torch_compile'?"},
+    BadFile{"old_compile_not_table.toml", "1:1: table 'compile' is gone: its keys moved to the top level (torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Corpus, BadToml, ::testing::ValuesIn(kCorpus),
+                         [](const ::testing::TestParamInfo<BadFile>& info) {
+                           std::string n = info.param.file;
+                           return n.substr(0, n.find('.'));
+                         });
+
+// Every file of the corpus has its message above, so that no bad file goes unchecked.
+TEST(BadTomlCorpus, EveryFileHasItsMessage) {
+  std::set<std::string> on_disk, pinned;
+  for (const auto& e : fs::directory_iterator(KILN_BAD_TOML_DIR)) on_disk.insert(e.path().filename().string());
+  for (const auto& b : kCorpus) pinned.insert(b.file);
+  EXPECT_EQ(on_disk, pinned);
+}
+
+// ---- docs/config.md and its translations list exactly the code's settings ----------------------
+
+namespace {
+
+struct DocRow {
+  std::string env;
+  std::string default_text;
+};
+
+std::string first_code_span(const std::string& cell) {
+  const size_t a = cell.find('`');
+  if (a == std::string::npos) return "";
+  const size_t b = cell.find('`', a + 1);
+  return b == std::string::npos ? "" : cell.substr(a + 1, b - a - 1);
+}
+
+// The rows of the settings' tables: every four-column table line whose first cell is a code span.
+std::map<std::string, DocRow> settings_in(const std::string& page, std::string* all_text) {
+  std::ifstream in(page);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *all_text = ss.str();
+  std::map<std::string, DocRow> rows;
+  std::istringstream lines(*all_text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::string cell;
+    for (size_t i = 1; i < line.size(); ++i) {
+      if (line[i] == '|' && line[i - 1] != '\\') {
+        cells.push_back(cell);
+        cell.clear();
+      } else {
+        cell += line[i];
+      }
+    }
+    if (cells.size() != 4) continue;  // the settings' tables have four columns
+    const std::string key = first_code_span(cells[0]);
+    EXPECT_EQ(rows.count(key), 0u) << page << " lists '" << key << "' twice";
+    rows[key] = {first_code_span(cells[1]), first_code_span(cells[2])};
+  }
+  return rows;
+}
+
+}  // namespace
+
+class ConfigDocs : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ConfigDocs, ListExactlyTheKeysVariablesAndDefaultsOfTheCode) {
+  const std::string page = std::string(KILN_DOCS_DIR) + "/" + GetParam();
+  ASSERT_TRUE(fs::exists(page)) << page;
+  std::string text;
+  const auto rows = settings_in(page, &text);
+  std::set<std::string> code_keys, code_envs;
+  for (const auto& s : kiln::settings()) {
+    code_keys.insert(s.key);
+    if (!s.env.empty()) code_envs.insert(s.env);
+    auto it = rows.find(s.key);
+    if (it == rows.end()) {
+      ADD_FAILURE() << page << " does not list the key '" << s.key << "'";
+      continue;
+    }
+    EXPECT_EQ(it->second.env, s.env) << page << ": environment variable of '" << s.key << "'";
+    EXPECT_EQ(it->second.default_text, s.default_text) << page << ": default of '" << s.key << "'";
+  }
+  for (const auto& [key, row] : rows)
+    EXPECT_EQ(code_keys.count(key), 1u) << page << " lists '" << key << "', which the code does not read";
+  // No variable in the prose that the code does not read: the settings' variables, and the
+  // hardware probe's test seam, which is not a setting.
+  const std::regex var(R"(KILN_[A-Z0-9_]+)");
+  std::set<std::string> mentioned;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), var); it != std::sregex_iterator(); ++it)
+    mentioned.insert(it->str());
+  code_envs.insert("KILN_SYSFS_ROOT");
+  EXPECT_EQ(mentioned, code_envs) << page;
+}
+
+INSTANTIATE_TEST_SUITE_P(Pages, ConfigDocs, ::testing::Values("config.md", "es/config.md", "pt/config.md"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           return n == "config.md" ? std::string("English")
+                                                   : n.rfind("es/", 0) == 0 ? std::string("Spanish") : std::string("Portuguese");
+                         });
 
 // The one JSON escaping rule of kiln's command line, reports and conformance runner.
 TEST(JsonText, EscapesQuotesBackslashesAndEveryControlCharacter) {
