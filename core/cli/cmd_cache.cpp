@@ -41,7 +41,7 @@ int cmd_cache(int argc, char** argv) {
   const std::string action = argv[1];
   TrainingArguments args;
   args.apply_env();
-  std::string dir = args.cache_dir;
+  std::string dir = args.runtime.cache_dir;
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) {
       dir = argv[++i];

@@ -68,7 +68,7 @@ void note(const std::string& text) { append_result_line("note", text); }
 std::shared_ptr<HostServices> torch_host() {
   static std::shared_ptr<HostServices> host = [] {
     TrainingArguments args;
-    args.cache_dir = "/tmp/kiln-conformance-cache-" + std::to_string(::getuid());
+    args.runtime.cache_dir = "/tmp/kiln-conformance-cache-" + std::to_string(::getuid());
     return torch_host_services(args);
   }();
   return host;

@@ -71,8 +71,8 @@ void check_workload(const std::string& name, int64_t batch) {
   TrainingArguments args;
   args.torch_compile = true;
   args.torch_compile_backend = plugin->name();
-  args.plugin_dirs = {std::filesystem::path(settings().plugin_path).parent_path().string()};
-  args.cache_dir = torch_host()->cache_dir();
+  args.runtime.plugin_dirs = {std::filesystem::path(settings().plugin_path).parent_path().string()};
+  args.runtime.cache_dir = torch_host()->cache_dir();
   progress("compile_step for " + name + " with backend " + plugin->name());
   auto ref_step = workload_step(ref);
   auto noisy_step = workload_step(noisy);

@@ -18,7 +18,7 @@
 // backend claims its nodes and compiles its groups, and every other node runs on the eager
 // executor. Later calls run the compiled step. Gradients are left in
 // param.grad() after every step, as LibTorch's eager step leaves them. A step that cannot be
-// captured or compiled runs eagerly with one warning (an error with args.fullgraph).
+// captured or compiled runs eagerly with one warning (an error with args.runtime.fullgraph).
 //
 // Contract for `fn`: it calls each optimizer in StepState::optimizers' step() once, with no
 // closure, anywhere after the backward that made its gradients (several optimizers, several

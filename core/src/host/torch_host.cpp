@@ -270,7 +270,7 @@ class TorchHost : public HostServices {
 }  // namespace
 
 std::shared_ptr<HostServices> torch_host_services(const TrainingArguments& args) {
-  return std::make_shared<TorchHost>(args.cache_dir, args.plugin_options);
+  return std::make_shared<TorchHost>(args.runtime.cache_dir, args.plugin_options);
 }
 
 }  // namespace kiln

@@ -92,7 +92,7 @@ std::shared_ptr<HostServices> HostServices::basic(std::string cache_dir, Options
 }
 
 std::shared_ptr<HostServices> HostServices::basic(const TrainingArguments& args) {
-  return basic(args.cache_dir, args.plugin_options);
+  return basic(args.runtime.cache_dir, args.plugin_options);
 }
 
 }  // namespace kiln

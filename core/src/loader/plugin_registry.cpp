@@ -480,7 +480,7 @@ PluginRegistry PluginRegistry::load(const PluginSearchOptions& options, std::sha
 
 PluginRegistry PluginRegistry::load(const TrainingArguments& args, std::shared_ptr<const HostServices> host) {
   PluginSearchOptions o;
-  o.dirs = args.plugin_dirs;
+  o.dirs = args.runtime.plugin_dirs;
   return load(o, std::move(host));
 }
 

@@ -26,8 +26,8 @@ struct LoadedBackends {
 const LoadedBackends& loaded_backends(const TrainingArguments& args) {
   static std::mutex mu;
   static std::map<std::string, std::shared_ptr<LoadedBackends>> cache;
-  std::string key = args.cache_dir + "\n";
-  for (const auto& d : args.plugin_dirs) key += d + ":";
+  std::string key = args.runtime.cache_dir + "\n";
+  for (const auto& d : args.runtime.plugin_dirs) key += d + ":";
   for (const auto& [plugin, opts] : args.plugin_options)
     for (const auto& [k, v] : opts) key += "\n" + plugin + "." + k + "=" + v;
   std::lock_guard<std::mutex> lock(mu);

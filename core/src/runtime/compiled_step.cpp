@@ -4,7 +4,7 @@
 // Signature (guards): every input's sizes, dtype, device and requires_grad; every parameter's
 // sizes, dtype, device and requires_grad; every module's training flag; autocast state; grad mode.
 // A new signature is captured and compiled (no eager warm-up needed once optimizer state exists);
-// past args.recompile_limit signatures kiln warns once and runs new signatures eagerly.
+// past args.runtime.recompile_limit signatures kiln warns once and runs new signatures eagerly.
 //
 // Optimizer scalars: LibTorch's C++ optimizers compute some arguments on the host (Adam's bias
 // corrections change every step; a scheduler changes lr). Each compiled step first replays the
@@ -263,7 +263,7 @@ struct CompiledStep::Impl {
   bool check_structure() {
     if (structure_eager) return false;
     if (structure_now() == structure) return true;
-    if (stats.recaptures >= args.recompile_limit) {
+    if (stats.recaptures >= args.runtime.recompile_limit) {
       structure_eager = true;
       collect_state();
       cache.clear();
@@ -426,7 +426,7 @@ struct CompiledStep::Impl {
 
   void fallback(const std::string& why) {
     stats.last_fallback = why;
-    if (args.fullgraph) throw CompileError(why + " (fullgraph = true)");
+    if (args.runtime.fullgraph) throw CompileError(why + " (fullgraph = true)");
     warn_once(why + "; running this step eagerly");
   }
 
@@ -963,8 +963,8 @@ struct CompiledStep::Impl {
   // A signature seen for the first time: captured and compiled, unless past the limit or its capture
   // already failed for another shape.
   std::vector<at::Tensor> capture_new(const std::vector<at::Tensor>& inputs, std::vector<int64_t> sig) {
-    if (static_cast<int>(cache.size()) >= args.recompile_limit) {
-      warn_once(c10::str("kiln: recompile_limit (", args.recompile_limit,
+    if (static_cast<int>(cache.size()) >= args.runtime.recompile_limit) {
+      warn_once(c10::str("kiln: recompile_limit (", args.runtime.recompile_limit,
                          ") reached; steps with a new input signature run eagerly"));
       stats.last_fallback = "recompile_limit";
       return eager(inputs);
@@ -987,7 +987,7 @@ struct CompiledStep::Impl {
   // captured again; past recompile_limit such changes, the signature runs eagerly.
   std::vector<at::Tensor> recapture(const std::vector<at::Tensor>& inputs, std::vector<int64_t> sig, Entry& e,
                                     const std::string& why) {
-    if (stats.recaptures >= args.recompile_limit) {
+    if (stats.recaptures >= args.runtime.recompile_limit) {
       e.compiled = false;
       e.reason = why;
       fallback(c10::str(why, "; the step was captured again ", stats.recaptures,

@@ -62,7 +62,7 @@ kiln::TrainingArguments args_for(const std::string& backend, const std::string& 
   a.torch_compile = true;
   a.torch_compile_backend = backend;
   a.torch_compile_mode = mode;
-  a.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
+  a.runtime.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
   return a;
 }
 

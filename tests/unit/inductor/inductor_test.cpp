@@ -43,7 +43,7 @@ std::string fresh_dir(const std::string& tag) {
 
 std::shared_ptr<LoadedPlugin> load(const std::string& cache_dir, const Options& opts = {}) {
   TrainingArguments args;
-  args.cache_dir = cache_dir;
+  args.runtime.cache_dir = cache_dir;
   if (!opts.empty()) args.plugin_options["inductor"] = opts;
   return PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
 }

@@ -33,7 +33,7 @@ std::pair<KilnErrorCode, std::string> take(const KilnHostApi* api, KilnError* e)
 
 std::shared_ptr<kiln::HostServices> host() {
   kiln::TrainingArguments args;
-  args.cache_dir = "/tmp/kiln-torch-host-test";
+  args.runtime.cache_dir = "/tmp/kiln-torch-host-test";
   return kiln::torch_host_services(args);
 }
 

@@ -99,7 +99,7 @@ TEST(Trainer, ItemMidStepRunsEagerlyWithOneWarningNamingTheOp) {
 TEST(Trainer, ItemMidStepWithFullgraphIsAnError) {
   auto s = make(fresh_seed());
   auto args = compile_args();
-  args.fullgraph = true;
+  args.runtime.fullgraph = true;
   kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) {
     auto h = s.net->forward(x);
     (void)h.sum().item<float>();
@@ -137,7 +137,7 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
   const auto seed = fresh_seed();
   auto ref = make(seed), s = make(seed);
   auto args = compile_args();
-  args.recompile_limit = 2;
+  args.runtime.recompile_limit = 2;
   LogCapture logs;
   kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   for (int64_t batch : {3, 3, 4, 5, 6, 5, 3}) {
@@ -268,7 +268,7 @@ TEST(Trainer, UnknownBackendFromTomlIsAnErrorWithFileLineAndSuggestion) {
   const std::string path = ::testing::TempDir() + "kiln_trainer_backend.toml";
   {
     std::ofstream f(path);
-    f << "[compile]\ntorch_compile_backend = \"indcutor\"\n";
+    f << "torch_compile = true\ntorch_compile_backend = \"indcutor\"\n";
   }
   auto args = kiln::TrainingArguments::from_toml(path);
   auto s = make(fresh_seed());
