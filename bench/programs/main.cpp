@@ -289,17 +289,20 @@ int main(int argc, char** argv) {
     chosen.push_back(*it);
   }
   if (only.empty()) chosen = all;
-  if (backend.empty()) {
-    const char* env = std::getenv("KILN_BACKEND");
-    backend = env && *env ? env : "auto";
-  }
-  // compile_step applies the environment's level: only warnings, unless asked otherwise.
-  setenv("KILN_LOG_LEVEL", "warn", /*overwrite=*/0);
-  kiln::apply_log_level_from_env();
   if (threads > 0) at::set_num_threads(threads);
+  // Only warnings, unless KILN_LOG_LEVEL asks otherwise (the environment wins over code).
   kiln::TrainingArguments args;
+  args.log_level = "warn";
+  try {
+    args.apply_env();
+  } catch (const kiln::ConfigError& e) {
+    std::fprintf(stderr, "kiln_programs_bench: %s\n", e.what());
+    return 2;
+  }
+  kiln::set_log_level(args.log_level);
   args.torch_compile = true;
-  args.torch_compile_backend = backend;
+  if (!backend.empty()) args.torch_compile_backend = backend;
+  backend = args.torch_compile_backend;
   args.validate();
 
   std::printf("kiln_programs_bench: %s, %d ATen threads, load average %s; backend %s\n", cpu_model().c_str(),

@@ -44,7 +44,7 @@ void usage(FILE* out) {
 }  // namespace
 
 int cmd_plugins(int argc, char** argv) {
-  bool json = false;
+  bool json = false, default_dirs = true;
   PluginSearchOptions search;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -55,6 +55,7 @@ int cmd_plugins(int argc, char** argv) {
     } else if (a.rfind("--dir=", 0) == 0) {
       search.dirs.push_back(a.substr(6));
     } else if (a == "--no-default-dirs") {
+      default_dirs = false;
       search.use_env = false;
       search.use_builtin = false;
     } else if (a == "--help" || a == "-h") {
@@ -68,7 +69,9 @@ int cmd_plugins(int argc, char** argv) {
   }
 
   TrainingArguments args;
-  args.apply_env();  // KILN_CACHE_DIR; KILN_PLUGIN_PATH is read by the search itself
+  args.apply_env();  // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
+  if (default_dirs)  // after the --dir directories
+    search.dirs.insert(search.dirs.end(), args.runtime.plugin_dirs.begin(), args.runtime.plugin_dirs.end());
   auto host = HostServices::basic(args);
   PluginRegistry reg = PluginRegistry::load(search, host);
   // Availability is asked against the hardware probe's devices (CPU, CUDA, Gaudi, Neuron).

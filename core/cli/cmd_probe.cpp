@@ -25,8 +25,8 @@ void usage(FILE* out) {
                "Shows the devices of this machine and the backend kiln picks for them, with why.\n\n"
                "  --json            one JSON object: devices, default_backend, reasons, plugins, warnings\n"
                "  --explain         every reason, the plugins found and whether each can run here\n"
-               "  --sysfs-root DIR  describe the machine in DIR instead of this one (also KILN_SYSFS_ROOT);\n"
-               "                    see docs/hardware-probe.md for the layout\n"
+               "  --sysfs-root DIR  describe the machine in DIR instead of this one (also KILN_SYSFS_ROOT,\n"
+               "                    the probe's test seam); see docs/hardware-probe.md for the layout\n"
                "  --plugins-dir DIR look for plugins only in DIR (repeatable); default: KILN_PLUGIN_PATH,\n"
                "                    then the install's plugin folder\n"
                "  --backend NAME    check a named backend instead of \"auto\" (default: KILN_BACKEND or auto)\n");
@@ -61,12 +61,18 @@ int cmd_probe(int argc, char** argv) {
       return 2;
     }
   }
-  if (backend.empty()) {
-    const char* env = std::getenv("KILN_BACKEND");
-    backend = env && *env ? env : "auto";
+  // The report already says what the info log would; keep the terminal to one account of it
+  // unless KILN_LOG_LEVEL asks for more.
+  TrainingArguments args;
+  args.log_level = "warn";
+  try {
+    args.apply_env();
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "kiln probe: %s\n", e.what());
+    return 2;
   }
-  // The report already says what the info log would; keep the terminal to one account of it.
-  if (!std::getenv("KILN_LOG_LEVEL")) set_log_level("warn");
+  set_log_level(args.log_level);
+  if (backend.empty()) backend = args.torch_compile_backend;
 
   ProbeReport report;
   hw::ProbeOptions options;
@@ -74,12 +80,12 @@ int cmd_probe(int argc, char** argv) {
   report.probe = hw::probe(options);
 
   PluginSearchOptions search;
+  search.dirs = args.runtime.plugin_dirs;
   if (!plugin_dirs.empty()) {
     search.dirs = plugin_dirs;
     search.use_env = false;
     search.use_builtin = false;
   }
-  TrainingArguments args;
   auto registry = PluginRegistry::load(search, HostServices::basic(args));
   report.plugins = plugin_candidates(registry, report.probe.devices);
   std::string searched;
