@@ -41,6 +41,9 @@ ProbeResult probe(const ProbeOptions& options) {
   ProbeResult result;
   std::string root = options.root;
   if (root.empty()) {
+    // The probe's one test seam, and the only environment variable kiln reads outside
+    // TrainingArguments: the probe runs before any configuration exists (kiln probe, selection of
+    // "auto"), and it describes the machine, not a training run.
     const char* env = std::getenv("KILN_SYSFS_ROOT");
     root = env && *env ? env : "/";
   }

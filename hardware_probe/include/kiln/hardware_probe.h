@@ -101,7 +101,8 @@ struct Device {
 };
 
 struct ProbeOptions {
-  // The directory that stands for "/". Empty: $KILN_SYSFS_ROOT when set, else "/". Any root other
+  // The directory that stands for "/". Empty: $KILN_SYSFS_ROOT when set (the probe's test seam,
+  // not a TrainingArguments setting), else "/". Any root other
   // than the real "/" describes a machine that is not this one, so CUDA devices then come from
   // the tree's PCI list (vendor 0x10de) rather than the driver, and the CPU's instruction sets
   // from the tree's /proc/cpuinfo flags.
