@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -167,32 +166,26 @@ Setting flag(std::string key, std::string env, F field) {
   return s;
 }
 
+// Whole numbers within [lo, hi], which the field's type must hold.
 template <class F>
 Setting integer(std::string key, std::string env, F field, int64_t lo, int64_t hi) {
   Setting s{key, env};
-  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
-    if (!v.is_integer()) throw wrong_type(v, source, key, "an integer");
-    const int64_t n = v.as_integer()->get();
-    // Range first, so that a value the field cannot hold is reported, not truncated.
-    using T = std::decay_t<decltype(field(a))>;
-    if (n < static_cast<int64_t>(std::numeric_limits<T>::min()) || n > static_cast<int64_t>(std::numeric_limits<T>::max()))
-      throw ConfigError(origin_of(v, source), key, "key '" + key + "' is out of range, got " + std::to_string(n));
-    field(a) = static_cast<T>(n);
-  };
-  s.from_env = [key, field](TrainingArguments& a, const std::string& text, const SettingOrigin& where) {
-    const int64_t n = env_integer(text, where, key);
-    using T = std::decay_t<decltype(field(a))>;
-    if (n < static_cast<int64_t>(std::numeric_limits<T>::min()) || n > static_cast<int64_t>(std::numeric_limits<T>::max()))
-      throw ConfigError(where, key, "key '" + key + "' is out of range, got " + text);
-    field(a) = static_cast<T>(n);
-  };
-  s.show = [field](const TrainingArguments& a) { return std::to_string(field(a)); };
-  s.check = [key, field, lo, hi](const TrainingArguments& a, const SettingOrigin& where) {
-    const int64_t n = field(a);
+  auto in_range = [key, lo, hi](int64_t n, const SettingOrigin& where) {
     if (n < lo || n > hi)
       throw ConfigError(where, key, "key '" + key + "' must be between " + std::to_string(lo) + " and " +
                                         std::to_string(hi) + ", got " + std::to_string(n));
+    return n;
   };
+  s.from_toml = [key, field, in_range](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_integer()) throw wrong_type(v, source, key, "an integer");
+    // Checked before the assignment, so that a value the field cannot hold is reported, not truncated.
+    field(a) = static_cast<std::decay_t<decltype(field(a))>>(in_range(v.as_integer()->get(), origin_of(v, source)));
+  };
+  s.from_env = [key, field, in_range](TrainingArguments& a, const std::string& text, const SettingOrigin& where) {
+    field(a) = static_cast<std::decay_t<decltype(field(a))>>(in_range(env_integer(text, where, key), where));
+  };
+  s.show = [field](const TrainingArguments& a) { return std::to_string(field(a)); };
+  s.check = [field, in_range](const TrainingArguments& a, const SettingOrigin& where) { in_range(field(a), where); };
   return s;
 }
 
@@ -395,8 +388,7 @@ std::vector<std::string> keys_in(const std::string& table_name) {
 // "did you mean": a near name in the same table first, else a near key of another table
 // ('fullgraph' at the top level is 'runtime.fullgraph').
 std::optional<std::string> suggest(const std::string& table_name, const std::string& name) {
-  if (auto near = nearest_name(name, keys_in(table_name)))
-    return table_name.empty() || is_kiln_table(*near) || *near == "plugin" ? *near : table_name + "." + *near;
+  if (auto near = nearest_name(name, keys_in(table_name))) return table_name.empty() ? *near : table_name + "." + *near;
   std::vector<std::string> leaves, keys;
   for (const auto& s : table()) {
     if (s.key.rfind("plugin.", 0) == 0) continue;
