@@ -255,7 +255,7 @@ BenchRun run(const BenchOptions& o) {
   args.log_level = "warn";  // the report is the output; KILN_LOG_LEVEL still overrides
   if (!o.backend.empty()) args.torch_compile_backend = o.backend;
   args.torch_compile_mode = o.mode;
-  args.plugin_dirs = o.plugin_dirs;
+  args.runtime.plugin_dirs = o.plugin_dirs;
   // The environment wins over code, as in compile_step (docs/config.md): applied here too so that
   // the report names the backend that was really asked for.
   args.apply_env();
