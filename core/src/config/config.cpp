@@ -357,7 +357,7 @@ const Setting* find_setting(const std::string& key) {
   return nullptr;
 }
 
-// The tables of kiln's own settings, and [plugin.<name>].
+// The tables of kiln's own settings ([plugin.<name>] holds plugin options and is read apart).
 const std::vector<std::string>& kiln_tables() {
   static const std::vector<std::string> t = {"runtime", "debug", "experimental"};
   return t;
