@@ -284,7 +284,7 @@ BenchRun run(const BenchOptions& o) {
   }
   r.stats = compiled.stats();
   if (const auto* graph = compiled.captured_graph())
-    for (const auto& n : graph->nodes) r.phase_nodes[n.phase == "forward" ? 0 : n.phase == "backward" ? 1 : 2]++;
+    for (const auto& n : graph->nodes) r.phase_nodes[n.phase == ir::Phase::Forward ? 0 : n.phase == ir::Phase::Backward ? 1 : 2]++;
   r.compiled_nodes = compiled.compiled_graph() ? compiled.compiled_graph()->nodes.size() : 0;
   return r;
 }

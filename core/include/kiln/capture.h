@@ -64,8 +64,9 @@ class StepRecorder {
 
   // The value a tensor holds at the end of the step, kNoValue when the step never saw it.
   ir::ValueId value_of(const at::Tensor& t) const;
-  // Adds a graph output (a result, or a gradient for the caller to put in param.grad).
-  void add_output(ir::ValueId v, std::string name);
+  // Adds a graph output: result number `target` of the step, or the gradient of parameter number
+  // `target` (role Gradient), for the caller to put in param.grad.
+  void add_output(ir::ValueId v, std::string name, ir::OutputRole role = ir::OutputRole::Result, int32_t target = -1);
 
   // The graph (raw: views and in-place ops, Value::storage set) and, parallel to graph.inputs,
   // the tensor each input was bound to and its user input index (-1 for state).

@@ -64,8 +64,11 @@ c10::IValue arg_to_ivalue(const ir::Arg& arg, const c10::Argument& schema_arg,
 class EagerExecutor {
  public:
   // `nodes`: indices into graph.nodes, in order; empty means all of them.
-  EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes = {},
-                std::vector<ir::ValueId> keep = {});
+  // check_meta ([debug] check_meta): each result's dtype and shape are checked against the graph
+  // as the step runs, and the first mismatch is an error naming the node (finds a pass or capture
+  // bug fast).
+  EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes = {}, std::vector<ir::ValueId> keep = {},
+                bool check_meta = false);
 
   // Runs one node of any graph, resolving it on the spot (slow path, for tests and one-offs).
   static void run_node(const ir::Node& node, std::vector<at::Tensor>& env,
@@ -80,8 +83,7 @@ class EagerExecutor {
  private:
   std::vector<PreparedNode> nodes_;
   std::vector<std::vector<ir::ValueId>> free_after_;  // per node: values dead after it
-  // KILN_CHECK_META=1: each result's dtype and shape are checked against the graph as the step
-  // runs, and the first mismatch is an error naming the node (finds a pass or capture bug fast).
+  // check_meta: per node, the expected metadata of its results.
   std::vector<std::vector<std::pair<ir::ValueId, ir::TensorMeta>>> check_meta_;
   std::vector<std::string> check_where_;
 };

@@ -91,6 +91,15 @@ struct Arg {
   bool operator!=(const Arg& o) const { return !(*this == o); }
 };
 
+// Which part of the training step recorded a node. The probe matches optimizer calls only among
+// nodes that are not Backward; batch_optimizer works on Optimizer nodes.
+enum class Phase : uint8_t {
+  Unknown,    // made by a pass, or a graph built by hand
+  Forward,
+  Backward,   // recorded while autograd ran the backward
+  Optimizer,  // after the backward
+};
+
 struct Node {
   std::string op;                 // "aten::add.Tensor": schema name, ".overload" when not empty
   std::vector<Arg> args;          // every argument, in schema order
@@ -98,7 +107,7 @@ struct Node {
   // result (e.g. convolution_backward's bias gradient when output_mask says so).
   std::vector<ValueId> outputs;
   bool returns_list = false;      // the schema returns Tensor[] (outputs are its elements)
-  std::string phase;              // "forward", "backward", "optimizer" (informational)
+  Phase phase = Phase::Unknown;
 };
 
 // What a graph input is. The step's state lives in these; the compiled step reads them in place.
@@ -119,14 +128,17 @@ struct Input {
 };
 
 enum class OutputRole : uint8_t {
-  Result,     // returned to the user (the loss)
+  Result,     // returned to the user (the loss): result number `target` of the step function
   WriteBack,  // written back into the storage of input `target` (a functionalized mutation)
+  Gradient,   // the new .grad of parameter number `target` (the step's parameter order)
 };
 
 struct Output {
   ValueId value = kNoValue;
   OutputRole role = OutputRole::Result;
-  int32_t target = -1;  // for WriteBack: index into Graph::inputs
+  // Result: the result's index (-1: not returned, e.g. a hand-built graph's only output);
+  // WriteBack: index into Graph::inputs; Gradient: the parameter's index.
+  int32_t target = -1;
   std::string name;
 };
 
@@ -161,5 +173,6 @@ struct Graph {
 
 const char* to_string(InputRole r);
 const char* to_string(OutputRole r);
+const char* to_string(Phase p);  // "" for Unknown
 
 }  // namespace kiln::ir

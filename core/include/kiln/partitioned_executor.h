@@ -3,10 +3,11 @@
 // group, and every node outside a compiled group runs eagerly. A group the plugin declines
 // (KILN_ERROR_UNIMPLEMENTED) runs eagerly without a word; a group whose compile fails runs
 // eagerly with one warning naming the plugin and its message. Nothing is lost either way, and
-// groups() says which groups the plugin's code runs and why the others do not.
+// CompiledPartition::outcomes says which groups the plugin's code runs and why the others do not.
 //
-// KILN_VERIFY_GROUPS=1 checks every compiled group against the eager executor as it runs and logs
-// each output's relative error: the way to find which group of a backend computes a wrong number.
+// With verify_groups ([debug] verify_groups), every compiled group is checked against the eager
+// executor as it runs and each output's relative error is logged: the way to find which group of
+// a backend computes a wrong number.
 #pragma once
 
 #include <memory>
@@ -38,12 +39,45 @@ struct PartitionStats {
   std::vector<std::string> compile_errors;  // one per group that failed (not UNIMPLEMENTED)
 };
 
+// One claimed group and what became of it.
+struct CompiledGroup {
+  PartitionGroup group;
+  std::unique_ptr<PluginExecutable> exe;  // null: its nodes run eagerly
+  std::vector<ir::TensorMeta> output_meta;
+  std::vector<ir::Node> nodes;            // the group's nodes, for verify_groups
+};
+
+// The partition stage of a plan: what the plugin claimed, the convex groups, and each group
+// compiled. Immutable once made; executors share it.
+struct CompiledPartition {
+  std::shared_ptr<const LoadedPlugin> plugin;
+  Partition partition;
+  std::vector<CompiledGroup> groups;
+  PartitionStats stats;
+  // Every group the plugin claimed, in partition order: compiled, declined or failed, and why.
+  std::vector<GroupOutcome> outcomes;
+  // When each node runs: its slot, or -(slot + 1) for a node of a compiled group (what
+  // compute_writebacks_in_place reads).
+  std::vector<int32_t> position;
+};
+
+// Claims, partitions and compiles: a group the plugin declines (KILN_ERROR_UNIMPLEMENTED) runs
+// eagerly without a word, a group whose compile fails runs eagerly with one warning naming the
+// plugin and its message.
+std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
+                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode);
+// The partition and its outcome as text, for the debug dump.
+std::string print_compiled_partition(const ir::Graph& graph, const CompiledPartition& partition);
+
 class PartitionedExecutor {
  public:
-  // `keep`: values that must survive the run (graph outputs are always kept). Writes the partition
-  // to <debug_dir>/partition.txt when debug_dir is set.
-  PartitionedExecutor(const ir::Graph& graph, std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
-                      const std::string& debug_dir = "", std::vector<ir::ValueId> keep = {});
+  // Runs `graph` (the partitioned graph, its write-backs planned in place with the partition's
+  // positions) as `partition` says. `keep`: values that must survive the run (graph outputs are
+  // always kept). verify_groups: see verify_group.
+  PartitionedExecutor(const ir::Graph& graph, std::shared_ptr<const CompiledPartition> partition,
+                      bool verify_groups = false, std::vector<ir::ValueId> keep = {});
+  // Partitions and compiles `graph` itself (tests and tools that run a pure graph).
+  PartitionedExecutor(const ir::Graph& graph, std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode);
   ~PartitionedExecutor();
   PartitionedExecutor(const PartitionedExecutor&) = delete;
   PartitionedExecutor& operator=(const PartitionedExecutor&) = delete;
@@ -51,33 +85,25 @@ class PartitionedExecutor {
   // Same contract as EagerExecutor::run. `stream` is handed to the plugin (NULL on CPU).
   void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr,
            void* stream = nullptr) const;
-
-  const PartitionStats& stats() const { return stats_; }
-  // Every group the plugin claimed, in partition order: compiled, declined or failed, and why.
-  const std::vector<GroupOutcome>& groups() const { return outcomes_; }
+  const PartitionStats& stats() const { return partition_->stats; }
+  const std::vector<GroupOutcome>& groups() const { return partition_->outcomes; }
 
  private:
-  struct Group {
-    std::unique_ptr<PluginExecutable> exe;
-    std::vector<ir::ValueId> inputs, outputs;
-    std::vector<ir::TensorMeta> output_meta;
-    std::vector<ir::Node> nodes;  // for KILN_VERIFY_GROUPS: the same work on the eager executor
-  };
-  // KILN_VERIFY_GROUPS=1: after each group, run its nodes eagerly from the same inputs and log the
-  // relative error of every output (a backend author's first tool when a step goes wrong).
-  void verify_group(const Group& grp, int32_t index, const std::vector<at::Tensor>& env,
+  void init(const ir::Graph& graph, std::vector<ir::ValueId> keep);
+  // After each compiled group, runs its nodes eagerly from the same inputs and logs the relative
+  // error of every output (a backend author's first tool when a step goes wrong).
+  void verify_group(const CompiledGroup& grp, int32_t index, const std::vector<at::Tensor>& env,
                     const std::vector<c10::IValue>* scalars) const;
-  bool verify_groups_ = false;
+
   struct Unit {
     std::unique_ptr<PreparedNode> node;  // eager
     int32_t group = -1;                  // or a compiled group
     std::vector<ir::ValueId> free_after;
   };
-  std::vector<Group> groups_;
-  std::vector<GroupOutcome> outcomes_;
+  std::shared_ptr<const CompiledPartition> partition_;
+  bool verify_groups_ = false;
   bool pass_scalars_ = false;
   std::vector<Unit> units_;
-  PartitionStats stats_;
 };
 
 // Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do

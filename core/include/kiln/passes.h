@@ -1,7 +1,9 @@
-// The passes over kiln IR, one function each in core/src/passes/<pass>.cpp, and the pipeline that
-// runs them in order (core/src/passes/pipeline.cpp), dumping the IR after every pass when asked.
+// The passes over kiln IR, one function each in core/src/passes/<pass>.cpp, and PassRunner, which
+// runs them in order, verifying and dumping the IR after every pass (core/src/passes/pipeline.cpp).
+// The compiled step's whole pipeline is plan_step (core/src/runtime/plan_step.cpp).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,7 +51,7 @@ struct LiftedScalar {
 std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<LiftedScalar>* lifted = nullptr);
 
 // The optimizer's per-parameter element-wise updates as multi-tensor ops (experimental, CUDA;
-// off unless KILN_BATCH_OPTIMIZER=1): LibTorch's C++ optimizers update each parameter with its own
+// off unless [experimental] batch_optimizer): LibTorch's C++ optimizers update each parameter with its own
 // few kernels (AdamW: ~10 per parameter, 770 launches on gpt), where PyTorch's foreach optimizers
 // launch a few multi-tensor kernels for all of them. Nodes of the optimizer phase with the same
 // op, the same constant arguments, the same dtype and device and the same depth within the
@@ -67,20 +69,40 @@ struct PassRecord {
   double ms = 0;
 };
 
+// Runs passes over one graph, the way every pipeline of kiln does: run the pass, verify the graph
+// (an error names the pass), dump it as "<NN>-<name>.kir" into dump_dir when that is set, log and
+// record what the pass did, next pass. dump() writes a numbered file that is not IR (the
+// partition, the plan) into the same sequence.
+class PassRunner {
+ public:
+  PassRunner(ir::Graph& graph, std::string dump_dir);
+  void run(const std::string& name, const std::function<void()>& pass);
+  void dump(const std::string& name, const std::string& text);
+  const std::vector<PassRecord>& records() const { return records_; }
+  const std::string& dump_dir() const { return dir_; }
+
+ private:
+  ir::Graph& g_;
+  std::string dir_;
+  int index_ = 0;
+  std::vector<PassRecord> records_;
+};
+
 struct PipelineOptions {
   bool functionalize = true;
-  // Where to dump the IR after every pass ("" = KILN_DEBUG_DIR, or nowhere when that is unset).
+  // Where to dump the IR after every pass ("" = nowhere).
   std::string debug_dir;
 };
 
-// Runs the passes in order: functionalize, decompose, DCE, CSE, constant folding, DCE; verifies the
-// graph after each, dumps it when asked, and returns what each pass did.
+// The graph passes alone, in the order the compiled step's planner runs them: functionalize,
+// decompose, DCE, CSE, constant folding, DCE. For tests and tools; the compiled step runs them, and
+// the passes after them, in plan_step.
+void run_graph_passes(PassRunner& runner, ir::Graph& graph, ConstantTensors& constants, bool functionalize = true);
 std::vector<PassRecord> run_pipeline(ir::Graph& graph, ConstantTensors& constants,
                                      const PipelineOptions& options = {});
 
-// The directory to dump into: options.debug_dir, else $KILN_DEBUG_DIR, else "".
-std::string debug_dir(const PipelineOptions& options);
-// Writes `text` to <dir>/<name>, creating dir; logs and goes on when it cannot.
+// Writes `text` to <dir>/<name>, creating dir; logs and goes on when it cannot. Nothing when dir
+// is empty.
 void dump_debug_file(const std::string& dir, const std::string& name, const std::string& text);
 
 }  // namespace kiln

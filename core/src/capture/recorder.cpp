@@ -293,10 +293,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
             node.args.push_back(std::move(a));
           }
           if (torch::autograd::get_current_graph_task_id() != -1) {
-            node.phase = "backward";
+            node.phase = ir::Phase::Backward;
             backward_seen = true;
           } else {
-            node.phase = backward_seen ? "optimizer" : "forward";
+            node.phase = backward_seen ? ir::Phase::Optimizer : ir::Phase::Forward;
           }
         }
       }
@@ -451,8 +451,8 @@ ir::ValueId StepRecorder::value_of(const at::Tensor& t) const {
   return ir::kNoValue;
 }
 
-void StepRecorder::add_output(ir::ValueId v, std::string name) {
-  s_->graph.outputs.push_back({v, ir::OutputRole::Result, -1, std::move(name)});
+void StepRecorder::add_output(ir::ValueId v, std::string name, ir::OutputRole role, int32_t target) {
+  s_->graph.outputs.push_back({v, role, target, std::move(name)});
 }
 
 ir::Graph& StepRecorder::graph() { return s_->graph; }

@@ -131,6 +131,23 @@ const char* to_string(InputRole r) {
   return "?";
 }
 
-const char* to_string(OutputRole r) { return r == OutputRole::Result ? "result" : "writeback"; }
+const char* to_string(OutputRole r) {
+  switch (r) {
+    case OutputRole::Result: return "result";
+    case OutputRole::WriteBack: return "writeback";
+    case OutputRole::Gradient: return "grad";
+  }
+  return "?";
+}
+
+const char* to_string(Phase p) {
+  switch (p) {
+    case Phase::Unknown: return "";
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+  }
+  return "";
+}
 
 }  // namespace kiln::ir

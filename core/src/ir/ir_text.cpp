@@ -152,12 +152,12 @@ std::string print(const Graph& g) {
     }
     os << " = " << n.op << "(" << join_list(n.args, print_arg) << ")";
     if (n.returns_list) os << " list";
-    if (!n.phase.empty()) os << " " << n.phase;
+    if (n.phase != Phase::Unknown) os << " " << to_string(n.phase);
     os << "\n";
   }
   for (const auto& out : g.outputs) {
     os << "  output " << val(out.value) << " " << to_string(out.role);
-    if (out.role == OutputRole::WriteBack) os << " " << out.target;
+    if (out.role != OutputRole::Result || out.target >= 0) os << " " << out.target;
     os << " " << quote(out.name) << "\n";
   }
   os << "}\n";
@@ -517,11 +517,16 @@ class Parser {
       Output o;
       o.value = value_ref();
       std::string role = word();
-      if (role == "result") o.role = OutputRole::Result;
-      else if (role == "writeback") {
-        o.role = OutputRole::WriteBack;
+      if (role == "result") {
+        o.role = OutputRole::Result;
+        skip_blank();
+        if (!at_end() && std::isdigit(static_cast<unsigned char>(peek()))) o.target = static_cast<int32_t>(integer());
+      } else if (role == "writeback" || role == "grad") {
+        o.role = role == "grad" ? OutputRole::Gradient : OutputRole::WriteBack;
         o.target = static_cast<int32_t>(integer());
-      } else fail("unknown output role '" + role + "'");
+      } else {
+        fail("unknown output role '" + role + "'; use result, writeback or grad");
+      }
       o.name = quoted();
       g_.outputs.push_back(std::move(o));
       return;
@@ -562,7 +567,9 @@ class Parser {
       if (at_end() || peek() == '\n' || peek() == '#') break;
       std::string extra = word();
       if (extra == "list") n.returns_list = true;
-      else if (extra == "forward" || extra == "backward" || extra == "optimizer") n.phase = extra;
+      else if (extra == "forward") n.phase = Phase::Forward;
+      else if (extra == "backward") n.phase = Phase::Backward;
+      else if (extra == "optimizer") n.phase = Phase::Optimizer;
       else fail("unexpected '" + extra + "' after a node");
     }
     g_.nodes.push_back(std::move(n));

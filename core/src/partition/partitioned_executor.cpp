@@ -1,7 +1,5 @@
 #include "kiln/partitioned_executor.h"
 
-#include <cstdlib>
-
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -26,53 +24,53 @@ bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars
   return true;
 }
 
-PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<const LoadedPlugin> plugin,
-                                         KilnMode mode, const std::string& debug_dir,
-                                         std::vector<ir::ValueId> keep) {
-  stats_.nodes = g.nodes.size();
-  pass_scalars_ = plugin->accepts_runtime_scalars();
-  if (const char* v = std::getenv("KILN_VERIFY_GROUPS")) verify_groups_ = *v && std::string(v) != "0";
+std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g, std::shared_ptr<const LoadedPlugin> plugin,
+                                                           KilnMode mode) {
+  auto cp = std::make_shared<CompiledPartition>();
+  cp->plugin = plugin;
+  auto& stats = cp->stats;
+  stats.nodes = g.nodes.size();
+  const bool takes_scalars = plugin->accepts_runtime_scalars();
   std::vector<int64_t> claimed;
   {
     GraphView view(g);
     std::vector<int64_t> raw = plugin->claim(view.view());  // checked in range, no duplicates
     validate_claims(g, raw, plugin->name());
-    stats_.claimed = raw.size();
+    stats.claimed = raw.size();
     for (auto c : raw) {
-      if (node_can_be_claimed(g.nodes[c], pass_scalars_)) claimed.push_back(c);
-      else ++stats_.claims_dropped;
+      if (node_can_be_claimed(g.nodes[c], takes_scalars)) claimed.push_back(c);
+      else ++stats.claims_dropped;
     }
   }
   std::sort(claimed.begin(), claimed.end());
-  const Partition part = partition_graph(g, claimed);
-  stats_.groups = part.groups.size();
+  cp->partition = partition_graph(g, claimed);
+  const Partition& part = cp->partition;
+  stats.groups = part.groups.size();
 
   // Compile every group; a group that does not compile runs its nodes eagerly.
-  std::vector<char> compiled(part.groups.size(), 0);
-  groups_.resize(part.groups.size());
-  outcomes_.reserve(part.groups.size());
+  cp->groups.resize(part.groups.size());
+  cp->outcomes.reserve(part.groups.size());
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
     const auto& pg = part.groups[gi];
-    GroupOutcome& outcome = outcomes_.emplace_back();
+    auto& grp = cp->groups[gi];
+    grp.group = pg;
+    GroupOutcome& outcome = cp->outcomes.emplace_back();
     outcome.backend = plugin->name();
     outcome.nodes = pg.nodes.size();
     outcome.first_op = g.nodes[pg.nodes.front()].op;
     GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
     try {
-      groups_[gi].exe = plugin->compile(sub.view(), mode);
-      groups_[gi].inputs = pg.inputs;
-      groups_[gi].outputs = pg.outputs;
-      for (auto ni : pg.nodes) groups_[gi].nodes.push_back(g.nodes[ni]);
-      for (auto v : pg.outputs) groups_[gi].output_meta.push_back(g.value(v).meta);
-      compiled[gi] = 1;
+      grp.exe = plugin->compile(sub.view(), mode);
+      for (auto ni : pg.nodes) grp.nodes.push_back(g.nodes[ni]);
+      for (auto v : pg.outputs) grp.output_meta.push_back(g.value(v).meta);
       outcome.compiled = true;
-      ++stats_.groups_compiled;
-      stats_.nodes_compiled += pg.nodes.size();
+      ++stats.groups_compiled;
+      stats.nodes_compiled += pg.nodes.size();
     } catch (const PluginError& e) {
       outcome.declined = e.code() == KILN_ERROR_UNIMPLEMENTED;
       outcome.reason = e.what();  // names the plugin and the error code
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
-        stats_.compile_errors.push_back(e.what());
+        stats.compile_errors.push_back(e.what());
         log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(),
                           " nodes (", g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
       }
@@ -80,77 +78,83 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
   }
 
   // When each node runs: its unit's slot; a compiled group's nodes share one, marked -(slot + 1).
-  std::vector<int32_t> position(g.nodes.size(), 0);
-  {
-    int32_t slot = 0;
-    for (auto u : part.order) {
-      if (u >= 0) position[u] = slot++;
-      else if (compiled[-u - 1]) {
-        for (auto ni : part.groups[-u - 1].nodes) position[ni] = -(slot + 1);
-        ++slot;
-      } else {
-        for (auto ni : part.groups[-u - 1].nodes) position[ni] = slot++;
-      }
-    }
-  }
-  // Eager element-wise write-backs compute into the written tensor (out= variants).
-  ir::Graph planned = g;
-  compute_writebacks_in_place(planned, position);
-
-  // Units in partition order; a group that did not compile becomes its nodes, in order.
+  cp->position.assign(g.nodes.size(), 0);
+  int32_t slot = 0;
   for (auto u : part.order) {
     if (u >= 0) {
-      Unit unit;
-      unit.node = std::make_unique<PreparedNode>(planned.nodes[u]);
-      units_.push_back(std::move(unit));
-    } else if (compiled[-u - 1]) {
+      cp->position[u] = slot++;
+    } else if (cp->groups[-u - 1].exe) {
+      for (auto ni : part.groups[-u - 1].nodes) cp->position[ni] = -(slot + 1);
+      ++slot;
+    } else {
+      for (auto ni : part.groups[-u - 1].nodes) cp->position[ni] = slot++;
+    }
+  }
+  log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes,
+                     " nodes in ", stats.groups_compiled, " compiled groups"));
+  return cp;
+}
+
+std::string print_compiled_partition(const ir::Graph& g, const CompiledPartition& cp) {
+  const auto& stats = cp.stats;
+  std::string text = print_partition(g, cp.partition);
+  text += c10::str("plugin ", cp.plugin->name(), ": claimed ", stats.claimed, ", dropped ", stats.claims_dropped,
+                   ", groups ", stats.groups, ", compiled ", stats.groups_compiled, " (", stats.nodes_compiled,
+                   " nodes)\n");
+  for (const auto& e : stats.compile_errors) text += "compile error: " + e + "\n";
+  return text;
+}
+
+PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<const CompiledPartition> partition,
+                                         bool verify_groups, std::vector<ir::ValueId> keep)
+    : partition_(std::move(partition)), verify_groups_(verify_groups) {
+  init(g, std::move(keep));
+}
+
+PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode)
+    : partition_(compile_partition(g, std::move(plugin), mode)) {
+  // Eager element-wise write-backs compute into the written tensor (out= variants).
+  ir::Graph planned = g;
+  compute_writebacks_in_place(planned, partition_->position);
+  init(planned, {});
+}
+
+void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId> keep) {
+  const auto& part = partition_->partition;
+  const auto& groups = partition_->groups;
+  pass_scalars_ = partition_->plugin->accepts_runtime_scalars();
+  // Units in partition order; a group that did not compile becomes its nodes, in order. Each
+  // unit's reads, for liveness: eager units from their node, groups from their inputs.
+  std::vector<std::vector<ir::ValueId>> reads;
+  auto eager_unit = [&](int32_t ni) {
+    Unit unit;
+    unit.node = std::make_unique<PreparedNode>(planned.nodes[ni]);
+    units_.push_back(std::move(unit));
+    reads.push_back(ir::Graph::node_inputs(planned.nodes[ni]));
+  };
+  for (auto u : part.order) {
+    if (u >= 0) {
+      eager_unit(u);
+    } else if (groups[-u - 1].exe) {
       Unit unit;
       unit.group = -u - 1;
       units_.push_back(std::move(unit));
+      reads.push_back(part.groups[-u - 1].inputs);
     } else {
-      for (auto ni : part.groups[-u - 1].nodes) {
-        Unit unit;
-        unit.node = std::make_unique<PreparedNode>(planned.nodes[ni]);
-        units_.push_back(std::move(unit));
-      }
+      for (auto ni : part.groups[-u - 1].nodes) eager_unit(ni);
     }
   }
 
   // Liveness: free each value after the last unit that reads it, unless it must be kept.
-  std::vector<char> kept(g.values.size(), 0);
-  for (const auto& o : g.outputs) kept[o.value] = 1;
-  for (const auto& in : g.inputs) kept[in.value] = 1;  // owned by the caller
+  std::vector<char> kept(planned.values.size(), 0);
+  for (const auto& o : planned.outputs) kept[o.value] = 1;
+  for (const auto& in : planned.inputs) kept[in.value] = 1;  // owned by the caller
   for (auto v : keep) kept[v] = 1;
-  std::vector<int32_t> last(g.values.size(), -1);
-  // Reconstruct what each unit reads: eager units from their node, groups from their inputs.
-  std::vector<std::vector<ir::ValueId>> reads(units_.size());
-  {
-    size_t ui = 0;
-    for (auto u : part.order) {
-      if (u >= 0) {
-        reads[ui++] = ir::Graph::node_inputs(planned.nodes[u]);
-      } else if (compiled[-u - 1]) {
-        reads[ui++] = part.groups[-u - 1].inputs;
-      } else {
-        for (auto ni : part.groups[-u - 1].nodes) reads[ui++] = ir::Graph::node_inputs(planned.nodes[ni]);
-      }
-    }
-  }
+  std::vector<int32_t> last(planned.values.size(), -1);
   for (size_t ui = 0; ui < units_.size(); ++ui)
     for (auto v : reads[ui]) last[v] = static_cast<int32_t>(ui);
   for (size_t v = 0; v < last.size(); ++v)
     if (last[v] >= 0 && !kept[v]) units_[last[v]].free_after.push_back(static_cast<ir::ValueId>(v));
-
-  if (!debug_dir.empty()) {
-    std::string text = print_partition(g, part);
-    text += c10::str("plugin ", plugin->name(), ": claimed ", stats_.claimed, ", dropped ", stats_.claims_dropped,
-                     ", groups ", stats_.groups, ", compiled ", stats_.groups_compiled, " (", stats_.nodes_compiled,
-                     " nodes)\n");
-    for (const auto& e : stats_.compile_errors) text += "compile error: " + e + "\n";
-    dump_debug_file(debug_dir, "partition.txt", text);
-  }
-  log_debug(c10::str("backend '", plugin->name(), "': ", stats_.nodes_compiled, " of ", stats_.nodes,
-                     " nodes in ", stats_.groups_compiled, " compiled groups"));
 }
 
 PartitionedExecutor::~PartitionedExecutor() = default;
@@ -182,14 +186,14 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
     if (unit.node) {
       unit.node->run(env, scalars);
     } else {
-      const Group& grp = groups_[unit.group];
+      const CompiledGroup& grp = partition_->groups[unit.group];
       in.clear();
       out.clear();
-      for (auto v : grp.inputs) in.push_back(to_dl_tensor(env[v]));
-      for (size_t k = 0; k < grp.outputs.size(); ++k) {
+      for (auto v : grp.group.inputs) in.push_back(to_dl_tensor(env[v]));
+      for (size_t k = 0; k < grp.group.outputs.size(); ++k) {
         const auto& m = grp.output_meta[k];
-        env[grp.outputs[k]] = empty_strided_step(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
-        out.push_back(to_dl_tensor(env[grp.outputs[k]]));
+        env[grp.group.outputs[k]] = empty_strided_step(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
+        out.push_back(to_dl_tensor(env[grp.group.outputs[k]]));
       }
       grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
@@ -198,26 +202,26 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
   }
 }
 
-void PartitionedExecutor::verify_group(const Group& grp, int32_t index, const std::vector<at::Tensor>& env,
+void PartitionedExecutor::verify_group(const CompiledGroup& grp, int32_t index, const std::vector<at::Tensor>& env,
                                        const std::vector<c10::IValue>* scalars) const {
   std::vector<at::Tensor> ref(env.size());
-  for (auto v : grp.inputs) ref[v] = env[v];
+  for (auto v : grp.group.inputs) ref[v] = env[v];
   for (const auto& n : grp.nodes) EagerExecutor::run_node(n, ref, scalars);
-  for (size_t k = 0; k < grp.outputs.size(); ++k) {
-    const at::Tensor& got = env[grp.outputs[k]];
-    const at::Tensor& want = ref[grp.outputs[k]];
+  for (size_t k = 0; k < grp.group.outputs.size(); ++k) {
+    const at::Tensor& got = env[grp.group.outputs[k]];
+    const at::Tensor& want = ref[grp.group.outputs[k]];
     const auto gd = got.to(at::kDouble), wd = want.to(at::kDouble);
     const double denom = std::max(wd.norm().item<double>(), 1e-30);
     const double err = (gd - wd).norm().item<double>() / denom;
     const bool finite = gd.isfinite().all().item<bool>() || !wd.isfinite().all().item<bool>();
     const bool bad = !finite || err > (got.scalar_type() == at::kFloat || got.scalar_type() == at::kDouble ? 1e-5 : 1e-2);
     log(bad ? LogLevel::warn : LogLevel::debug,
-        c10::str("KILN_VERIFY_GROUPS: group ", index, " (", grp.nodes.size(), " nodes, first ", grp.nodes.front().op,
-                 ") output ", k, " (%", grp.outputs[k], ", produced by ",
+        c10::str("verify_groups: group ", index, " (", grp.nodes.size(), " nodes, first ", grp.nodes.front().op,
+                 ") output ", k, " (%", grp.group.outputs[k], ", produced by ",
                  [&] {
                    for (const auto& n : grp.nodes)
                      for (auto o : n.outputs)
-                       if (o == grp.outputs[k]) return n.op;
+                       if (o == grp.group.outputs[k]) return n.op;
                    return std::string("?");
                  }(),
                  "): relative error ", err, finite ? "" : " (non-finite values)"));

@@ -67,7 +67,7 @@ size_t batch_optimizer_updates(ir::Graph& g) {
     int d = 0;
     for (auto v : ir::Graph::node_inputs(g.nodes[i])) {
       const auto p = g.value(v).producer;
-      if (p >= 0 && g.nodes[static_cast<size_t>(p)].phase == "optimizer") d = std::max(d, depth[static_cast<size_t>(p)] + 1);
+      if (p >= 0 && g.nodes[static_cast<size_t>(p)].phase == ir::Phase::Optimizer) d = std::max(d, depth[static_cast<size_t>(p)] + 1);
     }
     depth[i] = d;
   }
@@ -76,7 +76,7 @@ size_t batch_optimizer_updates(ir::Graph& g) {
   std::vector<const Spec*> spec(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     const auto& node = g.nodes[i];
-    if (node.phase != "optimizer" || node.outputs.size() != 1 || node.returns_list) continue;
+    if (node.phase != ir::Phase::Optimizer || node.outputs.size() != 1 || node.returns_list) continue;
     const auto out = node.outputs[0];
     if (out == ir::kNoValue || outputs.count(out)) continue;
     bool runtime = false;
@@ -119,7 +119,7 @@ size_t batch_optimizer_updates(ir::Graph& g) {
     const Spec& s = *spec[members.front()];
     ir::Node f;
     f.op = s.foreach_op;
-    f.phase = "optimizer";
+    f.phase = ir::Phase::Optimizer;
     f.returns_list = true;
     for (int k : s.lists) {
       std::vector<ir::ValueId> vs;

@@ -353,7 +353,7 @@ struct Functionalizer {
       }
     std::vector<ir::ValueId> promoted_values;
     for (auto [k, dt] : promoted) promoted_values.push_back(n.outputs[k]);
-    const std::string phase = n.phase;
+    const ir::Phase phase = n.phase;
     if (!perm.empty()) {
       // The variant's result is the permuted, contiguous tensor; permuting it back gives the
       // written tensor's own layout.
@@ -463,7 +463,7 @@ struct Functionalizer {
       const auto& mm = g.value(m).meta;
       ir::Node sc;
       sc.op = "aten::as_strided_scatter";
-      sc.phase = "functionalize";
+      sc.phase = ir::Phase::Unknown;  // a write through a view, in no phase of its own
       sc.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(mm.shape),
                  ir::Arg::int_list(mm.strides), ir::Arg::integer(mm.storage_offset)};
       const auto nb = out.add_value(out.value(base).meta);
@@ -494,8 +494,8 @@ struct Functionalizer {
       else pure_node(static_cast<int32_t>(i));
     }
     for (const auto& o : g.outputs) {
-      if (o.role != ir::OutputRole::Result) continue;
-      out.outputs.push_back({get(o.value), o.role, -1, o.name});
+      if (o.role == ir::OutputRole::WriteBack) continue;  // made again below, from what the step wrote
+      out.outputs.push_back({get(o.value), o.role, o.target, o.name});
     }
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       const auto v = g.inputs[i].value;

@@ -92,7 +92,7 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
     m.storage_offset = 0;
     return g.add_value(m);
   };
-  auto node = [](std::string op, std::vector<ir::Arg> args, ir::ValueId result, const std::string& phase) {
+  auto node = [](std::string op, std::vector<ir::Arg> args, ir::ValueId result, ir::Phase phase) {
     ir::Node n;
     n.op = std::move(op);
     n.args = std::move(args);
@@ -111,7 +111,7 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
     const ir::ValueId result = n.outputs.empty() ? ir::kNoValue : n.outputs[0];
     const ir::TensorMeta& rmeta = g.value(result).meta;
     const std::string& op = n.op;
-    const std::string& ph = n.phase;
+    const ir::Phase ph = n.phase;
     auto T = [](ir::ValueId v) { return ir::Arg::tensor(v); };
     if ((op == "aten::div.Scalar" || op == "aten::mul.Scalar") && A.size() == 2 && runtime(A[1]) && !runtime(A[0])) {
       const auto& xmeta = g.value(A[0].value).meta;

@@ -23,13 +23,9 @@ size_t round_up(size_t n) {
   return (n + 4095) / 4096 * 4096;  // whole pages from 1 MiB up
 }
 
-size_t max_cached_from_env() {
-  const char* v = std::getenv("KILN_CPU_CACHE_MAX_MB");
-  if (!v || !*v) return size_t{2048} << 20;
-  char* end = nullptr;
-  const unsigned long long mb = std::strtoull(v, &end, 10);
-  return end && *end == '\0' ? static_cast<size_t>(mb) << 20 : size_t{2048} << 20;
-}
+// How many ScopedCpuBlockCache are alive on this thread: kiln's step values come from the cache
+// only inside a compiled step that turned it on.
+thread_local int active_scopes = 0;
 }  // namespace
 
 struct CpuBlockCache::Impl {
@@ -37,7 +33,7 @@ struct CpuBlockCache::Impl {
   std::multimap<size_t, void*> free_by_size;   // free blocks
   std::unordered_map<void*, size_t> live;      // blocks handed out -> their size
   size_t cached = 0;
-  size_t limit = max_cached_from_env();
+  size_t limit = size_t{2048} << 20;
   size_t hits = 0;
 };
 
@@ -122,16 +118,16 @@ void CpuBlockCache::release() {
   for (auto& [size, p] : blocks) std::free(p);
 }
 
-bool cpu_block_cache_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CPU_CACHE");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
+bool cpu_block_cache_enabled() { return active_scopes > 0; }
+
+void CpuBlockCache::set_limit(size_t max_cached_bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->limit = max_cached_bytes;
 }
 
-ScopedCpuBlockCache::ScopedCpuBlockCache() {
-  if (!cpu_block_cache_enabled()) return;
+ScopedCpuBlockCache::ScopedCpuBlockCache(size_t max_cached_bytes) {
+  ++active_scopes;
+  CpuBlockCache::get().set_limit(max_cached_bytes);
   c10::Allocator* current = c10::GetCPUAllocator();
   if (current != c10::GetDefaultCPUAllocator()) return;  // a user's allocator, or already ours
   c10::SetCPUAllocator(&CpuBlockCache::get(), /*priority=*/0);
@@ -139,6 +135,7 @@ ScopedCpuBlockCache::ScopedCpuBlockCache() {
 }
 
 ScopedCpuBlockCache::~ScopedCpuBlockCache() {
+  --active_scopes;
   if (prev_) c10::SetCPUAllocator(prev_, /*priority=*/0);
 }
 

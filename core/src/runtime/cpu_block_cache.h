@@ -5,8 +5,8 @@
 // was 845 faults per mlp step and made inductor's fused SGD update 1.9 ms instead of 0.11 ms.
 //
 // Freed blocks are kept by size and reused for requests of the same size up to twice as large.
-// At most KILN_CPU_CACHE_MAX_MB (default 2048) MiB of free blocks are kept; beyond that, freed
-// blocks go back to the system. Thread-safe. LibTorch's own eager ops keep LibTorch's allocator.
+// At most [runtime] cpu_block_cache_max_mb (default 2048) MiB of free blocks are kept; beyond
+// that, freed blocks go back to the system. Thread-safe. LibTorch's own eager ops keep LibTorch's allocator.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +28,7 @@ class CpuBlockCache final : public c10::Allocator {
   size_t cached_bytes() const;  // free blocks held
   size_t hits() const;          // allocations served from the cache
   void release();               // frees every cached block
+  void set_limit(size_t max_cached_bytes);  // the most free memory kept for reuse
 
   CpuBlockCache(const CpuBlockCache&) = delete;
   CpuBlockCache& operator=(const CpuBlockCache&) = delete;
@@ -44,11 +45,11 @@ class CpuBlockCache final : public c10::Allocator {
 // LibTorch's own at priority 0; a user's higher-priority allocator is left alone), so that ATen
 // ops run inside kiln's compiled step (eager nodes, extern calls) reuse blocks too. Process-wide:
 // other threads allocating meanwhile get cached blocks, which is harmless (each block goes back to
-// the cache, or to the system beyond the cap, when its tensor dies). KILN_CPU_CACHE=0 turns the
-// whole cache off (empty_strided_step then uses LibTorch's allocator as well).
+// the cache, or to the system beyond the cap, when its tensor dies). The compiled step makes one
+// unless [runtime] cpu_block_cache is off (then empty_strided_step uses LibTorch's allocator too).
 class ScopedCpuBlockCache {
  public:
-  ScopedCpuBlockCache();
+  explicit ScopedCpuBlockCache(size_t max_cached_bytes = size_t{2048} << 20);
   ~ScopedCpuBlockCache();
   ScopedCpuBlockCache(const ScopedCpuBlockCache&) = delete;
   ScopedCpuBlockCache& operator=(const ScopedCpuBlockCache&) = delete;
@@ -57,6 +58,7 @@ class ScopedCpuBlockCache {
   c10::Allocator* prev_ = nullptr;
 };
 
+// Whether a ScopedCpuBlockCache is alive on this thread.
 bool cpu_block_cache_enabled();
 
 // at::empty_strided for kiln's step values: CPU tensors come from CpuBlockCache, others from

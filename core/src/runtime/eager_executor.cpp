@@ -158,7 +158,8 @@ void PreparedNode::run(std::vector<at::Tensor>& env, const std::vector<c10::IVal
 
 // ---- EagerExecutor ----
 
-EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes, std::vector<ir::ValueId> keep) {
+EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes, std::vector<ir::ValueId> keep,
+                             bool check_meta) {
   if (nodes.empty())
     for (size_t i = 0; i < graph.nodes.size(); ++i) nodes.push_back(static_cast<int32_t>(i));
   std::vector<char> keep_v(graph.values.size(), 0);
@@ -177,7 +178,7 @@ EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes,
     if (last[v] >= 0 && !keep_v[v]) free_after_[static_cast<size_t>(last[v])].push_back(static_cast<ir::ValueId>(v));
   nodes_.reserve(nodes.size());
   for (auto i : nodes) nodes_.emplace_back(graph.nodes.at(static_cast<size_t>(i)));
-  if (const char* c = std::getenv("KILN_CHECK_META"); c && *c && std::string(c) != "0") {
+  if (check_meta) {
     for (auto i : nodes) {
       const auto& n = graph.nodes.at(static_cast<size_t>(i));
       check_meta_.emplace_back();

@@ -1,5 +1,13 @@
 #include "optimizer_probe.h"
 
+#include <set>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include "kiln/log.h"
+#include "kiln/op_info.h"
+
 #include <typeinfo>
 
 #include <c10/util/Exception.h>
@@ -80,7 +88,7 @@ std::string match_optimizer_calls(const ir::Graph& raw, const std::unordered_map
       size_t k = 0;
       for (; k < c.size(); ++k) {
         const auto& n = nodes[start + k];
-        if (used[start + k] || n.phase == "backward" || n.op != c[k].op) break;
+        if (used[start + k] || n.phase == ir::Phase::Backward || n.op != c[k].op) break;
         auto s = site_of(start + k);
         bool ok = true;
         for (const auto& [arg, t] : s.same_tensor)
@@ -126,6 +134,178 @@ std::string check_optimizer_calls(const ir::Graph& raw, const OptimizerSites& si
                           arg, "); its state or parameters were replaced (torch::load, a new parameter)");
     }
   }
+  return "";
+}
+
+namespace {
+
+bool arg_matches(const ir::Arg& a, const c10::IValue& v) {
+  switch (a.kind) {
+    case ir::Arg::Kind::Int:
+      return v.isInt() ? v.toInt() == a.i : v.isDouble() ? v.toDouble() == static_cast<double>(a.i) : false;
+    case ir::Arg::Kind::Double:
+      return v.isDouble() ? v.toDouble() == a.d : v.isInt() ? static_cast<double>(v.toInt()) == a.d : false;
+    case ir::Arg::Kind::Bool:
+      return v.isBool() && (v.toBool() ? 1 : 0) == a.i;
+    default:
+      return true;  // lists, strings, dtypes: not step-dependent in any LibTorch optimizer
+  }
+}
+
+c10::IValue scalar_value(const ir::Arg& a, const c10::IValue& v) {
+  switch (a.kind) {
+    case ir::Arg::Kind::Int: return v.isInt() ? v : c10::IValue(static_cast<int64_t>(v.toDouble()));
+    case ir::Arg::Kind::Bool: return c10::IValue(v.toBool());
+    default: return c10::IValue(v.isInt() ? static_cast<double>(v.toInt()) : v.toDouble());
+  }
+}
+
+bool is_scalar_arg(const ir::Arg& a) {
+  return a.kind == ir::Arg::Kind::Int || a.kind == ir::Arg::Kind::Double || a.kind == ir::Arg::Kind::Bool;
+}
+
+// Every scalar argument of every call: a slot's value goes to `scalars`; a value that differs from
+// the capture's becomes a new slot. Returns whether a slot was added.
+bool bind_scalars(const ir::Graph& raw, const OptimizerSites& sites, const std::vector<std::vector<ProbeCall>>& calls,
+                  ScalarSlots& slots, std::vector<c10::IValue>& scalars) {
+  bool added = false;
+  scalars.resize(slots.size());
+  for (size_t o = 0; o < calls.size(); ++o)
+    for (size_t j = 0; j < calls[o].size(); ++j) {
+      const auto node = sites[o][j].node;
+      const auto& n = raw.nodes[static_cast<size_t>(node)];
+      for (size_t k = 0; k < n.args.size(); ++k) {
+        const auto& a = n.args[k];
+        if (!is_scalar_arg(a)) continue;
+        const auto& v = calls[o][j].args[k];
+        const std::pair<int32_t, int32_t> at{node, static_cast<int32_t>(k)};
+        auto slot = slots.find(at);
+        if (slot == slots.end()) {
+          if (arg_matches(a, v)) continue;
+          slot = slots.emplace(at, static_cast<int32_t>(slots.size())).first;
+          scalars.resize(slots.size());
+          added = true;
+        }
+        scalars[static_cast<size_t>(slot->second)] = scalar_value(a, v);
+      }
+    }
+  return added;
+}
+
+}  // namespace
+
+StepProbe::StepProbe(std::vector<torch::optim::Optimizer*> optimizers, Warn warn_once)
+    : optimizers_(std::move(optimizers)), warn_once_(std::move(warn_once)) {
+  for (size_t o = 0; o < optimizers_.size(); ++o) {
+    if (!optimizers_[o]) throw std::invalid_argument(c10::str("kiln: StepState optimizer ", o, " is null"));
+    names_.push_back(optimizer_name(*optimizers_[o], o));
+  }
+}
+
+// The optimizers skip parameters without a gradient; the graph computes them all, so a probe lends
+// a placeholder gradient to each parameter the step makes one for.
+void StepProbe::lend_placeholders(const CapturedStep& cs, ProbeState& ps) const {
+  ps.placed.clear();
+  ps.placeholders.resize(cs.grad_params.size());
+  for (size_t i = 0; i < cs.grad_params.size(); ++i) {
+    auto p = cs.grad_params[i];
+    if (!p.defined() || p.grad().defined()) continue;
+    if (!ps.placeholders[i].defined()) ps.placeholders[i] = at::empty_like(p);
+    p.mutable_grad() = ps.placeholders[i];
+    ps.placed.push_back(p);
+  }
+}
+
+void StepProbe::undo_placeholders(ProbeState& ps) {
+  for (auto& p : ps.placed) p.mutable_grad().reset();
+  ps.placed.clear();
+}
+
+std::vector<std::vector<ProbeCall>> StepProbe::replay() const {
+  std::vector<std::vector<ProbeCall>> calls(optimizers_.size());
+  for (size_t o = 0; o < optimizers_.size(); ++o)
+    calls[o] = probe_calls([&] {
+      c10::NoGradGuard no_grad;
+      optimizers_[o]->step();
+    });
+  return calls;
+}
+
+// A parameter written in the step by something other than the listed optimizers' step(): an
+// optimizer the user did not pass in StepState replays with the scalars of the capture (Adam's
+// bias corrections would never move, its step count never advance). A hand-written update
+// (p -= lr * grad) is fine, so this warns rather than falling back.
+void StepProbe::warn_unlisted_updates(const CapturedStep& cs, const ProbeState& ps) const {
+  std::map<int32_t, std::string> param_storage;
+  for (const auto& in : cs.raw.inputs)
+    if (in.role == ir::InputRole::Parameter) param_storage[cs.raw.value(in.value).storage] = in.name;
+  std::set<int32_t> listed;
+  for (const auto& per : ps.sites)
+    for (const auto& c : per) listed.insert(c.node);
+  for (size_t i = 0; i < cs.raw.nodes.size(); ++i) {
+    const auto& n = cs.raw.nodes[i];
+    if (n.phase == ir::Phase::Backward || listed.count(static_cast<int32_t>(i))) continue;
+    const auto& info = op_info(n.op);
+    if (!info.is_mutable || !info.handle) continue;
+    const auto& schema_args = info.handle->schema().arguments();
+    for (size_t k = 0; k < schema_args.size() && k < n.args.size(); ++k) {
+      const auto* alias = schema_args[k].alias_info();
+      if (!alias || !alias->isWrite() || n.args[k].kind != ir::Arg::Kind::Tensor) continue;
+      auto p = param_storage.find(cs.raw.value(n.args[k].value).storage);
+      if (p == param_storage.end()) continue;
+      warn_once_(c10::str("kiln: the step updates parameter '", p->second, "' with ", n.op,
+                          " outside the optimizers given to kiln (StepState::optimizers): if an optimizer makes "
+                          "that update, pass it there, or its host state (step counts, bias corrections, learning "
+                          "rate) will not advance in compiled steps"));
+      return;
+    }
+  }
+}
+
+void StepProbe::look_ahead(const CapturedStep& cs, ProbeState& ps) const {
+  if (optimizers_.empty()) return;
+  const OptimizerSnapshot snapshot(optimizers_);
+  lend_placeholders(cs, ps);
+  try {
+    const auto calls = replay();
+    if (match_optimizer_calls(cs.raw, cs.storage_tensor, calls, names_, ps.sites).empty()) {
+      ps.sites_found = true;
+      warn_unlisted_updates(cs, ps);
+      std::vector<c10::IValue> ignored;
+      bind_scalars(cs.raw, ps.sites, calls, ps.slots, ignored);
+    } else {
+      ps.sites.clear();
+    }
+  } catch (const std::exception& ex) {
+    log_debug(std::string("kiln: the optimizers' look-ahead after the capture failed: ") + ex.what());
+    ps.sites.clear();
+    ps.sites_found = false;
+  }
+  undo_placeholders(ps);
+  snapshot.restore();
+}
+
+std::string StepProbe::probe(const CapturedStep& cs, ProbeState& ps, std::vector<c10::IValue>& scalars,
+                             bool* new_slots) const {
+  *new_slots = false;
+  if (optimizers_.empty()) {
+    if (!ps.sites_found) warn_unlisted_updates(cs, ps);
+    ps.sites_found = true;
+    return "";
+  }
+  lend_placeholders(cs, ps);
+  const auto calls = replay();
+  std::string why;
+  if (!ps.sites_found) {
+    why = match_optimizer_calls(cs.raw, cs.storage_tensor, calls, names_, ps.sites);
+    if (!why.empty()) return why;
+    ps.sites_found = true;
+    warn_unlisted_updates(cs, ps);
+  } else {
+    why = check_optimizer_calls(cs.raw, ps.sites, calls, names_);
+    if (!why.empty()) return why;
+  }
+  *new_slots = bind_scalars(cs.raw, ps.sites, calls, ps.slots, scalars);
   return "";
 }
 

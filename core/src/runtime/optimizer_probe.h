@@ -11,6 +11,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -21,6 +23,7 @@
 
 #include "kiln/capture.h"
 #include "kiln/ir.h"
+#include "step_capture.h"
 
 namespace kiln {
 
@@ -72,5 +75,59 @@ std::string match_optimizer_calls(const ir::Graph& raw, const std::unordered_map
 std::string check_optimizer_calls(const ir::Graph& raw, const OptimizerSites& sites,
                                   const std::vector<std::vector<ProbeCall>>& calls,
                                   const std::vector<std::string>& names);
+
+// Run-time scalars of a captured step: (raw node, argument) -> run-time scalar index
+// (ir::Arg::scalar_input once planned).
+using ScalarSlots = std::map<std::pair<int32_t, int32_t>, int32_t>;
+
+// The probe of one captured step: what it found (the optimizers' call sites, the run-time scalar
+// slots) and the placeholder gradients it lends.
+struct ProbeState {
+  OptimizerSites sites;
+  bool sites_found = false;
+  ScalarSlots slots;
+  std::vector<at::Tensor> placeholders;  // per CapturedStep::grad_params entry, made once
+  std::vector<at::Tensor> placed;        // parameters given a placeholder by the current probe
+};
+
+// Replays the optimizers' step() on the host, with no kernels, before each compiled step (see the
+// top of this file), and right after a capture (look_ahead), so that the scalars the next step
+// passes differently (Adam's bias corrections) are run-time scalars of the first plan already.
+class StepProbe {
+ public:
+  using Warn = std::function<void(const std::string&)>;
+  StepProbe(std::vector<torch::optim::Optimizer*> optimizers, Warn warn_once);
+
+  // Right after a capture: finds the optimizers' calls and the scalars that change from step to
+  // step. The optimizers' host state and the parameters' gradients are put back afterwards. When
+  // the calls cannot be matched here, the first compiled step's probe tries again and says why.
+  void look_ahead(const CapturedStep& cs, ProbeState& ps) const;
+
+  // Before a compiled step: replays every optimizer's step(), checks that each made the calls the
+  // graph holds on the same tensors, and writes the current value of every run-time scalar into
+  // `scalars` (one per slot). A scalar that differs from the capture's for the first time gets a
+  // new slot and sets *new_slots: the plan must be made again. Returns "" or why the calls no
+  // longer match (naming the optimizer). The optimizers' host state has advanced either way: the
+  // caller restores it from an OptimizerSnapshot, and calls undo_placeholders, when the step does
+  // not run.
+  std::string probe(const CapturedStep& cs, ProbeState& ps, std::vector<c10::IValue>& scalars,
+                    bool* new_slots) const;
+
+  // Takes back the placeholder gradients lent by the last probe (an eager step must not
+  // accumulate into them).
+  static void undo_placeholders(ProbeState& ps);
+
+  bool empty() const { return optimizers_.empty(); }
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  void lend_placeholders(const CapturedStep& cs, ProbeState& ps) const;
+  std::vector<std::vector<ProbeCall>> replay() const;
+  void warn_unlisted_updates(const CapturedStep& cs, const ProbeState& ps) const;
+
+  std::vector<torch::optim::Optimizer*> optimizers_;
+  std::vector<std::string> names_;
+  Warn warn_once_;
+};
 
 }  // namespace kiln

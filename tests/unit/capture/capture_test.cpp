@@ -46,7 +46,7 @@ Recorded record_workload(kiln::Workload& w) {
   r.ok = rec.ok();
   r.failure = rec.failure().reason;
   r.graph = rec.graph();
-  for (const auto& n : r.graph.nodes) r.ops[n.phase].insert(n.op);
+  for (const auto& n : r.graph.nodes) r.ops[kiln::ir::to_string(n.phase)].insert(n.op);
   return r;
 }
 
@@ -58,7 +58,7 @@ void expect_has(const Recorded& r, const std::string& phase, const std::vector<s
 
 std::string joined(const kiln::ir::Graph& g) {
   std::string s;
-  for (const auto& n : g.nodes) s += n.phase.substr(0, 1) + ":" + n.op + " ";
+  for (const auto& n : g.nodes) s += std::string(kiln::ir::to_string(n.phase)).substr(0, 1) + ":" + n.op + " ";
   return s;
 }
 
@@ -215,7 +215,7 @@ TEST(CaptureCuda, RecordsBackwardFromAutogradDeviceThreads) {
   expect_has(r, "optimizer", {"aten::mul_.Scalar", "aten::add_.Tensor"});
   int cuda_backward = 0;
   for (const auto& n : r.graph.nodes)
-    if (n.phase == "backward")
+    if (n.phase == kiln::ir::Phase::Backward)
       for (auto o : n.outputs) cuda_backward += o != kiln::ir::kNoValue && r.graph.value(o).meta.device.is_cuda();
   EXPECT_GT(cuda_backward, 10) << "backward results recorded on the CUDA device";
 }

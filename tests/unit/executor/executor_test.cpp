@@ -95,8 +95,8 @@ TEST(EagerExecutor, FreesIntermediatesAfterLastUse) {
   m.strides = {1};
   auto x = g.add_input(m, kiln::ir::InputRole::UserInput, "x");
   auto r = g.add_value(m), s = g.add_value(m);
-  kiln::ir::Node relu{"aten::relu", {kiln::ir::Arg::tensor(x)}, {r}, false, "forward"};
-  kiln::ir::Node neg{"aten::neg", {kiln::ir::Arg::tensor(r)}, {s}, false, "forward"};
+  kiln::ir::Node relu{"aten::relu", {kiln::ir::Arg::tensor(x)}, {r}, false, kiln::ir::Phase::Forward};
+  kiln::ir::Node neg{"aten::neg", {kiln::ir::Arg::tensor(r)}, {s}, false, kiln::ir::Phase::Forward};
   g.add_node(relu);
   g.add_node(neg);
   g.outputs.push_back({s, kiln::ir::OutputRole::Result, -1, "result.0"});

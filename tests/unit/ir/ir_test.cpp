@@ -64,7 +64,7 @@ TEST(IrText, ParsedGoldenHasTheRightStructure) {
   EXPECT_DOUBLE_EQ(g.nodes[6].args[1].d, 0.9);
   EXPECT_EQ(g.outputs[1].role, OutputRole::WriteBack);
   EXPECT_EQ(g.outputs[1].target, 0);
-  EXPECT_EQ(g.nodes[5].phase, "backward");
+  EXPECT_EQ(g.nodes[5].phase, Phase::Backward);
 }
 
 TEST(IrText, EveryArgumentKindSurvives) {
@@ -124,7 +124,7 @@ TEST(IrText, RandomGraphsRoundTrip) {
         }
       }
       for (int o = 0; o < rnd(3); ++o) n.outputs.push_back(g.add_value(meta()));
-      n.phase = rnd(2) ? "optimizer" : "";
+      n.phase = rnd(2) ? Phase::Optimizer : Phase::Unknown;
       g.add_node(std::move(n));
     }
     g.outputs.push_back({static_cast<ValueId>(g.values.size() - 1), OutputRole::Result, -1, "out"});

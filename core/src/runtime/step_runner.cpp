@@ -1,0 +1,257 @@
+#include "step_runner.h"
+
+#include <chrono>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/StringUtil.h>
+
+#include "kiln/executor.h"
+#include "kiln/log.h"
+#include "cpu_block_cache.h"
+#include "cuda_graph_step.h"
+
+namespace kiln {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// A write-back without the copy: the target (a parameter, an optimizer state tensor) takes the new
+// value's storage, and its old storage is freed. Only on the CPU, for dense tensors of the same
+// layout, when nothing else can see either storage: the target's storage has no other tensor (no
+// view, no alias the user kept from .detach()) and the value's storage is the value's alone.
+// LibTorch's optimizers and the user keep the same TensorImpl, which now reads the new values: what
+// a copy would have given, without moving the bytes (AdamW on gpt writes back 128 MB per step).
+// Returns false (copy instead) when any condition fails.
+bool adopt_storage(const at::Tensor& target, at::Tensor& v) {
+  if (!target.device().is_cpu() || v.device() != target.device() || v.scalar_type() != target.scalar_type())
+    return false;
+  if (target.is_view() || v.is_view() || target.storage_offset() != 0 || v.storage_offset() != 0) return false;
+  if (!target.is_contiguous() || !v.is_contiguous() || target.sizes() != v.sizes() || target.strides() != v.strides())
+    return false;
+  if (!target.has_storage() || !v.has_storage() || target.is_inference() != v.is_inference()) return false;
+  const auto& ts = target.storage();
+  const auto& vs = v.storage();
+  if (ts.use_count() != 1 || vs.use_count() != 1 || v.use_count() != 1) return false;
+  if (ts.nbytes() != target.nbytes() || vs.nbytes() < v.nbytes() || !ts.resizable() || !vs.resizable()) return false;
+  auto* impl = target.unsafeGetTensorImpl();
+  if (!impl->allow_tensor_metadata_change()) return false;
+  impl->set_storage_keep_dtype(vs);
+  v.reset();
+  return true;
+}
+}  // namespace
+
+// The plan's nodes: split with the backend when it runs some, else all on the eager executor.
+struct StepRunner::Executor {
+  std::optional<EagerExecutor> eager;
+  std::optional<PartitionedExecutor> partitioned;
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream) const {
+    if (partitioned) partitioned->run(env, &scalars, stream);
+    else eager->run(env, &scalars);
+  }
+};
+
+StepRunner::StepRunner(std::shared_ptr<const StepPlan> plan, std::shared_ptr<const LoadedPlugin> graph_plugin,
+                       const RunOptions& options, StepStats& stats, Warn warn_once)
+    : plan_(std::move(plan)),
+      graph_plugin_(std::move(graph_plugin)),
+      options_(options),
+      stats_(stats),
+      warn_once_(std::move(warn_once)),
+      exec_(std::make_unique<Executor>()) {
+  if (plan_->backend_runs_nodes())
+    exec_->partitioned.emplace(plan_->run_graph, plan_->partition, options_.verify_groups);
+  else
+    exec_->eager.emplace(plan_->run_graph, std::vector<int32_t>{}, std::vector<ir::ValueId>{}, options_.check_meta);
+  env_.assign(plan_->run_graph.values.size(), at::Tensor());
+  for (const auto& [dtype, n] : plan_->scalar_buffers)
+    scalar_buffers_.push_back(at::zeros({n}, at::TensorOptions(dtype).device(plan_->device)));
+  graphs_ = plan_->cuda_graph;
+  if (!plan_->graph_skip.empty()) skip_graph(plan_->graph_skip);
+  if (graphs_ && !graph_plugin_) skip_graph("no plugin records CUDA graphs");
+}
+
+StepRunner::~StepRunner() = default;
+
+void StepRunner::skip_graph(const std::string& why) {
+  graphs_ = false;
+  stats_.last_graph_skip = "kiln: skipping cudagraphs due to " + why;
+  warn_once_(stats_.last_graph_skip + "; the step runs without a CUDA graph");
+}
+
+// Writes the current run-time scalars into the lifted scalars' device buffers: one host-to-device
+// copy per dtype, on the current stream, before the step's kernels (or the graph launch).
+void StepRunner::fill_scalars(const std::vector<c10::IValue>& scalars) {
+  const auto& lifted = plan_->lifted;
+  if (lifted.empty()) return;
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (size_t b = 0; b < scalar_buffers_.size(); ++b) {
+    auto& buf = scalar_buffers_[b];
+    // Pinned memory from LibTorch's caching host allocator: the non-blocking copy records an event
+    // on the block, which is not handed out again before the copy has read it.
+    at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
+    AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
+      scalar_t* p = host.data_ptr<scalar_t>();
+      for (size_t k = 0; k < lifted.size(); ++k) {
+        if (plan_->lifted_at[k].first != b) continue;
+        const c10::IValue& v = scalars.at(static_cast<size_t>(lifted[k].scalar));
+        const double d = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.isBool() ? v.toBool() : 0.0;
+        if (!lifted[k].reciprocal) {
+          p[plan_->lifted_at[k].second] = static_cast<scalar_t>(d);
+        } else {
+          // As ATen's CUDA division by a host scalar: 1/s in double, then rounded to the operand's
+          // math type (1/s in float differs in the last bit for about half the values: AdamW's
+          // 1/sqrt(1 - 0.999^3) does, and the lifted step drifted from eager).
+          using opmath_t = at::opmath_type<scalar_t>;
+          p[plan_->lifted_at[k].second] = static_cast<scalar_t>(static_cast<opmath_t>(1.0 / d));
+        }
+      }
+    });
+    buf.copy_(host, /*non_blocking=*/true);
+  }
+}
+
+void StepRunner::bind(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* statics) {
+  size_t k = 0;
+  for (const auto& b : plan_->inputs) {
+    at::Tensor t;
+    if (b.user >= 0) t = statics ? (*statics)[k++] : inputs.at(static_cast<size_t>(b.user));
+    else if (b.lifted >= 0) {
+      const auto& [buf, idx] = plan_->lifted_at[static_cast<size_t>(b.lifted)];
+      t = scalar_buffers_[buf].select(0, idx);
+    } else t = b.tensor;
+    env_[static_cast<size_t>(b.value)] = std::move(t);
+  }
+}
+
+// The step's device work: the executor and the write-back copies (recorded into the graph).
+void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream) {
+  exec_->run(env_, scalars, stream);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (const auto& o : plan_->outputs) {
+    if (o.role != ir::OutputRole::WriteBack) continue;
+    auto& v = env_[static_cast<size_t>(o.value)];
+    if (v.is_same(o.target)) continue;
+    if (o.adopt && adopt_storage(o.target, v)) {
+      ++stats_.adopted_writebacks;
+      continue;
+    }
+    o.target.copy_(v);
+  }
+}
+
+// The host side of a finished step: versions, .grad, results. clone_results: results live in a
+// graph's static buffers, which the next replay overwrites.
+std::vector<at::Tensor> StepRunner::finish(bool clone_results) {
+  std::vector<at::Tensor> results(plan_->num_results);
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (const auto& o : plan_->outputs) {
+      auto& v = env_[static_cast<size_t>(o.value)];
+      switch (o.role) {
+        case ir::OutputRole::WriteBack: o.target.unsafeGetTensorImpl()->bump_version(); break;
+        case ir::OutputRole::Gradient: const_cast<at::Tensor&>(o.target).mutable_grad() = v; break;
+        case ir::OutputRole::Result: results[static_cast<size_t>(o.index)] = clone_results ? v.clone() : v; break;
+      }
+    }
+  }
+  for (auto& t : env_) t.reset();
+  ++stats_.compiled_steps;
+  return results;
+}
+
+std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars) {
+  fill_scalars(scalars);
+  if (graphs_) {
+    if (cg_ && cg_->recorded()) return replay(inputs, scalars);
+    return warm_up_and_record(inputs, scalars);
+  }
+  bind(inputs);
+  {
+    // CPU memory of the step from kiln's block cache (cpu_block_cache.h).
+    std::optional<ScopedCpuBlockCache> cache;
+    if (!plan_->device.is_cuda() && options_.cpu_block_cache)
+      cache.emplace(static_cast<size_t>(options_.cpu_block_cache_max_mb) << 20);
+    run_body(scalars, nullptr);
+  }
+  return finish(false);
+}
+
+// The first step of a plan with CUDA graphs: runs for real on the capture stream (the warm-up),
+// then records the graph that later steps replay.
+std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Tensor>& inputs,
+                                                       const std::vector<c10::IValue>& scalars) {
+  std::unique_ptr<cudagraph::Step> cg;
+  try {
+    cg = std::make_unique<cudagraph::Step>(graph_plugin_, plan_->device, plan_->draws_random);
+  } catch (const std::exception& ex) {
+    skip_graph(ex.what());
+    bind(inputs);
+    run_body(scalars, nullptr);
+    return finish(false);
+  }
+  bind(inputs);
+  cg->warm_up([&](void* stream) { run_body(scalars, stream); }, env_);
+  auto results = finish(false);
+  // Static inputs: the user inputs' buffers the graph reads; replays copy new inputs into them.
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (const auto& b : plan_->inputs)
+      if (b.user >= 0) {
+        const auto& in = inputs.at(static_cast<size_t>(b.user));
+        cg->static_inputs.push_back(at::empty_strided(in.sizes(), in.strides(), in.options()).copy_(in));
+      }
+  }
+  bind(inputs, &cg->static_inputs);
+  const auto t0 = Clock::now();
+  try {
+    cg->record([&](void* stream) { run_body(scalars, stream); });
+    for (const auto& o : plan_->outputs) cg->static_outputs.push_back(env_[static_cast<size_t>(o.value)]);
+  } catch (const cudagraph::CaptureFailed& f) {
+    for (auto& t : env_) t.reset();
+    cg.reset();
+    skip_graph(f.what());
+    return results;
+  }
+  for (auto& t : env_) t.reset();
+  graph_addresses_.clear();
+  for (const auto& b : plan_->inputs)
+    if (b.user < 0 && b.lifted < 0 && b.tensor.defined()) graph_addresses_.emplace_back(b.tensor, b.tensor.const_data_ptr());
+  cg_ = std::move(cg);
+  ++stats_.graphs_recorded;
+  log_info(c10::str("kiln: recorded the step as a CUDA graph (", plan_->graph.nodes.size(), " nodes, ",
+                    plan_->lifted.size(), " run-time scalars as device tensors) in ",
+                    std::chrono::duration<double>(Clock::now() - t0).count(), " s"));
+  return results;
+}
+
+std::vector<at::Tensor> StepRunner::replay(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars) {
+  for (const auto& [t, address] : graph_addresses_)
+    if (t.const_data_ptr() != address) {
+      log_info("kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
+               "the graph again");
+      cg_.reset();
+      graph_addresses_.clear();
+      return warm_up_and_record(inputs, scalars);
+    }
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    size_t k = 0;
+    for (const auto& b : plan_->inputs)
+      if (b.user >= 0) {
+        auto& st = cg_->static_inputs[k++];
+        const auto& in = inputs.at(static_cast<size_t>(b.user));
+        if (!in.is_same(st)) st.copy_(in);
+      }
+  }
+  cg_->replay();
+  for (size_t k = 0; k < plan_->outputs.size(); ++k)
+    env_[static_cast<size_t>(plan_->outputs[k].value)] = cg_->static_outputs[k];
+  ++stats_.graph_replays;
+  return finish(true);
+}
+
+}  // namespace kiln

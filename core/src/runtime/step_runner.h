@@ -1,0 +1,76 @@
+// The run stage: executes a StepPlan. Owns what changes from call to call: the executor (eager, or
+// split with a backend plugin), the environment of values, the lifted run-time scalars' device
+// buffers, the write-backs (a copy, or the target adopting the value's storage), the parameters'
+// new gradients, and the whole-step CUDA graph (warm-up, record, replay; recorded again when a
+// tensor it reads in place got new memory). Internal to the runtime.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include "kiln/compile.h"
+#include "plan_step.h"
+
+namespace kiln {
+
+class LoadedPlugin;
+namespace cudagraph {
+class Step;
+}
+
+struct RunOptions {
+  bool cpu_block_cache = true;  // [runtime] cpu_block_cache
+  int64_t cpu_block_cache_max_mb = 2048;
+  bool check_meta = false;      // [debug] check_meta
+  bool verify_groups = false;   // [debug] verify_groups
+};
+
+class StepRunner {
+ public:
+  using Warn = std::function<void(const std::string&)>;
+  // graph_plugin records the CUDA graph (null: plans with cuda_graph run without one). Counts go
+  // to `stats`, which outlives the runner.
+  StepRunner(std::shared_ptr<const StepPlan> plan, std::shared_ptr<const LoadedPlugin> graph_plugin,
+             const RunOptions& options, StepStats& stats, Warn warn_once);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // One compiled step: `scalars` holds the current run-time scalars (StepPlan::num_scalars).
+  // Returns the step's results; the parameters' .grad and every written tensor are updated.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars);
+
+  const StepPlan& plan() const { return *plan_; }
+
+ private:
+  struct Executor;
+  void fill_scalars(const std::vector<c10::IValue>& scalars);
+  void bind(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* statics = nullptr);
+  void run_body(const std::vector<c10::IValue>& scalars, void* stream);
+  std::vector<at::Tensor> finish(bool clone_results);
+  std::vector<at::Tensor> warm_up_and_record(const std::vector<at::Tensor>& inputs,
+                                             const std::vector<c10::IValue>& scalars);
+  std::vector<at::Tensor> replay(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars);
+  void skip_graph(const std::string& why);
+
+  std::shared_ptr<const StepPlan> plan_;
+  std::shared_ptr<const LoadedPlugin> graph_plugin_;
+  RunOptions options_;
+  StepStats& stats_;
+  Warn warn_once_;
+  std::unique_ptr<Executor> exec_;
+  std::vector<at::Tensor> env_;
+  std::vector<at::Tensor> scalar_buffers_;  // one device buffer per dtype of lifted scalars
+  bool graphs_ = false;                     // the plan's cuda_graph, until a capture fails
+  std::unique_ptr<cudagraph::Step> cg_;
+  // Under a CUDA graph, the address of every tensor the graph reads in place: torch::load gives a
+  // parameter new memory (Tensor::set_), which a replay would not see.
+  std::vector<std::pair<at::Tensor, const void*>> graph_addresses_;
+};
+
+}  // namespace kiln
