@@ -14,7 +14,18 @@ namespace {
 
 using kiln::CpuBlockCache;
 
+TEST(CpuBlockCache, StepValuesComeFromTheCacheOnlyInsideAScope) {
+  auto& cache = CpuBlockCache::get();
+  at::Tensor outside = kiln::empty_strided_step({1000}, {1}, at::TensorOptions(at::kFloat));
+  EXPECT_NE(outside.storage().allocator(), &cache) << "a step that turned the cache off allocates through LibTorch";
+  kiln::ScopedCpuBlockCache scope;
+  EXPECT_TRUE(kiln::cpu_block_cache_enabled());
+  at::Tensor inside = kiln::empty_strided_step({1000}, {1}, at::TensorOptions(at::kFloat));
+  EXPECT_EQ(inside.storage().allocator(), &cache);
+}
+
 TEST(CpuBlockCache, AFreedBlockServesTheNextRequestOfItsSize) {
+  kiln::ScopedCpuBlockCache scope;
   auto& cache = CpuBlockCache::get();
   cache.release();
   void* first = nullptr;
@@ -35,6 +46,7 @@ TEST(CpuBlockCache, AFreedBlockServesTheNextRequestOfItsSize) {
 }
 
 TEST(CpuBlockCache, ABlockMoreThanTwiceTheRequestIsNotHandedOut) {
+  kiln::ScopedCpuBlockCache scope;
   auto& cache = CpuBlockCache::get();
   cache.release();
   void* big = nullptr;
@@ -89,6 +101,7 @@ TEST(CpuBlockCache, ThreadsAllocatingAndFreeingAtOnceKeepItConsistent) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
     threads.emplace_back([t] {
+      kiln::ScopedCpuBlockCache scope;  // per thread: the step's thread is the one that uses the cache
       for (int i = 0; i < 2000; ++i) {
         const int64_t n = 1024 * (1 + (i * 7 + t) % 64);
         at::Tensor x = kiln::empty_strided_step({n}, {1}, at::TensorOptions(at::kFloat));
