@@ -9,7 +9,7 @@ int cmd_conformance(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_cache(int argc, char** argv);
 
-// For subcommands whose issue has not landed: says so on stderr and returns 3.
+// For subcommands that are not implemented yet: says so on stderr and returns 3.
 int not_available_yet(const char* name, const char* what);
 
 }  // namespace kiln::cli

@@ -1,6 +1,6 @@
 // The hpu_backend: lowers claimed subgraphs to a Synapse graph, compiles a recipe and launches it on
 // Intel Gaudi. libSynapse.so is opened at run time, so the plugin loads everywhere and says why it
-// is unavailable where there is no Gaudi. The lowering lands with its own issue; until then compile
+// is unavailable where there is no Gaudi. The lowering is not written yet; until then compile
 // answers "unimplemented" so kiln runs the nodes eagerly.
 #include <dlfcn.h>
 

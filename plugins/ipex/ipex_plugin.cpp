@@ -1,6 +1,6 @@
 // The ipex backend: linear/matmul/convolution on oneDNN with fused post-ops, bf16 where the CPU
-// has AVX-512-BF16 or AMX. This file is its ABI surface; the oneDNN lowering lands with its own
-// issue, and until then compile answers "unimplemented" so kiln runs the nodes eagerly.
+// has AVX-512-BF16 or AMX. This file is its ABI surface; the oneDNN lowering is not written
+// yet, and until then compile answers "unimplemented" so kiln runs the nodes eagerly.
 #include <cstring>
 
 #include <kiln/plugin_api.hpp>

@@ -1,7 +1,7 @@
 // The neuron backend: lowers claimed subgraphs to StableHLO, compiles a NEFF with neuronx-cc and
 // runs it through the Neuron runtime on AWS Trainium/Inferentia. libnrt.so is opened at run time,
 // so the plugin loads everywhere and says why it is unavailable where there is no Neuron device.
-// The lowering lands with its own issue; until then compile answers "unimplemented".
+// The lowering is not written yet; until then compile answers "unimplemented".
 #include <dlfcn.h>
 
 #include <kiln/plugin_api.hpp>

@@ -74,7 +74,7 @@ std::vector<Export> exported_symbols(const std::string& path, std::string* error
   return out;
 }
 
-// ---- Helpers over a raw context ----
+// ---- Functions over a raw context ----
 
 // The availability answer with every struct exact-size and guarded, or padded.
 struct AvailabilityAnswer {

@@ -464,7 +464,7 @@ class DeviceBuffer {
   void* ptr_;
 };
 
-// Helpers for building call_eager arguments.
+// Building call_eager arguments.
 inline KilnArg make_arg(KilnArgTag tag, const char* name) {
   KilnArg a;
   std::memset(&a, 0, sizeof a);

@@ -409,7 +409,7 @@ TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
   }
 }
 
-// The backends whose compilers have not landed (inductor's CPU compiler has its own tests).
+// The backends whose compilers are not written yet (inductor's CPU compiler has its own tests).
 TEST(InTreeBackends, CompileAnswersUnimplementedSoNodesRunEagerly) {
   GraphBuilder g;
   three_node_graph(g);
