@@ -46,12 +46,14 @@ check_examples() {  # <grep flags> <pattern> <example> ...
 check_examples -E "${exact[@]}"
 check_examples -iE "${loose[@]}"
 
-# The tracked files (a fresh clone in CI, a worktree here); outside git, every file but build trees.
+# The tracked files (a fresh clone in CI, a worktree here); outside git (a source archive), every
+# file but what .gitignore leaves out: build trees, logs, caches.
 cd "$root"
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   mapfile -t files < <(git ls-files)
 else
-  mapfile -t files < <(find . -type f -not -path './build*' -not -path './.git/*' | sed 's|^\./||')
+  mapfile -t files < <(find . -type f -not -path './build*' -not -path './.git/*' -not -path './.device/*' \
+                         -not -name .cmake-configure.log -not -path '*/__pycache__/*' | sed 's|^\./||')
 fi
 files=("${files[@]/#$self/}")
 
