@@ -18,6 +18,18 @@ install(FILES
 set_target_properties(kiln_plugin_api PROPERTIES EXPORT_NAME plugin_api)
 install(TARGETS kiln_plugin_api EXPORT kilnTargets COMPONENT sdk)
 install(EXPORT kilnTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR} COMPONENT sdk)
+# The ABI version comes from the header's macros, so the package cannot say another one.
+file(STRINGS ${PROJECT_SOURCE_DIR}/plugin_api/include/kiln/plugin_api.h _kiln_abi_lines
+  REGEX "^#define KILN_ABI_VERSION_(MAJOR|MINOR) [0-9]+$")
+foreach(_line ${_kiln_abi_lines})
+  if(_line MATCHES "^#define KILN_ABI_VERSION_(MAJOR|MINOR) ([0-9]+)$")
+    set(KILN_PLUGIN_ABI_VERSION_${CMAKE_MATCH_1} ${CMAKE_MATCH_2})
+  endif()
+endforeach()
+if(NOT DEFINED KILN_PLUGIN_ABI_VERSION_MAJOR OR NOT DEFINED KILN_PLUGIN_ABI_VERSION_MINOR)
+  message(FATAL_ERROR "cannot read KILN_ABI_VERSION_MAJOR/MINOR from plugin_api/include/kiln/plugin_api.h")
+endif()
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/plugin_api/include/kiln/plugin_api.h)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kilnConfig.cmake.in
   ${PROJECT_BINARY_DIR}/kilnConfig.cmake INSTALL_DESTINATION ${KILN_INSTALL_CMAKEDIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/kilnConfigVersion.cmake

@@ -34,8 +34,8 @@ std::string json_list(const std::string& comma_separated) {
 void usage(FILE* out) {
   std::fprintf(out,
                "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n\n"
-               "Lists the backend plugins found in --dir directories, KILN_PLUGIN_PATH and kiln's own\n"
-               "plugin folder, with availability on this machine, and every file that failed to load.\n"
+               "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
+               "kiln's own plugin folder, with availability on this machine, and every file that failed to load.\n"
                "  --json              a JSON array, one object per file\n"
                "  --dir DIR           search DIR first (repeatable)\n"
                "  --no-default-dirs   only the --dir directories\n");
@@ -56,7 +56,6 @@ int cmd_plugins(int argc, char** argv) {
       search.dirs.push_back(a.substr(6));
     } else if (a == "--no-default-dirs") {
       default_dirs = false;
-      search.use_env = false;
       search.use_builtin = false;
     } else if (a == "--help" || a == "-h") {
       usage(stdout);

@@ -83,7 +83,6 @@ int cmd_probe(int argc, char** argv) {
   search.dirs = args.runtime.plugin_dirs;
   if (!plugin_dirs.empty()) {
     search.dirs = plugin_dirs;
-    search.use_env = false;
     search.use_builtin = false;
   }
   auto registry = PluginRegistry::load(search, HostServices::basic(args));

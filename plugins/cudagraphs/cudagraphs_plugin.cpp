@@ -1,5 +1,5 @@
 // The cudagraphs backend: no fusion. It claims no nodes (the host runs every node eagerly) and
-// provides the ABI 1.2 device-graph functions, with which kiln records the whole compiled step
+// provides the ABI's device-graph functions, with which kiln records the whole compiled step
 // (forward, backward, optimizer) on a CUDA stream into one CUDA graph and replays it
 // (core/src/runtime/cuda_graph_step.cpp; docs/backends/cudagraphs.md). The same functions wrap the
 // chosen backend's step in `reduce-overhead` and `max-autotune`.
@@ -62,6 +62,8 @@ class CudaGraphsPlugin : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT) | KILN_MODE_BIT(KILN_MODE_REDUCE_OVERHEAD);
     d.concurrent_execution_safe = false;
+    // Choosing this backend means "record the whole step as a CUDA graph", in every mode.
+    d.whole_step_graph = true;
 #if defined(KILN_CUDAGRAPHS_WITH_CUDA)
     d.device_graphs = true;
 #endif
@@ -75,8 +77,9 @@ class CudaGraphsPlugin : public Plugin {
 #else
     const KilnDeviceInfo* gpu = devices.first(KILN_DEVICE_CUDA);
     if (!gpu) return Availability::no("needs a CUDA device; none found");
+    // Below a compiler (inductor, 200): without fusion, replaying the step is what is left to gain.
     return Availability::yes(std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " +
-                             gpu->name);
+                             gpu->name, 100);
 #endif
   }
 

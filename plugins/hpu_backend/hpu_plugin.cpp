@@ -49,8 +49,9 @@ class HpuPlugin : public Plugin {
     if (!runtime_error.empty())
       return Availability::no(std::string("Intel Gaudi device found, but ") + kRuntime + " cannot be loaded (" +
                               runtime_error + ")");
+    // The device's own compiler comes before any general one (inductor scores 200).
     return Availability::yes(std::to_string(devices.count(KILN_DEVICE_GAUDI)) + " Gaudi device(s), first " +
-                             dev->name + "; " + kRuntime + " loads");
+                             dev->name + "; " + kRuntime + " loads", 400);
   }
 
   std::vector<int64_t> claim(const Graph&) override { return {}; }

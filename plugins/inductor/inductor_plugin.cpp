@@ -406,7 +406,15 @@ class CompiledGroup : public Executable {
     }
     std::vector<DLTensor> outs;
     for (int v : call.outputs) outs.push_back(dl_of(v, B));
-    KilnError* e = host_api->call_eager(host_api->host_ctx, call.op.c_str(), ptrs.data(), ptrs.size(), outs.data(), outs.size());
+    KilnHostCallEagerArgs ca{};
+    ca.struct_size = KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE;
+    ca.host_ctx = host_api->host_ctx;
+    ca.op = call.op.c_str();
+    ca.args = ptrs.data();
+    ca.num_args = ptrs.size();
+    ca.outputs = outs.data();
+    ca.num_outputs = outs.size();
+    KilnError* e = host_api->call_eager(&ca);
     if (e) {
       const std::string msg = host_api->error_message(e);
       const KilnErrorCode code = host_api->error_code(e);
@@ -457,7 +465,9 @@ class InductorPlugin : public Plugin {
                "; GPU kernels not built yet, CPU nodes only)";
     }
     if (cpu) reason += std::string(reason.empty() ? "" : "; ") + "CPU " + (*cpu->name ? cpu->name : "(unnamed)");
-    return Availability::yes(reason);
+    // The general compiler: after a device's own (hpu_backend 400, neuron 300), before the
+    // fallbacks that do not fuse (cudagraphs, ipex: 100).
+    return Availability::yes(reason, 200);
   }
 
   LoweringOptions lowering_options() const {
@@ -669,8 +679,8 @@ class InductorPlugin : public Plugin {
         const KilnArg* a = n.arg(i).raw();
         call.args.emplace_back();
         OwnedArg& oa = call.args.back();
-        // Only the bytes the host wrote: an older host's KilnArg ends before the newer fields
-        // (ABI 1.0: no runtime_scalar), and reading sizeof(KilnArg) would run past it.
+        // Only the bytes the host wrote: an older host's KilnArg may end before fields a newer
+        // header adds, and reading sizeof(KilnArg) would run past it.
         std::memcpy(&oa.arg, a, std::min<size_t>(a->struct_size, sizeof(KilnArg)));
         oa.arg.struct_size = KILN_ARG_STRUCT_SIZE;
         oa.name = a->name ? a->name : "";

@@ -35,8 +35,13 @@ class IpexPlugin : public Plugin {
       return Availability::no(std::string("needs an x86 CPU (GenuineIntel or AuthenticAMD); this CPU's vendor is '") +
                               cpu->vendor + "'");
     const bool bf16 = (cpu->cpu_isa & (KILN_CPU_ISA_AVX512_BF16 | KILN_CPU_ISA_AMX_BF16)) != 0;
-    return Availability::yes(std::string(cpu->vendor) + " CPU, bf16 kernels " +
-                             (bf16 ? "on (AVX-512-BF16/AMX)" : "off (no AVX-512-BF16 or AMX)"));
+    const std::string reason = std::string(cpu->vendor) + " CPU, bf16 kernels " +
+                               (bf16 ? "on (AVX-512-BF16/AMX)" : "off (no AVX-512-BF16 or AMX)");
+    // A fallback below inductor (200) on a machine that trains on the CPU. Where a CUDA GPU is, the
+    // step runs there: a CPU backend is used only when named.
+    if (devices.first(KILN_DEVICE_CUDA))
+      return Availability::yes(reason + "; a CUDA GPU is present, so only when named", 0);
+    return Availability::yes(reason, 100);
   }
 
   std::vector<int64_t> claim(const Graph&) override { return {}; }

@@ -50,8 +50,10 @@ class NeuronPlugin : public Plugin {
     if (!runtime_error.empty())
       return Availability::no(std::string("AWS Neuron device found, but ") + kRuntime + " cannot be loaded (" +
                               runtime_error + ")");
+    // The device's own compiler comes before any general one (inductor scores 200); a Gaudi's
+    // (hpu_backend, 400) before it on a machine with both.
     return Availability::yes(std::to_string(devices.count(KILN_DEVICE_NEURON)) + " Neuron device(s), first " +
-                             dev->name + "; " + kRuntime + " loads");
+                             dev->name + "; " + kRuntime + " loads", 300);
   }
 
   std::vector<int64_t> claim(const Graph&) override { return {}; }

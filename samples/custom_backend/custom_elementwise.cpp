@@ -63,7 +63,7 @@ struct Step {
   OpCode code;
   int a = -1, b = -1, out = -1;
   float alpha = 1.f;
-  int32_t alpha_scalar = -1;  // >= 0: alpha is this run-time scalar (ABI 1.1), read on every call
+  int32_t alpha_scalar = -1;  // >= 0: alpha is this run-time scalar, read on every call
 };
 
 // A compiled subgraph. Slots 0..n_in-1 are the inputs, then the outputs, then intermediates, which
@@ -147,7 +147,7 @@ class CustomElementwise : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_CPU;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
-    d.runtime_scalars = true;  // alpha may change every call (ABI 1.1)
+    d.runtime_scalars = true;  // alpha may change every call
     return d;
   }
 

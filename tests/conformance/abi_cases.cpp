@@ -100,14 +100,17 @@ AvailabilityAnswer ask_available(const RawContext& ctx, const std::vector<Plugin
     reinterpret_cast<KilnDeviceInfo*>(d)->struct_size = KILN_DEVICE_INFO_STRUCT_SIZE + extra;
     ptrs.push_back(reinterpret_cast<KilnDeviceInfo*>(d));
   }
-  auto* out = static_cast<char*>(arena.guarded(KILN_AVAILABILITY_STRUCT_SIZE + extra));
-  std::memset(out, 0, KILN_AVAILABILITY_STRUCT_SIZE + extra);
-  auto* av = reinterpret_cast<KilnAvailability*>(out);
-  av->struct_size = KILN_AVAILABILITY_STRUCT_SIZE + extra;
+  auto* out = static_cast<char*>(arena.guarded(KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE + extra));
+  std::memset(out, 0, KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE + extra);
+  auto* av = reinterpret_cast<KilnPluginAvailableArgs*>(out);
+  av->struct_size = KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE + extra;
+  av->plugin_ctx = api->plugin_ctx;
+  av->devices = ptrs.data();
+  av->num_devices = ptrs.size();
   av->reason_capacity = 256;
   av->reason = static_cast<char*>(arena.guarded(256));
   std::memset(av->reason, 0, 256);
-  a.status = ctx.status_of(api->available(api->plugin_ctx, ptrs.data(), ptrs.size(), av));
+  a.status = ctx.status_of(api->available(av));
   a.available = av->available;
   a.reason.assign(av->reason, strnlen(av->reason, 256));
   return a;
@@ -224,7 +227,7 @@ TEST(ABI, InitReturnsAWellFormedTable) {
   ASSERT_TRUE(ctx.ok()) << "kiln_plugin_init refused a host of ABI " << KILN_ABI_VERSION_MAJOR << "."
                         << KILN_ABI_VERSION_MINOR << ": " << ctx.error();
   const KilnPluginApi* api = ctx.api();
-  EXPECT_GE(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE) << "table smaller than the ABI 1.0 layout";
+  EXPECT_GE(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE) << "table smaller than the ABI " << KILN_ABI_VERSION_MAJOR << ".0 layout";
   EXPECT_EQ(api->abi_major, static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR));
   EXPECT_TRUE(api->error_code && api->error_message && api->error_destroy) << "error functions are required";
   EXPECT_NE(api->descriptor, nullptr) << "descriptor is required";
@@ -272,9 +275,11 @@ TEST(ABI, DescriptorIsSane) {
   EXPECT_STREQ(d->version, e->version);
   EXPECT_EQ(d->device_kinds, e->device_kinds);
   EXPECT_EQ(d->modes, e->modes);
-  EXPECT_EQ(d->concurrent_execution_safe, e->concurrent_execution_safe);
+  EXPECT_EQ(d->capabilities, e->capabilities);
+  EXPECT_EQ(d->default_score, e->default_score);
+  const bool concurrent = (d->capabilities & KILN_CAPABILITY_CONCURRENT_EXECUTE) != 0;
   note(std::string(d->name) + " " + d->version + ": devices " + device_kinds_string(d->device_kinds) + ", modes " +
-       modes_string(d->modes) + ", concurrent execute " + (d->concurrent_execution_safe ? "safe" : "not safe"));
+       modes_string(d->modes) + ", concurrent execute " + (concurrent ? "safe" : "not safe"));
 }
 
 TEST(ABI, NegotiatesWithAHostOneMinorNewer) {
@@ -284,24 +289,27 @@ TEST(ABI, NegotiatesWithAHostOneMinorNewer) {
   newer.abi_minor = minor + 1;
   newer.struct_size = KILN_HOST_API_STRUCT_SIZE + 16;  // two fields this header does not know
   RawContext ctx(lib, newer);
-  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI 1." << newer.abi_minor << " (one minor newer than its 1." << minor
+  const std::string major = std::to_string(KILN_ABI_VERSION_MAJOR) + ".";
+  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI " << major << newer.abi_minor << " (one minor newer than its " << major << minor
                         << "): " << ctx.error();
   EXPECT_EQ(ctx.api()->abi_major, static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR));
   EXPECT_EQ(ctx.api()->abi_minor, minor) << "the plugin must say the version it was built for, not the host's";
   RawContext base(lib, {});
   ASSERT_TRUE(base.ok()) << base.error();
   for (const auto& s : sample_graphs()) expect_same(drive(base, s, StructLayout::Exact), drive(ctx, s, StructLayout::Exact), s.label);
-  note("host 1." + std::to_string(newer.abi_minor) + " accepted; effective ABI 1." + std::to_string(minor));
+  note("host " + major + std::to_string(newer.abi_minor) + " accepted; effective ABI " + major + std::to_string(minor));
 }
 
 TEST(ABI, NegotiatesWithAHostOneMinorOlder) {
   const uint32_t minor = plugin_minor();
-  if (minor == 0) GTEST_SKIP() << "the plugin is at ABI 1.0: no host older than minor 0 exists";
+  if (minor == 0)
+    GTEST_SKIP() << "the plugin is at ABI " << KILN_ABI_VERSION_MAJOR << ".0: no host older than minor 0 exists";
   RawLibrary lib(settings().plugin_path);
   HostTableSpec older;
   older.abi_minor = std::min<uint32_t>(minor - 1, KILN_ABI_VERSION_MINOR);
   RawContext ctx(lib, older);
-  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI 1." << older.abi_minor << ": " << ctx.error();
+  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI " << KILN_ABI_VERSION_MAJOR << "." << older.abi_minor << ": "
+                        << ctx.error();
   EXPECT_EQ(ctx.api()->abi_major, static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR));
   // The older host writes its structs in the older layout (ABI 1.0: KilnArg ends before
   // runtime_scalar), each against a guard page: reading a field without KILN_HAS_FIELD faults.
@@ -311,10 +319,10 @@ TEST(ABI, NegotiatesWithAHostOneMinorOlder) {
   size_t executed = 0;
   for (const auto& s : sample_graphs()) {
     auto o = drive(ctx, s, layout);
-    expect_same(drive(base, s, StructLayout::Exact), o, s.label + " (host 1." + std::to_string(older.abi_minor) + ")");
+    expect_same(drive(base, s, StructLayout::Exact), o, s.label + " (host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) + ")");
     executed += o.executed;
   }
-  note("host 1." + std::to_string(older.abi_minor) + " with its own struct layout accepted; same claims and compiles; " +
+  note("host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) + " with its own struct layout accepted; same claims and compiles; " +
        std::to_string(executed) + " groups executed");
 }
 
@@ -332,7 +340,8 @@ TEST(ABI, RefusesAHostOfAnotherMajor) {
     EXPECT_NE(ctx.error().find(std::to_string(major)), std::string::npos)
         << "the message should name the host's version " << major << ".0: " << ctx.error();
   }
-  note("hosts 2.0 and 0.0 refused with KILN_ERROR_ABI_MISMATCH");
+  note("hosts " + std::to_string(KILN_ABI_VERSION_MAJOR + 1) + ".0 and " + std::to_string(KILN_ABI_VERSION_MAJOR - 1) +
+       ".0 refused with KILN_ERROR_ABI_MISMATCH");
 }
 
 TEST(ABI, AcceptsStructsLargerThanItsOwn) {
@@ -424,7 +433,7 @@ TEST(ABI, ErrorsCarryACodeAndAMessage) {
     HostTableSpec other;
     other.abi_major = KILN_ABI_VERSION_MAJOR + 1;
     RawContext ctx(lib, other);
-    if (!ctx.ok()) check("init with host 2.0", RawContext::Status{false, ctx.error_code(), ctx.error()});
+    if (!ctx.ok()) check("init with host " + std::to_string(KILN_ABI_VERSION_MAJOR + 1) + ".0", RawContext::Status{false, ctx.error_code(), ctx.error()});
   }
   RawContext ctx(lib, {});
   ASSERT_TRUE(ctx.ok()) << ctx.error();

@@ -30,9 +30,14 @@ TEST(Claim, ClaimsReferToRealNodes) {
   for (const auto& s : claim_graphs()) {
     GraphView view(s.graph);
     std::vector<int64_t> buf(view.view().num_nodes + 1, -7);
-    size_t n = 0;
     progress("claim " + s.label);
-    auto st = ctx.status_of(ctx.api()->claim(ctx.api()->plugin_ctx, &view.view(), buf.data(), &n));
+    KilnPluginClaimArgs a{};
+    a.struct_size = KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE;
+    a.plugin_ctx = ctx.api()->plugin_ctx;
+    a.graph = &view.view();
+    a.claimed_nodes = buf.data();
+    auto st = ctx.status_of(ctx.api()->claim(&a));
+    const size_t n = a.num_claimed;
     if (!st.ok) {
       EXPECT_FALSE(st.message.empty()) << s.label << ": claim failed without a message";
       continue;

@@ -304,7 +304,10 @@ RawContext::RawContext(const RawLibrary& lib, const HostTableSpec& spec) {
 }
 
 RawContext::~RawContext() {
-  if (ok_ && api_ && api_->struct_size >= KILN_PLUGIN_API_STRUCT_SIZE && api_->shutdown) api_->shutdown(api_->plugin_ctx);
+  if (ok_ && api_ && api_->struct_size >= KILN_PLUGIN_API_STRUCT_SIZE && api_->shutdown) {
+    KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api_->plugin_ctx};
+    api_->shutdown(&a);
+  }
 }
 
 RawContext::Status RawContext::status_of(KilnError* error) const {
@@ -320,8 +323,13 @@ RawContext::Status RawContext::status_of(KilnError* error) const {
 
 RawContext::Status RawContext::claim(const KilnGraphView* view, std::vector<int64_t>* claimed) const {
   std::vector<int64_t> buf(std::max<size_t>(view->num_nodes, 1), -1);
-  size_t n = 0;
-  Status s = status_of(api_->claim(api_->plugin_ctx, view, buf.data(), &n));
+  KilnPluginClaimArgs a{};
+  a.struct_size = KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.graph = view;
+  a.claimed_nodes = buf.data();
+  Status s = status_of(api_->claim(&a));
+  const size_t n = a.num_claimed;
   if (s.ok) claimed->assign(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(std::min(n, view->num_nodes)));
   if (s.ok && n > view->num_nodes) {
     s.ok = false;
@@ -338,24 +346,36 @@ RawContext::Status RawContext::compile(const KilnGraphView* view, KilnMode mode,
   for (const auto& [k, v] : options) kv.push_back({KILN_OPTION_STRUCT_SIZE, k.c_str(), v.c_str()});
   std::vector<const KilnOption*> ptrs;
   for (auto& o : kv) ptrs.push_back(&o);
-  KilnCompileOptions o{};
-  o.struct_size = KILN_COMPILE_OPTIONS_STRUCT_SIZE;
-  o.mode = mode;
-  o.num_options = ptrs.size();
-  o.options = ptrs.data();
+  KilnPluginCompileArgs a{};
+  a.struct_size = KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.subgraph = view;
+  a.mode = mode;
+  a.num_options = ptrs.size();
+  a.options = ptrs.data();
   const std::string cache = torch_host()->cache_dir();
-  o.cache_dir = cache.c_str();
-  *exe = nullptr;
-  return status_of(api_->compile(api_->plugin_ctx, view, &o, exe));
+  a.cache_dir = cache.c_str();
+  Status s = status_of(api_->compile(&a));
+  *exe = a.executable;
+  return s;
 }
 
 RawContext::Status RawContext::execute(KilnExecutable* exe, const std::vector<DLTensor>& inputs,
                                        std::vector<DLTensor>& outputs) const {
-  return status_of(api_->execute(exe, inputs.data(), inputs.size(), outputs.data(), outputs.size(), nullptr));
+  KilnExecutableExecuteArgs a{};
+  a.struct_size = KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
+  a.executable = exe;
+  a.inputs = inputs.data();
+  a.num_inputs = inputs.size();
+  a.outputs = outputs.data();
+  a.num_outputs = outputs.size();
+  return status_of(api_->execute(&a));
 }
 
 void RawContext::destroy(KilnExecutable* exe) const {
-  if (exe) api_->executable_destroy(exe);
+  if (!exe) return;
+  KilnExecutableDestroyArgs a{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, exe};
+  api_->executable_destroy(&a);
 }
 
 // ---- Numerics ----

@@ -1,4 +1,4 @@
-// The plugin loader: finds libkiln_*.so-style backend plugins, loads them with Boost.DLL, checks the
+// The plugin loader: finds backend plugins (libkiln_<name>.so), loads them with Boost.DLL, checks the
 // ABI handshake and everything a plugin hands back, and wraps each in a LoadedPlugin. No LibTorch.
 //
 // Lifetimes: a LoadedPlugin holds its library and the host table; every PluginExecutable holds its
@@ -25,7 +25,8 @@ namespace kiln {
 
 // A plugin call failed or the plugin returned malformed data. code() is the plugin's error code
 // (KILN_ERROR_UNIMPLEMENTED from compile means "run these nodes eagerly"), or KILN_ERROR_INTERNAL
-// when the host rejected what the plugin returned.
+// when the host rejected what the plugin returned. what() is
+// "<path>: plugin '<name>': <call> failed (<code>): <the plugin's message>".
 class PluginError : public std::runtime_error {
  public:
   PluginError(KilnErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
@@ -100,13 +101,17 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   uint32_t device_kinds() const { return device_kinds_; }  // KILN_DEVICE_MASK_*
   uint32_t modes() const { return modes_; }                // KILN_MODE_BIT(...)
   bool supports_mode(KilnMode mode) const { return (modes_ & KILN_MODE_BIT(mode)) != 0; }
-  bool concurrent_execution_safe() const { return concurrent_; }
+  uint64_t capabilities() const { return capabilities_; }  // KILN_CAPABILITY_*
+  bool concurrent_execution_safe() const { return (capabilities_ & KILN_CAPABILITY_CONCURRENT_EXECUTE) != 0; }
+  // Choosing this backend asks for the whole step to be recorded as one device graph in every mode.
+  bool asks_whole_step_graph() const { return (capabilities_ & KILN_CAPABILITY_WHOLE_STEP_GRAPH) != 0; }
+  int32_t default_score() const { return default_score_; }
   uint32_t abi_major() const { return abi_major_; }  // what the plugin was built for
   uint32_t abi_minor() const { return abi_minor_; }
   uint32_t negotiated_minor() const { return negotiated_minor_; }
-  // ABI 1.1: the plugin takes nodes with run-time scalars and is executed with their values.
+  // The plugin takes nodes with run-time scalars and is executed with their values.
   bool accepts_runtime_scalars() const;
-  // ABI 1.2: the plugin records and replays device graphs (all four graph functions set).
+  // The plugin records and replays device graphs (the loader checked all four graph functions).
   bool provides_device_graphs() const;
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
@@ -125,8 +130,8 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   // Same, with the options and cache dir from the host (TrainingArguments' [plugin.<name>] table).
   std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode) const;
 
-  // ABI 1.2 device graphs (provides_device_graphs()). Throw PluginError with the plugin's
-  // message. graph_capture_end must follow every successful graph_capture_begin.
+  // Device graphs (provides_device_graphs()). Throw PluginError with the plugin's message.
+  // graph_capture_end must follow every successful graph_capture_begin.
   void graph_capture_begin(DLDevice device, void* stream) const;
   std::unique_ptr<PluginGraph> graph_capture_end(DLDevice device, void* stream) const;
 
@@ -137,8 +142,13 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   friend class PluginExecutable;
   friend class PluginGraph;
   LoadedPlugin() = default;
-  // Reads and frees a plugin error; returns "message" and sets code.
-  std::string take_error(KilnError* error, KilnErrorCode* code) const;
+  // "<path>: plugin '<name>'", the start of every message about this plugin.
+  std::string where() const;
+  // The one place a plugin call's error is handled: reads its code and message through the plugin's
+  // table, frees it, and throws PluginError naming the plugin, its path and `call`. No-op on NULL.
+  void check(KilnError* error, const char* call) const;
+  // Throws PluginError(KILN_ERROR_INTERNAL) for something `call` returned that the host refuses.
+  [[noreturn]] void reject(const char* call, const std::string& what) const;
 
   // Declared first so they are destroyed last: the host table and the library outlive the context.
   std::shared_ptr<boost::dll::shared_library> library_;
@@ -146,10 +156,12 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   const KilnPluginApi* api_ = nullptr;
   std::string name_, version_, vendor_, description_, path_;
   uint32_t device_kinds_ = 0, modes_ = 0;
-  bool concurrent_ = false;
+  uint64_t capabilities_ = 0;
+  int32_t default_score_ = 0;
   uint32_t abi_major_ = 0, abi_minor_ = 0, negotiated_minor_ = 0;
-  // The ABI's threading rules, enforced here: available/claim/compile one at a time per context,
-  // execute one at a time per plugin unless the descriptor says it is concurrent-safe.
+  // The ABI's threading rules, enforced here: available, claim, compile and graph_capture_begin/end
+  // one at a time per context (call_mu_); execute and graph_launch one at a time per plugin
+  // (execute_mu_) unless the plugin has KILN_CAPABILITY_CONCURRENT_EXECUTE.
   mutable std::mutex call_mu_;
   mutable std::mutex execute_mu_;
 };
@@ -164,8 +176,8 @@ class PluginExecutable {
   // outputs preallocated by the caller. Throws PluginError.
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                void* stream = nullptr) const;
-  // ABI 1.1: with the step's run-time scalars (KilnArg BOOL/INT/DOUBLE, scalar k at index k).
-  // Falls back to execute() for plugins that do not accept run-time scalars.
+  // With the step's run-time scalars (KilnArg BOOL/INT/DOUBLE, scalar k at index k). A plugin that
+  // does not accept run-time scalars is called with none.
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                const KilnArg* const* scalars, size_t num_scalars, void* stream = nullptr) const;
   const LoadedPlugin& plugin() const { return *plugin_; }
@@ -178,7 +190,7 @@ class PluginExecutable {
   KilnExecutable* exe_;
 };
 
-// An instantiated device graph (ABI 1.2). Keeps its plugin (and so its library) alive.
+// An instantiated device graph. Keeps its plugin (and so its library) alive.
 class PluginGraph {
  public:
   ~PluginGraph();
@@ -202,8 +214,9 @@ struct PluginLoadFailure {
 };
 
 struct PluginSearchOptions {
-  std::vector<std::string> dirs;  // configured plugin_dirs (TrainingArguments::plugin_dirs), first
-  bool use_env = true;            // then the directories in KILN_PLUGIN_PATH (':'-separated)
+  // The configured plugin_dirs (TrainingArguments::plugin_dirs, where the configuration puts
+  // KILN_PLUGIN_PATH's directories first), searched first.
+  std::vector<std::string> dirs;
   bool use_builtin = true;        // then the install's own plugin folder
   bool search_current_dir = false;  // the working directory, last; never unless asked
 };
@@ -216,12 +229,13 @@ std::vector<std::string> plugin_search_dirs(const PluginSearchOptions& options);
 
 class PluginRegistry {
  public:
-  // Visits every directory, tries every regular file ending in ".so" (sorted by name), keeps the
+  // Visits every directory, tries every regular file named libkiln_*.so (sorted by name), keeps the
   // first plugin of each name. Never throws for a bad file: it becomes a failure.
   static PluginRegistry load(const PluginSearchOptions& options, std::shared_ptr<const HostServices> host);
   static PluginRegistry load(const TrainingArguments& args, std::shared_ptr<const HostServices> host);
 
-  // One file (kiln conformance). Throws PluginError(KILN_ERROR_UNAVAILABLE, "<path>: <reason>").
+  // One file, whatever its name (kiln conformance). Throws PluginError(KILN_ERROR_UNAVAILABLE,
+  // "<path>: <reason>").
   static std::shared_ptr<LoadedPlugin> load_file(const std::string& path,
                                                  std::shared_ptr<const HostServices> host);
 

@@ -19,6 +19,7 @@ struct BackendCandidate {
   std::string name;
   bool available = true;
   std::string reason;  // the plugin's own words: why it can or cannot run here
+  int32_t score = 0;   // its availability score here: "auto" takes the highest positive one
 };
 
 struct BackendChoice {
@@ -26,7 +27,7 @@ struct BackendChoice {
   std::string requested;                // "auto" or the name the user gave
   std::vector<std::string> reasons;     // one sentence per decision, in the order taken
   std::vector<std::string> runners_up;  // the other available backends, best first
-  std::vector<std::string> order;       // the order "auto" tries on these devices
+  std::vector<std::string> order;       // the order "auto" ranks the available backends in
 };
 
 // A named backend that cannot be used. what() is the whole message; available() lists the
@@ -41,14 +42,15 @@ class BackendSelectionError : public std::runtime_error {
   std::vector<std::string> available_;
 };
 
-// The order "auto" tries: hpu_backend when there is a Gaudi, neuron when there is a Trainium or
-// Inferentia, then inductor, then cudagraphs when there is a CUDA GPU and ipex when there is not.
-// Third-party plugins are never picked automatically; name them.
-std::vector<std::string> default_backend_order(const std::vector<hw::Device>& devices);
+// The order "auto" ranks backends in: the available plugins whose availability score is positive,
+// highest score first, equal scores by name. The scores come from the plugins (their `available`
+// answer for these devices); kiln knows no plugin by name. A plugin that scores 0 is used only
+// when named.
+std::vector<std::string> automatic_order(const std::vector<BackendCandidate>& plugins);
 
 // The rule (docs/hardware-probe.md):
-//  - "auto" (or ""): the first backend in default_backend_order() that is installed and available;
-//    each one skipped adds its reason. If none is, "eager" (the step runs uncompiled), with why.
+//  - "auto" (or ""): the first backend of automatic_order(); each plugin skipped (unavailable, or
+//    score 0) adds its reason. If none is left, "eager" (the step runs uncompiled), with why.
 //  - "eager": always granted.
 //  - a name: used if installed and available. Installed but unavailable: BackendSelectionError
 //    with the plugin's reason. Not installed: BackendSelectionError listing the available

@@ -39,9 +39,17 @@ at::Tensor wrap(const DLTensor* t) {
 class TorchHost : public HostServices {
  public:
   TorchHost(std::string cache_dir, Options options) : HostServices(std::move(cache_dir), std::move(options)) {
-    api_.device_alloc = &TorchHost::device_alloc;
-    api_.device_free = &TorchHost::device_free;
-    api_.call_eager = &TorchHost::call_eager;
+    api_.device_alloc = [](KilnHostDeviceAllocArgs* a) -> KilnError* {
+      if (!a) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "device_alloc: args is NULL");
+      return device_alloc(a->host_ctx, a->device, a->nbytes, a->stream, &a->ptr);
+    };
+    api_.device_free = [](KilnHostDeviceFreeArgs* a) {
+      if (a) device_free(a->host_ctx, a->device, a->ptr);
+    };
+    api_.call_eager = [](KilnHostCallEagerArgs* a) -> KilnError* {
+      if (!a) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: args is NULL");
+      return call_eager(a->host_ctx, a->op, a->args, a->num_args, a->outputs, a->num_outputs);
+    };
   }
 
  private:

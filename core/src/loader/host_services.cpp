@@ -25,42 +25,43 @@ LogLevel to_log_level(KilnLogLevel level) {
   }
 }
 
-void host_log(void*, KilnLogLevel level, const char* plugin, const char* message) {
+void host_log(KilnHostLogArgs* a) {
   try {
-    log_plugin(plugin && *plugin ? plugin : "unnamed", to_log_level(level), message ? message : "");
+    log_plugin(a->plugin && *a->plugin ? a->plugin : "unnamed", to_log_level(a->level), a->message ? a->message : "");
   } catch (...) {
     // A logging failure must not cross into the plugin.
   }
 }
 
 // CPU memory, 64-byte aligned (a cache line and an AVX-512 vector).
-KilnError* host_cpu_alloc(void*, DLDevice device, size_t nbytes, void*, void** out) {
-  if (!out) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "device_alloc: out is NULL");
-  *out = nullptr;
-  if (device.device_type != kDLCPU)
+KilnError* host_cpu_alloc(KilnHostDeviceAllocArgs* a) {
+  if (!a) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "device_alloc: args is NULL");
+  a->ptr = nullptr;
+  if (a->device.device_type != kDLCPU)
     return make_host_error(KILN_ERROR_UNAVAILABLE,
                            "device_alloc: this host only allocates CPU memory (device type " +
-                               std::to_string(static_cast<int>(device.device_type)) + ")");
-  size_t rounded = (nbytes + 63) / 64 * 64;
+                               std::to_string(static_cast<int>(a->device.device_type)) + ")");
+  size_t rounded = (a->nbytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!p)
     return make_host_error(KILN_ERROR_OUT_OF_MEMORY,
-                           "device_alloc: cannot allocate " + std::to_string(nbytes) + " bytes");
-  *out = p;
+                           "device_alloc: cannot allocate " + std::to_string(a->nbytes) + " bytes");
+  a->ptr = p;
   return nullptr;
 }
 
-void host_cpu_free(void*, DLDevice, void* ptr) { std::free(ptr); }
+void host_cpu_free(KilnHostDeviceFreeArgs* a) { std::free(a->ptr); }
 
-const char* host_cache_dir(void* ctx) { return self(ctx)->cache_dir().c_str(); }
+void host_cache_dir(KilnHostCacheDirArgs* a) { a->cache_dir = self(a->host_ctx)->cache_dir().c_str(); }
 
-const char* host_get_option(void* ctx, const char* plugin, const char* key) {
-  if (!plugin || !key) return nullptr;
-  const auto& all = self(ctx)->plugin_options();
-  auto p = all.find(plugin);
-  if (p == all.end()) return nullptr;
-  auto v = p->second.find(key);
-  return v == p->second.end() ? nullptr : v->second.c_str();
+void host_get_option(KilnHostGetOptionArgs* a) {
+  a->value = nullptr;
+  if (!a->plugin || !a->key) return;
+  const auto& all = self(a->host_ctx)->plugin_options();
+  auto p = all.find(a->plugin);
+  if (p == all.end()) return;
+  auto v = p->second.find(a->key);
+  if (v != p->second.end()) a->value = v->second.c_str();
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <type_traits>
@@ -25,13 +24,60 @@ namespace kiln {
 
 namespace {
 
-// The smallest tables a 1.x plugin may return: the 1.0 layouts. A later minor keeps accepting
+// The smallest tables a 2.x plugin may return: the 2.0 layouts. A later minor keeps accepting
 // these and checks KILN_HAS_FIELD before reading anything newer.
-constexpr size_t kPluginApiSize_1_0 = KILN_STRUCT_SIZE(KilnPluginApi, shutdown);
-constexpr size_t kDescriptorSize_1_0 = KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0);
+constexpr size_t kPluginApiSize_2_0 = KILN_STRUCT_SIZE(KilnPluginApi, graph_destroy);
+constexpr size_t kDescriptorSize_2_0 = KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0);
+
+// The 1.x table and descriptor, as far as the loader reads them to name and shut down a plugin
+// built for ABI 1 (it is refused, but its init may have made a context).
+struct PluginApiV1 {
+  size_t struct_size;
+  uint32_t abi_major, abi_minor;
+  KilnErrorCode (*error_code)(const KilnError*);
+  const char* (*error_message)(const KilnError*);
+  void (*error_destroy)(KilnError*);
+  void* plugin_ctx;
+  const struct DescriptorV1* descriptor;
+  void* available;
+  void* claim;
+  void* compile;
+  void* execute;
+  void* executable_destroy;
+  void (*shutdown)(void* plugin_ctx);
+};
+struct DescriptorV1 {
+  size_t struct_size;
+  const char* name;
+};
+static_assert(offsetof(PluginApiV1, descriptor) == 48 && offsetof(PluginApiV1, shutdown) == 96,
+              "the ABI 1.x layout on LP64");
+
+// The name a table of another major says, when its layout is known and it has one; "" otherwise.
+std::string foreign_plugin_name(const KilnPluginApi* api) {
+  if (api->abi_major != 1 || api->struct_size < KILN_STRUCT_SIZE(PluginApiV1, descriptor)) return "";
+  const auto* v1 = reinterpret_cast<const PluginApiV1*>(api);
+  const DescriptorV1* d = v1->descriptor;
+  if (!d || d->struct_size < KILN_STRUCT_SIZE(DescriptorV1, name) || !d->name) return "";
+  return d->name;
+}
+
+// Ends the context a table of another major made, when its layout is known.
+void shut_down_foreign(const KilnPluginApi* api) {
+  if (api->abi_major != 1 || api->struct_size < KILN_STRUCT_SIZE(PluginApiV1, shutdown)) return;
+  const auto* v1 = reinterpret_cast<const PluginApiV1*>(api);
+  if (v1->shutdown) v1->shutdown(v1->plugin_ctx);
+}
 
 std::string version_string(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
+}
+
+// Directory scans open only files named like plugins, so that a library folder on the search path
+// does not run every library's static constructors; a file named explicitly loads whatever its name.
+bool named_like_a_plugin(const fs::path& p) {
+  const std::string f = p.filename().string();
+  return f.size() > 11 && f.rfind("libkiln_", 0) == 0 && f.compare(f.size() - 3, 3, ".so") == 0;
 }
 
 bool valid_plugin_name(const char* name) {
@@ -54,6 +100,10 @@ void add_unique(std::vector<std::string>& dirs, std::set<std::string>& seen, con
 }
 
 }  // namespace
+
+// Reads a plugin's error through its own table and frees it: "<call> failed (<code>): <message>".
+std::string take_plugin_error(const KilnPluginApi& api, KilnError* error, const std::string& call,
+                              KilnErrorCode* code = nullptr);
 
 // ---- search paths -------------------------------------------------------------------------------
 
@@ -81,18 +131,6 @@ std::vector<std::string> plugin_search_dirs(const PluginSearchOptions& options) 
   std::vector<std::string> dirs;
   std::set<std::string> seen;
   for (const auto& d : options.dirs) add_unique(dirs, seen, d);
-  if (options.use_env) {
-    if (const char* env = std::getenv("KILN_PLUGIN_PATH"); env && *env) {
-      std::string all = env;
-      size_t start = 0;
-      while (start <= all.size()) {
-        size_t end = all.find(':', start);
-        if (end == std::string::npos) end = all.size();
-        add_unique(dirs, seen, all.substr(start, end - start));
-        start = end + 1;
-      }
-    }
-  }
   if (options.use_builtin)
     for (const auto& d : builtin_plugin_dirs()) add_unique(dirs, seen, d);
   if (options.search_current_dir) {
@@ -137,25 +175,25 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   const std::string host_version = version_string(KILN_ABI_VERSION_MAJOR, KILN_ABI_VERSION_MINOR);
   // The frozen header (struct_size, version, error functions) is all we may read before checking
   // the major version.
-  const size_t header_size = offsetof(KilnPluginApi, plugin_ctx);
-  const bool header_ok = api && api->struct_size >= header_size;
+  const bool header_ok = api && api->struct_size >= KILN_PLUGIN_API_HEADER_SIZE;
   const bool errors_readable = header_ok && api->error_code && api->error_message && api->error_destroy;
   auto take = [&](KilnError* e) {
-    std::string m = errors_readable ? std::string(api->error_message(e) ? api->error_message(e) : "")
-                                    : std::string("(no message: the plugin returned no error functions)");
-    std::string code = errors_readable ? plugin::error_code_name(api->error_code(e)) : "unknown";
-    if (errors_readable) api->error_destroy(e);
-    return code + ": " + m;
+    if (!errors_readable) return std::string("no message: the plugin returned no error functions");
+    return take_plugin_error(*api, e, "kiln_plugin_init");
   };
 
   if (header_ok && api->abi_major != KILN_ABI_VERSION_MAJOR) {
-    if (err) take(err);
-    *error = "plugin ABI " + version_string(api->abi_major, api->abi_minor) + " does not match kiln's plugin ABI " +
-             host_version + " (major versions must be equal)";
+    const std::string name = foreign_plugin_name(api);
+    std::string init_said;
+    if (err) init_said = " (" + take(err) + ")";
+    else shut_down_foreign(api);
+    *error = (name.empty() ? std::string("plugin") : "plugin '" + name + "'") + " was built for kiln plugin ABI " +
+             version_string(api->abi_major, api->abi_minor) + "; this kiln speaks " + host_version +
+             " — rebuild it against the kiln " + std::to_string(KILN_ABI_VERSION_MAJOR) + ".x SDK" + init_said;
     return nullptr;
   }
   if (err) {
-    *error = "kiln_plugin_init failed (" + take(err) + ")";
+    *error = take(err);
     return nullptr;
   }
   if (!api) {
@@ -165,20 +203,22 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
 
   // From here on the plugin has a live context; any rejection must shut it down.
   auto reject = [&](const std::string& why) -> std::shared_ptr<LoadedPlugin> {
-    if (api->struct_size >= KILN_STRUCT_SIZE(KilnPluginApi, shutdown) && api->shutdown)
-      api->shutdown(api->plugin_ctx);
+    if (api->struct_size >= KILN_STRUCT_SIZE(KilnPluginApi, shutdown) && api->shutdown) {
+      KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api->plugin_ctx};
+      api->shutdown(&a);
+    }
     *error = why;
     return nullptr;
   };
-  if (api->struct_size < kPluginApiSize_1_0)
+  if (api->struct_size < kPluginApiSize_2_0)
     return reject("function table too small: struct_size " + std::to_string(api->struct_size) + ", ABI " +
-                  host_version + " needs " + std::to_string(kPluginApiSize_1_0));
+                  host_version + " needs " + std::to_string(kPluginApiSize_2_0));
   if (!errors_readable) return reject("required function 'error_message', 'error_code' or 'error_destroy' is NULL");
   const KilnPluginDescriptor* d = api->descriptor;
   if (!d) return reject("descriptor is NULL");
-  if (d->struct_size < kDescriptorSize_1_0)
+  if (d->struct_size < kDescriptorSize_2_0)
     return reject("descriptor too small: struct_size " + std::to_string(d->struct_size) + ", ABI " + host_version +
-                  " needs " + std::to_string(kDescriptorSize_1_0));
+                  " needs " + std::to_string(kDescriptorSize_2_0));
   if (!d->name) return reject("descriptor.name is NULL");
   if (!valid_plugin_name(d->name))
     return reject(std::string("descriptor.name '") + d->name + "' is not a valid plugin name ([a-z0-9_]+)");
@@ -188,6 +228,12 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   if ((d->modes & KILN_MODE_BIT(KILN_MODE_DEFAULT)) == 0)
     return reject("descriptor.modes does not include 'default'");
   if (d->modes & ~KILN_MODE_MASK_ALL) return reject("descriptor.modes has unknown bits");
+  const bool graph_fns = api->graph_capture_begin || api->graph_capture_end || api->graph_launch || api->graph_destroy;
+  const bool all_graph_fns = api->graph_capture_begin && api->graph_capture_end && api->graph_launch && api->graph_destroy;
+  if ((d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS) && !all_graph_fns)
+    return reject("descriptor.capabilities has KILN_CAPABILITY_DEVICE_GRAPHS, but not all four graph functions are set");
+  if (!(d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS) && graph_fns)
+    return reject("graph functions are set, but descriptor.capabilities lacks KILN_CAPABILITY_DEVICE_GRAPHS");
   const struct {
     const void* fn;
     const char* name;
@@ -209,28 +255,48 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   p->path_ = path;
   p->device_kinds_ = d->device_kinds;
   p->modes_ = d->modes;
-  p->concurrent_ = d->concurrent_execution_safe != 0;
+  p->capabilities_ = d->capabilities;
+  p->default_score_ = d->default_score;
   p->abi_major_ = api->abi_major;
   p->abi_minor_ = api->abi_minor;
   p->negotiated_minor_ = std::min<uint32_t>(api->abi_minor, KILN_ABI_VERSION_MINOR);
   return p;
 }
 
+// ---- errors -------------------------------------------------------------------------------------
+
+std::string take_plugin_error(const KilnPluginApi& api, KilnError* error, const std::string& call,
+                              KilnErrorCode* code) {
+  const KilnErrorCode c = api.error_code(error);
+  const char* m = api.error_message(error);
+  std::string message = call + " failed (" + plugin::error_code_name(c) + "): " + (m ? m : "");
+  api.error_destroy(error);
+  if (code) *code = c;
+  return message;
+}
+
+std::string LoadedPlugin::where() const { return path_ + ": plugin '" + name_ + "'"; }
+
+void LoadedPlugin::check(KilnError* error, const char* call) const {
+  if (!error) return;
+  KilnErrorCode code = KILN_ERROR_UNKNOWN;
+  std::string message = take_plugin_error(*api_, error, call, &code);
+  throw PluginError(code, where() + ": " + message);
+}
+
+void LoadedPlugin::reject(const char* call, const std::string& what) const {
+  throw PluginError(KILN_ERROR_INTERNAL, where() + ": " + call + " " + what);
+}
+
 // ---- LoadedPlugin -------------------------------------------------------------------------------
 
 LoadedPlugin::~LoadedPlugin() {
-  if (api_ && api_->shutdown) api_->shutdown(api_->plugin_ctx);
+  if (api_ && api_->shutdown) {
+    KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api_->plugin_ctx};
+    api_->shutdown(&a);
+  }
   api_ = nullptr;
   // library_ is released after this body: the plugin's code stays mapped through shutdown.
-}
-
-std::string LoadedPlugin::take_error(KilnError* error, KilnErrorCode* code) const {
-  KilnErrorCode c = api_->error_code(error);
-  const char* m = api_->error_message(error);
-  std::string message = m ? m : "";
-  api_->error_destroy(error);
-  if (code) *code = c;
-  return message;
 }
 
 PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices, size_t num_devices) const {
@@ -240,6 +306,7 @@ PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices,
     for (size_t i = 0; i < num_devices; ++i) {
       if (devices[i] && (device_kinds_ & KILN_DEVICE_KIND_BIT(devices[i]->kind))) {
         result.available = true;
+        result.score = default_score_;
         result.reason = "a device of a kind it serves is present (" + device_kinds_string(device_kinds_) + ")";
         return result;
       }
@@ -248,25 +315,24 @@ PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices,
     return result;
   }
   std::vector<char> reason(512, '\0');
-  KilnAvailability out{};
-  out.struct_size = KILN_AVAILABILITY_STRUCT_SIZE;
-  out.reason = reason.data();
-  out.reason_capacity = reason.size();
-  KilnError* err = nullptr;
-  {
+  KilnPluginAvailableArgs a{};
+  a.struct_size = KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.devices = devices;
+  a.num_devices = num_devices;
+  a.reason = reason.data();
+  a.reason_capacity = reason.size();
+  try {
     std::lock_guard<std::mutex> lock(call_mu_);
-    err = api_->available(api_->plugin_ctx, devices, num_devices, &out);
-  }
-  reason.back() = '\0';  // whatever the plugin wrote, the string ends inside the buffer
-  if (err) {
-    KilnErrorCode code = 0;
-    std::string m = take_error(err, &code);
+    check(api_->available(&a), "available");
+  } catch (const PluginError& e) {
     result.available = false;
-    result.reason = "availability check failed (" + std::string(plugin::error_code_name(code)) + "): " + m;
+    result.reason = e.what();
     return result;
   }
-  result.available = out.available != 0;
-  result.score = out.score;
+  reason.back() = '\0';  // whatever the plugin wrote, the string ends inside the buffer
+  result.available = a.available != 0;
+  result.score = a.score;
   result.reason = reason.data();
   return result;
 }
@@ -281,30 +347,25 @@ std::vector<int64_t> LoadedPlugin::claim(const KilnGraphView& graph) const {
   // One spare slot past the capacity, so that a plugin that writes one claim too many is caught
   // rather than corrupting the heap silently.
   std::vector<int64_t> claimed(n + 1, -1);
-  size_t count = 0;
-  KilnError* err = nullptr;
+  KilnPluginClaimArgs a{};
+  a.struct_size = KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.graph = &graph;
+  a.claimed_nodes = claimed.data();
   {
     std::lock_guard<std::mutex> lock(call_mu_);
-    err = api_->claim(api_->plugin_ctx, &graph, claimed.data(), &count);
+    check(api_->claim(&a), "claim");
   }
-  if (err) {
-    KilnErrorCode code = 0;
-    std::string m = take_error(err, &code);
-    throw PluginError(code, "plugin '" + name_ + "': claim failed (" + plugin::error_code_name(code) + "): " + m);
-  }
+  const size_t count = a.num_claimed;
   if (count > n)
-    throw PluginError(KILN_ERROR_INTERNAL, "plugin '" + name_ + "' returned " + std::to_string(count) +
-                                               " claims for a graph of " + std::to_string(n) + " nodes");
+    reject("claim", "returned " + std::to_string(count) + " claims for a graph of " + std::to_string(n) + " nodes");
   std::vector<char> seen(n, 0);
   std::vector<int64_t> result(claimed.begin(), claimed.begin() + static_cast<std::ptrdiff_t>(count));
   for (int64_t idx : result) {
     if (idx < 0 || static_cast<size_t>(idx) >= n)
-      throw PluginError(KILN_ERROR_INTERNAL,
-                        "plugin '" + name_ + "' claimed node " + std::to_string(idx) + ", but the graph has " +
-                            std::to_string(n) + " nodes" +
-                            (n ? " (0.." + std::to_string(n - 1) + ")" : std::string()));
-    if (seen[static_cast<size_t>(idx)]++)
-      throw PluginError(KILN_ERROR_INTERNAL, "plugin '" + name_ + "' claimed node " + std::to_string(idx) + " twice");
+      reject("claim", "returned node " + std::to_string(idx) + ", but the graph has " + std::to_string(n) + " nodes" +
+                          (n ? " (0.." + std::to_string(n - 1) + ")" : std::string()));
+    if (seen[static_cast<size_t>(idx)]++) reject("claim", "returned node " + std::to_string(idx) + " twice");
   }
   return result;
 }
@@ -313,35 +374,33 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
                                                         const std::map<std::string, std::string>& options,
                                                         const std::string& cache_dir) const {
   if (!supports_mode(mode))
-    throw PluginError(KILN_ERROR_INVALID_ARGUMENT, "plugin '" + name_ + "' does not support mode '" +
-                                                       plugin::mode_name(mode) + "' (it supports " +
-                                                       modes_string(modes_) + ")");
+    throw PluginError(KILN_ERROR_INVALID_ARGUMENT, where() + " does not support mode '" + plugin::mode_name(mode) +
+                                                       "' (it supports " + modes_string(modes_) + ")");
   std::vector<KilnOption> kvs;
   kvs.reserve(options.size());
   for (const auto& [k, v] : options) kvs.push_back(KilnOption{KILN_OPTION_STRUCT_SIZE, k.c_str(), v.c_str()});
   std::vector<const KilnOption*> kv_ptrs;
   for (const auto& kv : kvs) kv_ptrs.push_back(&kv);
-  KilnCompileOptions o{};
-  o.struct_size = KILN_COMPILE_OPTIONS_STRUCT_SIZE;
-  o.mode = mode;
-  o.num_options = kv_ptrs.size();
-  o.options = kv_ptrs.data();
-  o.cache_dir = cache_dir.c_str();
-  KilnExecutable* exe = nullptr;
+  KilnPluginCompileArgs a{};
+  a.struct_size = KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.subgraph = &subgraph;
+  a.mode = mode;
+  a.options = kv_ptrs.data();
+  a.num_options = kv_ptrs.size();
+  a.cache_dir = cache_dir.c_str();
   KilnError* err = nullptr;
   {
     std::lock_guard<std::mutex> lock(call_mu_);
-    err = api_->compile(api_->plugin_ctx, &subgraph, &o, &exe);
+    err = api_->compile(&a);
   }
-  if (err) {
-    if (exe) api_->executable_destroy(exe);
-    KilnErrorCode code = 0;
-    std::string m = take_error(err, &code);
-    throw PluginError(code, "plugin '" + name_ + "': compile failed (" + plugin::error_code_name(code) + "): " + m);
+  if (err && a.executable) {
+    KilnExecutableDestroyArgs d{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, a.executable};
+    api_->executable_destroy(&d);
   }
-  if (!exe)
-    throw PluginError(KILN_ERROR_INTERNAL, "plugin '" + name_ + "': compile returned neither an executable nor an error");
-  return std::unique_ptr<PluginExecutable>(new PluginExecutable(shared_from_this(), exe));
+  check(err, "compile");
+  if (!a.executable) reject("compile", "returned neither an executable nor an error");
+  return std::unique_ptr<PluginExecutable>(new PluginExecutable(shared_from_this(), a.executable));
 }
 
 std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& subgraph, KilnMode mode) const {
@@ -350,53 +409,48 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
   return compile(subgraph, mode, options, host_->cache_dir());
 }
 
-// ---- PluginExecutable ---------------------------------------------------------------------------
+bool LoadedPlugin::accepts_runtime_scalars() const { return (capabilities_ & KILN_CAPABILITY_RUNTIME_SCALARS) != 0; }
 
-PluginExecutable::~PluginExecutable() {
-  if (exe_) plugin_->api_->executable_destroy(exe_);
-}
-
-bool LoadedPlugin::accepts_runtime_scalars() const {
-  return negotiated_minor_ >= 1 && KILN_HAS_FIELD(api_, KilnPluginApi, execute_with_scalars) &&
-         api_->execute_with_scalars != nullptr;
-}
-
-bool LoadedPlugin::provides_device_graphs() const {
-  return negotiated_minor_ >= 2 && KILN_HAS_FIELD(api_, KilnPluginApi, graph_destroy) && api_->graph_capture_begin &&
-         api_->graph_capture_end && api_->graph_launch && api_->graph_destroy;
-}
+bool LoadedPlugin::provides_device_graphs() const { return (capabilities_ & KILN_CAPABILITY_DEVICE_GRAPHS) != 0; }
 
 void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
-  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, name_ + " does not record device graphs");
-  if (KilnError* err = api_->graph_capture_begin(api_->plugin_ctx, device, stream)) {
-    KilnErrorCode code = 0;
-    std::string message = take_error(err, &code);
-    throw PluginError(code, name_ + ": " + message);
-  }
+  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
+  KilnGraphCaptureBeginArgs a{};
+  a.struct_size = KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.device = device;
+  a.stream = stream;
+  std::lock_guard<std::mutex> lock(call_mu_);
+  check(api_->graph_capture_begin(&a), "graph_capture_begin");
 }
 
 std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream) const {
-  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, name_ + " does not record device graphs");
-  KilnGraphExec* exec = nullptr;
-  if (KilnError* err = api_->graph_capture_end(api_->plugin_ctx, device, stream, &exec)) {
-    if (exec) api_->graph_destroy(exec);
-    KilnErrorCode code = 0;
-    std::string message = take_error(err, &code);
-    throw PluginError(code, name_ + ": " + message);
+  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
+  KilnGraphCaptureEndArgs a{};
+  a.struct_size = KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api_->plugin_ctx;
+  a.device = device;
+  a.stream = stream;
+  KilnError* err = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(call_mu_);
+    err = api_->graph_capture_end(&a);
   }
-  if (!exec) throw PluginError(KILN_ERROR_INTERNAL, name_ + ": graph_capture_end returned no graph");
-  return std::unique_ptr<PluginGraph>(new PluginGraph(shared_from_this(), exec));
+  if (err && a.graph) {
+    KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
+    api_->graph_destroy(&d);
+  }
+  check(err, "graph_capture_end");
+  if (!a.graph) reject("graph_capture_end", "returned no graph");
+  return std::unique_ptr<PluginGraph>(new PluginGraph(shared_from_this(), a.graph));
 }
 
-PluginGraph::~PluginGraph() {
-  if (exec_) plugin_->api_->graph_destroy(exec_);
-}
+// ---- PluginExecutable, PluginGraph --------------------------------------------------------------
 
-void PluginGraph::launch(void* stream) const {
-  if (KilnError* err = plugin_->api_->graph_launch(exec_, stream)) {
-    KilnErrorCode code = 0;
-    std::string message = plugin_->take_error(err, &code);
-    throw PluginError(code, plugin_->name_ + ": " + message);
+PluginExecutable::~PluginExecutable() {
+  if (exe_) {
+    KilnExecutableDestroyArgs a{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, exe_};
+    plugin_->api_->executable_destroy(&a);
   }
 }
 
@@ -407,25 +461,47 @@ void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTens
 
 void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                                const KilnArg* const* scalars, size_t num_scalars, void* stream) const {
-  const bool with_scalars = plugin_->accepts_runtime_scalars();
-  auto call = [&] {
-    return with_scalars ? plugin_->api_->execute_with_scalars(exe_, inputs, num_inputs, outputs, num_outputs,
-                                                              scalars, num_scalars, stream)
-                        : plugin_->api_->execute(exe_, inputs, num_inputs, outputs, num_outputs, stream);
-  };
+  KilnExecutableExecuteArgs a{};
+  a.struct_size = KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
+  a.executable = exe_;
+  a.inputs = inputs;
+  a.num_inputs = num_inputs;
+  a.outputs = outputs;
+  a.num_outputs = num_outputs;
+  // A plugin that does not take run-time scalars gets none (it is never handed a node that has one).
+  if (plugin_->accepts_runtime_scalars()) {
+    a.scalars = num_scalars ? scalars : nullptr;
+    a.num_scalars = num_scalars;
+  }
+  a.stream = stream;
   KilnError* err = nullptr;
-  if (plugin_->concurrent_) {
-    err = call();
+  if (plugin_->concurrent_execution_safe()) {
+    err = plugin_->api_->execute(&a);
   } else {
     std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
-    err = call();
+    err = plugin_->api_->execute(&a);
   }
-  if (err) {
-    KilnErrorCode code = 0;
-    std::string m = plugin_->take_error(err, &code);
-    throw PluginError(code, "plugin '" + plugin_->name_ + "': execute failed (" + plugin::error_code_name(code) +
-                                "): " + m);
+  plugin_->check(err, "execute");
+}
+
+PluginGraph::~PluginGraph() {
+  if (exec_) {
+    KilnGraphDestroyArgs a{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, exec_};
+    plugin_->api_->graph_destroy(&a);
   }
+}
+
+void PluginGraph::launch(void* stream) const {
+  KilnGraphLaunchArgs a{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, exec_, stream};
+  KilnError* err = nullptr;
+  // Launches enqueue work like execute does, under the same rule.
+  if (plugin_->concurrent_execution_safe()) {
+    err = plugin_->api_->graph_launch(&a);
+  } else {
+    std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
+    err = plugin_->api_->graph_launch(&a);
+  }
+  plugin_->check(err, "graph_launch");
 }
 
 // ---- PluginRegistry -----------------------------------------------------------------------------
@@ -452,7 +528,7 @@ PluginRegistry PluginRegistry::load(const PluginSearchOptions& options, std::sha
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
       const fs::path& p = it->path();
       std::error_code e2;
-      if (p.extension() == ".so" && fs::is_regular_file(p, e2)) files.push_back(p);
+      if (named_like_a_plugin(p) && fs::is_regular_file(p, e2)) files.push_back(p);
     }
     std::sort(files.begin(), files.end());
     for (const auto& f : files) {
@@ -479,6 +555,7 @@ PluginRegistry PluginRegistry::load(const PluginSearchOptions& options, std::sha
 }
 
 PluginRegistry PluginRegistry::load(const TrainingArguments& args, std::shared_ptr<const HostServices> host) {
+  // The configuration has already merged KILN_PLUGIN_PATH into plugin_dirs (environment first).
   PluginSearchOptions o;
   o.dirs = args.runtime.plugin_dirs;
   return load(o, std::move(host));

@@ -44,6 +44,18 @@ const LoadedBackends& loaded_backends(const TrainingArguments& args) {
   return *slot;
 }
 
+// The plugin that records whole-step graphs for a backend that cannot: of the available plugins
+// that record device graphs, the one with the highest score, then the first name in byte order.
+std::shared_ptr<const LoadedPlugin> graph_recorder(const LoadedBackends& lb) {
+  const BackendCandidate* best = nullptr;
+  for (const auto& c : lb.candidates) {
+    auto p = lb.registry->find(c.name);
+    if (!c.available || !p || !p->provides_device_graphs()) continue;
+    if (!best || c.score > best->score || (c.score == best->score && c.name < best->name)) best = &c;
+  }
+  return best ? lb.registry->find(best->name) : nullptr;
+}
+
 }  // namespace
 
 KilnMode mode_from_string(const std::string& mode) {
@@ -84,20 +96,22 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
                       "none here, so it behaves as 'default'");
     r.mode = KILN_MODE_DEFAULT;
   }
-  // Whole-step CUDA graphs, whatever the backend does inside the step.
-  const bool graphs_asked = r.mode == KILN_MODE_REDUCE_OVERHEAD || r.mode == KILN_MODE_MAX_AUTOTUNE ||
-                            r.choice.backend == "cudagraphs";
+  // Whole-step CUDA graphs, whatever the backend does inside the step: asked for by the mode, or by
+  // a backend whose descriptor says that choosing it means a whole-step graph.
+  const bool backend_asks = r.plugin && r.plugin->asks_whole_step_graph();
+  const bool graphs_asked = r.mode == KILN_MODE_REDUCE_OVERHEAD || r.mode == KILN_MODE_MAX_AUTOTUNE || backend_asks;
   if (graphs_asked && has_cuda) {
     if (r.plugin && r.plugin->provides_device_graphs()) r.graph_plugin = r.plugin;
-    else if (auto cg = lb.registry->find("cudagraphs"); cg && cg->provides_device_graphs()) r.graph_plugin = cg;
+    else r.graph_plugin = graph_recorder(lb);
     r.cuda_graphs = r.graph_plugin != nullptr;
     if (!r.cuda_graphs) {
-      r.cuda_graphs_reason = "no loaded plugin records CUDA graphs (the cudagraphs plugin is missing, older than "
-                             "ABI 1.2, or built without the CUDA toolkit)";
-      r.notes.push_back(c10::str("mode '", mode_to_string(r.mode), "' wraps the step in a CUDA graph, but ",
-                                 r.cuda_graphs_reason, "; the step runs without one"));
+      r.cuda_graphs_reason = "no loaded plugin that is available here records device graphs "
+                             "(KILN_CAPABILITY_DEVICE_GRAPHS)";
+      r.notes.push_back(c10::str(backend_asks ? "backend '" + r.plugin->name() + "'" : "mode '" + std::string(mode_to_string(r.mode)) + "'",
+                                 " wraps the step in a CUDA graph, but ", r.cuda_graphs_reason,
+                                 "; the step runs without one"));
     }
-  } else if (r.choice.backend == "cudagraphs" && !has_cuda) {
+  } else if (backend_asks && !has_cuda) {
     r.cuda_graphs_reason = "no CUDA device";
   }
   if (r.plugin && !r.plugin->supports_mode(r.mode)) {

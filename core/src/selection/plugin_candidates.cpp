@@ -65,7 +65,7 @@ std::vector<BackendCandidate> plugin_candidates(const PluginRegistry& registry,
   std::vector<BackendCandidate> out;
   for (const auto& plugin : registry.plugins()) {
     PluginAvailability a = plugin->available(plugin_devices);  // never throws
-    out.push_back({plugin->name(), a.available, a.reason});
+    out.push_back({plugin->name(), a.available, a.reason, a.score});
   }
   return out;
 }

@@ -226,6 +226,7 @@ std::string probe_report_json(const ProbeReport& r) {
     w.begin_object();
     w.field("name", p.name);
     w.field("available", p.available);
+    w.field("score", static_cast<int>(p.score));
     w.field("reason", p.reason);
     w.end_object();
   }

@@ -41,10 +41,6 @@ std::string group(const std::vector<Device>& devices, DeviceKind kind) {
   return join(parts);
 }
 
-std::string plural(int n, const std::string& one, const std::string& many) {
-  return std::to_string(n) + " " + (n == 1 ? one : many);
-}
-
 const BackendCandidate* find(const std::vector<BackendCandidate>& plugins, const std::string& name) {
   for (const auto& p : plugins)
     if (p.name == name) return &p;  // the loader keeps the first of a name; so does this
@@ -63,10 +59,8 @@ std::vector<std::string> runners_up(const std::vector<std::string>& order,
                                     const std::vector<BackendCandidate>& plugins,
                                     const std::string& chosen) {
   std::vector<std::string> out;
-  for (const auto& name : order) {
-    const auto* p = find(plugins, name);
-    if (p && p->available && name != chosen) out.push_back(name);
-  }
+  for (const auto& name : order)
+    if (name != chosen) out.push_back(name);
   auto rest = available_names(plugins);
   std::sort(rest.begin(), rest.end());
   for (const auto& name : rest)
@@ -75,25 +69,16 @@ std::vector<std::string> runners_up(const std::vector<std::string>& order,
 }
 
 // Why this order, in one sentence.
-std::string order_reason(const std::vector<Device>& devices, const std::vector<std::string>& order) {
-  const int gaudi = count(devices, DeviceKind::gaudi);
-  const int neuron = count(devices, DeviceKind::neuron);
-  const int cuda = count(devices, DeviceKind::cuda);
-  std::string why;
-  if (gaudi > 0) {
-    why = "found " + plural(gaudi, "Intel Gaudi device", "Intel Gaudi devices") + " (" +
-          group(devices, DeviceKind::gaudi) + "), so hpu_backend comes first";
-    if (neuron > 0) why += ", then neuron for the " + group(devices, DeviceKind::neuron);
-  } else if (neuron > 0) {
-    why = "found " + plural(neuron, "AWS Neuron device", "AWS Neuron devices") + " (" +
-          group(devices, DeviceKind::neuron) + "), so neuron comes first";
-  } else if (cuda > 0) {
-    why = "found " + plural(cuda, "CUDA GPU", "CUDA GPUs") + " (" + group(devices, DeviceKind::cuda) +
-          ") and no Gaudi or Neuron device, so inductor comes first";
-  } else {
-    why = "no CUDA GPU, Gaudi or Neuron device found, so inductor (on the CPU) comes first";
-  }
-  return why + "; order: " + join(order);
+std::string order_reason(const std::vector<Device>& devices, const std::vector<BackendCandidate>& plugins,
+                         const std::vector<std::string>& order) {
+  std::vector<std::string> ranked, named_only;
+  for (const auto& name : order) ranked.push_back(name + " " + std::to_string(find(plugins, name)->score));
+  for (const auto& p : plugins)
+    if (find(plugins, p.name) == &p && p.available && p.score <= 0) named_only.push_back(p.name);
+  std::string why = "ranked the available backends by the score each gave for " + describe_devices(devices) + ": " +
+                    (ranked.empty() ? std::string("none has a positive score") : join(ranked));
+  if (!named_only.empty()) why += "; used only when named (score 0): " + join(named_only);
+  return why;
 }
 
 void log_choice(const BackendChoice& c) {
@@ -106,14 +91,16 @@ void log_choice(const BackendChoice& c) {
 
 }  // namespace
 
-std::vector<std::string> default_backend_order(const std::vector<hw::Device>& devices) {
+std::vector<std::string> automatic_order(const std::vector<BackendCandidate>& plugins) {
+  std::vector<const BackendCandidate*> ranked;
+  for (const auto& p : plugins)
+    if (find(plugins, p.name) == &p && p.available && p.score > 0) ranked.push_back(&p);
+  // Highest score first; equal scores by name, so the choice never depends on load order.
+  std::sort(ranked.begin(), ranked.end(), [](const BackendCandidate* a, const BackendCandidate* b) {
+    return a->score != b->score ? a->score > b->score : a->name < b->name;
+  });
   std::vector<std::string> order;
-  if (count(devices, DeviceKind::gaudi) > 0) order.push_back("hpu_backend");
-  if (count(devices, DeviceKind::neuron) > 0) order.push_back("neuron");
-  order.push_back("inductor");
-  // Without inductor, a GPU still gains from replaying the step as a CUDA graph; a CPU from
-  // oneDNN's fused kernels.
-  order.push_back(count(devices, DeviceKind::cuda) > 0 ? "cudagraphs" : "ipex");
+  for (const auto* p : ranked) order.push_back(p->name);
   return order;
 }
 
@@ -130,7 +117,7 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices,
                              const std::vector<BackendCandidate>& plugins, const std::string& requested) {
   BackendChoice c;
   c.requested = requested.empty() ? "auto" : requested;
-  c.order = default_backend_order(devices);
+  c.order = automatic_order(plugins);
 
   if (c.requested == "eager") {
     c.backend = "eager";
@@ -177,27 +164,23 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices,
     throw BackendSelectionError(msg, available);
   }
 
-  c.reasons.push_back(order_reason(devices, c.order));
-  for (const auto& name : c.order) {
-    const auto* p = find(plugins, name);
-    if (!p) {
-      c.reasons.push_back("skipped " + name + ": not installed (no plugin of that name was found)");
-      continue;
-    }
-    if (!p->available) {
-      c.reasons.push_back("skipped " + name + ": installed but unavailable here (" +
-                          (p->reason.empty() ? "the plugin gave no reason" : p->reason) + ")");
-      continue;
-    }
-    c.backend = name;
-    c.reasons.push_back("chose " + name + ": installed and available" +
-                        (p->reason.empty() ? "" : " (" + p->reason + ")"));
-    break;
+  c.reasons.push_back(order_reason(devices, plugins, c.order));
+  for (const auto& p : plugins) {
+    if (find(plugins, p.name) != &p) continue;  // a second plugin of a name is never used
+    if (!p.available)
+      c.reasons.push_back("skipped " + p.name + ": installed but unavailable here (" +
+                          (p.reason.empty() ? "the plugin gave no reason" : p.reason) + ")");
   }
-  if (c.backend.empty()) {
+  if (!c.order.empty()) {
+    c.backend = c.order.front();
+    const auto* p = find(plugins, c.backend);
+    c.reasons.push_back("chose " + c.backend + ": installed and available" +
+                        (p->reason.empty() ? "" : " (" + p->reason + ")"));
+  } else {
     c.backend = "eager";
-    c.reasons.push_back("no backend in the order is available, so steps run eagerly (uncompiled); "
-                        "install or fix one of: " + join(c.order));
+    c.reasons.push_back("no installed plugin is available here with a positive score, so steps run eagerly "
+                        "(uncompiled); install or fix a backend for " + describe_devices(devices) +
+                        ", or name one");
   }
   c.runners_up = runners_up(c.order, plugins, c.backend);
   log_choice(c);

@@ -1,13 +1,20 @@
-/* kiln plugin ABI, version 1.2: the whole contract between the kiln host and a backend plugin.
+/* kiln plugin ABI, version 2.0: the whole contract between the kiln host and a backend plugin.
  *
  * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
  * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
  * device memory, the cache directory, plugin options, eager ATen calls) and KilnPluginApi (what the
  * plugin does: describe itself, say whether it can run here, claim graph nodes, compile them, run
- * them). Everything that crosses is plain C: no C++ types, no exceptions, no LibTorch.
+ * them, record device graphs). Everything that crosses is plain C: no C++ types, no exceptions, no
+ * LibTorch.
  *
  * Rules that keep old plugins working with new hosts and the reverse (docs/abi.md has the why):
  *  - ABI major must match; minor is negotiated down to the smaller of the two sides.
+ *  - Every function of either table takes one argument struct, Kiln<Object><Verb>Args, whose first
+ *    field is `size_t struct_size`: a later minor adds a field to it, never a new function. The
+ *    caller sets struct_size to KILN_<OBJECT>_<VERB>_ARGS_STRUCT_SIZE; fields marked `out` are
+ *    written by the callee. The only exceptions are frozen forever so that any kiln can talk to
+ *    any plugin far enough to refuse it: kiln_plugin_init's signature and the first six fields of
+ *    both tables (struct_size, abi_major, abi_minor and the three error functions).
  *  - Every struct begins with `size_t struct_size`, which its writer sets to KILN_<NAME>_STRUCT_SIZE
  *    (computed from the struct's last field). Fields are only ever added at the end. A reader that
  *    knows a newer layout checks KILN_HAS_FIELD before reading a field the writer may not have had.
@@ -16,8 +23,8 @@
  *  - A NULL optional function means "not implemented"; it is never called.
  *  - Errors are values: a function returns NULL on success or a KilnError* that the receiver owns
  *    and frees through the error_destroy of the side that made it (the table it came from).
- *  - Strings are UTF-8 and NUL-terminated. "Borrowed" pointers are valid only for the call they are
- *    passed to unless stated otherwise.
+ *  - Strings are UTF-8 and NUL-terminated. Every pointer says whose it is and how long it lives;
+ *    "borrowed" means valid only until the call it is passed to returns.
  *
  * Changes are listed in plugin_api/CHANGELOG.md. This header compiles as C99 and as C++. */
 #ifndef KILN_PLUGIN_API_H_
@@ -32,8 +39,8 @@
 extern "C" {
 #endif
 
-#define KILN_ABI_VERSION_MAJOR 1
-#define KILN_ABI_VERSION_MINOR 2
+#define KILN_ABI_VERSION_MAJOR 2
+#define KILN_ABI_VERSION_MINOR 0
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -171,20 +178,6 @@ typedef struct KilnDeviceInfo {
 #define KILN_DEVICE_INFO_STRUCT_SIZE KILN_STRUCT_SIZE(KilnDeviceInfo, cpu_isa)
 KILN_CHECK_STRUCT_SIZE(KilnDeviceInfo, KILN_DEVICE_INFO_STRUCT_SIZE);
 
-/* The answer of KilnPluginApi.available. The host sets struct_size, reason and reason_capacity and
- * zeroes the rest; the plugin fills the fields marked out. */
-typedef struct KilnAvailability {
-  size_t struct_size;
-  int32_t available;       /* out: nonzero when the plugin can run on these devices */
-  int32_t score;           /* out: preference among available plugins, higher first; 0 = neutral */
-  char* reason;            /* out: host-owned buffer of reason_capacity bytes; the plugin writes a
-                              NUL-terminated reason, why not or what it will use ("CUDA device 0
-                              (NVIDIA H200)"); truncated if longer */
-  size_t reason_capacity;
-} KilnAvailability;
-#define KILN_AVAILABILITY_STRUCT_SIZE KILN_STRUCT_SIZE(KilnAvailability, reason_capacity)
-KILN_CHECK_STRUCT_SIZE(KilnAvailability, KILN_AVAILABILITY_STRUCT_SIZE);
-
 /* ---- Graph view ------------------------------------------------------------------------------ */
 /* A read-only view of a pure (functionalized) graph of ATen ops, built by the host. All of it is
  * borrowed: valid only during the call it is passed to; a plugin that needs it later copies it.
@@ -238,13 +231,14 @@ typedef struct KilnArg {
   DLDevice device;             /* DEVICE */
   const DLTensor* tensor;      /* call_eager only: TENSOR */
   const DLTensor* const* tensors; /* call_eager only: TENSOR_LIST */
-  /* ABI 1.1 (check KILN_HAS_FIELD). -1, or: this BOOL/INT/DOUBLE is run-time scalar number
-   * `runtime_scalar` of the step. Its i/d hold the value seen at capture; the value changes from
-   * call to call (Adam's bias corrections do), and execute_with_scalars passes the current one.
-   * A host gives such nodes only to plugins that set execute_with_scalars. */
+  /* -1, or: this BOOL/INT/DOUBLE is run-time scalar number `runtime_scalar` of the step (graph
+   * views only). Its i/d hold the value seen at capture; the value changes from call to call
+   * (Adam's bias corrections do), and KilnExecutableExecuteArgs.scalars carries the current one.
+   * A host hands such nodes only to plugins with KILN_CAPABILITY_RUNTIME_SCALARS. */
   int32_t runtime_scalar;
+  int32_t reserved0;           /* 0 */
 } KilnArg;
-#define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, runtime_scalar)
+#define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, reserved0)
 KILN_CHECK_STRUCT_SIZE(KilnArg, KILN_ARG_STRUCT_SIZE);
 
 /* One ATen call. */
@@ -283,7 +277,22 @@ KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
 
 /* ---- Plugin descriptor ----------------------------------------------------------------------- */
 
-/* Owned by the plugin; lives as long as the plugin context it was returned with. */
+/* What a backend can do, as bits of KilnPluginDescriptor.capabilities. The host reads them instead
+ * of knowing plugins by name. Unknown bits are ignored (a later minor may define more). */
+#define KILN_CAPABILITY_CONCURRENT_EXECUTE (1ull << 0) /* execute may run from several threads at
+                                                          once, on the same or distinct executables */
+#define KILN_CAPABILITY_RUNTIME_SCALARS (1ull << 1)   /* claims nodes with run-time scalars and reads
+                                                          their values from each execute's args */
+#define KILN_CAPABILITY_DEVICE_GRAPHS (1ull << 2)     /* records and replays device graphs: sets
+                                                          graph_capture_begin/end, graph_launch and
+                                                          graph_destroy */
+#define KILN_CAPABILITY_WHOLE_STEP_GRAPH (1ull << 3)  /* selecting this backend asks for the whole
+                                                          step to be recorded as one device graph, in
+                                                          every mode (not only reduce-overhead and
+                                                          max-autotune); with DEVICE_GRAPHS it records
+                                                          it itself */
+
+/* Owned by the plugin; lives until its shutdown returns. */
 typedef struct KilnPluginDescriptor {
   size_t struct_size;
   const char* name;            /* required: [a-z0-9_]+, the name users select ("inductor") and the
@@ -293,20 +302,21 @@ typedef struct KilnPluginDescriptor {
   const char* description;     /* optional (NULL): one line for `kiln plugins` */
   uint32_t device_kinds;       /* KILN_DEVICE_MASK_* bits it can compile for; nonzero */
   uint32_t modes;              /* KILN_MODE_BIT(KILN_MODE_*) bits it supports; includes default */
-  uint32_t concurrent_execution_safe; /* nonzero: execute() may run from several threads at once
-                                         (on the same or distinct executables) */
+  uint64_t capabilities;       /* KILN_CAPABILITY_* bits */
+  int32_t default_score;       /* the availability score when `available` is NULL (see
+                                  KilnPluginAvailableArgs.score); 0 = only when named */
   uint32_t reserved0;          /* 0 */
 } KilnPluginDescriptor;
 #define KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0)
 KILN_CHECK_STRUCT_SIZE(KilnPluginDescriptor, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE);
 
-/* ---- Compile and execute --------------------------------------------------------------------- */
+/* ---- Compile and execute types --------------------------------------------------------------- */
 
 /* Opaque, made by compile and owned by the host, which frees it with executable_destroy. */
 typedef struct KilnExecutable KilnExecutable;
 
-/* ABI 1.2. Opaque: an instantiated device graph (a cudaGraphExec_t on CUDA), made by
- * graph_capture_end and owned by the host, which frees it with graph_destroy. */
+/* Opaque: an instantiated device graph (a cudaGraphExec_t on CUDA), made by graph_capture_end and
+ * owned by the host, which frees it with graph_destroy. */
 typedef struct KilnGraphExec KilnGraphExec;
 
 /* One `key = value` of the plugin's [plugin.<name>] table, as strings. */
@@ -318,60 +328,250 @@ typedef struct KilnOption {
 #define KILN_OPTION_STRUCT_SIZE KILN_STRUCT_SIZE(KilnOption, value)
 KILN_CHECK_STRUCT_SIZE(KilnOption, KILN_OPTION_STRUCT_SIZE);
 
-/* Borrowed for the compile call. */
-typedef struct KilnCompileOptions {
-  size_t struct_size;
-  KilnMode mode;               /* one the descriptor lists */
-  int32_t reserved0;           /* 0 */
-  size_t num_options;
-  const KilnOption* const* options; /* the plugin's [plugin.<name>] table; unknown keys should be
-                                       rejected with KILN_ERROR_INVALID_ARGUMENT */
-  const char* cache_dir;       /* where the plugin may keep compiled artifacts (its own subfolder
-                                  of it is best); never NULL */
-} KilnCompileOptions;
-#define KILN_COMPILE_OPTIONS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnCompileOptions, cache_dir)
-KILN_CHECK_STRUCT_SIZE(KilnCompileOptions, KILN_COMPILE_OPTIONS_STRUCT_SIZE);
-
 /* ---- Host services (the host's table, handed to kiln_plugin_init) ---------------------------- */
+/* Every host function is thread-safe and may be called from any thread, also inside execute.
+ * host_ctx is KilnHostApi.host_ctx. All pointers in the args are borrowed unless a field says
+ * otherwise. */
 
-/* Lives until the plugin's shutdown returns; every function is thread-safe. */
+typedef struct KilnHostLogArgs {
+  size_t struct_size;
+  void* host_ctx;
+  KilnLogLevel level;
+  int32_t reserved0;           /* 0 */
+  const char* plugin;          /* the descriptor name: routes to the host's logger "kiln.<plugin>" */
+  const char* message;
+} KilnHostLogArgs;
+#define KILN_HOST_LOG_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostLogArgs, message)
+KILN_CHECK_STRUCT_SIZE(KilnHostLogArgs, KILN_HOST_LOG_ARGS_STRUCT_SIZE);
+
+/* Memory on `device` from LibTorch's allocator (CUDA: the caching allocator, ordered on `stream`). */
+typedef struct KilnHostDeviceAllocArgs {
+  size_t struct_size;
+  void* host_ctx;
+  DLDevice device;
+  size_t nbytes;
+  void* stream;                /* NULL: the current stream */
+  void* ptr;                   /* out: owned by the plugin until device_free */
+} KilnHostDeviceAllocArgs;
+#define KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostDeviceAllocArgs, ptr)
+KILN_CHECK_STRUCT_SIZE(KilnHostDeviceAllocArgs, KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE);
+
+typedef struct KilnHostDeviceFreeArgs {
+  size_t struct_size;
+  void* host_ctx;
+  DLDevice device;
+  void* ptr;                   /* from device_alloc on `device`; NULL does nothing */
+} KilnHostDeviceFreeArgs;
+#define KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostDeviceFreeArgs, ptr)
+KILN_CHECK_STRUCT_SIZE(KilnHostDeviceFreeArgs, KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE);
+
+typedef struct KilnHostCacheDirArgs {
+  size_t struct_size;
+  void* host_ctx;
+  const char* cache_dir;       /* out: the compile cache directory, never NULL; host-owned, lives
+                                  until the plugin's shutdown returns */
+} KilnHostCacheDirArgs;
+#define KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostCacheDirArgs, cache_dir)
+KILN_CHECK_STRUCT_SIZE(KilnHostCacheDirArgs, KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE);
+
+typedef struct KilnHostGetOptionArgs {
+  size_t struct_size;
+  void* host_ctx;
+  const char* plugin;          /* the descriptor name: reads [plugin.<plugin>] */
+  const char* key;
+  const char* value;           /* out: the value, or NULL when unset; host-owned, lives until the
+                                  plugin's shutdown returns */
+} KilnHostGetOptionArgs;
+#define KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostGetOptionArgs, value)
+KILN_CHECK_STRUCT_SIZE(KilnHostGetOptionArgs, KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE);
+
+/* Runs ATen op `op` ("aten::mm", "aten::add.Tensor") eagerly through the dispatcher. */
+typedef struct KilnHostCallEagerArgs {
+  size_t struct_size;
+  void* host_ctx;
+  const char* op;
+  const KilnArg* const* args;  /* EVERY schema argument in order, tensors as KILN_ARG_TENSOR(_LIST)
+                                  with `tensor(s)` set (wrapped, not copied) */
+  size_t num_args;
+  DLTensor* outputs;           /* the results are copied into these, allocated by the caller with
+                                  the results' shapes and dtypes, in the schema's return order */
+  size_t num_outputs;
+} KilnHostCallEagerArgs;
+#define KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostCallEagerArgs, num_outputs)
+KILN_CHECK_STRUCT_SIZE(KilnHostCallEagerArgs, KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE);
+
+/* Host-owned; lives until the plugin's shutdown returns. */
 typedef struct KilnHostApi {
+  /* The first six fields keep their place and signatures in every ABI major. */
   size_t struct_size;
   uint32_t abi_major;          /* the host's ABI version */
   uint32_t abi_minor;
-  /* Errors the host returns to the plugin (from call_eager, device_alloc). Required. */
+  /* Errors the host returns to the plugin (from call_eager, device_alloc). */
   KilnErrorCode (*error_code)(const KilnError* error);
   const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
   void (*error_destroy)(KilnError* error);
-  void* host_ctx;              /* opaque; pass it back to the functions below */
-  /* Required. Routes to the host's logger "kiln.<plugin>"; `plugin` is the descriptor name. */
-  void (*log)(void* host_ctx, KilnLogLevel level, const char* plugin, const char* message);
-  /* Optional. Memory on `device` from LibTorch's allocator (CUDA: the caching allocator, ordered
-   * on `stream`, NULL for the current stream). *out is owned by the plugin until device_free. */
-  KilnError* (*device_alloc)(void* host_ctx, DLDevice device, size_t nbytes, void* stream,
-                             void** out);
-  void (*device_free)(void* host_ctx, DLDevice device, void* ptr);
-  /* Required. The compile cache directory; lives as long as the host table. */
-  const char* (*cache_dir)(void* host_ctx);
-  /* Required. The value of `key` in [plugin.<plugin>], or NULL when unset; the string lives as long
-   * as the host table. */
-  const char* (*get_option)(void* host_ctx, const char* plugin, const char* key);
-  /* Optional (NULL in hosts without LibTorch, e.g. `kiln plugins`). Runs ATen op `op`
-   * ("aten::mm", "aten::add.Tensor") eagerly through the dispatcher. `args` holds EVERY schema
-   * argument in order, tensors as KILN_ARG_TENSOR(_LIST) with `tensor(s)` set (wrapped, not
-   * copied). The results are copied into `outputs`, which the caller allocated with the results'
-   * shapes and dtypes, in the schema's return order. All borrowed for the call. */
-  KilnError* (*call_eager)(void* host_ctx, const char* op, const KilnArg* const* args,
-                           size_t num_args, DLTensor* outputs, size_t num_outputs);
+
+  void* host_ctx;              /* opaque; goes into every args struct below */
+  void (*log)(KilnHostLogArgs* args);                           /* required */
+  KilnError* (*device_alloc)(KilnHostDeviceAllocArgs* args);    /* optional */
+  void (*device_free)(KilnHostDeviceFreeArgs* args);            /* set with device_alloc */
+  void (*cache_dir)(KilnHostCacheDirArgs* args);                /* required */
+  void (*get_option)(KilnHostGetOptionArgs* args);              /* required */
+  KilnError* (*call_eager)(KilnHostCallEagerArgs* args);        /* optional (NULL in hosts without
+                                                                   LibTorch, e.g. `kiln plugins`) */
 } KilnHostApi;
 #define KILN_HOST_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostApi, call_eager)
 KILN_CHECK_STRUCT_SIZE(KilnHostApi, KILN_HOST_API_STRUCT_SIZE);
 
+/* ---- Plugin ---------------------------------------------------------------------------------- */
+/* plugin_ctx is KilnPluginApi.plugin_ctx. All pointers in the args are borrowed unless a field says
+ * otherwise. available, claim, compile and the graph_capture_* calls are made for one context from
+ * one thread at a time. */
+
+/* "Can you run on these devices?" Cheap: no device contexts, no compilation. */
+typedef struct KilnPluginAvailableArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+  const KilnDeviceInfo* const* devices; /* the hardware probe's list */
+  size_t num_devices;
+  int32_t available;           /* out: nonzero when the plugin can run on these devices */
+  int32_t score;               /* out: how strongly "auto" should pick it here; the available plugin
+                                  with the highest positive score is chosen; 0 = only when named */
+  char* reason;                /* out: host-owned buffer of reason_capacity bytes; the plugin writes a
+                                  NUL-terminated reason, why not or what it will use ("CUDA device 0
+                                  (NVIDIA H200)"); truncated if longer */
+  size_t reason_capacity;
+} KilnPluginAvailableArgs;
+#define KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginAvailableArgs, reason_capacity)
+KILN_CHECK_STRUCT_SIZE(KilnPluginAvailableArgs, KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE);
+
+/* The nodes the plugin takes. The host checks them: every index in range, no duplicates. */
+typedef struct KilnPluginClaimArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+  const KilnGraphView* graph;
+  int64_t* claimed_nodes;      /* out: host-owned buffer of graph->num_nodes entries; the plugin
+                                  writes the indices of the nodes it takes */
+  size_t num_claimed;          /* out: how many it wrote */
+} KilnPluginClaimArgs;
+#define KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginClaimArgs, num_claimed)
+KILN_CHECK_STRUCT_SIZE(KilnPluginClaimArgs, KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE);
+
+/* Compiles a subgraph (its own inputs and outputs). KILN_ERROR_UNIMPLEMENTED means "run these nodes
+ * eagerly": the host does, and goes on. */
+typedef struct KilnPluginCompileArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+  const KilnGraphView* subgraph;
+  KilnMode mode;               /* one the descriptor lists */
+  int32_t reserved0;           /* 0 */
+  const KilnOption* const* options; /* the plugin's [plugin.<name>] table; unknown keys should be
+                                       rejected with KILN_ERROR_INVALID_ARGUMENT */
+  size_t num_options;
+  const char* cache_dir;       /* where the plugin may keep compiled artifacts (its own subfolder of
+                                  it is best); never NULL */
+  KilnExecutable* executable;  /* out: owned by the host until executable_destroy; NULL on error */
+} KilnPluginCompileArgs;
+#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, executable)
+KILN_CHECK_STRUCT_SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE);
+
+/* Ends a context: called once, after the last executable and graph are destroyed and before the
+ * library is unloaded. Frees plugin_ctx (and the table, if the plugin allocated it). */
+typedef struct KilnPluginShutdownArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+} KilnPluginShutdownArgs;
+#define KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginShutdownArgs, plugin_ctx)
+KILN_CHECK_STRUCT_SIZE(KilnPluginShutdownArgs, KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE);
+
+/* ---- Executable ------------------------------------------------------------------------------ */
+
+/* Runs an executable. Called from several threads at once only with
+ * KILN_CAPABILITY_CONCURRENT_EXECUTE; never concurrently with executable_destroy of the same one. */
+typedef struct KilnExecutableExecuteArgs {
+  size_t struct_size;
+  KilnExecutable* executable;
+  const DLTensor* inputs;      /* inputs[i] is subgraph input i */
+  size_t num_inputs;
+  DLTensor* outputs;           /* outputs[i] is subgraph output i, preallocated by the host with that
+                                  value's dtype, shape and strides: the plugin writes into them and
+                                  allocates nothing for them */
+  size_t num_outputs;
+  const KilnArg* const* scalars; /* the current values of the step's run-time scalars: scalars[k] is
+                                    run-time scalar k (a BOOL, INT or DOUBLE KilnArg). Only for
+                                    plugins with KILN_CAPABILITY_RUNTIME_SCALARS; others get NULL */
+  size_t num_scalars;          /* 0 with scalars NULL */
+  void* stream;                /* the device stream to order work on (cudaStream_t on CUDA; NULL
+                                  means the default stream; always NULL on the CPU) */
+} KilnExecutableExecuteArgs;
+#define KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnExecutableExecuteArgs, stream)
+KILN_CHECK_STRUCT_SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE);
+
+/* Frees an executable; the host calls it once per executable, before shutdown. */
+typedef struct KilnExecutableDestroyArgs {
+  size_t struct_size;
+  KilnExecutable* executable;
+} KilnExecutableDestroyArgs;
+#define KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnExecutableDestroyArgs, executable)
+KILN_CHECK_STRUCT_SIZE(KilnExecutableDestroyArgs, KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE);
+
+/* ---- Device graphs --------------------------------------------------------------------------- */
+/* Record the work the host enqueues on a stream, then replay it with one launch (CUDA graphs). A
+ * plugin with KILN_CAPABILITY_DEVICE_GRAPHS sets all four functions; others set none. The host owns
+ * the memory the recorded work touches (it keeps those tensors alive and at the same addresses
+ * while the graph lives); the plugin owns only the graph. */
+
+/* Starts recording the work enqueued on `stream` of `device`. Until graph_capture_end, the calling
+ * thread makes no call that would synchronize with the device (the plugin chooses the capture mode;
+ * the in-tree cudagraphs plugin uses thread-local mode). */
+typedef struct KilnGraphCaptureBeginArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+  DLDevice device;
+  void* stream;                /* cudaStream_t on CUDA; not the legacy default stream */
+} KilnGraphCaptureBeginArgs;
+#define KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureBeginArgs, stream)
+KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureBeginArgs, KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE);
+
+/* Stops recording on `stream` and instantiates the graph. Called after every successful
+ * graph_capture_begin, also when the host's work failed half-way: then the plugin ends the capture,
+ * discards it and returns the error (naming the device runtime's error, e.g.
+ * "cudaErrorStreamCaptureInvalidated"), with `graph` NULL. Errors are KILN_ERROR_UNAVAILABLE (no
+ * device or runtime) or KILN_ERROR_INTERNAL. */
+typedef struct KilnGraphCaptureEndArgs {
+  size_t struct_size;
+  void* plugin_ctx;
+  DLDevice device;
+  void* stream;
+  KilnGraphExec* graph;        /* out: owned by the host until graph_destroy; NULL on error */
+} KilnGraphCaptureEndArgs;
+#define KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, graph)
+KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureEndArgs, KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE);
+
+/* Enqueues one replay of `graph` on `stream` (any stream of the graph's device). */
+typedef struct KilnGraphLaunchArgs {
+  size_t struct_size;
+  KilnGraphExec* graph;
+  void* stream;
+} KilnGraphLaunchArgs;
+#define KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphLaunchArgs, stream)
+KILN_CHECK_STRUCT_SIZE(KilnGraphLaunchArgs, KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE);
+
+/* Frees `graph`; work already launched completes. The host calls it once per graph. */
+typedef struct KilnGraphDestroyArgs {
+  size_t struct_size;
+  KilnGraphExec* graph;
+} KilnGraphDestroyArgs;
+#define KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphDestroyArgs, graph)
+KILN_CHECK_STRUCT_SIZE(KilnGraphDestroyArgs, KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE);
+
 /* ---- Plugin API (the plugin's table, returned by kiln_plugin_init) --------------------------- */
 
+/* Plugin-owned: the table, its plugin_ctx and its descriptor live until shutdown returns. New
+ * functions are only ever added at the end. */
 typedef struct KilnPluginApi {
-  /* The first six fields keep their place in every ABI major, so that a host can read the
-   * version of a plugin built for another major and the message of a failed init. */
+  /* The first six fields keep their place and signatures in every ABI major, so that a host can
+   * read the version of a plugin built for another major and the message of a failed init. */
   size_t struct_size;
   uint32_t abi_major;          /* the ABI the plugin was built for: KILN_ABI_VERSION_* */
   uint32_t abi_minor;
@@ -379,80 +579,36 @@ typedef struct KilnPluginApi {
   const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
   void (*error_destroy)(KilnError* error);
 
-  /* ABI 1.0. The table, the context and the descriptor live until shutdown returns. */
-  void* plugin_ctx;            /* opaque; passed back to every call below */
-  const KilnPluginDescriptor* descriptor; /* required */
-
-  /* Optional (NULL: available everywhere its device kinds are). Cheap: no device contexts, no
-   * compilation. `devices` is the hardware probe's list, borrowed. */
-  KilnError* (*available)(void* plugin_ctx, const KilnDeviceInfo* const* devices,
-                          size_t num_devices, KilnAvailability* out);
-
-  /* Required. The plugin writes the indices of the nodes it takes into `claimed_nodes` (capacity:
-   * graph->num_nodes entries, host-owned) and their count into *num_claimed. The host checks them:
-   * every index in range, no duplicates. */
-  KilnError* (*claim)(void* plugin_ctx, const KilnGraphView* graph, int64_t* claimed_nodes,
-                      size_t* num_claimed);
-
-  /* Required. Compiles a subgraph (its own inputs and outputs) into *out, owned by the host.
-   * KILN_ERROR_UNIMPLEMENTED means "run these nodes eagerly": the host does, and goes on. */
-  KilnError* (*compile)(void* plugin_ctx, const KilnGraphView* subgraph,
-                        const KilnCompileOptions* options, KilnExecutable** out);
-
-  /* Required. Runs `executable`. inputs[i] is subgraph input i; outputs[i] is subgraph output i,
-   * preallocated by the host with that value's dtype, shape and strides: the plugin writes into
-   * them and allocates nothing for them. `stream` is the device stream (cudaStream_t on CUDA; NULL
-   * means the default stream, always NULL on CPU). All borrowed for the call. */
-  KilnError* (*execute)(KilnExecutable* executable, const DLTensor* inputs, size_t num_inputs,
-                        DLTensor* outputs, size_t num_outputs, void* stream);
-
-  /* Required. Frees an executable; the host calls it once per executable, before shutdown. */
-  void (*executable_destroy)(KilnExecutable* executable);
-
-  /* Optional. Called once, after the last executable is destroyed and before the library is
-   * unloaded; frees plugin_ctx (and the table, if the plugin allocated it). */
-  void (*shutdown)(void* plugin_ctx);
-
-  /* ABI 1.1. Optional (NULL: the plugin never sees a node with a run-time scalar). Like execute,
-   * plus the current values of the step's run-time scalars: scalars[k] is run-time scalar k (a
-   * BOOL, INT or DOUBLE KilnArg), num_scalars of them, borrowed for the call. The host calls it
-   * instead of execute for every executable of a plugin that sets it. */
-  KilnError* (*execute_with_scalars)(KilnExecutable* executable, const DLTensor* inputs, size_t num_inputs,
-                                     DLTensor* outputs, size_t num_outputs, const KilnArg* const* scalars,
-                                     size_t num_scalars, void* stream);
-
-  /* ABI 1.2. Device graphs (CUDA graphs): record the work the host enqueues on a stream, then
-   * replay it with one launch. All four are optional, but a plugin sets all of them or none (check
-   * KILN_HAS_FIELD and non-NULL before use). The host owns the memory the recorded work touches
-   * (it keeps those tensors alive and at the same addresses while the graph lives).
-   *
-   * graph_capture_begin: starts recording the work enqueued on `stream` (cudaStream_t on CUDA; a
-   * stream other than the legacy default stream) of `device`. From then until graph_capture_end,
-   * the calling thread must not make calls that would synchronize with the device (the plugin
-   * chooses the capture mode; the kiln plugin uses thread-local mode).
-   * graph_capture_end: stops recording on `stream` and instantiates the graph into *out (owned by
-   * the host). It must be called after every successful graph_capture_begin, also when the host's
-   * work failed half-way: then the plugin ends the capture, discards what was recorded and returns
-   * the error (naming the device runtime's error, e.g. "cudaErrorStreamCaptureInvalidated"), with
-   * *out NULL. Errors are KILN_ERROR_UNAVAILABLE (no device or runtime) or KILN_ERROR_INTERNAL. */
-  KilnError* (*graph_capture_begin)(void* plugin_ctx, DLDevice device, void* stream);
-  KilnError* (*graph_capture_end)(void* plugin_ctx, DLDevice device, void* stream, KilnGraphExec** out);
-  /* Enqueues one replay of `exec` on `stream` (any stream of the graph's device). */
-  KilnError* (*graph_launch)(KilnGraphExec* exec, void* stream);
-  /* Frees `exec`; work already launched completes. The host calls it once per graph. */
-  void (*graph_destroy)(KilnGraphExec* exec);
+  void* plugin_ctx;                                   /* opaque; goes into the args below */
+  const KilnPluginDescriptor* descriptor;             /* required */
+  /* Optional (NULL: available wherever a device of its kinds is, with descriptor->default_score). */
+  KilnError* (*available)(KilnPluginAvailableArgs* args);
+  KilnError* (*claim)(KilnPluginClaimArgs* args);     /* required */
+  KilnError* (*compile)(KilnPluginCompileArgs* args); /* required */
+  void (*shutdown)(KilnPluginShutdownArgs* args);     /* optional */
+  KilnError* (*execute)(KilnExecutableExecuteArgs* args);       /* required */
+  void (*executable_destroy)(KilnExecutableDestroyArgs* args);  /* required */
+  /* KILN_CAPABILITY_DEVICE_GRAPHS: all four; otherwise NULL. */
+  KilnError* (*graph_capture_begin)(KilnGraphCaptureBeginArgs* args);
+  KilnError* (*graph_capture_end)(KilnGraphCaptureEndArgs* args);
+  KilnError* (*graph_launch)(KilnGraphLaunchArgs* args);
+  void (*graph_destroy)(KilnGraphDestroyArgs* args);
 } KilnPluginApi;
 #define KILN_PLUGIN_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginApi, graph_destroy)
 KILN_CHECK_STRUCT_SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE);
 
+/* The frozen first fields alone: what a host may read from a table of any major. */
+#define KILN_PLUGIN_API_HEADER_SIZE KILN_STRUCT_SIZE(KilnPluginApi, error_destroy)
+
 /* ---- Entry point ----------------------------------------------------------------------------- */
 
-/* The one symbol a plugin exports. `host` lives until shutdown returns. host_abi_major/minor are
- * the host's version (also in host->abi_*). The plugin sets *out to its table, which lives until
- * shutdown returns, and returns NULL; or it returns an error (code KILN_ERROR_ABI_MISMATCH when the
- * majors differ) and still sets *out when it can, so that the host can read the message with
- * (*out)->error_message and free it with (*out)->error_destroy. A host may call it more than once
- * (one context per call, each ended by its own shutdown). */
+/* The one symbol a plugin exports; its signature is frozen across majors (see the top). `host`
+ * lives until shutdown returns. host_abi_major/minor are the host's version (also in
+ * host->abi_*). The plugin sets *out to its table and returns NULL; or it returns an error (code
+ * KILN_ERROR_ABI_MISMATCH when the majors differ) and still sets *out when it can, at least to a
+ * table whose first six fields are valid, so that the host can read the plugin's version and the
+ * message with (*out)->error_message and free it with (*out)->error_destroy. A host may call it
+ * more than once (one context per call, each ended by its own shutdown). */
 typedef KilnError* (*KilnPluginInitFn)(const KilnHostApi* host, uint32_t host_abi_major,
                                        uint32_t host_abi_minor, const KilnPluginApi** out);
 

@@ -201,7 +201,7 @@ class Tensor {
   const DLTensor* t_;
 };
 
-// The current values of a step's run-time scalars (ABI 1.1), borrowed for one execute.
+// The current values of a step's run-time scalars, borrowed for one execute.
 class Scalars {
  public:
   Scalars() = default;
@@ -291,11 +291,9 @@ class Arg {
     expect(KILN_ARG_DOUBLE_LIST, "a double list");
     return a_->doubles ? std::vector<double>(a_->doubles, a_->doubles + a_->len) : std::vector<double>();
   }
-  // ABI 1.1: the run-time scalar this BOOL/INT/DOUBLE stands for, or -1 for a plain constant
-  // (always -1 from a 1.0 host). Its current value arrives with each execute (Scalars).
-  int32_t runtime_scalar() const {
-    return KILN_HAS_FIELD(a_, KilnArg, runtime_scalar) ? a_->runtime_scalar : -1;
-  }
+  // The run-time scalar this BOOL/INT/DOUBLE stands for, or -1 for a plain constant. Its current
+  // value arrives with each execute (Scalars).
+  int32_t runtime_scalar() const { return a_->runtime_scalar; }
 
  private:
   void expect(KilnArgTag tag, const char* what) const {
@@ -394,7 +392,15 @@ class Host {
   const KilnHostApi* raw() const { return api_; }
 
   void log(KilnLogLevel level, const std::string& message) const {
-    if (api_ && api_->log) api_->log(api_->host_ctx, level, plugin_.c_str(), message.c_str());
+    if (!api_ || !api_->log) return;
+    KilnHostLogArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_LOG_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    a.level = level;
+    a.plugin = plugin_.c_str();
+    a.message = message.c_str();
+    api_->log(&a);
   }
   void debug(const std::string& m) const { log(KILN_LOG_DEBUG, m); }
   void info(const std::string& m) const { log(KILN_LOG_INFO, m); }
@@ -402,25 +408,49 @@ class Host {
   void error(const std::string& m) const { log(KILN_LOG_ERROR, m); }
 
   std::string cache_dir() const {
-    const char* d = api_ && api_->cache_dir ? api_->cache_dir(api_->host_ctx) : nullptr;
-    return d ? d : "";
+    if (!api_ || !api_->cache_dir) return "";
+    KilnHostCacheDirArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    api_->cache_dir(&a);
+    return a.cache_dir ? a.cache_dir : "";
   }
   std::optional<std::string> option(const std::string& key) const {
     if (!api_ || !api_->get_option) return std::nullopt;
-    const char* v = api_->get_option(api_->host_ctx, plugin_.c_str(), key.c_str());
-    if (!v) return std::nullopt;
-    return std::string(v);
+    KilnHostGetOptionArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    a.plugin = plugin_.c_str();
+    a.key = key.c_str();
+    api_->get_option(&a);
+    if (!a.value) return std::nullopt;
+    return std::string(a.value);
   }
 
   bool has_device_memory() const { return api_ && api_->device_alloc && api_->device_free; }
   void* alloc(DLDevice device, size_t nbytes, void* stream = nullptr) const {
     if (!has_device_memory()) throw Error(KILN_ERROR_UNIMPLEMENTED, "the host offers no device memory");
-    void* p = nullptr;
-    check(api_->device_alloc(api_->host_ctx, device, nbytes, stream, &p));
-    return p;
+    KilnHostDeviceAllocArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    a.device = device;
+    a.nbytes = nbytes;
+    a.stream = stream;
+    check(api_->device_alloc(&a));
+    return a.ptr;
   }
   void free(DLDevice device, void* ptr) const {
-    if (has_device_memory() && ptr) api_->device_free(api_->host_ctx, device, ptr);
+    if (!has_device_memory() || !ptr) return;
+    KilnHostDeviceFreeArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    a.device = device;
+    a.ptr = ptr;
+    api_->device_free(&a);
   }
 
   bool has_call_eager() const { return api_ && api_->call_eager; }
@@ -431,7 +461,22 @@ class Host {
     std::vector<const KilnArg*> ptrs;
     ptrs.reserve(args.size());
     for (const auto& a : args) ptrs.push_back(&a);
-    check(api_->call_eager(api_->host_ctx, op.c_str(), ptrs.data(), ptrs.size(), outputs, num_outputs));
+    call_eager(op, ptrs.data(), ptrs.size(), outputs, num_outputs);
+  }
+  // Same, with the arguments already as the array of pointers the ABI takes.
+  void call_eager(const std::string& op, const KilnArg* const* args, size_t num_args, DLTensor* outputs,
+                  size_t num_outputs) const {
+    if (!has_call_eager()) throw Error(KILN_ERROR_UNIMPLEMENTED, "the host offers no call_eager");
+    KilnHostCallEagerArgs a;
+    std::memset(&a, 0, sizeof a);
+    a.struct_size = KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE;
+    a.host_ctx = api_->host_ctx;
+    a.op = op.c_str();
+    a.args = args;
+    a.num_args = num_args;
+    a.outputs = outputs;
+    a.num_outputs = num_outputs;
+    check(api_->call_eager(&a));
   }
 
   // Turns a host error into an exception, freeing it through the host's table.
@@ -505,15 +550,31 @@ struct Descriptor {
   std::string description;
   uint32_t device_kinds = 0;                       // KILN_DEVICE_MASK_*
   uint32_t modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);  // KILN_MODE_BIT(...)
+  // Each flag is one KILN_CAPABILITY_* bit of the C descriptor.
+  // KILN_CAPABILITY_CONCURRENT_EXECUTE: Executable::execute may run from several threads at once.
   bool concurrent_execution_safe = false;
-  // ABI 1.1: the plugin reads run-time scalars (Arg::runtime_scalar) from Scalars on every call;
-  // the host then hands it nodes that have them and calls Executable::execute_with_scalars.
+  // KILN_CAPABILITY_RUNTIME_SCALARS: the plugin reads run-time scalars (Arg::runtime_scalar) from
+  // Scalars on every call; the host then hands it nodes that have them.
   bool runtime_scalars = false;
-  // ABI 1.2: the plugin records and replays device graphs (Plugin::graph_capture_begin/end); the
-  // C table then gets graph_capture_begin, graph_capture_end, graph_launch and graph_destroy.
+  // KILN_CAPABILITY_DEVICE_GRAPHS: the plugin records and replays device graphs
+  // (Plugin::graph_capture_begin/end); the C table then gets the four graph functions.
   bool device_graphs = false;
+  // KILN_CAPABILITY_WHOLE_STEP_GRAPH: choosing this backend asks for the whole step to be recorded
+  // as one device graph in every mode.
+  bool whole_step_graph = false;
+  // The availability score for "auto" when the plugin does not override Plugin::available.
+  int32_t default_score = 0;
+
+  uint64_t capabilities() const {
+    return (concurrent_execution_safe ? KILN_CAPABILITY_CONCURRENT_EXECUTE : 0) |
+           (runtime_scalars ? KILN_CAPABILITY_RUNTIME_SCALARS : 0) |
+           (device_graphs ? KILN_CAPABILITY_DEVICE_GRAPHS : 0) |
+           (whole_step_graph ? KILN_CAPABILITY_WHOLE_STEP_GRAPH : 0);
+  }
 };
 
+// score: how strongly "auto" should pick this plugin here; the available plugin with the highest
+// positive score is chosen, 0 means "only when named" (docs/writing-a-backend.md has the scale).
 struct Availability {
   bool available = false;
   std::string reason;
@@ -534,8 +595,8 @@ class Executable {
   // outputs are preallocated by the host; write into them.
   virtual void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                        void* stream) = 0;
-  // ABI 1.1, for plugins whose Descriptor sets runtime_scalars: the same, with the current values of
-  // the step's run-time scalars. The default ignores them (right for subgraphs without any).
+  // What the host calls: execute with the current values of the step's run-time scalars (none unless
+  // the Descriptor sets runtime_scalars). The default ignores them (right for subgraphs without any).
   virtual void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
                                     size_t num_outputs, const Scalars& scalars, void* stream) {
     (void)scalars;
@@ -543,7 +604,7 @@ class Executable {
   }
 };
 
-// ABI 1.2: an instantiated device graph (Descriptor::device_graphs).
+// An instantiated device graph (Descriptor::device_graphs).
 class GraphExec {
  public:
   virtual ~GraphExec() = default;
@@ -556,14 +617,17 @@ class Plugin {
   explicit Plugin(Host host) : host_(std::move(host)) {}
   virtual ~Plugin() = default;
   const Host& host() const { return host_; }
+  // Set by the layer from Descriptor::default_score before any call.
+  void set_default_score(int32_t score) { default_score_ = score; }
 
-  // Default: available (the host only offers devices of the kinds the descriptor lists).
-  virtual Availability available(const Devices&) { return Availability::yes(""); }
+  // Default: available, with the Descriptor's default_score (the host only offers devices of the
+  // kinds the descriptor lists).
+  virtual Availability available(const Devices&) { return Availability::yes("", default_score_); }
   // Indices of the nodes this plugin takes.
   virtual std::vector<int64_t> claim(const Graph& graph) = 0;
   // Throw Unimplemented to have the host run the subgraph eagerly.
   virtual std::unique_ptr<Executable> compile(const Graph& subgraph, const CompileOptions& options) = 0;
-  // ABI 1.2, for plugins whose Descriptor sets device_graphs: start recording the work enqueued on
+  // For plugins whose Descriptor sets device_graphs: start recording the work enqueued on
   // `stream`; stop, instantiate and return it (also called to end a capture whose work failed:
   // then discard it and throw). Errors: throw kiln::plugin::Error.
   virtual void graph_capture_begin(DLDevice device, void* stream) {
@@ -577,6 +641,7 @@ class Plugin {
 
  private:
   Host host_;
+  int32_t default_score_ = 0;
 };
 
 }  // namespace kiln::plugin
@@ -586,7 +651,7 @@ struct KilnExecutable {
   std::unique_ptr<kiln::plugin::Executable> impl;
 };
 
-// The device graph handle of plugins built on this layer (ABI 1.2).
+// The device graph handle of plugins built on this layer.
 struct KilnGraphExec {
   std::unique_ptr<kiln::plugin::GraphExec> impl;
 };
@@ -599,7 +664,7 @@ inline const KilnPluginApi* error_only_table() {
   static const KilnPluginApi table = [] {
     KilnPluginApi t;
     std::memset(&t, 0, sizeof t);
-    t.struct_size = offsetof(KilnPluginApi, plugin_ctx);
+    t.struct_size = KILN_PLUGIN_API_HEADER_SIZE;
     t.abi_major = KILN_ABI_VERSION_MAJOR;
     t.abi_minor = KILN_ABI_VERSION_MINOR;
     t.error_code = &detail::error_code;
@@ -646,7 +711,9 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
     s->c_desc.description = s->desc.description.c_str();
     s->c_desc.device_kinds = s->desc.device_kinds;
     s->c_desc.modes = s->desc.modes;
-    s->c_desc.concurrent_execution_safe = s->desc.concurrent_execution_safe ? 1u : 0u;
+    s->c_desc.capabilities = s->desc.capabilities();
+    s->c_desc.default_score = s->desc.default_score;
+    s->plugin->set_default_score(s->desc.default_score);
 
     KilnPluginApi& t = s->api;
     std::memset(&t, 0, sizeof t);
@@ -658,95 +725,92 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
     t.error_destroy = &detail::error_destroy;
     t.plugin_ctx = s.get();
     t.descriptor = &s->c_desc;
-    t.available = [](void* ctx, const KilnDeviceInfo* const* devices, size_t n,
-                     KilnAvailability* result) -> KilnError* {
+    t.available = [](KilnPluginAvailableArgs* args) -> KilnError* {
       return guard([&] {
-        if (!result) invalid("available: out is NULL");
-        auto* st = static_cast<PluginState<P>*>(ctx);
-        Availability a = st->plugin->available(Devices(devices, n));
-        result->available = a.available ? 1 : 0;
-        result->score = a.score;
-        if (result->reason && result->reason_capacity > 0)
-          std::snprintf(result->reason, result->reason_capacity, "%s", a.reason.c_str());
+        if (!args) invalid("available: args is NULL");
+        auto* st = static_cast<PluginState<P>*>(args->plugin_ctx);
+        Availability a = st->plugin->available(Devices(args->devices, args->num_devices));
+        args->available = a.available ? 1 : 0;
+        args->score = a.score;
+        if (args->reason && args->reason_capacity > 0)
+          std::snprintf(args->reason, args->reason_capacity, "%s", a.reason.c_str());
       });
     };
-    t.claim = [](void* ctx, const KilnGraphView* graph, int64_t* claimed, size_t* num_claimed) -> KilnError* {
+    t.claim = [](KilnPluginClaimArgs* args) -> KilnError* {
       return guard([&] {
-        if (!claimed && graph && graph->num_nodes > 0) invalid("claim: claimed_nodes is NULL");
-        if (!num_claimed) invalid("claim: num_claimed is NULL");
-        *num_claimed = 0;
-        auto* st = static_cast<PluginState<P>*>(ctx);
-        Graph g(graph);
+        if (!args) invalid("claim: args is NULL");
+        args->num_claimed = 0;
+        if (!args->claimed_nodes && args->graph && args->graph->num_nodes > 0) invalid("claim: claimed_nodes is NULL");
+        auto* st = static_cast<PluginState<P>*>(args->plugin_ctx);
+        Graph g(args->graph);
         std::vector<int64_t> nodes = st->plugin->claim(g);
         if (nodes.size() > g.num_nodes())
           throw Error(KILN_ERROR_INTERNAL, "claim: more claims than nodes");
-        for (size_t i = 0; i < nodes.size(); ++i) claimed[i] = nodes[i];
-        *num_claimed = nodes.size();
+        for (size_t i = 0; i < nodes.size(); ++i) args->claimed_nodes[i] = nodes[i];
+        args->num_claimed = nodes.size();
       });
     };
-    t.compile = [](void* ctx, const KilnGraphView* graph, const KilnCompileOptions* options,
-                   KilnExecutable** result) -> KilnError* {
+    t.compile = [](KilnPluginCompileArgs* args) -> KilnError* {
       return guard([&] {
-        if (!result) invalid("compile: out is NULL");
-        *result = nullptr;
-        auto* st = static_cast<PluginState<P>*>(ctx);
+        if (!args) invalid("compile: args is NULL");
+        args->executable = nullptr;
+        auto* st = static_cast<PluginState<P>*>(args->plugin_ctx);
         CompileOptions o;
-        if (options) {
-          o.mode = options->mode;
-          for (size_t i = 0; i < options->num_options; ++i) {
-            const KilnOption* kv = options->options[i];
-            if (kv && kv->key) o.options[kv->key] = kv->value ? kv->value : "";
-          }
-          if (options->cache_dir) o.cache_dir = options->cache_dir;
+        o.mode = args->mode;
+        for (size_t i = 0; i < args->num_options; ++i) {
+          const KilnOption* kv = args->options ? args->options[i] : nullptr;
+          if (kv && kv->key) o.options[kv->key] = kv->value ? kv->value : "";
         }
-        std::unique_ptr<Executable> exe = st->plugin->compile(Graph(graph), o);
+        if (args->cache_dir) o.cache_dir = args->cache_dir;
+        std::unique_ptr<Executable> exe = st->plugin->compile(Graph(args->subgraph), o);
         if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
         auto box = std::make_unique<KilnExecutable>();
         box->impl = std::move(exe);
-        *result = box.release();
+        args->executable = box.release();
       });
     };
-    t.execute = [](KilnExecutable* exe, const DLTensor* inputs, size_t n_in, DLTensor* outputs,
-                   size_t n_out, void* stream) -> KilnError* {
+    t.shutdown = [](KilnPluginShutdownArgs* args) {
+      if (args) delete static_cast<PluginState<P>*>(args->plugin_ctx);
+    };
+    t.execute = [](KilnExecutableExecuteArgs* args) -> KilnError* {
       return guard([&] {
-        if (!exe || !exe->impl) invalid("execute: null executable");
-        exe->impl->execute(inputs, n_in, outputs, n_out, stream);
+        if (!args || !args->executable || !args->executable->impl) invalid("execute: null executable");
+        args->executable->impl->execute_with_scalars(args->inputs, args->num_inputs, args->outputs,
+                                                     args->num_outputs, Scalars(args->scalars, args->num_scalars),
+                                                     args->stream);
       });
     };
-    if (s->desc.runtime_scalars)
-      t.execute_with_scalars = [](KilnExecutable* exe, const DLTensor* inputs, size_t n_in, DLTensor* outputs,
-                                  size_t n_out, const KilnArg* const* scalars, size_t n_scalars,
-                                  void* stream) -> KilnError* {
+    t.executable_destroy = [](KilnExecutableDestroyArgs* args) {
+      if (args) delete args->executable;
+    };
+    if (s->desc.device_graphs) {
+      t.graph_capture_begin = [](KilnGraphCaptureBeginArgs* args) -> KilnError* {
         return guard([&] {
-          if (!exe || !exe->impl) invalid("execute_with_scalars: null executable");
-          exe->impl->execute_with_scalars(inputs, n_in, outputs, n_out, Scalars(scalars, n_scalars), stream);
+          if (!args) invalid("graph_capture_begin: args is NULL");
+          static_cast<PluginState<P>*>(args->plugin_ctx)->plugin->graph_capture_begin(args->device, args->stream);
         });
       };
-    t.executable_destroy = [](KilnExecutable* exe) { delete exe; };
-    if (s->desc.device_graphs) {
-      t.graph_capture_begin = [](void* ctx, DLDevice device, void* stream) -> KilnError* {
-        return guard([&] { static_cast<PluginState<P>*>(ctx)->plugin->graph_capture_begin(device, stream); });
-      };
-      t.graph_capture_end = [](void* ctx, DLDevice device, void* stream, KilnGraphExec** result) -> KilnError* {
-        if (result) *result = nullptr;
+      t.graph_capture_end = [](KilnGraphCaptureEndArgs* args) -> KilnError* {
+        if (args) args->graph = nullptr;
         return guard([&] {
-          if (!result) invalid("graph_capture_end: out is NULL");
-          auto g = static_cast<PluginState<P>*>(ctx)->plugin->graph_capture_end(device, stream);
+          if (!args) invalid("graph_capture_end: args is NULL");
+          auto g = static_cast<PluginState<P>*>(args->plugin_ctx)->plugin->graph_capture_end(args->device, args->stream);
           if (!g) throw Error(KILN_ERROR_INTERNAL, "graph_capture_end returned no graph");
           auto box = std::make_unique<KilnGraphExec>();
           box->impl = std::move(g);
-          *result = box.release();
+          args->graph = box.release();
         });
       };
-      t.graph_launch = [](KilnGraphExec* g, void* stream) -> KilnError* {
+      t.graph_launch = [](KilnGraphLaunchArgs* args) -> KilnError* {
         return guard([&] {
-          if (!g || !g->impl) invalid("graph_launch: null graph");
-          g->impl->launch(stream);
+          if (!args || !args->graph || !args->graph->impl) invalid("graph_launch: null graph");
+          args->graph->impl->launch(args->stream);
         });
       };
-      t.graph_destroy = [](KilnGraphExec* g) { delete g; };
+      t.graph_destroy = [](KilnGraphDestroyArgs* args) {
+        if (args) delete args->graph;
+      };
     }
-    t.shutdown = [](void* ctx) { delete static_cast<PluginState<P>*>(ctx); };
     state = s.release();
   });
   if (err) return err;

@@ -77,6 +77,20 @@ KilnHostApi test_host_table() {
   return h;
 }
 
+void shutdown(const KilnPluginApi* api) {
+  KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api->plugin_ctx};
+  api->shutdown(&a);
+}
+
+KilnPluginCompileArgs compile_args(const KilnPluginApi* api, const KilnGraphView* g) {
+  KilnPluginCompileArgs a{};
+  a.struct_size = KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE;
+  a.plugin_ctx = api->plugin_ctx;
+  a.subgraph = g;
+  a.cache_dir = "/tmp";
+  return a;
+}
+
 std::pair<KilnErrorCode, std::string> take(const KilnPluginApi* api, KilnError* e) {
   if (!e) return {0, ""};
   std::pair<KilnErrorCode, std::string> r{api->error_code(e), api->error_message(e)};
@@ -138,22 +152,23 @@ struct Node1 {
 TEST(PluginApiHpp, InitRejectsHostWithAnotherMajorAndStillReturnsErrorFunctions) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  KilnError* e = kp::detail::init<TestPlugin>(&host, 2, 3, &api);
+  KilnError* e = kp::detail::init<TestPlugin>(&host, 3, 1, &api);
   ASSERT_NE(api, nullptr);
-  EXPECT_EQ(api->struct_size, offsetof(KilnPluginApi, plugin_ctx));
+  EXPECT_EQ(api->struct_size, KILN_PLUGIN_API_HEADER_SIZE);
+  EXPECT_EQ(api->abi_major, 2u);
   auto [code, msg] = take(api, e);
   EXPECT_EQ(code, KILN_ERROR_ABI_MISMATCH);
-  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 1.2, host speaks 2.3");
+  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 2.0, host speaks 3.1");
 }
 
 TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
+  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 2, 0, &api), nullptr);
   EXPECT_EQ(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE);
-  EXPECT_EQ(api->abi_major, 1u);
-  EXPECT_EQ(api->abi_minor, 2u);
-  // ABI 1.2: no device graphs unless the descriptor says so.
+  EXPECT_EQ(api->abi_major, 2u);
+  EXPECT_EQ(api->abi_minor, 0u);
+  // No device graphs unless the descriptor says so.
   EXPECT_EQ(api->graph_capture_begin, nullptr);
   EXPECT_EQ(api->graph_destroy, nullptr);
   for (const void* fn : {(const void*)api->available, (const void*)api->claim, (const void*)api->compile,
@@ -162,51 +177,53 @@ TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
   EXPECT_STREQ(api->descriptor->name, "hpp_test");
   EXPECT_STREQ(api->descriptor->version, "9.8.7");
   EXPECT_EQ(api->descriptor->struct_size, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE);
-  EXPECT_EQ(api->descriptor->concurrent_execution_safe, 1u);
-  api->shutdown(api->plugin_ctx);
+  EXPECT_EQ(api->descriptor->capabilities, KILN_CAPABILITY_CONCURRENT_EXECUTE);
+  EXPECT_EQ(api->descriptor->default_score, 0);
+  shutdown(api);
 }
 
 TEST(PluginApiHpp, AvailabilityReasonIsTruncatedToTheHostBuffer) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
+  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 2, 0, &api), nullptr);
   KilnDeviceInfo cpu{};
   cpu.struct_size = KILN_DEVICE_INFO_STRUCT_SIZE;
   cpu.kind = KILN_DEVICE_CPU;
   const KilnDeviceInfo* devs[] = {&cpu};
   char reason[8];
-  KilnAvailability out{};
-  out.struct_size = KILN_AVAILABILITY_STRUCT_SIZE;
+  KilnPluginAvailableArgs out{};
+  out.struct_size = KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE;
+  out.plugin_ctx = api->plugin_ctx;
+  out.devices = devs;
+  out.num_devices = 1;
   out.reason = reason;
   out.reason_capacity = sizeof reason;
-  ASSERT_EQ(api->available(api->plugin_ctx, devs, 1, &out), nullptr);
+  ASSERT_EQ(api->available(&out), nullptr);
   EXPECT_EQ(out.available, 1);
   EXPECT_EQ(out.score, 7);
   EXPECT_STREQ(reason, "a long ");
-  api->shutdown(api->plugin_ctx);
+  shutdown(api);
 }
 
 TEST(PluginApiHpp, ClaimCompileExecuteThroughTheCTable) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
+  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 2, 0, &api), nullptr);
   Node1 g;
   int64_t claimed[1] = {-1};
-  size_t n = 99;
-  ASSERT_EQ(api->claim(api->plugin_ctx, &g.view, claimed, &n), nullptr);
-  ASSERT_EQ(n, 1u);
+  KilnPluginClaimArgs c{KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE, api->plugin_ctx, &g.view, claimed, 99};
+  ASSERT_EQ(api->claim(&c), nullptr);
+  ASSERT_EQ(c.num_claimed, 1u);
   EXPECT_EQ(claimed[0], 0);
 
   g_behaviour = CompileBehaviour::ok;
   KilnOption opt{KILN_OPTION_STRUCT_SIZE, "extra_factor", "2"};
   const KilnOption* opts[] = {&opt};
-  KilnCompileOptions o{};
-  o.struct_size = KILN_COMPILE_OPTIONS_STRUCT_SIZE;
+  KilnPluginCompileArgs o = compile_args(api, &g.view);
   o.num_options = 1;
   o.options = opts;
-  o.cache_dir = "/tmp";
-  KilnExecutable* exe = nullptr;
-  ASSERT_EQ(api->compile(api->plugin_ctx, &g.view, &o, &exe), nullptr);
+  ASSERT_EQ(api->compile(&o), nullptr);
+  KilnExecutable* exe = o.executable;
   ASSERT_NE(exe, nullptr);
 
   std::mt19937 rng(std::random_device{}());
@@ -216,16 +233,24 @@ TEST(PluginApiHpp, ClaimCompileExecuteThroughTheCTable) {
   int64_t shape[1] = {5};
   DLTensor tin{in, {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
   DLTensor tout{out, {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
-  ASSERT_EQ(api->execute(exe, &tin, 1, &tout, 1, nullptr), nullptr);
+  KilnExecutableExecuteArgs x{};
+  x.struct_size = KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
+  x.executable = exe;
+  x.inputs = &tin;
+  x.num_inputs = 1;
+  x.outputs = &tout;
+  x.num_outputs = 1;
+  ASSERT_EQ(api->execute(&x), nullptr);
   for (int k = 0; k < 5; ++k) EXPECT_FLOAT_EQ(out[k], static_cast<float>(in[k] * 5.0));
-  api->executable_destroy(exe);
-  api->shutdown(api->plugin_ctx);
+  KilnExecutableDestroyArgs d{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, exe};
+  api->executable_destroy(&d);
+  shutdown(api);
 }
 
 TEST(PluginApiHpp, ExceptionsBecomeErrorsWithMatchingCodes) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 1, 0, &api), nullptr);
+  ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 2, 0, &api), nullptr);
   Node1 g;
   struct Case {
     CompileBehaviour b;
@@ -239,14 +264,15 @@ TEST(PluginApiHpp, ExceptionsBecomeErrorsWithMatchingCodes) {
   };
   for (const auto& c : cases) {
     g_behaviour = c.b;
-    KilnExecutable* exe = reinterpret_cast<KilnExecutable*>(0x1);
-    auto [code, msg] = take(api, api->compile(api->plugin_ctx, &g.view, nullptr, &exe));
+    KilnPluginCompileArgs o = compile_args(api, &g.view);
+    o.executable = reinterpret_cast<KilnExecutable*>(0x1);
+    auto [code, msg] = take(api, api->compile(&o));
     EXPECT_EQ(code, c.code) << c.message;
     EXPECT_EQ(msg, c.message);
-    EXPECT_EQ(exe, nullptr);
+    EXPECT_EQ(o.executable, nullptr);
   }
   g_behaviour = CompileBehaviour::ok;
-  api->shutdown(api->plugin_ctx);
+  shutdown(api);
 }
 
 TEST(PluginApiHpp, ViewsRejectOutOfRangeIndicesAndWrongTags) {
@@ -317,21 +343,110 @@ class GraphPlugin : public kp::Plugin {
 TEST(PluginApiHpp, DeviceGraphFunctionsAreFilledAndTurnExceptionsIntoErrors) {
   KilnHostApi host = test_host_table();
   const KilnPluginApi* api = nullptr;
-  ASSERT_EQ(kp::detail::init<GraphPlugin>(&host, 1, 2, &api), nullptr);
-  ASSERT_TRUE(KILN_HAS_FIELD(api, KilnPluginApi, graph_destroy));
+  ASSERT_EQ(kp::detail::init<GraphPlugin>(&host, 2, 0, &api), nullptr);
+  EXPECT_EQ(api->descriptor->capabilities, KILN_CAPABILITY_DEVICE_GRAPHS);
   ASSERT_NE(api->graph_capture_begin, nullptr);
   ASSERT_NE(api->graph_capture_end, nullptr);
   ASSERT_NE(api->graph_launch, nullptr);
   ASSERT_NE(api->graph_destroy, nullptr);
-  EXPECT_EQ(api->graph_capture_begin(api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr), nullptr);
-  KilnGraphExec* g = nullptr;
-  ASSERT_EQ(api->graph_capture_end(api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr, &g), nullptr);
-  ASSERT_NE(g, nullptr);
-  EXPECT_EQ(api->graph_launch(g, nullptr), nullptr);
+  KilnGraphCaptureBeginArgs begin{KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE, api->plugin_ctx, DLDevice{kDLCUDA, 0},
+                                  nullptr};
+  EXPECT_EQ(api->graph_capture_begin(&begin), nullptr);
+  KilnGraphCaptureEndArgs end{KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE, api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr,
+                              nullptr};
+  ASSERT_EQ(api->graph_capture_end(&end), nullptr);
+  ASSERT_NE(end.graph, nullptr);
+  KilnGraphLaunchArgs launch{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, end.graph, nullptr};
+  EXPECT_EQ(api->graph_launch(&launch), nullptr);
   EXPECT_EQ(FakeGraph::launched, 1);
-  api->graph_destroy(g);
-  auto [code, msg] = take(api, api->graph_capture_begin(api->plugin_ctx, DLDevice{kDLCUDA, 3}, nullptr));
+  KilnGraphDestroyArgs destroy{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, end.graph};
+  api->graph_destroy(&destroy);
+  begin.device = DLDevice{kDLCUDA, 3};
+  auto [code, msg] = take(api, api->graph_capture_begin(&begin));
   EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(msg, "cudaErrorInvalidDevice: bad device");
-  api->shutdown(api->plugin_ctx);
+  shutdown(api);
+}
+
+namespace {
+// Reads run-time scalar 0 as its factor on every call.
+struct ScalarScale : kp::Executable {
+  void execute(const DLTensor*, size_t, DLTensor*, size_t, void*) override {
+    throw kp::Error(KILN_ERROR_INTERNAL, "the layer must call execute_with_scalars");
+  }
+  void execute_with_scalars(const DLTensor* in, size_t, DLTensor* out, size_t, const kp::Scalars& scalars,
+                            void*) override {
+    kp::Tensor i(in), o(out);
+    const double factor = scalars.number(0);
+    for (int64_t k = 0; k < i.numel(); ++k) o.data<float>()[k] = static_cast<float>(i.data<float>()[k] * factor);
+  }
+};
+class ScalarPlugin : public kp::Plugin {
+ public:
+  using Plugin::Plugin;
+  static kp::Descriptor describe() {
+    kp::Descriptor d;
+    d.name = "scalar_test";
+    d.version = "1.0.0";
+    d.vendor = "tests";
+    d.device_kinds = KILN_DEVICE_MASK_CPU;
+    d.runtime_scalars = true;
+    d.whole_step_graph = true;
+    d.default_score = 42;
+    return d;
+  }
+  std::vector<int64_t> claim(const kp::Graph&) override { return {0}; }
+  std::unique_ptr<kp::Executable> compile(const kp::Graph&, const kp::CompileOptions&) override {
+    return std::make_unique<ScalarScale>();
+  }
+};
+}  // namespace
+
+// execute carries the run-time scalars in its args; the layer hands them to execute_with_scalars.
+TEST(PluginApiHpp, ExecuteArgsCarryRunTimeScalarsToTheExecutable) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<ScalarPlugin>(&host, 2, 0, &api), nullptr);
+  EXPECT_EQ(api->descriptor->capabilities, KILN_CAPABILITY_RUNTIME_SCALARS | KILN_CAPABILITY_WHOLE_STEP_GRAPH);
+  Node1 g;
+  KilnPluginCompileArgs o = compile_args(api, &g.view);
+  ASSERT_EQ(api->compile(&o), nullptr);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-4.f, 4.f);
+  float in[5], out[5];
+  for (float& v : in) v = dist(rng);
+  const double factor = dist(rng);
+  int64_t shape[1] = {5};
+  DLTensor tin{in, {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
+  DLTensor tout{out, {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
+  KilnArg scalar = kp::double_arg("value", factor);
+  const KilnArg* scalars[] = {&scalar};
+  KilnExecutableExecuteArgs x{KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, scalars, 1,
+                              nullptr};
+  ASSERT_EQ(api->execute(&x), nullptr);
+  for (int k = 0; k < 5; ++k) EXPECT_FLOAT_EQ(out[k], static_cast<float>(in[k] * factor));
+  x.scalars = nullptr;
+  x.num_scalars = 0;
+  auto [code, msg] = take(api, api->execute(&x));
+  EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(msg, "run-time scalar 0 not passed (0 given)");
+  KilnExecutableDestroyArgs d{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, o.executable};
+  api->executable_destroy(&d);
+  shutdown(api);
+}
+
+// A plugin that does not override available answers with its descriptor's default score.
+TEST(PluginApiHpp, DefaultAvailabilityUsesTheDescriptorsDefaultScore) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<ScalarPlugin>(&host, 2, 0, &api), nullptr);
+  EXPECT_EQ(api->descriptor->default_score, 42);
+  char reason[16] = "unwritten";
+  KilnPluginAvailableArgs a{KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE, api->plugin_ctx, nullptr, 0, 0, 0, reason,
+                            sizeof reason};
+  ASSERT_EQ(api->available(&a), nullptr);
+  EXPECT_EQ(a.available, 1);
+  EXPECT_EQ(a.score, 42);
+  EXPECT_STREQ(reason, "");
+  shutdown(api);
 }

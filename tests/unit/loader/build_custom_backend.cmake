@@ -16,6 +16,8 @@ run("install the kiln SDK" ${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix
 run("configure the sample" ${CMAKE_COMMAND} -S ${SAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run("build the sample" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-if(NOT EXISTS ${WORK_DIR}/build/libkiln_custom_elementwise.so)
-  message(FATAL_ERROR "the sample built, but ${WORK_DIR}/build/libkiln_custom_elementwise.so is missing")
-endif()
+foreach(lib libkiln_custom_elementwise.so libkiln_minimal_relu.so)
+  if(NOT EXISTS ${WORK_DIR}/build/${lib})
+    message(FATAL_ERROR "the sample built, but ${WORK_DIR}/build/${lib} is missing")
+  endif()
+endforeach()

@@ -19,7 +19,6 @@ const std::string kDir = KILN_CUSTOM_BACKEND_DIR;
 std::shared_ptr<const kiln::LoadedPlugin> load_sample(kiln::PluginRegistry& keep) {
   kiln::PluginSearchOptions o;
   o.dirs = {kDir};
-  o.use_env = false;
   o.use_builtin = false;
   keep = kiln::PluginRegistry::load(o, kiln::HostServices::basic("/tmp/kiln-custom-backend-cache", {}));
   return keep.find("custom_elementwise");
@@ -49,7 +48,7 @@ TEST(CustomBackend, LoadsFromItsBuildFolderWithItsDescriptor) {
   EXPECT_TRUE(reg.failures().empty());
   EXPECT_EQ(p->version(), "0.1.0");
   EXPECT_EQ(p->vendor(), "kiln samples");
-  EXPECT_EQ(p->abi_version(), "1.2");
+  EXPECT_EQ(p->abi_version(), "2.0");
   EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), "cpu");
   auto a = p->available(kiln::basic_cpu_devices());
   EXPECT_TRUE(a.available) << a.reason;
@@ -149,8 +148,8 @@ TEST(CustomBackend, RejectsUnknownOptionsAndMismatchedTensors) {
     p->compile(*g.view(), KILN_MODE_DEFAULT, {{"unroll", "4"}}, "/tmp");
     FAIL() << "unknown option accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'custom_elementwise': compile failed (invalid argument): unknown "
-                                     "option 'unroll' in [plugin.custom_elementwise]");
+    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'custom_elementwise': compile failed (invalid argument): "
+                                                 "unknown option 'unroll' in [plugin.custom_elementwise]");
   }
   auto exe = p->compile(*g.view(), KILN_MODE_DEFAULT);
   std::vector<float> in(8, 1.f), out(7);
@@ -160,7 +159,7 @@ TEST(CustomBackend, RejectsUnknownOptionsAndMismatchedTensors) {
     exe->execute(&ti, 1, &to, 1);
     FAIL() << "wrong-sized output accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'custom_elementwise': execute failed (invalid argument): output "
-                                     "tensor 1 must be a contiguous float32 CPU tensor of 8 elements");
+    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'custom_elementwise': execute failed (invalid argument): "
+                                                 "output tensor 1 must be a contiguous float32 CPU tensor of 8 elements");
   }
 }

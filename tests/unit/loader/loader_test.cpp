@@ -32,7 +32,6 @@ std::shared_ptr<kiln::HostServices> test_host() {
 kiln::PluginSearchOptions only(std::vector<std::string> dirs) {
   kiln::PluginSearchOptions o;
   o.dirs = std::move(dirs);
-  o.use_env = false;
   o.use_builtin = false;
   return o;
 }
@@ -106,20 +105,33 @@ TEST(Loader, RejectsLibraryWithoutEntrySymbol) {
 
 TEST(Loader, RejectsPluginWithNewerMajorAbi) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  // A 3.x table's layout past the frozen fields is unknown here, so the plugin cannot be named.
   EXPECT_EQ(failure_for(reg, "libkiln_bad_abi_major.so"),
-            "plugin ABI 2.2 does not match kiln's plugin ABI 1.2 (major versions must be equal)");
+            "plugin was built for kiln plugin ABI 3.0; this kiln speaks 2.0 — rebuild it against the kiln 2.x SDK");
+}
+
+TEST(Loader, RefusesPluginBuiltForAbi1) {
+  const std::string path = kCorpus + "/libkiln_abi1_plugin.so";
+  try {
+    kiln::PluginRegistry::load_file(path, test_host());
+    FAIL() << "a 1.2 plugin was loaded";
+  } catch (const kiln::PluginError& e) {
+    EXPECT_EQ(std::string(e.what()), path + ": plugin 'old_abi' was built for kiln plugin ABI 1.2; this kiln speaks "
+                                            "2.0 — rebuild it against the kiln 2.x SDK");
+    EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
+  }
 }
 
 TEST(Loader, ReportsInitFailureWithPluginMessage) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   EXPECT_EQ(failure_for(reg, "libkiln_bad_init_fails.so"),
-            "kiln_plugin_init failed (unavailable: license server license.example:27000 unreachable)");
+            "kiln_plugin_init failed (unavailable): license server license.example:27000 unreachable");
 }
 
 TEST(Loader, RejectsUndersizedFunctionTable) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   EXPECT_EQ(failure_for(reg, "libkiln_bad_undersized.so"),
-            "function table too small: struct_size 40, ABI 1.2 needs 104");
+            "function table too small: struct_size 40, ABI 2.0 needs 136");
 }
 
 TEST(Loader, RejectsNullDescriptorName) {
@@ -143,7 +155,7 @@ TEST(Loader, CorpusLoadsOnlyTheWellFormedLibrariesAndReportsEveryOtherFile) {
     failed.push_back(fs::path(f.path).filename().string());
   }
   std::sort(failed.begin(), failed.end());
-  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_bad_abi_major.so", "libkiln_bad_init_fails.so",
+  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_abi1_plugin.so", "libkiln_bad_abi_major.so", "libkiln_bad_init_fails.so",
                                               "libkiln_bad_null_execute.so", "libkiln_bad_null_name.so",
                                               "libkiln_bad_undersized.so", "libkiln_empty.so",
                                               "libkiln_no_entry.so", "libkiln_text.so"}));
@@ -169,7 +181,8 @@ TEST(Loader, RejectsClaimsOfNodesThatDoNotExist) {
     p->claim(*g.view());
     FAIL() << "claims accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'bad_claims' claimed node 7, but the graph has 3 nodes (0..2)");
+    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'bad_claims': claim returned node 7, but the graph has 3 "
+                                                 "nodes (0..2)");
     EXPECT_EQ(e.code(), KILN_ERROR_INTERNAL);
   }
 }
@@ -184,7 +197,7 @@ TEST(Loader, RejectsClaimingANodeTwice) {
     p->claim(*g.view());
     FAIL() << "claims accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'bad_duplicate_claims' claimed node 0 twice");
+    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'bad_duplicate_claims': claim returned node 0 twice");
   }
 }
 
@@ -198,8 +211,9 @@ TEST(Loader, ReportsCompileFailureWithPluginCodeAndMessage) {
     p->compile(*g.view(), KILN_MODE_DEFAULT);
     FAIL() << "compile succeeded";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), "plugin 'bad_compile_fails': compile failed (invalid argument): node 0 "
-                                     "(aten::mul.Tensor): float64 is not supported");
+    EXPECT_EQ(std::string(e.what()), kCorpus + "/libkiln_bad_compile_fails.so: plugin 'bad_compile_fails': compile "
+                                               "failed (invalid argument): node 0 (aten::mul.Tensor): float64 is not "
+                                               "supported");
     EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT);
   }
 }
@@ -217,7 +231,7 @@ TEST(Loader, ReadsDescriptorOfCPlugin) {
   EXPECT_EQ(p->device_kinds(), KILN_DEVICE_MASK_CPU);
   EXPECT_EQ(kiln::modes_string(p->modes()), "default,max-autotune");
   EXPECT_TRUE(p->concurrent_execution_safe());
-  EXPECT_EQ(p->abi_version(), "1.2");
+  EXPECT_EQ(p->abi_version(), "2.0");
   EXPECT_EQ(p->path(), kGood + "/libkiln_c_identity.so");
 }
 
@@ -225,9 +239,9 @@ TEST(Loader, NegotiatesMinorVersionDownToTheHosts) {
   auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
   auto p = reg.find("c_newer_minor");
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->abi_version(), "1.9");  // KILN_ABI_VERSION_MINOR + 7
-  EXPECT_EQ(p->negotiated_minor(), 2u);
-  EXPECT_FALSE(p->provides_device_graphs());  // its (zeroed) graph functions are NULL
+  EXPECT_EQ(p->abi_version(), "2.7");  // KILN_ABI_VERSION_MINOR + 7
+  EXPECT_EQ(p->negotiated_minor(), 0u);
+  EXPECT_FALSE(p->provides_device_graphs());  // no KILN_CAPABILITY_DEVICE_GRAPHS
 }
 
 TEST(Loader, ClaimsAreReturnedInThePluginsOrder) {
@@ -246,7 +260,8 @@ TEST(Loader, RejectsModeThePluginDoesNotSupport) {
     FAIL() << "compile accepted an unsupported mode";
   } catch (const kiln::PluginError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "plugin 'c_identity' does not support mode 'reduce-overhead' (it supports default,max-autotune)");
+              kGood + "/libkiln_c_identity.so: plugin 'c_identity' does not support mode 'reduce-overhead' (it "
+                      "supports default,max-autotune)");
   }
 }
 
@@ -286,7 +301,8 @@ TEST(Loader, ReportsExecuteErrorsWithPluginMessage) {
     FAIL() << "no error";
   } catch (const kiln::PluginError& e) {
     EXPECT_EQ(std::string(e.what()),
-              "plugin 'c_identity': execute failed (invalid argument): inputs and outputs differ in count");
+              kGood + "/libkiln_c_identity.so: plugin 'c_identity': execute failed (invalid argument): inputs and "
+                      "outputs differ in count");
   }
 }
 
@@ -309,9 +325,20 @@ TEST(Loader, LoadsTheSameFileOnceWhenTwoSearchDirsNameIt) {
   EXPECT_TRUE(reg.failures().empty());
 }
 
+TEST(Loader, ScansOnlyFilesNamedLikePluginsButLoadsANamedFileWhateverItsName) {
+  const std::string misnamed = kGood + "/libmisnamed_kiln_plugin.so";
+  ASSERT_TRUE(fs::exists(misnamed));
+  auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
+  auto names = reg.names();
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"c_identity", "c_newer_minor"}));
+  EXPECT_TRUE(reg.failures().empty());
+  EXPECT_FALSE(library_is_loaded(misnamed)) << "the scan opened a file not named libkiln_*.so";
+  auto p = kiln::PluginRegistry::load_file(misnamed, test_host());
+  EXPECT_EQ(p->name(), "misnamed");
+}
+
 TEST(Loader, NeverSearchesTheCurrentDirectoryUnlessAsked) {
-  EnvGuard env("KILN_PLUGIN_PATH");
-  unsetenv("KILN_PLUGIN_PATH");
   fs::path cwd_dir = fresh_dir("cwd");
   fs::copy_file(kGood + "/libkiln_c_identity.so", cwd_dir / "libkiln_c_identity.so");
   fs::path old = fs::current_path();
@@ -327,16 +354,17 @@ TEST(Loader, NeverSearchesTheCurrentDirectoryUnlessAsked) {
   fs::current_path(old);
 }
 
-TEST(Loader, SearchesKilnPluginPathAfterConfiguredDirs) {
+// KILN_PLUGIN_PATH reaches the loader only through TrainingArguments::plugin_dirs (the
+// configuration merges it there), so a search given its directories sees nothing else.
+TEST(Loader, SearchesOnlyTheGivenDirectoriesWhateverKilnPluginPathSays) {
   EnvGuard env("KILN_PLUGIN_PATH");
-  setenv("KILN_PLUGIN_PATH", ("/nonexistent/kiln/plugins:" + kGood).c_str(), 1);
+  setenv("KILN_PLUGIN_PATH", kGood.c_str(), 1);
   kiln::PluginSearchOptions o;
-  o.dirs = {kCorpus};
+  o.dirs = {kCorpus, "/nonexistent/kiln/plugins"};
   o.use_builtin = false;
-  EXPECT_EQ(kiln::plugin_search_dirs(o),
-            (std::vector<std::string>{kCorpus, "/nonexistent/kiln/plugins", kGood}));
+  EXPECT_EQ(kiln::plugin_search_dirs(o), (std::vector<std::string>{kCorpus, "/nonexistent/kiln/plugins"}));
   auto reg = kiln::PluginRegistry::load(o, test_host());
-  EXPECT_TRUE(reg.find("c_identity"));
+  EXPECT_FALSE(reg.find("c_identity"));
   EXPECT_TRUE(reg.find("bad_claims"));
 }
 
@@ -404,7 +432,7 @@ TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
     EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), e.kinds) << e.name;
     EXPECT_EQ(kiln::modes_string(p->modes()), e.modes) << e.name;
     EXPECT_EQ(p->vendor(), "kiln");
-    EXPECT_EQ(p->abi_version(), "1.2");
+    EXPECT_EQ(p->abi_version(), "2.0");
     EXPECT_EQ(fs::path(p->path()).filename(), std::string("libkiln_") + e.name + ".so");
   }
 }
@@ -432,6 +460,27 @@ TEST(InTreeBackends, InductorRunsOnAnyCpuOrCuda) {
             "yes: 1 CUDA device(s), first NVIDIA H200 (sm_90; GPU kernels not built yet, CPU nodes only); "
             "CPU Intel(R) Xeon(R) Platinum 8480+");
   EXPECT_EQ(availability("inductor", {}), "no: no CPU or CUDA device in the device list");
+}
+
+// The scores reproduce the automatic order: a device's own compiler, then inductor, then the
+// fallbacks that do not fuse; a CPU backend is not chosen automatically where a CUDA GPU is.
+TEST(InTreeBackends, ScoresRankDeviceCompilersThenInductorThenFallbacks) {
+  auto score = [](const std::string& plugin, const std::vector<kiln::PluginDevice>& devices) {
+    auto p = builtin_registry().find(plugin);
+    return p ? p->available(devices).score : -1;
+  };
+  const auto gpu = accelerator(KILN_DEVICE_CUDA, "NVIDIA H200");
+  EXPECT_EQ(score("inductor", {intel_cpu()}), 200);
+  EXPECT_EQ(score("inductor", {intel_cpu(), gpu}), 200);
+  EXPECT_EQ(score("ipex", {intel_cpu()}), 100);
+  EXPECT_EQ(score("ipex", {intel_cpu(), gpu}), 0);
+  EXPECT_EQ(availability("ipex", {intel_cpu(), gpu}),
+            "yes: GenuineIntel CPU, bf16 kernels on (AVX-512-BF16/AMX); a CUDA GPU is present, so only when named");
+}
+
+TEST(InTreeBackends, CudagraphsAsksForWholeStepGraphsAndNoOtherDoes) {
+  for (const auto& p : builtin_registry().plugins())
+    EXPECT_EQ(p->asks_whole_step_graph(), p->name() == "cudagraphs") << p->name();
 }
 
 TEST(InTreeBackends, CudagraphsNeedsACudaDevice) {
@@ -502,24 +551,35 @@ TEST(HostServices, BasicHostServesOptionsCacheDirAndCpuMemory) {
   auto host = test_host();
   const KilnHostApi* api = host->api();
   EXPECT_EQ(api->struct_size, KILN_HOST_API_STRUCT_SIZE);
-  EXPECT_STREQ(api->get_option(api->host_ctx, "c_identity", "block"), "128");
-  EXPECT_EQ(api->get_option(api->host_ctx, "c_identity", "missing"), nullptr);
-  EXPECT_EQ(api->get_option(api->host_ctx, "other", "block"), nullptr);
-  EXPECT_STREQ(api->cache_dir(api->host_ctx), "/tmp/kiln-loader-test-cache");
+  auto option = [&](const char* plugin, const char* key) {
+    KilnHostGetOptionArgs a{KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE, api->host_ctx, plugin, key, nullptr};
+    api->get_option(&a);
+    return a.value;
+  };
+  EXPECT_STREQ(option("c_identity", "block"), "128");
+  EXPECT_EQ(option("c_identity", "missing"), nullptr);
+  EXPECT_EQ(option("other", "block"), nullptr);
+  KilnHostCacheDirArgs dir{KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE, api->host_ctx, nullptr};
+  api->cache_dir(&dir);
+  EXPECT_STREQ(dir.cache_dir, "/tmp/kiln-loader-test-cache");
   EXPECT_EQ(api->call_eager, nullptr);
 
-  void* p = nullptr;
-  ASSERT_EQ(api->device_alloc(api->host_ctx, DLDevice{kDLCPU, 0}, 1000, nullptr, &p), nullptr);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
-  std::memset(p, 1, 1000);
-  api->device_free(api->host_ctx, DLDevice{kDLCPU, 0}, p);
+  KilnHostDeviceAllocArgs alloc{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 1000,
+                                nullptr, nullptr};
+  ASSERT_EQ(api->device_alloc(&alloc), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(alloc.ptr) % 64, 0u);
+  std::memset(alloc.ptr, 1, 1000);
+  KilnHostDeviceFreeArgs release{KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, alloc.ptr};
+  api->device_free(&release);
 
-  KilnError* err = api->device_alloc(api->host_ctx, DLDevice{kDLCUDA, 0}, 1000, nullptr, &p);
+  KilnHostDeviceAllocArgs gpu{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCUDA, 0}, 1000,
+                              nullptr, nullptr};
+  KilnError* err = api->device_alloc(&gpu);
   ASSERT_NE(err, nullptr);
   EXPECT_EQ(api->error_code(err), KILN_ERROR_UNAVAILABLE);
   EXPECT_STREQ(api->error_message(err), "device_alloc: this host only allocates CPU memory (device type 2)");
   api->error_destroy(err);
-  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(gpu.ptr, nullptr);
 }
 
 namespace {

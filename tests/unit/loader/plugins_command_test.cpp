@@ -46,7 +46,7 @@ TEST(PluginsCommand, JsonListsAllFiveBackendsWithAvailabilityAndReason) {
   const std::string dir = KILN_BUILTIN_PLUGIN_DIR;
   EXPECT_NE(r.out.find("{\"loaded\": true, \"name\": \"ipex\", \"version\": \"0.1.0\", \"vendor\": \"kiln\", "
                        "\"description\": \"oneDNN kernels with fused post-ops for x86 CPUs, bf16 on "
-                       "AVX-512-BF16/AMX\", \"abi_version\": \"1.2\", \"device_kinds\": [\"cpu\"], \"modes\": "
+                       "AVX-512-BF16/AMX\", \"abi_version\": \"2.0\", \"device_kinds\": [\"cpu\"], \"modes\": "
                        "[\"default\", \"max-autotune-no-cudagraphs\"], \"concurrent_execution_safe\": false, "
                        "\"available\": "),
             std::string::npos)
@@ -67,13 +67,13 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   const std::string corpus = KILN_BAD_CORPUS;
   Result r = run({"--json", "--no-default-dirs", "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
-  EXPECT_EQ(count(r.out, "\"loaded\": false"), 8u) << r.out;
+  EXPECT_EQ(count(r.out, "\"loaded\": false"), 9u) << r.out;
   EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_empty.so\", \"error\": \"not a loadable "
                        "library: " + corpus + "/libkiln_empty.so: file too short\"}"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
-                       "ABI 2.2 does not match kiln's plugin ABI 1.2 (major versions must be equal)\"}"),
+                       "was built for kiln plugin ABI 3.0; this kiln speaks 2.0 — rebuild it against the kiln 2.x SDK\"}"),
             std::string::npos)
       << r.out;
 }
@@ -83,7 +83,7 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   1.2  cpu              default,max-autotune"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.0  cpu              default,max-autotune"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  " + corpus + "/libkiln_no_entry.so\n    not a kiln plugin: no symbol 'kiln_plugin_init'\n"),
             std::string::npos)

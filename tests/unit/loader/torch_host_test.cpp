@@ -31,6 +31,12 @@ std::pair<KilnErrorCode, std::string> take(const KilnHostApi* api, KilnError* e)
   return r;
 }
 
+KilnError* call_eager(const KilnHostApi* api, const char* op, const KilnArg* const* args, size_t num_args,
+                      DLTensor* outputs, size_t num_outputs) {
+  KilnHostCallEagerArgs a{KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE, api->host_ctx, op, args, num_args, outputs, num_outputs};
+  return api->call_eager(&a);
+}
+
 std::shared_ptr<kiln::HostServices> host() {
   kiln::TrainingArguments args;
   args.runtime.cache_dir = "/tmp/kiln-torch-host-test";
@@ -54,7 +60,7 @@ TEST(TorchHost, CallEagerRunsAddmmLikeAten) {
   beta.d = 0.5;
   alpha.i = 2;
   const KilnArg* args[] = {&a_self, &a_m1, &a_m2, &beta, &alpha};
-  auto [code, msg] = take(api, api->call_eager(api->host_ctx, "aten::addmm", args, 5, &dout, 1));
+  auto [code, msg] = take(api, call_eager(api, "aten::addmm", args, 5, &dout, 1));
   ASSERT_EQ(code, 0) << msg;
   EXPECT_TRUE(torch::allclose(out, torch::addmm(bias, m1, m2, 0.5, 2), 1e-5, 1e-6));
 }
@@ -71,7 +77,7 @@ TEST(TorchHost, CallEagerWrapsInputsWithoutCopying) {
   o.tensor = &dy;
   const KilnArg* args[] = {&s, &o};
   // In place: if x had been copied on the way in, x itself would be unchanged.
-  auto [code, msg] = take(api, api->call_eager(api->host_ctx, "aten::mul_.Tensor", args, 2, &dr, 1));
+  auto [code, msg] = take(api, call_eager(api, "aten::mul_.Tensor", args, 2, &dr, 1));
   ASSERT_EQ(code, 0) << msg;
   EXPECT_TRUE(torch::equal(x, expected));
   EXPECT_TRUE(torch::equal(result, expected));
@@ -85,14 +91,14 @@ TEST(TorchHost, CallEagerReportsUnknownOpsAndWrongArity) {
   KilnArg s = arg(KILN_ARG_TENSOR, "self");
   s.tensor = &dx;
   const KilnArg* args[] = {&s};
-  EXPECT_EQ(take(api, api->call_eager(api->host_ctx, "aten::no_such_op", args, 1, &dx, 1)),
+  EXPECT_EQ(take(api, call_eager(api, "aten::no_such_op", args, 1, &dx, 1)),
             std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT), std::string("call_eager: no ATen operator 'aten::no_such_op'")));
-  EXPECT_EQ(take(api, api->call_eager(api->host_ctx, "aten::add.Tensor", args, 1, &dx, 1)),
+  EXPECT_EQ(take(api, call_eager(api, "aten::add.Tensor", args, 1, &dx, 1)),
             std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
                            std::string("call_eager: aten::add.Tensor takes 3 arguments, got 1")));
   at::Tensor wrong = torch::empty({3});
   DLTensor dw = dl_of(wrong);
-  EXPECT_EQ(take(api, api->call_eager(api->host_ctx, "aten::relu", args, 1, &dw, 1)),
+  EXPECT_EQ(take(api, call_eager(api, "aten::relu", args, 1, &dw, 1)),
             std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
                            std::string("call_eager: aten::relu output 0 is Float[2], the caller's buffer is Float[3]")));
 }
@@ -100,11 +106,15 @@ TEST(TorchHost, CallEagerReportsUnknownOpsAndWrongArity) {
 TEST(TorchHost, DeviceMemoryComesFromLibTorchAndIsFreed) {
   auto h = host();
   const KilnHostApi* api = h->api();
-  void* p = nullptr;
-  auto [code, msg] = take(api, api->device_alloc(api->host_ctx, DLDevice{kDLCPU, 0}, 4096, nullptr, &p));
+  KilnHostDeviceAllocArgs alloc{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 4096,
+                                nullptr, nullptr};
+  auto [code, msg] = take(api, api->device_alloc(&alloc));
   ASSERT_EQ(code, 0) << msg;
-  ASSERT_NE(p, nullptr);
-  std::memset(p, 7, 4096);
-  api->device_free(api->host_ctx, DLDevice{kDLCPU, 0}, p);
-  EXPECT_STREQ(api->cache_dir(api->host_ctx), "/tmp/kiln-torch-host-test");
+  ASSERT_NE(alloc.ptr, nullptr);
+  std::memset(alloc.ptr, 7, 4096);
+  KilnHostDeviceFreeArgs release{KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, alloc.ptr};
+  api->device_free(&release);
+  KilnHostCacheDirArgs dir{KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE, api->host_ctx, nullptr};
+  api->cache_dir(&dir);
+  EXPECT_STREQ(dir.cache_dir, "/tmp/kiln-torch-host-test");
 }

@@ -120,7 +120,7 @@ TEST(PartitionedExecutor, RunTimeScalarsReachAPluginThatTakesThem) {
   }
 }
 
-// A 1.0-style plugin (no execute_with_scalars) never sees a node with a run-time scalar.
+// A plugin without KILN_CAPABILITY_RUNTIME_SCALARS never sees a node with a run-time scalar.
 TEST(PartitionedExecutor, NodesWithRunTimeScalarsStayEagerForPluginsThatCannotTakeThem) {
   ir::Node n;
   n.op = "aten::add.Tensor";

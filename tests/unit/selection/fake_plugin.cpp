@@ -1,5 +1,6 @@
 // A stand-in backend for the `kiln probe` end-to-end tests: it takes the name of a real backend
-// (FAKE_NAME) and says it is available when a device of its kind (FAKE_KINDS) is offered, unless
+// (FAKE_NAME) and says it is available, with that backend's score (FAKE_SCORE), when a device of
+// its kind (FAKE_KINDS) is offered, unless
 // KILN_FAKE_UNAVAILABLE names it; so a test decides which plugins are installed (by the directory
 // it passes) and which can run (by the environment).
 #include <cstdlib>
@@ -36,7 +37,7 @@ class FakePlugin : public Plugin {
     if (named_unavailable()) return Availability::no("made unavailable by the test (KILN_FAKE_UNAVAILABLE)");
     for (size_t i = 0; i < devices.size(); ++i)
       if (FAKE_KINDS & KILN_DEVICE_KIND_BIT(devices[i].kind))
-        return Availability::yes(std::string("fake, serving ") + devices[i].name);
+        return Availability::yes(std::string("fake, serving ") + devices[i].name, FAKE_SCORE);
     return Availability::no("no device of its kind");
   }
 

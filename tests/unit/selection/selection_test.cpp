@@ -69,10 +69,20 @@ std::vector<Device> trainium_x16() {
 }
 std::vector<Device> two_h200() { return {cpu(), cuda(0), cuda(1)}; }
 
-// Every in-tree backend installed and available.
-std::vector<BackendCandidate> all_available() {
-  return {{"inductor", true, "generates C++/CUDA"}, {"cudagraphs", true, ""}, {"ipex", true, ""},
-          {"hpu_backend", true, "8 Gaudi devices"}, {"neuron", true, "libnrt loads"}};
+// Every in-tree backend installed and available, each with the score it gives on `devices`: a
+// device's own compiler first (hpu_backend 400 on a Gaudi, neuron 300 on a Neuron device), then
+// inductor (200), then the fallbacks that do not fuse (cudagraphs 100 on a CUDA GPU, ipex 100 where
+// there is none); 0 means "only when named".
+std::vector<BackendCandidate> all_available(const std::vector<Device>& devices) {
+  auto has = [&](DeviceKind k) {
+    return std::any_of(devices.begin(), devices.end(), [&](const Device& d) { return d.kind == k; });
+  };
+  const bool cuda = has(DeviceKind::cuda);
+  return {{"inductor", true, "generates C++/CUDA", 200},
+          {"cudagraphs", true, "", cuda ? 100 : 0},
+          {"ipex", true, "", cuda ? 0 : 100},
+          {"hpu_backend", true, "8 Gaudi devices", has(DeviceKind::gaudi) ? 400 : 0},
+          {"neuron", true, "libnrt loads", has(DeviceKind::neuron) ? 300 : 0}};
 }
 std::vector<BackendCandidate> with(std::vector<BackendCandidate> v, const std::string& name, bool available,
                                    const std::string& reason) {
@@ -100,20 +110,21 @@ std::string reasons(const kiln::BackendChoice& c) {
 // ---- "auto" ----
 
 TEST(Selection, GaudiMachinePicksHpuBackend) {
-  auto c = select_backend(gaudi2_x8(), all_available());
+  auto c = select_backend(gaudi2_x8(), all_available(gaudi2_x8()));
   EXPECT_EQ(c.backend, "hpu_backend");
   EXPECT_EQ(c.requested, "auto");
   EXPECT_EQ(c.order, (std::vector<std::string>{"hpu_backend", "inductor", "ipex"}));
   EXPECT_EQ(c.runners_up, (std::vector<std::string>{"inductor", "ipex", "cudagraphs", "neuron"}));
   ASSERT_EQ(c.reasons.size(), 2u) << reasons(c);
   EXPECT_EQ(c.reasons[0],
-            "found 8 Intel Gaudi devices (8 × Intel Gaudi2), so hpu_backend comes first; order: "
-            "hpu_backend, inductor, ipex");
+            "ranked the available backends by the score each gave for 8 × Intel Gaudi2, CPU Intel(R) Xeon(R) "
+            "Platinum 8480+: hpu_backend 400, inductor 200, ipex 100; used only when named (score 0): cudagraphs, "
+            "neuron");
   EXPECT_EQ(c.reasons[1], "chose hpu_backend: installed and available (8 Gaudi devices)");
 }
 
 TEST(Selection, GaudiMachineFallsBackToInductorWhenHpuBackendIsUnavailable) {
-  auto c = select_backend(gaudi2_x8(), with(all_available(), "hpu_backend", false,
+  auto c = select_backend(gaudi2_x8(), with(all_available(gaudi2_x8()), "hpu_backend", false,
                                             "Intel Gaudi device found, but libSynapse.so cannot be loaded"));
   EXPECT_EQ(c.backend, "inductor");
   ASSERT_EQ(c.reasons.size(), 3u) << reasons(c);
@@ -125,86 +136,90 @@ TEST(Selection, GaudiMachineFallsBackToInductorWhenHpuBackendIsUnavailable) {
   EXPECT_EQ(std::count(c.runners_up.begin(), c.runners_up.end(), "hpu_backend"), 0);
 }
 
+// kiln knows no plugin by name, so a missing one is simply not ranked.
 TEST(Selection, GaudiMachineFallsBackWhenHpuBackendIsNotInstalled) {
-  auto c = select_backend(gaudi2_x8(), without(all_available(), "hpu_backend"));
+  auto c = select_backend(gaudi2_x8(), without(all_available(gaudi2_x8()), "hpu_backend"));
   EXPECT_EQ(c.backend, "inductor");
-  EXPECT_TRUE(has_reason(c, "skipped hpu_backend: not installed (no plugin of that name was found)")) << reasons(c);
+  EXPECT_EQ(c.order, (std::vector<std::string>{"inductor", "ipex"}));
+  EXPECT_FALSE(has_reason(c, "hpu_backend")) << reasons(c);
 }
 
 TEST(Selection, GaudiMachineFallsBackPastInductorToIpex) {
-  auto plugins = with(without(all_available(), "hpu_backend"), "inductor", false, "no C++ compiler found");
+  auto plugins = with(without(all_available(gaudi2_x8()), "hpu_backend"), "inductor", false, "no C++ compiler found");
   auto c = select_backend(gaudi2_x8(), plugins);
   EXPECT_EQ(c.backend, "ipex");
   EXPECT_TRUE(has_reason(c, "skipped inductor: installed but unavailable here (no C++ compiler found)")) << reasons(c);
 }
 
 TEST(Selection, NeuronMachinePicksNeuron) {
-  auto c = select_backend(trainium_x16(), all_available());
+  auto c = select_backend(trainium_x16(), all_available(trainium_x16()));
   EXPECT_EQ(c.backend, "neuron");
   EXPECT_EQ(c.order, (std::vector<std::string>{"neuron", "inductor", "ipex"}));
   EXPECT_EQ(c.reasons[0],
-            "found 16 AWS Neuron devices (16 × AWS Trainium), so neuron comes first; order: neuron, "
-            "inductor, ipex");
+            "ranked the available backends by the score each gave for 16 × AWS Trainium, CPU Intel(R) Xeon(R) "
+            "Platinum 8480+: neuron 300, inductor 200, ipex 100; used only when named (score 0): cudagraphs, "
+            "hpu_backend");
 }
 
 TEST(Selection, NeuronMachineFallsBackToInductorWhenNeuronIsUnavailable) {
-  auto c = select_backend(trainium_x16(), with(all_available(), "neuron", false, "libnrt.so.1 not found"));
+  auto c = select_backend(trainium_x16(), with(all_available(trainium_x16()), "neuron", false, "libnrt.so.1 not found"));
   EXPECT_EQ(c.backend, "inductor");
   EXPECT_TRUE(has_reason(c, "skipped neuron: installed but unavailable here (libnrt.so.1 not found)")) << reasons(c);
 }
 
 TEST(Selection, CudaMachinePicksInductorThenCudagraphs) {
-  auto c = select_backend(two_h200(), all_available());
+  auto c = select_backend(two_h200(), all_available(two_h200()));
   EXPECT_EQ(c.backend, "inductor");
   EXPECT_EQ(c.order, (std::vector<std::string>{"inductor", "cudagraphs"}));
   EXPECT_EQ(c.reasons[0],
-            "found 2 CUDA GPUs (2 × NVIDIA H200) and no Gaudi or Neuron device, so inductor comes "
-            "first; order: inductor, cudagraphs");
+            "ranked the available backends by the score each gave for 2 × NVIDIA H200, CPU Intel(R) Xeon(R) "
+            "Platinum 8480+: inductor 200, cudagraphs 100; used only when named (score 0): ipex, hpu_backend, "
+            "neuron");
   EXPECT_EQ(c.runners_up.front(), "cudagraphs");
 }
 
 TEST(Selection, CudaMachineFallsBackToCudagraphsWhenInductorIsUnavailable) {
-  auto c = select_backend(two_h200(), with(all_available(), "inductor", false, "NVRTC not found"));
+  auto c = select_backend(two_h200(), with(all_available(two_h200()), "inductor", false, "NVRTC not found"));
   EXPECT_EQ(c.backend, "cudagraphs");
   EXPECT_TRUE(has_reason(c, "skipped inductor: installed but unavailable here (NVRTC not found)"));
 }
 
 TEST(Selection, CpuMachinePicksInductorThenIpex) {
-  auto c = select_backend(cpu_only(), all_available());
+  auto c = select_backend(cpu_only(), all_available(cpu_only()));
   EXPECT_EQ(c.backend, "inductor");
   EXPECT_EQ(c.order, (std::vector<std::string>{"inductor", "ipex"}));
   EXPECT_EQ(c.reasons[0],
-            "no CUDA GPU, Gaudi or Neuron device found, so inductor (on the CPU) comes first; order: "
-            "inductor, ipex");
+            "ranked the available backends by the score each gave for CPU Intel(R) Xeon(R) Platinum 8480+: "
+            "inductor 200, ipex 100; used only when named (score 0): cudagraphs, hpu_backend, neuron");
 }
 
 TEST(Selection, CpuMachineFallsBackToIpexWhenInductorIsMissing) {
-  auto c = select_backend(cpu_only(), without(all_available(), "inductor"));
+  auto c = select_backend(cpu_only(), without(all_available(cpu_only()), "inductor"));
   EXPECT_EQ(c.backend, "ipex");
 }
 
 TEST(Selection, NothingAvailableMeansEagerWithAReason) {
-  std::vector<BackendCandidate> plugins{{"inductor", false, "no compiler"}, {"ipex", false, "no oneDNN"}};
+  std::vector<BackendCandidate> plugins{{"inductor", false, "no compiler", 0}, {"ipex", false, "no oneDNN", 0}};
   auto c = select_backend(cpu_only(), plugins);
   EXPECT_EQ(c.backend, "eager");
   EXPECT_TRUE(c.runners_up.empty());
   EXPECT_EQ(c.reasons.back(),
-            "no backend in the order is available, so steps run eagerly (uncompiled); install or fix "
-            "one of: inductor, ipex");
+            "no installed plugin is available here with a positive score, so steps run eagerly (uncompiled); "
+            "install or fix a backend for CPU Intel(R) Xeon(R) Platinum 8480+, or name one");
   EXPECT_TRUE(has_reason(c, "skipped ipex: installed but unavailable here (no oneDNN)"));
 }
 
 TEST(Selection, NoPluginsAtAllMeansEager) {
   auto c = select_backend(gaudi2_x8(), {});
   EXPECT_EQ(c.backend, "eager");
-  EXPECT_TRUE(has_reason(c, "skipped hpu_backend: not installed"));
-  EXPECT_TRUE(has_reason(c, "skipped inductor: not installed"));
+  EXPECT_TRUE(c.order.empty());
+  EXPECT_TRUE(has_reason(c, "none has a positive score")) << reasons(c);
 }
 
 TEST(Selection, NvidiaPlusGaudiMachinePrefersHpuBackend) {
   auto devices = gaudi2_x8();
   devices.push_back(cuda(0));
-  auto c = select_backend(devices, all_available());
+  auto c = select_backend(devices, all_available(devices));
   EXPECT_EQ(c.backend, "hpu_backend");
   EXPECT_EQ(c.order, (std::vector<std::string>{"hpu_backend", "inductor", "cudagraphs"}));
 }
@@ -212,14 +227,14 @@ TEST(Selection, NvidiaPlusGaudiMachinePrefersHpuBackend) {
 TEST(Selection, GaudiPlusNeuronMachineTriesBothAccelerators) {
   auto devices = gaudi2_x8();
   devices.push_back(accel(DeviceKind::neuron, 0, "Trainium2", 0x1d0f, 0x7364));
-  auto c = select_backend(devices, with(all_available(), "hpu_backend", false, "no Synapse"));
-  EXPECT_EQ(c.order, (std::vector<std::string>{"hpu_backend", "neuron", "inductor", "ipex"}));
+  auto c = select_backend(devices, with(all_available(devices), "hpu_backend", false, "no Synapse"));
+  EXPECT_EQ(c.order, (std::vector<std::string>{"neuron", "inductor", "ipex"}));
   EXPECT_EQ(c.backend, "neuron");
-  EXPECT_NE(c.reasons[0].find("then neuron for the AWS Trainium2"), std::string::npos) << c.reasons[0];
+  EXPECT_TRUE(has_reason(c, "skipped hpu_backend: installed but unavailable here (no Synapse)")) << reasons(c);
 }
 
-TEST(Selection, ThirdPartyPluginIsNeverPickedAutomaticallyButIsARunnerUp) {
-  std::vector<BackendCandidate> plugins{{"acme_npu", true, ""}, {"inductor", true, ""}};
+TEST(Selection, PluginThatScoresZeroIsNeverPickedAutomaticallyButIsARunnerUp) {
+  std::vector<BackendCandidate> plugins{{"acme_npu", true, "", 0}, {"inductor", true, "", 200}};
   auto c = select_backend(cpu_only(), plugins);
   EXPECT_EQ(c.backend, "inductor");
   EXPECT_EQ(c.runners_up, (std::vector<std::string>{"acme_npu"}));
@@ -227,14 +242,23 @@ TEST(Selection, ThirdPartyPluginIsNeverPickedAutomaticallyButIsARunnerUp) {
   EXPECT_EQ(none.backend, "eager");
 }
 
+TEST(Selection, HighestScoreWinsWhateverTheNameAndTiesGoToTheFirstName) {
+  auto c = select_backend(cpu_only(), {{"zeta", true, "", 50}, {"acme_npu", true, "", 900}, {"inductor", true, "", 200}});
+  EXPECT_EQ(c.backend, "acme_npu");
+  EXPECT_EQ(c.order, (std::vector<std::string>{"acme_npu", "inductor", "zeta"}));
+  auto tie = select_backend(cpu_only(), {{"beta", true, "", 100}, {"alpha", true, "", 100}});
+  EXPECT_EQ(tie.backend, "alpha");
+  EXPECT_EQ(tie.runners_up, (std::vector<std::string>{"beta"}));
+}
+
 TEST(Selection, EmptyRequestMeansAuto) {
-  auto c = select_backend(trainium_x16(), all_available(), "");
+  auto c = select_backend(trainium_x16(), all_available(trainium_x16()), "");
   EXPECT_EQ(c.requested, "auto");
   EXPECT_EQ(c.backend, "neuron");
 }
 
 TEST(Selection, FirstPluginOfANameWins) {
-  std::vector<BackendCandidate> plugins{{"inductor", false, "first copy: broken"}, {"inductor", true, "second"}};
+  std::vector<BackendCandidate> plugins{{"inductor", false, "first copy: broken", 200}, {"inductor", true, "second", 200}};
   auto c = select_backend(cpu_only(), plugins);
   EXPECT_EQ(c.backend, "eager");
   EXPECT_TRUE(has_reason(c, "first copy: broken"));
@@ -243,7 +267,7 @@ TEST(Selection, FirstPluginOfANameWins) {
 // ---- A named backend ----
 
 TEST(Selection, NamedAvailableBackendIsUsedEvenAgainstTheDefault) {
-  auto c = select_backend(gaudi2_x8(), all_available(), "ipex");
+  auto c = select_backend(gaudi2_x8(), all_available(gaudi2_x8()), "ipex");
   EXPECT_EQ(c.backend, "ipex");
   EXPECT_EQ(c.requested, "ipex");
   ASSERT_EQ(c.reasons.size(), 1u);
@@ -252,7 +276,7 @@ TEST(Selection, NamedAvailableBackendIsUsedEvenAgainstTheDefault) {
 }
 
 TEST(Selection, NamedUnavailableBackendIsAnErrorWithThePluginsReason) {
-  auto plugins = with(all_available(), "hpu_backend", false, "no Intel Gaudi device found");
+  auto plugins = with(all_available(cpu_only()), "hpu_backend", false, "no Intel Gaudi device found");
   try {
     select_backend(cpu_only(), plugins, "hpu_backend");
     FAIL() << "expected BackendSelectionError";
@@ -266,7 +290,7 @@ TEST(Selection, NamedUnavailableBackendIsAnErrorWithThePluginsReason) {
 
 TEST(Selection, UnknownNameIsAnErrorWithDidYouMean) {
   try {
-    select_backend(cpu_only(), all_available(), "indcutor");
+    select_backend(cpu_only(), all_available(cpu_only()), "indcutor");
     FAIL() << "expected BackendSelectionError";
   } catch (const BackendSelectionError& e) {
     EXPECT_EQ(std::string(e.what()),
@@ -308,7 +332,7 @@ TEST(Selection, LogsTheChoiceAtInfoWithTheRunnersUp) {
   log->sinks().push_back(sink);
   const auto old_level = log->level();
   log->set_level(spdlog::level::info);
-  select_backend(gaudi2_x8(), with(all_available(), "hpu_backend", false, "no Synapse"));
+  select_backend(gaudi2_x8(), with(all_available(gaudi2_x8()), "hpu_backend", false, "no Synapse"));
   log->sinks().pop_back();
   log->set_level(old_level);
   auto lines = sink->last_raw();
@@ -368,7 +392,7 @@ TEST(ProbeReport, JsonIsValidAndCarriesDevicesBackendAndReasons) {
   kiln::testing::FakeMachine m;
   m.cpu();
   for (int i = 0; i < 8; ++i) m.gaudi(kiln::testing::FakeMachine::bus_id(0x19 + i), 0x1020, i);
-  auto r = report_for(m, with(all_available(), "hpu_backend", false, "libSynapse.so: \"not found\"\n"));
+  auto r = report_for(m, with(all_available(gaudi2_x8()), "hpu_backend", false, "libSynapse.so: \"not found\"\n"));
   Json j = Json::parse(kiln::probe_report_json(r));
   ASSERT_EQ(j["devices"].size(), 9u);
   EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
@@ -395,7 +419,7 @@ TEST(ProbeReport, JsonEscapesQuotesControlBytesAndInvalidUtf8) {
   kiln::testing::CpuSpec spec;
   spec.model = "Evil \"CPU\" \\ with\ttab \x01 and \xff\xfe bytes";
   m.cpu(spec);
-  auto r = report_for(m, all_available());
+  auto r = report_for(m, all_available(cpu_only()));
   Json j = Json::parse(kiln::probe_report_json(r));
   EXPECT_EQ(j["devices"][0]["name"].s, "Evil \"CPU\" \\ with\ttab \x01 and \xef\xbf\xbd\xef\xbf\xbd bytes");
 }
@@ -405,7 +429,7 @@ TEST(ProbeReport, JsonCarriesTheProbesWarnings) {
   m.cpu();
   m.pci("0000:20:00.0", 0x1da3, 0x1020, 0x120000, "habanalabs");
   m.write("/sys/devices/pci0000:00/0000:20:00.0/vendor", "zzz\n");
-  auto r = report_for(m, all_available());
+  auto r = report_for(m, all_available(cpu_only()));
   Json j = Json::parse(kiln::probe_report_json(r));
   ASSERT_EQ(j["warnings"].size(), 1u);
   EXPECT_EQ(j["warnings"][0].s, "PCI device 0000:20:00.0: vendor file holds 'zzz\\x0a', not a 16-bit hex id; skipped");
@@ -415,14 +439,15 @@ TEST(ProbeReport, TextShowsATableThenTheBackendAndWhy) {
   kiln::testing::FakeMachine m;
   m.cpu();
   m.nvidia_gpu("0000:17:00.0");
-  auto r = report_for(m, all_available());
+  auto r = report_for(m, all_available(two_h200()));
   auto text = kiln::probe_report_text(r, false);
   EXPECT_NE(text.find("KIND"), std::string::npos) << text;
   EXPECT_NE(text.find("cuda    0   NVIDIA H200"), std::string::npos) << text;
   EXPECT_NE(text.find("0000:17:00.0"), std::string::npos) << text;
   EXPECT_NE(text.find("Default backend: inductor\n  because chose inductor"), std::string::npos) << text;
   auto explained = kiln::probe_report_text(r, true);
-  EXPECT_NE(explained.find("  - found 1 CUDA GPU (NVIDIA H200)"), std::string::npos) << explained;
+  EXPECT_NE(explained.find("  - ranked the available backends by the score each gave for NVIDIA H200"),
+            std::string::npos) << explained;
   EXPECT_NE(explained.find("Plugins:\n  inductor: available"), std::string::npos) << explained;
 }
 
@@ -438,7 +463,6 @@ TEST(ProbeReport, ThisMachineWithTheInTreePlugins) {
   kiln::PluginSearchOptions search;
   const char* dir = std::getenv("KILN_TEST_PLUGIN_DIR");
   search.dirs = {dir && *dir ? dir : KILN_INTREE_PLUGIN_DIR};
-  search.use_env = false;
   search.use_builtin = false;
   auto registry = kiln::PluginRegistry::load(search, kiln::HostServices::basic(kiln::TrainingArguments{}));
   r.plugins = kiln::plugin_candidates(registry, r.probe.devices);

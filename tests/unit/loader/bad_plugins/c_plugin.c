@@ -33,67 +33,58 @@ static KilnError* make_error(KilnErrorCode code, const char* message) {
 /* Live contexts; init adds one and shutdown removes it. */
 static int g_contexts = 0;
 
-static KilnError* plugin_available(void* ctx, const KilnDeviceInfo* const* devices, size_t n,
-                                   KilnAvailability* out) {
-  (void)ctx;
-  (void)devices;
-  out->available = n > 0;
-  strncpy(out->reason, n > 0 ? "has devices" : "no devices", out->reason_capacity - 1);
+static KilnError* plugin_available(KilnPluginAvailableArgs* args) {
+  args->available = args->num_devices > 0;
+  args->score = 0; /* a test plugin: used only when named */
+  strncpy(args->reason, args->num_devices > 0 ? "has devices" : "no devices", args->reason_capacity - 1);
   return NULL;
 }
 
-static KilnError* plugin_claim(void* ctx, const KilnGraphView* graph, int64_t* claimed, size_t* num_claimed) {
+static KilnError* plugin_claim(KilnPluginClaimArgs* args) {
   size_t i;
-  (void)ctx;
 #if defined(BAD_CLAIMS_OUT_OF_RANGE)
-  claimed[0] = 0;
-  claimed[1] = (int64_t)graph->num_nodes + 4;
-  *num_claimed = 2;
+  args->claimed_nodes[0] = 0;
+  args->claimed_nodes[1] = (int64_t)args->graph->num_nodes + 4;
+  args->num_claimed = 2;
 #elif defined(BAD_CLAIMS_DUPLICATE)
-  claimed[0] = 0;
-  claimed[1] = 0;
-  *num_claimed = 2;
+  args->claimed_nodes[0] = 0;
+  args->claimed_nodes[1] = 0;
+  args->num_claimed = 2;
 #else
-  for (i = 0; i < graph->num_nodes; ++i) claimed[i] = (int64_t)i;
-  *num_claimed = graph->num_nodes;
+  for (i = 0; i < args->graph->num_nodes; ++i) args->claimed_nodes[i] = (int64_t)i;
+  args->num_claimed = args->graph->num_nodes;
 #endif
   return NULL;
 }
 
-static KilnError* plugin_compile(void* ctx, const KilnGraphView* graph, const KilnCompileOptions* options,
-                                 KilnExecutable** out) {
-  (void)ctx;
-  (void)graph;
-  (void)options;
+static KilnError* plugin_compile(KilnPluginCompileArgs* args) {
 #if defined(BAD_COMPILE_FAILS)
-  *out = NULL;
+  args->executable = NULL;
   return make_error(KILN_ERROR_INVALID_ARGUMENT, "node 0 (aten::mul.Tensor): float64 is not supported");
 #else
-  *out = (KilnExecutable*)calloc(1, sizeof(KilnExecutable));
+  args->executable = (KilnExecutable*)calloc(1, sizeof(KilnExecutable));
   return NULL;
 #endif
 }
 
-static KilnError* plugin_execute(KilnExecutable* exe, const DLTensor* inputs, size_t n_in, DLTensor* outputs,
-                                 size_t n_out, void* stream) {
+static KilnError* plugin_execute(KilnExecutableExecuteArgs* args) {
   size_t i, k, numel;
   int d;
-  (void)exe;
-  (void)stream;
-  if (n_in != n_out) return make_error(KILN_ERROR_INVALID_ARGUMENT, "inputs and outputs differ in count");
-  for (i = 0; i < n_in; ++i) {
+  if (args->num_inputs != args->num_outputs)
+    return make_error(KILN_ERROR_INVALID_ARGUMENT, "inputs and outputs differ in count");
+  for (i = 0; i < args->num_inputs; ++i) {
+    const DLTensor* in = &args->inputs[i];
     numel = 1;
-    for (d = 0; d < inputs[i].ndim; ++d) numel *= (size_t)inputs[i].shape[d];
-    for (k = 0; k < numel; ++k)
-      ((float*)outputs[i].data)[k] = ((const float*)inputs[i].data)[k];
+    for (d = 0; d < in->ndim; ++d) numel *= (size_t)in->shape[d];
+    for (k = 0; k < numel; ++k) ((float*)args->outputs[i].data)[k] = ((const float*)in->data)[k];
   }
   return NULL;
 }
 
-static void plugin_executable_destroy(KilnExecutable* exe) { free(exe); }
+static void plugin_executable_destroy(KilnExecutableDestroyArgs* args) { free(args->executable); }
 
-static void plugin_shutdown(void* ctx) {
-  (void)ctx;
+static void plugin_shutdown(KilnPluginShutdownArgs* args) {
+  (void)args;
   --g_contexts;
 }
 
@@ -109,7 +100,8 @@ static const KilnPluginDescriptor g_descriptor = {
     "a C plugin for the loader tests",
     KILN_DEVICE_MASK_CPU,
     KILN_MODE_BIT(KILN_MODE_DEFAULT) | KILN_MODE_BIT(KILN_MODE_MAX_AUTOTUNE),
-    1,
+    KILN_CAPABILITY_CONCURRENT_EXECUTE,
+    0,
     0};
 
 static KilnPluginApi g_api;
@@ -141,7 +133,7 @@ KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t
   g_api.abi_minor = KILN_ABI_VERSION_MINOR + 7;
 #endif
 #if defined(BAD_UNDERSIZED)
-  g_api.struct_size = offsetof(KilnPluginApi, plugin_ctx);
+  g_api.struct_size = KILN_PLUGIN_API_HEADER_SIZE;
 #endif
 #if defined(BAD_NULL_EXECUTE)
   g_api.execute = NULL;

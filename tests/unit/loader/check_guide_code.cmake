@@ -1,0 +1,23 @@
+# Checks that DOC holds SOURCE verbatim as one ```cpp block (between the lines
+# "<!-- minimal_backend.cpp -->" and the closing fence). Run with -DDOC= -DSOURCE=.
+file(READ ${DOC} doc)
+file(READ ${SOURCE} source)
+set(marker "<!-- minimal_backend.cpp -->\n```cpp\n")
+string(FIND "${doc}" "${marker}" start)
+if(start EQUAL -1)
+  message(FATAL_ERROR "${DOC}: no code block after the marker <!-- minimal_backend.cpp -->")
+endif()
+string(LENGTH "${marker}" marker_length)
+math(EXPR start "${start} + ${marker_length}")
+string(SUBSTRING "${doc}" ${start} -1 rest)
+string(FIND "${rest}" "\n```\n" end)
+if(end EQUAL -1)
+  message(FATAL_ERROR "${DOC}: the minimal_backend.cpp code block is not closed")
+endif()
+math(EXPR end "${end} + 1")
+string(SUBSTRING "${rest}" 0 ${end} block)
+if(NOT block STREQUAL source)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/guide_block.cpp "${block}")
+  message(FATAL_ERROR "${DOC}'s code block differs from ${SOURCE}; the block is in "
+                      "${CMAKE_CURRENT_BINARY_DIR}/guide_block.cpp (diff them)")
+endif()
