@@ -214,7 +214,7 @@ struct PluginLoadFailure {
 };
 
 struct PluginSearchOptions {
-  // The configured plugin_dirs (TrainingArguments::plugin_dirs, where the configuration puts
+  // The configured plugin_dirs (args.runtime.plugin_dirs, where the configuration puts
   // KILN_PLUGIN_PATH's directories first), searched first.
   std::vector<std::string> dirs;
   bool use_builtin = true;        // then the install's own plugin folder
