@@ -242,14 +242,12 @@ class CompiledGroup : public Executable {
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
     run(inputs, num_inputs, outputs, num_outputs);
   }
-#if KILN_ABI_VERSION_MINOR >= 1
   void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                             const Scalars& scalars, void*) override {
     for (size_t k = 0; k < params.size(); ++k)
       if (params[k].runtime_scalar >= 0) param_values[k] = scalars.number(params[k].runtime_scalar);
     run(inputs, num_inputs, outputs, num_outputs);
   }
-#endif
 
   void run(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs) {
     if (num_inputs != n_in || num_outputs != n_out)
@@ -448,9 +446,7 @@ class InductorPlugin : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_CPU | KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_MASK_ALL;
     d.concurrent_execution_safe = false;
-#if KILN_ABI_VERSION_MINOR >= 1
     d.runtime_scalars = true;
-#endif
     return d;
   }
 
@@ -475,9 +471,7 @@ class InductorPlugin : public Plugin {
     auto ext = host().option("extern_kernels");
     o.extern_kernels = ext ? parse_bool("extern_kernels", *ext) : true;
     o.extern_kernels = o.extern_kernels && host().has_call_eager();
-#if KILN_ABI_VERSION_MINOR >= 1
     o.runtime_scalars = true;
-#endif
     return o;
   }
 
@@ -702,9 +696,7 @@ class InductorPlugin : public Plugin {
           oa.doubles.assign(a->doubles, a->doubles + a->len);
           oa.arg.doubles = oa.doubles.data();
         }
-#if KILN_ABI_VERSION_MINOR >= 1
         oa.arg.runtime_scalar = -1;
-#endif
       }
       for (int64_t v : n.outputs()) call.outputs.push_back(static_cast<int>(v));
       exe.externs.emplace(st.extern_node, std::move(call));

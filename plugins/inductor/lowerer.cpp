@@ -8,14 +8,7 @@ namespace kiln::inductor {
 using plugin::Arg;
 using plugin::Node;
 
-int32_t rt_scalar(const Arg& a) {
-#if KILN_ABI_VERSION_MINOR >= 1
-  return a.runtime_scalar();
-#else
-  (void)a;
-  return -1;
-#endif
-}
+int32_t rt_scalar(const Arg& a) { return a.runtime_scalar(); }
 
 int64_t norm_dim(int64_t d, int64_t nd) { return d < 0 ? d + std::max<int64_t>(nd, 1) : d; }
 

@@ -22,9 +22,10 @@ struct ResolvedBackend {
   KilnMode mode = KILN_MODE_DEFAULT;
   std::vector<std::string> notes;  // mode adjustments, plugin load failures worth a word
   // Whole-step CUDA graphs (docs/backends/cudagraphs.md): asked for by mode reduce-overhead or
-  // max-autotune, or by the cudagraphs backend, on a machine with a CUDA device. graph_plugin
-  // records them (ABI 1.2): the chosen backend when it can, else the cudagraphs plugin; null when
-  // none is loaded (then cuda_graphs_reason says why and steps run uncaptured).
+  // max-autotune, or by a backend with KILN_CAPABILITY_WHOLE_STEP_GRAPH, on a machine with a CUDA
+  // device. graph_plugin records them: the chosen backend when it has KILN_CAPABILITY_DEVICE_GRAPHS,
+  // else the available plugin with that capability and the highest score; null when there is none
+  // (then cuda_graphs_reason says why and steps run uncaptured).
   bool cuda_graphs = false;
   std::shared_ptr<const LoadedPlugin> graph_plugin;
   std::string cuda_graphs_reason;

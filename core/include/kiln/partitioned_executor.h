@@ -107,7 +107,7 @@ class PartitionedExecutor {
 };
 
 // Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do
-// nodes with run-time scalars unless the plugin takes them (ABI 1.1 execute_with_scalars).
+// nodes with run-time scalars unless the plugin takes them (KILN_CAPABILITY_RUNTIME_SCALARS).
 bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars);
 
 }  // namespace kiln

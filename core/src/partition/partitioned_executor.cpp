@@ -165,7 +165,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   std::vector<DLTensor> in, out;
-  // The run-time scalars as KilnArgs, for plugins that take them (ABI 1.1).
+  // The run-time scalars as KilnArgs, for plugins that take them (KILN_CAPABILITY_RUNTIME_SCALARS).
   std::vector<KilnArg> scalar_args;
   std::vector<const KilnArg*> scalar_ptrs;
   if (pass_scalars_ && scalars && !scalars->empty()) {

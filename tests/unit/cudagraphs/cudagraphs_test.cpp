@@ -1,5 +1,5 @@
 // Whole-step CUDA graphs (docs/backends/cudagraphs.md).
-//  - CPU: the cudagraphs plugin's descriptor, ABI 1.2 graph functions and availability; what
+//  - CPU: the cudagraphs plugin's descriptor, device-graph functions and availability; what
 //    reduce-overhead does without a GPU.
 //  - CUDA (skipped with the reason elsewhere): 20 steps of mlp, cnn and gpt (bf16 autocast) under
 //    `inductor` + `reduce-overhead` and under the `cudagraphs` backend match LibTorch eager; a new
@@ -157,8 +157,9 @@ TEST(CudaGraphsPlugin, DescribesItselfAndSaysWhyItIsUnavailableWithoutAGpu) {
   auto p = load_cudagraphs();
   ASSERT_TRUE(p);
   EXPECT_EQ(p->name(), "cudagraphs");
-  EXPECT_EQ(p->abi_version(), "1.2");
+  EXPECT_EQ(p->abi_version(), "2.0");
   EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), "cuda");
+  EXPECT_TRUE(p->asks_whole_step_graph());
   EXPECT_TRUE(p->supports_mode(KILN_MODE_REDUCE_OVERHEAD));
 #if defined(KILN_TEST_HAVE_CUDA)
   EXPECT_TRUE(p->provides_device_graphs());
@@ -174,6 +175,7 @@ TEST(CudaGraphsPlugin, DescribesItselfAndSaysWhyItIsUnavailableWithoutAGpu) {
   auto with_gpu = p->available(std::vector<kiln::PluginDevice>{gpu});
 #if defined(KILN_TEST_HAVE_CUDA)
   EXPECT_TRUE(with_gpu.available) << with_gpu.reason;
+  EXPECT_EQ(with_gpu.score, 100);
   EXPECT_NE(with_gpu.reason.find("NVIDIA H200"), std::string::npos) << with_gpu.reason;
 #else
   EXPECT_FALSE(with_gpu.available);

@@ -91,7 +91,7 @@ TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEag
   }
 }
 
-// ABI 1.1: the custom backend reads alpha as a run-time scalar on every call, so the host hands it
+// The custom backend reads alpha as a run-time scalar on every call, so the host hands it
 // the node; the value changes between calls and the results follow.
 TEST(PartitionedExecutor, RunTimeScalarsReachAPluginThatTakesThem) {
   ir::Graph g = ir::parse(R"(graph {
