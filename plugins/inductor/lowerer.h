@@ -17,7 +17,7 @@ namespace kiln::inductor {
 // A value's definition at an index: what pointwise bodies and loaders are.
 using Loader = std::function<int(ExprPool&, const Idx&)>;
 
-// ABI 1.1's run-time scalar index of an argument, -1 for a constant (always -1 with a 1.0 header).
+// The run-time scalar index of an argument, -1 for a constant.
 int32_t rt_scalar(const plugin::Arg& a);
 
 int64_t norm_dim(int64_t d, int64_t nd);

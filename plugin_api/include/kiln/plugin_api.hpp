@@ -292,8 +292,11 @@ class Arg {
     return a_->doubles ? std::vector<double>(a_->doubles, a_->doubles + a_->len) : std::vector<double>();
   }
   // The run-time scalar this BOOL/INT/DOUBLE stands for, or -1 for a plain constant. Its current
-  // value arrives with each execute (Scalars).
-  int32_t runtime_scalar() const { return a_->runtime_scalar; }
+  // value arrives with each execute (Scalars). Read only within the writer's struct_size: a struct
+  // that ends before the field is a constant.
+  int32_t runtime_scalar() const {
+    return KILN_HAS_FIELD(a_, KilnArg, runtime_scalar) ? a_->runtime_scalar : -1;
+  }
 
  private:
   void expect(KilnArgTag tag, const char* what) const {
