@@ -79,7 +79,6 @@ class PassRunner {
   void run(const std::string& name, const std::function<void()>& pass);
   void dump(const std::string& name, const std::string& text);
   const std::vector<PassRecord>& records() const { return records_; }
-  const std::string& dump_dir() const { return dir_; }
 
  private:
   ir::Graph& g_;

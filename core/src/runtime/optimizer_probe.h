@@ -117,8 +117,6 @@ class StepProbe {
   // accumulate into them).
   static void undo_placeholders(ProbeState& ps);
 
-  bool empty() const { return optimizers_.empty(); }
-  const std::vector<std::string>& names() const { return names_; }
 
  private:
   void lend_placeholders(const CapturedStep& cs, ProbeState& ps) const;
