@@ -133,10 +133,11 @@ void check_workload(const std::string& name, int64_t batch) {
   if (groups.total == 0 && !::testing::Test::HasFailure())
     GTEST_SKIP() << plugin->name() << " claims none of the " << g->nodes.size() << " nodes of the " << name
                  << " step: nothing of the plugin ran; the step matched eager over " << steps << " steps";
-  if (groups.failed == 0)
+  if (groups.failed == 0) {
     EXPECT_GT(groups.compiled, 0u) << plugin->name() << " declined all " << groups.declined
                                    << " groups it claimed of the " << name
                                    << " step: none of its code ran; first: " << groups.first_decline;
+  }
   note(what + declines + "; " + std::to_string(steps) + " steps match eager (loss, parameters, gradients, buffers) within " +
        std::to_string(tol));
 }

@@ -31,7 +31,7 @@ struct WorkloadOptions {
   int64_t batch = 0;
   // "" = the workload's own optimizer; "sgd" (lr 0.01, momentum 0.9) or "adamw"
   // (lr 1e-3) swaps it, to tell a model's effect from an optimizer's.
-  std::string optimizer;
+  std::string optimizer = "";
 };
 
 // The workload's training step as LibTorch runs it, the one every benchmark and test uses:

@@ -31,13 +31,14 @@ struct Options {
 
 struct DCGANGeneratorImpl : torch::nn::Module {
   DCGANGeneratorImpl(int64_t noise_size)
+      // In declaration order, which is the order they are made in (and draw their weights).
       : conv1(torch::nn::ConvTranspose2dOptions(noise_size, 32, 4).bias(false)),
-        batch_norm1(32),
         conv2(torch::nn::ConvTranspose2dOptions(32, 16, 3).stride(2).padding(1).bias(false)),
-        batch_norm2(16),
         conv3(torch::nn::ConvTranspose2dOptions(16, 8, 4).stride(2).padding(1).bias(false)),
-        batch_norm3(8),
-        conv4(torch::nn::ConvTranspose2dOptions(8, 1, 4).stride(2).padding(1).bias(false)) {
+        conv4(torch::nn::ConvTranspose2dOptions(8, 1, 4).stride(2).padding(1).bias(false)),
+        batch_norm1(32),
+        batch_norm2(16),
+        batch_norm3(8) {
     register_module("conv1", conv1);
     register_module("conv2", conv2);
     register_module("conv3", conv3);
@@ -63,10 +64,10 @@ struct DCGANDiscriminatorImpl : torch::nn::Module {
   DCGANDiscriminatorImpl()
       : conv1(torch::nn::Conv2dOptions(1, 8, 4).stride(2).padding(1).bias(false)),
         conv2(torch::nn::Conv2dOptions(8, 16, 4).stride(2).padding(1).bias(false)),
-        batch_norm2(16),
         conv3(torch::nn::Conv2dOptions(16, 32, 4).stride(2).padding(1).bias(false)),
-        batch_norm3(32),
         conv4(torch::nn::Conv2dOptions(32, 1, 3).stride(1).padding(0).bias(false)),
+        batch_norm2(16),
+        batch_norm3(32),
         leaky_relu(torch::nn::LeakyReLUOptions().negative_slope(0.2)) {
     register_module("conv1", conv1);
     register_module("conv2", conv2);
