@@ -373,7 +373,9 @@ static void expect_dropout_like_eager(const std::string& backend, const std::str
                                             << want[0].item<float>();
     const auto mask = got[1] == 0;
     EXPECT_TRUE(at::equal(mask, want[1] == 0)) << "dropout mask at step " << s;
-    if (previous_mask.defined()) EXPECT_FALSE(at::equal(mask, previous_mask)) << "the same mask twice at step " << s;
+    if (previous_mask.defined()) {
+      EXPECT_FALSE(at::equal(mask, previous_mask)) << "the same mask twice at step " << s;
+    }
     previous_mask = mask;
   }
   const auto& st = step.stats();

@@ -731,7 +731,9 @@ TEST(InductorCache, TruncatedOrCorruptLibraryIsRebuiltWithAWarningNeverLoaded) {
     auto c = check(kCacheGraph, 1e-5, dir);
     expect_all_compiled(c);
     const std::string log = kiln::test::captured_log();
-    if (kind < 2) EXPECT_NE(log.find("is not usable"), std::string::npos) << log;
+    if (kind < 2) {
+      EXPECT_NE(log.find("is not usable"), std::string::npos) << log;
+    }
     EXPECT_NE(log.find("compiled "), std::string::npos) << "kind " << kind << ": " << log;
     EXPECT_EQ(fs::file_size(so[0]), size);
   }
@@ -789,7 +791,9 @@ TEST(InductorFailures, CompilerFailureFallsBackToEagerWithTheCompilersMessage) {
     const std::string& e = c.stats.compile_errors[0];
     EXPECT_NE(e.find("compiler failed"), std::string::npos) << e;
     EXPECT_NE(e.find(".cpp"), std::string::npos) << e;  // the generated source's path
-    if (opts.count("cflags")) EXPECT_NE(e.find("no-such-flag-for-kiln"), std::string::npos) << e;
+    if (opts.count("cflags")) {
+      EXPECT_NE(e.find("no-such-flag-for-kiln"), std::string::npos) << e;
+    }
   }
 }
 

@@ -473,8 +473,11 @@ TEST(ProbeReport, ThisMachineWithTheInTreePlugins) {
   EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
   EXPECT_EQ(j["default_backend"].s, r.choice.backend);
   EXPECT_GE(j["reasons"].size(), 2u);
-  for (const auto& d : j["devices"].items)
-    if (d["kind"].s == "cuda") EXPECT_FALSE(d["pci_bus_id"].s.empty());
+  for (const auto& d : j["devices"].items) {
+    if (d["kind"].s == "cuda") {
+      EXPECT_FALSE(d["pci_bus_id"].s.empty());
+    }
+  }
 }
 
 }  // namespace

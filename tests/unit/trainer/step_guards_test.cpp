@@ -279,7 +279,9 @@ TEST(StepGuards, DropoutOnCpuDrawsEagersMasks) {
     auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x, y}); },
                                                 [&] { return step({x, y}); });
     expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " result");
-    if (previous.defined()) EXPECT_FALSE(at::equal(got[1], previous)) << "the same dropout mask twice, step " << i;
+    if (previous.defined()) {
+      EXPECT_FALSE(at::equal(got[1], previous)) << "the same dropout mask twice, step " << i;
+    }
     previous = got[1];
   }
   EXPECT_TRUE(step.stats().last_fallback.empty()) << step.stats().last_fallback;

@@ -146,7 +146,9 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
     auto got = trainer.step(x, y);
     auto want = eager_step(ref, x, y);
     EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "batch " << batch;
-    if (batch >= 5) EXPECT_FALSE(trainer.compiled()) << "batch " << batch << " is past the limit";
+    if (batch >= 5) {
+      EXPECT_FALSE(trainer.compiled()) << "batch " << batch << " is past the limit";
+    }
   }
   EXPECT_EQ(trainer.stats().compiles, 2);
   EXPECT_TRUE(trainer.compiled()) << "batch 3 was compiled before the limit";

@@ -41,7 +41,6 @@ static KilnError* plugin_available(KilnPluginAvailableArgs* args) {
 }
 
 static KilnError* plugin_claim(KilnPluginClaimArgs* args) {
-  size_t i;
 #if defined(BAD_CLAIMS_OUT_OF_RANGE)
   args->claimed_nodes[0] = 0;
   args->claimed_nodes[1] = (int64_t)args->graph->num_nodes + 4;
@@ -51,7 +50,7 @@ static KilnError* plugin_claim(KilnPluginClaimArgs* args) {
   args->claimed_nodes[1] = 0;
   args->num_claimed = 2;
 #else
-  for (i = 0; i < args->graph->num_nodes; ++i) args->claimed_nodes[i] = (int64_t)i;
+  for (size_t i = 0; i < args->graph->num_nodes; ++i) args->claimed_nodes[i] = (int64_t)i;
   args->num_claimed = args->graph->num_nodes;
 #endif
   return NULL;
