@@ -160,7 +160,9 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":27:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
-    if (s.key.rfind("plugin.", 0) != 0) EXPECT_EQ(a.origins.count(s.key), 1u) << s.key;
+    if (s.key.rfind("plugin.", 0) != 0) {
+      EXPECT_EQ(a.origins.count(s.key), 1u) << s.key;
+    }
 }
 
 TEST_F(ConfigTest, NamingABackendOrModeTurnsCompileOn) {
