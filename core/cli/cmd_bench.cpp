@@ -33,7 +33,7 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
-#include "kiln/json_text.h"
+#include "kiln/internal/json_text.h"
 #include "kiln/workloads.h"
 
 namespace kiln::cli {

@@ -8,10 +8,10 @@
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/json_text.h"
-#include "kiln/host_services.h"
-#include "kiln/plugin_registry.h"
-#include "kiln/selection.h"
+#include "kiln/internal/json_text.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/plugin_registry.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln::cli {
 

@@ -9,10 +9,10 @@
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/log.h"
-#include "kiln/plugin_registry.h"
-#include "kiln/selection.h"
+#include "kiln/internal/plugin_registry.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln::cli {
 

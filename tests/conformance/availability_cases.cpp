@@ -5,7 +5,7 @@
 
 #include "harness.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/selection.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln::conformance {
 namespace {

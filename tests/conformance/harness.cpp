@@ -18,11 +18,11 @@
 #include <torch/cuda.h>
 
 #include "kiln/config.h"
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/partition.h"
-#include "kiln/partitioned_executor.h"
-#include "kiln/selection.h"
+#include "kiln/internal/partition.h"
+#include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln::conformance {
 

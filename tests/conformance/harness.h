@@ -19,11 +19,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/ir.h"
-#include "kiln/partition.h"
+#include "kiln/internal/partition.h"
 #include "kiln/plugin_api.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace kiln::conformance {
 

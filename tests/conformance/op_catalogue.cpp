@@ -6,8 +6,8 @@
 
 #include <ATen/ATen.h>
 
-#include "kiln/executor.h"
-#include "kiln/ir_text.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/ir_text.h"
 
 namespace kiln::conformance {
 

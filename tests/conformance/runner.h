@@ -8,7 +8,7 @@
 // writes the JSON report.
 #pragma once
 
-#include "kiln/json_text.h"
+#include "kiln/internal/json_text.h"
 
 #include <string>
 #include <vector>

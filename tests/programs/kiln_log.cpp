@@ -4,7 +4,7 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 
-#include "kiln/logger.h"
+#include "kiln/internal/logger.h"
 
 namespace programs {
 

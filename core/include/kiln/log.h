@@ -4,7 +4,7 @@
 // This header does not include spdlog on purpose: LibTorch ships its own fmt headers, and a
 // translation unit that sees both LibTorch and the system spdlog/fmt does not compile. Code that
 // includes LibTorch formats its message itself (c10::str) and calls these functions; LibTorch-free
-// code may use kiln/logger.h for the spdlog logger directly.
+// code may use kiln/internal/logger.h for the spdlog logger directly.
 #pragma once
 
 #include <string>

@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 
 #include "dispatch_mode.h"
-#include "kiln/capture.h"
+#include "kiln/internal/capture.h"
 
 namespace kiln {
 namespace {

@@ -1,4 +1,4 @@
-#include "kiln/logger.h"
+#include "kiln/internal/logger.h"
 
 #include "kiln/config.h"
 

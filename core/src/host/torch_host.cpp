@@ -13,7 +13,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/plugin_api.h"
 #include "../runtime/cpu_block_cache.h"
 

@@ -1,4 +1,4 @@
-#include "kiln/ir_text.h"
+#include "kiln/internal/ir_text.h"
 
 #include <cctype>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "kiln/op_info.h"
+#include "kiln/internal/op_info.h"
 
 #include <deque>
 #include <mutex>

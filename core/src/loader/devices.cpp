@@ -4,7 +4,7 @@
 #include <sstream>
 #include <thread>
 
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace kiln {
 

@@ -1,6 +1,6 @@
 // The LibTorch-free host: logging into kiln's logger, the cache directory, [plugin.<name>] options
 // and CPU memory. The torch host (core/src/host) starts from this one and adds the rest.
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -1,7 +1,7 @@
 // Loading plugins: search directories, Boost.DLL, the ABI handshake, and the checks on everything a
 // plugin returns. Every problem with a file becomes a PluginLoadFailure naming the file and the
 // reason; nothing a plugin does wrong is trusted or allowed to crash the host.
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 #include <dlfcn.h>
 

@@ -1,4 +1,4 @@
-#include "kiln/backend.h"
+#include "kiln/internal/backend.h"
 
 #include <algorithm>
 #include <map>
@@ -8,9 +8,9 @@
 #include <c10/util/StringUtil.h>
 
 #include "kiln/hardware_probe.h"
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/log.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace kiln {
 namespace {

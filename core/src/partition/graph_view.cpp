@@ -3,8 +3,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "kiln/op_info.h"
-#include "kiln/partition.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/partition.h"
 
 namespace kiln {
 

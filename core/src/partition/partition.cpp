@@ -14,9 +14,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kiln/ir_text.h"
-#include "kiln/partition.h"
-#include "kiln/op_info.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/partition.h"
+#include "kiln/internal/op_info.h"
 
 namespace kiln {
 

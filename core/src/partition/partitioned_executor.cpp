@@ -1,4 +1,4 @@
-#include "kiln/partitioned_executor.h"
+#include "kiln/internal/partitioned_executor.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -6,9 +6,9 @@
 #include <c10/util/StringUtil.h>
 
 #include "kiln/log.h"
-#include "kiln/op_info.h"
-#include "kiln/passes.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/passes.h"
+#include "kiln/internal/plugin_registry.h"
 #include "../runtime/cpu_block_cache.h"
 
 namespace kiln {

@@ -1,4 +1,4 @@
-// batch_optimizer_updates: see kiln/passes.h. The multi-tensor ops are ATen's own `_foreach_*`
+// batch_optimizer_updates: see kiln/internal/passes.h. The multi-tensor ops are ATen's own `_foreach_*`
 // functional ops, whose CUDA kernels apply the same per-element functor as the single ops (their
 // bit-exactness against the single ops on CUDA is what scripts/device-check batch measures); on
 // the CPU they loop over the single ops, so the CPU tests check the rewrite itself bit for bit.
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "kiln/ir_text.h"
-#include "kiln/passes.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -5,9 +5,9 @@
 // that a cheap fill does not. A node with a run-time scalar ($N) is never folded.
 #include <ATen/core/function_schema.h>
 
-#include "kiln/executor.h"
-#include "kiln/op_info.h"
-#include "kiln/passes.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 namespace {

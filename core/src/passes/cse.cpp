@@ -4,9 +4,9 @@
 // their slot ($N), never by the value seen at capture (print_arg prints both).
 #include <unordered_map>
 
-#include "kiln/ir_text.h"
-#include "kiln/op_info.h"
-#include "kiln/passes.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -1,8 +1,8 @@
 // Dead-code elimination: a node stays when a graph output or a kept node reads one of its
 // results, or when it has an effect (mutates, draws random numbers, or is unknown to the
 // dispatcher, so kiln cannot tell).
-#include "kiln/op_info.h"
-#include "kiln/passes.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -8,7 +8,7 @@
 //   aten::new_zeros, aten::new_ones   -> aten::full
 #include <numeric>
 
-#include "kiln/passes.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 namespace {

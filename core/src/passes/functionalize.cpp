@@ -23,9 +23,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "kiln/executor.h"
-#include "kiln/op_info.h"
-#include "kiln/passes.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 namespace {

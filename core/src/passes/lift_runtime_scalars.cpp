@@ -35,7 +35,7 @@
 
 #include <c10/util/StringUtil.h>
 
-#include "kiln/passes.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -6,9 +6,9 @@
 
 #include <c10/util/StringUtil.h>
 
-#include "kiln/ir_text.h"
+#include "kiln/internal/ir_text.h"
 #include "kiln/log.h"
-#include "kiln/passes.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -11,7 +11,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-#include "kiln/passes.h"
+#include "kiln/internal/passes.h"
 
 namespace kiln {
 

@@ -19,7 +19,7 @@
 
 #include <c10/util/StringUtil.h>
 
-#include "kiln/backend.h"
+#include "kiln/internal/backend.h"
 #include "kiln/log.h"
 #include "optimizer_probe.h"
 #include "plan_step.h"

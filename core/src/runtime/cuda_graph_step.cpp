@@ -15,9 +15,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/StringUtil.h>
 
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 #include "kiln/log.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace kiln::cudagraph {
 

@@ -1,4 +1,4 @@
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 
 #include <cstdlib>
 

@@ -6,7 +6,7 @@
 #include <c10/core/GradMode.h>
 
 #include "kiln/log.h"
-#include "kiln/op_info.h"
+#include "kiln/internal/op_info.h"
 
 #include <typeinfo>
 

@@ -21,7 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
-#include "kiln/capture.h"
+#include "kiln/internal/capture.h"
 #include "kiln/ir.h"
 #include "step_capture.h"
 

@@ -6,8 +6,8 @@
 #include <c10/util/StringUtil.h>
 
 #include "kiln/log.h"
-#include "kiln/op_info.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/op_info.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace kiln {
 

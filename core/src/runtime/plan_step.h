@@ -22,10 +22,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
-#include "kiln/backend.h"
+#include "kiln/internal/backend.h"
 #include "kiln/ir.h"
-#include "kiln/partitioned_executor.h"
-#include "kiln/passes.h"
+#include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/passes.h"
 #include "optimizer_probe.h"
 #include "step_capture.h"
 

@@ -8,7 +8,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
-#include "kiln/capture.h"
+#include "kiln/internal/capture.h"
 #include "kiln/log.h"
 #include "optimizer_probe.h"
 

@@ -8,7 +8,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/StringUtil.h>
 
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 #include "kiln/log.h"
 #include "cpu_block_cache.h"
 #include "cuda_graph_step.h"

@@ -1,7 +1,7 @@
 // The bridge between the hardware probe, the plugin loader and the selection: the probe's devices
 // in the ABI's form, and each loaded plugin's answer to "can you run here?".
-#include "kiln/plugin_registry.h"
-#include "kiln/selection.h"
+#include "kiln/internal/plugin_registry.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln {
 

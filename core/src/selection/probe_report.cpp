@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kiln/json_text.h"
-#include "kiln/selection.h"
+#include "kiln/internal/json_text.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln {
 

@@ -1,13 +1,13 @@
 // The backend selection rule. Kept free of plugin loading and of LibTorch so that every branch is
 // a unit test over plain structs.
-#include "kiln/selection.h"
+#include "kiln/internal/selection.h"
 
 #include <algorithm>
 #include <map>
 #include <optional>
 
 #include "kiln/config.h"
-#include "kiln/logger.h"
+#include "kiln/internal/logger.h"
 
 namespace kiln {
 

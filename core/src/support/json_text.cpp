@@ -1,4 +1,4 @@
-#include "kiln/json_text.h"
+#include "kiln/internal/json_text.h"
 
 #include <cstdio>
 

@@ -12,9 +12,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
-#include "kiln/capture.h"
-#include "kiln/executor.h"
-#include "kiln/passes.h"
+#include "kiln/internal/capture.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/passes.h"
 #include "kiln/workloads.h"
 
 using kiln::ir::InputRole;

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/config.h"
-#include "kiln/json_text.h"
+#include "kiln/internal/json_text.h"
 
 namespace fs = std::filesystem;
 using kiln::ConfigError;

@@ -18,11 +18,11 @@
 #include <torch/serialize.h>
 #include <torch/optim/adamw.h>
 
-#include "kiln/backend.h"
+#include "kiln/internal/backend.h"
 #include "kiln/compile.h"
-#include "kiln/ir_text.h"
-#include "kiln/host_services.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/plugin_registry.h"
 #include "kiln/workloads.h"
 
 namespace {

@@ -8,7 +8,7 @@
 #include <torch/utils.h>
 
 #include "kiln/compile.h"
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 #include "kiln/workloads.h"
 
 namespace {

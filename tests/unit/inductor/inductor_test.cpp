@@ -19,12 +19,12 @@
 #include <ATen/ATen.h>
 
 #include "kiln/config.h"
-#include "kiln/executor.h"
-#include "kiln/host_services.h"
-#include "kiln/ir_text.h"
-#include "kiln/partition.h"
-#include "kiln/partitioned_executor.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/partition.h"
+#include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/plugin_registry.h"
 #include "log_capture.h"
 
 using namespace kiln;

@@ -5,7 +5,7 @@
 
 #include <spdlog/sinks/ostream_sink.h>
 
-#include "kiln/logger.h"
+#include "kiln/internal/logger.h"
 
 namespace kiln::test {
 

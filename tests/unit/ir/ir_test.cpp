@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/ir.h"
-#include "kiln/ir_text.h"
+#include "kiln/internal/ir_text.h"
 
 namespace fs = std::filesystem;
 using namespace kiln::ir;

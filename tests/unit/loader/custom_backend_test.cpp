@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 using kiln::test::GraphBuilder;
 

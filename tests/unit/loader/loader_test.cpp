@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
-#include "kiln/plugin_registry.h"
+#include "kiln/internal/plugin_registry.h"
 
 namespace fs = std::filesystem;
 using kiln::test::GraphBuilder;

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/plugin_api.h"
 
 namespace {

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "kiln/ir_text.h"
-#include "kiln/partition.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/partition.h"
 
 using namespace kiln;
 

@@ -13,9 +13,9 @@
 #include <ATen/core/function_schema.h>
 #include <c10/util/StringUtil.h>
 
-#include "kiln/executor.h"
-#include "kiln/ir_text.h"
-#include "kiln/passes.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/passes.h"
 
 using namespace kiln;
 

@@ -8,10 +8,10 @@
 #include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "../hardware_probe/fake_machine.h"
-#include "kiln/host_services.h"
-#include "kiln/logger.h"
-#include "kiln/plugin_registry.h"
-#include "kiln/selection.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/logger.h"
+#include "kiln/internal/plugin_registry.h"
+#include "kiln/internal/selection.h"
 #include "mini_json.h"
 
 namespace {

@@ -4,7 +4,7 @@
 
 #include <spdlog/sinks/ringbuffer_sink.h>
 
-#include "kiln/logger.h"
+#include "kiln/internal/logger.h"
 
 struct LogCapture::Impl {
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);

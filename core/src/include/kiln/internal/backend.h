@@ -10,7 +10,7 @@
 
 #include "kiln/config.h"
 #include "kiln/plugin_api.h"
-#include "kiln/selection.h"
+#include "kiln/internal/selection.h"
 
 namespace kiln {
 

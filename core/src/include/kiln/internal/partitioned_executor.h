@@ -18,10 +18,10 @@
 #include <ATen/core/function_schema.h>
 #include <ATen/core/ivalue.h>
 
-#include "kiln/executor.h"
+#include "kiln/internal/executor.h"
 #include "kiln/group_outcome.h"
 #include "kiln/ir.h"
-#include "kiln/partition.h"
+#include "kiln/internal/partition.h"
 #include "kiln/plugin_api.h"
 
 namespace kiln {

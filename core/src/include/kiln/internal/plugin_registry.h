@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kiln/host_services.h"
+#include "kiln/internal/host_services.h"
 #include "kiln/plugin_api.h"
 
 namespace boost::dll {
