@@ -116,7 +116,7 @@ struct ValueInfo {
 };
 
 // A scalar the generated code reads from the executable's table: a constant of the graph, or
-// (ABI 1.1) a run-time scalar of the step whose current value replaces it on every call.
+// a run-time scalar of the step (KILN_CAPABILITY_RUNTIME_SCALARS) whose current value replaces it on every call.
 struct ScalarParam {
   double value = 0;
   int32_t runtime_scalar = -1;

@@ -21,7 +21,7 @@ std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions
   for (size_t i = 0; i < n.num_args(); ++i) {
     Arg a = n.arg(i);
     if (a.tag() == KILN_ARG_TENSOR_LIST) return "tensor list arguments";
-    if (rt_scalar(a) >= 0 && !opts.runtime_scalars) return "run-time scalar without ABI 1.1";
+    if (rt_scalar(a) >= 0 && !opts.runtime_scalars) return "run-time scalar, and run-time scalars are off";
     if (rt_scalar(a) >= 0 && is_extern) return "run-time scalar in an extern kernel";
   }
   auto check_value = [&](int64_t v) -> std::string {

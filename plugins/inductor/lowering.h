@@ -16,7 +16,7 @@ namespace kiln::inductor {
 
 struct LoweringOptions {
   bool extern_kernels = true;   // take matmul/convolution/attention and run them through call_eager
-  bool runtime_scalars = false; // the host passes run-time scalars (ABI 1.1)
+  bool runtime_scalars = false; // execute is given run-time scalars (KILN_CAPABILITY_RUNTIME_SCALARS)
 };
 
 // Whether the inductor takes `node` (empty string) or why not.

@@ -158,11 +158,6 @@ void Arena::release() {
   heap_.clear();
 }
 
-size_t arg_struct_size(StructLayout layout) {
-  // ABI 1.1 appended runtime_scalar (CHANGELOG); a 1.0 host's KilnArg ends before it.
-  return layout == StructLayout::Abi1_0 ? offsetof(KilnArg, runtime_scalar) : KILN_ARG_STRUCT_SIZE;
-}
-
 namespace {
 
 struct Copier {
@@ -229,7 +224,7 @@ const KilnGraphView* copy_view(const KilnGraphView& v, Arena& arena, StructLayou
     std::vector<const KilnArg*> args(src->num_args);
     for (size_t k = 0; k < src->num_args; ++k) {
       const KilnArg* sa = src->args[k];
-      const size_t arg_size = arg_struct_size(layout);
+      const size_t arg_size = KILN_ARG_STRUCT_SIZE;
       auto* a = c.alloc_struct<KilnArg>(arg_size);
       std::memcpy(a, sa, arg_size);
       c.finish(a, arg_size);

@@ -94,10 +94,9 @@ class Arena {
 enum class StructLayout {
   Exact,    // struct_size as in this header, each struct against a guard page
   Padded,   // struct_size + 64, the 64 extra bytes filled with 0xA5: a newer host's layout
-  Abi1_0,   // as Exact, but every struct cut to its ABI 1.0 size: an older host's layout
+  // An older host's layout (each struct cut to the size an older minor defined) joins here when a
+  // 2.x minor first grows a struct of the graph view; at 2.0 there is no older minor to write.
 };
-// The size a struct has in `layout` (KILN_ARG_STRUCT_SIZE is larger in 1.1 than in 1.0).
-size_t arg_struct_size(StructLayout layout);
 
 // Deep-copies a view (every struct, array and string) into `arena`.
 const KilnGraphView* copy_view(const KilnGraphView& view, Arena& arena, StructLayout layout);

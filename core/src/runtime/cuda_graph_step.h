@@ -1,8 +1,8 @@
 // Whole-step CUDA graphs (docs/backends/cudagraphs.md): the compiled step's executor run, recorded
-// on a capture stream into one CUDA graph through a plugin's ABI 1.2 graph functions, with its
+// on a capture stream into one CUDA graph through a plugin's graph functions (KILN_CAPABILITY_DEVICE_GRAPHS), with its
 // memory in a private pool of LibTorch's caching allocator, then replayed. A step that draws
 // random numbers is recorded with LibTorch's own at::cuda::CUDAGraph instead (see Step's
-// constructor). Internal to the core; compiled_step.cpp drives it. Built only with the CUDA toolkit
+// constructor). Internal to the core; the step runner (step_runner.cpp) drives it. Built only with the CUDA toolkit
 // (KILN_HAVE_CUDA); this header includes no CUDA headers.
 #pragma once
 

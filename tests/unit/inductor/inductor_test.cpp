@@ -1144,15 +1144,15 @@ TEST(InductorErrors, WrongTensorsAtExecuteAreRefusedNamingTheTensorAndBothTypes)
   });
 }
 
-// A host of an older minor writes shorter structs: an ABI 1.0 KilnArg ends before runtime_scalar.
-// Preparing an extern call used to copy whole KilnArgs (sizeof), reading past a 1.0 host's struct.
-// Here every argument is a 1.0-sized struct that ends at a guard page.
-TEST(InductorAbi, ArgumentsOfAnAbi10HostAreReadOnlyWithinTheirStructSize) {
+// A host of an older minor writes shorter structs than this header's. Preparing an extern call
+// used to copy whole KilnArgs (sizeof), reading past such a struct. Here every argument is cut
+// before its last field (runtime_scalar) and ends at a guard page.
+TEST(InductorAbi, ShortArgumentsAreReadOnlyWithinTheirStructSize) {
   ir::Graph g = ir::parse(kAddmmReluGraph);
   auto plugin = load(fresh_dir("abi10"));
   GraphView view(g);
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t size10 = offsetof(KilnArg, runtime_scalar);  // ABI 1.0's KilnArg
+  const size_t size10 = offsetof(KilnArg, runtime_scalar);  // a KilnArg without its last field
   std::vector<std::pair<void*, size_t>> maps;
   std::vector<std::vector<const KilnArg*>> arg_ptrs;
   std::vector<KilnNode> nodes;
