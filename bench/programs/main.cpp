@@ -76,8 +76,8 @@ void set_generator_state(const at::Tensor& state) {
 
 // One copy of a program: its objects, its step (plain or compiled), its generator state.
 struct Copy {
-  std::shared_ptr<void> program;  // first: it outlives the compiled step, which points into it
-  std::function<std::vector<at::Tensor>()> step;   // runs the next step (and what follows it)
+  std::shared_ptr<void> program;                  // first: it outlives the compiled step, which points into it
+  std::function<std::vector<at::Tensor>()> step;  // runs the next step (and what follows it)
   std::function<std::vector<std::pair<std::string, at::Tensor>>()> state;  // parameters and buffers
   std::optional<kiln::CompiledStep> compiled;
   at::Tensor rng;
@@ -157,8 +157,8 @@ std::vector<Entry> entries() {
   v.push_back(entry<mnist_cnn::Program, mnist_cnn::Options>(
       "mnist_cnn_sgd", "the same net, SGD with momentum", 64,
       [](mnist_cnn::Options& o) { o.optimizer = mnist_cnn::Optimizer::Sgd; }));
-  v.push_back(entry<dcgan::Program, dcgan::Options>(
-      "dcgan", "generator + discriminator, three backward passes, two Adams", 64));
+  v.push_back(entry<dcgan::Program, dcgan::Options>("dcgan",
+                                                    "generator + discriminator, three backward passes, two Adams", 64));
   v.push_back(entry<text_classifier::Program, text_classifier::Options>(
       "text_classifier", "embedding + conv1d + masked mean, clip_grad_norm_, SGD momentum", 1024));
   v.push_back(entry<regression_scheduler::Program, regression_scheduler::Options>(
@@ -276,7 +276,8 @@ int main(int argc, char** argv) {
   }
   auto all = entries();
   if (list) {
-    for (const auto& e : all) std::printf("%-24s batch %-5lld %s\n", e.name.c_str(), static_cast<long long>(e.batch), e.what.c_str());
+    for (const auto& e : all)
+      std::printf("%-24s batch %-5lld %s\n", e.name.c_str(), static_cast<long long>(e.batch), e.what.c_str());
     return 0;
   }
   std::vector<Entry> chosen;
@@ -307,10 +308,12 @@ int main(int argc, char** argv) {
 
   std::printf("kiln_programs_bench: %s, %d ATen threads, load average %s; backend %s\n", cpu_model().c_str(),
               at::get_num_threads(), loadavg().c_str(), backend.c_str());
-  std::printf("median of %d interleaved blocks per side (~%.0f ms of eager each), after %d warm-up steps past kiln's capture\n\n",
-              blocks, block_ms, warmup);
-  std::printf("%-23s %5s %10s %10s %9s %13s %9s %6s %-28s %11s\n", "program", "batch", "eager ms", "kiln ms", "speed-up",
-              "kiln 1st 2 s", "probe ms", "steps", "compiled, no fallback", "max rel diff");
+  std::printf(
+      "median of %d interleaved blocks per side (~%.0f ms of eager each), after %d warm-up steps past kiln's "
+      "capture\n\n",
+      blocks, block_ms, warmup);
+  std::printf("%-23s %5s %10s %10s %9s %13s %9s %6s %-28s %11s\n", "program", "batch", "eager ms", "kiln ms",
+              "speed-up", "kiln 1st 2 s", "probe ms", "steps", "compiled, no fallback", "max rel diff");
   std::fflush(stdout);
 
   bool all_compiled = true;
@@ -351,7 +354,8 @@ int main(int argc, char** argv) {
     if (how.size() > 28) how = how.substr(0, 25) + "...";
     double worst = 0;
     const auto se = eager->state(), sk = kiln->state();
-    for (size_t i = 0; i < se.size() && i < sk.size(); ++i) worst = std::max(worst, rel_diff(sk[i].second, se[i].second));
+    for (size_t i = 0; i < se.size() && i < sk.size(); ++i)
+      worst = std::max(worst, rel_diff(sk[i].second, se[i].second));
     if (se.size() != sk.size()) worst = INFINITY;
     const double em = median(eager_ms), km = median(kiln_ms);
     const double probe_ms = st.compiled_steps > 0 ? 1000.0 * st.probe_seconds / st.compiled_steps : 0.0;
@@ -360,9 +364,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   std::printf("\nload average at the end: %s\n", loadavg().c_str());
-  std::printf("speed-up: eager ms / kiln ms (above 1: kiln faster). kiln 1st 2 s: kiln's first two steps (eager\n"
-              "warm-up + capture and compile), seconds. probe ms: host time per compiled step of the optimizer probe\n"
-              "(included in kiln ms). steps: kiln steps run. max rel diff: largest ||kiln - eager|| / ||eager|| over\n"
-              "parameters and buffers at the end (both copies draw the same random numbers).\n");
+  std::printf(
+      "speed-up: eager ms / kiln ms (above 1: kiln faster). kiln 1st 2 s: kiln's first two steps (eager\n"
+      "warm-up + capture and compile), seconds. probe ms: host time per compiled step of the optimizer probe\n"
+      "(included in kiln ms). steps: kiln steps run. max rel diff: largest ||kiln - eager|| / ||eager|| over\n"
+      "parameters and buffers at the end (both copies draw the same random numbers).\n");
   return all_compiled ? 0 : 1;
 }

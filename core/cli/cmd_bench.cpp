@@ -42,29 +42,30 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
-               "[--steps N] [--batch N] [--optimizer O] [--check] [--check-grads] [--tolerance X] [--trace] "
-               "[--interleave] [--json]\n\n"
-               "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
-               "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
-               "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
-               "  --backend B     backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)\n"
-               "  --mode M        default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
-               "  --device D      cpu (default) or cuda\n"
-               "  --plugin-dir D  also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)\n"
-               "  --steps N       steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)\n"
-               "  --batch N       batch size (default: the workload's size for the device)\n"
-               "  --optimizer O   sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
-               "                  optimizer's)\n"
-               "  --check         also compare losses and final parameters; exit 1 beyond tolerance, or when a step\n"
-               "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
-               "  --check-grads   --check, and the last step's gradients too\n"
-               "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
-               "                  backend runs generated kernels (inductor on the CPU); bf16 autocast 1e-2)\n"
-               "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
-               "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
-               "  --json          one JSON object on stdout\n");
+  std::fprintf(
+      out,
+      "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
+      "[--steps N] [--batch N] [--optimizer O] [--check] [--check-grads] [--tolerance X] [--trace] "
+      "[--interleave] [--json]\n\n"
+      "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
+      "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
+      "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
+      "  --backend B     backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)\n"
+      "  --mode M        default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
+      "  --device D      cpu (default) or cuda\n"
+      "  --plugin-dir D  also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)\n"
+      "  --steps N       steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)\n"
+      "  --batch N       batch size (default: the workload's size for the device)\n"
+      "  --optimizer O   sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
+      "                  optimizer's)\n"
+      "  --check         also compare losses and final parameters; exit 1 beyond tolerance, or when a step\n"
+      "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
+      "  --check-grads   --check, and the last step's gradients too\n"
+      "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
+      "                  backend runs generated kernels (inductor on the CPU); bf16 autocast 1e-2)\n"
+      "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
+      "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
+      "  --json          one JSON object on stdout\n");
 }
 
 // A command line that cannot run: the message names the flag and the value. Exit status 2.
@@ -91,8 +92,7 @@ int64_t parse_integer(const std::string& flag, const std::string& text, int64_t 
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end || errno == ERANGE)
-    throw UsageError(flag + " '" + text + "' is not an integer");
+  if (text.empty() || *end || errno == ERANGE) throw UsageError(flag + " '" + text + "' is not an integer");
   if (v < at_least) throw UsageError(flag + " '" + text + "' must be at least " + std::to_string(at_least));
   return v;
 }
@@ -284,7 +284,8 @@ BenchRun run(const BenchOptions& o) {
   }
   r.stats = compiled.stats();
   if (const auto* graph = compiled.captured_graph())
-    for (const auto& n : graph->nodes) r.phase_nodes[n.phase == ir::Phase::Forward ? 0 : n.phase == ir::Phase::Backward ? 1 : 2]++;
+    for (const auto& n : graph->nodes)
+      r.phase_nodes[n.phase == ir::Phase::Forward ? 0 : n.phase == ir::Phase::Backward ? 1 : 2]++;
   r.compiled_nodes = compiled.compiled_graph() ? compiled.compiled_graph()->nodes.size() : 0;
   return r;
 }
@@ -293,14 +294,14 @@ BenchRun run(const BenchOptions& o) {
 
 // What of the compiled step the backend's own code ran, and everything that fell back to eager.
 struct BackendUse {
-  size_t groups = 0;          // groups the backend claimed
-  size_t groups_run = 0;      // of them, compiled: the backend's code runs them
-  size_t nodes_run = 0;       // nodes in those groups
-  size_t groups_failed = 0;   // compile failed with an error other than a decline
+  size_t groups = 0;         // groups the backend claimed
+  size_t groups_run = 0;     // of them, compiled: the backend's code runs them
+  size_t nodes_run = 0;      // nodes in those groups
+  size_t groups_failed = 0;  // compile failed with an error other than a decline
   std::vector<GroupOutcome> fell_back;
-  bool ran = false;           // any of the backend's code ran (groups, or whole-step device graphs)
-  std::string runs_on;        // the backend's name when its code ran, else "eager"
-  std::string fallback;       // everything that fell back and why; "" only when nothing did
+  bool ran = false;      // any of the backend's code ran (groups, or whole-step device graphs)
+  std::string runs_on;   // the backend's name when its code ran, else "eager"
+  std::string fallback;  // everything that fell back and why; "" only when nothing did
 };
 
 BackendUse backend_use(const BenchOptions& o, const BenchRun& r) {
@@ -330,13 +331,13 @@ BackendUse backend_use(const BenchOptions& o, const BenchRun& r) {
   if (st.compiled_steps < o.steps - 2)
     parts.push_back(std::to_string(o.steps - 2 - st.compiled_steps) + " of " + std::to_string(o.steps - 2) +
                     " steps after the capture ran eagerly" + (st.last_fallback.empty() ? "" : ": " + st.last_fallback));
-  else if (!st.last_fallback.empty())
-    parts.push_back(st.last_fallback);
+  else if (!st.last_fallback.empty()) parts.push_back(st.last_fallback);
   if (!u.fell_back.empty()) {
     std::string s = std::to_string(u.fell_back.size()) + " of " + std::to_string(u.groups) +
                     " groups ran on kiln's eager executor:";
     for (const auto& [reason, counts] : by_reason)
-      s += " " + std::to_string(counts.first) + " (" + std::to_string(counts.second) + " nodes) because " + reason + ";";
+      s +=
+          " " + std::to_string(counts.first) + " (" + std::to_string(counts.second) + " nodes) because " + reason + ";";
     s.pop_back();
     parts.push_back(s);
   }
@@ -397,8 +398,7 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   // The numbers prove something of the backend only when its code computed them.
   if (c.worst_loss > c.tolerance || c.worst_param > c.tolerance) c.failure = "beyond tolerance";
   else if (r.stats.compiled_steps != o.steps - 2) c.failure = "steps ran eagerly";
-  else if (u.groups_failed > 0)
-    c.failure = std::to_string(u.groups_failed) + " claimed groups failed to compile";
+  else if (u.groups_failed > 0) c.failure = std::to_string(u.groups_failed) + " claimed groups failed to compile";
   else if (u.groups > 0 && u.groups_run == 0)
     c.failure = r.chosen + " compiled none of the " + std::to_string(u.groups) + " groups it claimed";
   c.ok = c.failure.empty();
@@ -434,34 +434,37 @@ Timing timing(const BenchRun& r) {
 void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
   const Timing t = timing(r);
   const auto& st = r.stats;
-  std::printf("{\"workload\": %s, \"device\": %s, \"steps\": %d, \"backend_requested\": %s, "
-              "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
-              "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
-              "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
-              "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
-              "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
-              json_quote(o.workload).c_str(), json_quote(o.device).c_str(), o.steps, json_quote(r.requested).c_str(),
-              json_quote(r.chosen).c_str(), json_quote(r.why).c_str(), json_quote(u.runs_on).c_str(),
-              json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms, t.first_s, st.compiled_steps,
-              st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes,
-              u.nodes_run, u.groups_run, u.groups);
+  std::printf(
+      "{\"workload\": %s, \"device\": %s, \"steps\": %d, \"backend_requested\": %s, "
+      "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
+      "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
+      "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
+      "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
+      "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
+      json_quote(o.workload).c_str(), json_quote(o.device).c_str(), o.steps, json_quote(r.requested).c_str(),
+      json_quote(r.chosen).c_str(), json_quote(r.why).c_str(), json_quote(u.runs_on).c_str(),
+      json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms, t.first_s, st.compiled_steps,
+      st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes, u.nodes_run,
+      u.groups_run, u.groups);
   std::printf("\"fallback_groups\": [");
   for (size_t i = 0; i < u.fell_back.size(); ++i) {
     const auto& g = u.fell_back[i];
     std::printf("%s{\"nodes\": %zu, \"first_op\": %s, \"declined\": %s, \"reason\": %s}", i ? ", " : "", g.nodes,
                 json_quote(g.first_op).c_str(), g.declined ? "true" : "false", json_quote(g.reason).c_str());
   }
-  std::printf("], \"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-              "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
-              "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
-              json_quote(u.fallback).c_str(), st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(),
-              r.eager.peak_mb, r.kiln.peak_mb, t.probe_ms, static_cast<long long>(st.adopted_writebacks),
-              r.eager.faults_per_step, r.kiln.faults_per_step);
+  std::printf(
+      "], \"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
+      "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
+      "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
+      json_quote(u.fallback).c_str(), st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(),
+      r.eager.peak_mb, r.kiln.peak_mb, t.probe_ms, static_cast<long long>(st.adopted_writebacks),
+      r.eager.faults_per_step, r.kiln.faults_per_step);
   if (c)
-    std::printf(", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
-                "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
-                c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
-                json_quote(c->worst_param_name).c_str(), c->first_loss_diff);
+    std::printf(
+        ", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
+        "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
+        c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
+        json_quote(c->worst_param_name).c_str(), c->first_loss_diff);
   std::printf("}\n");
 }
 
@@ -481,7 +484,8 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   std::printf("  kiln first step %.3f s (eager warm-up + capture + compile); %d of %d steps compiled\n", t.first_s,
               st.compiled_steps, o.steps);
   if (!o.interleave)
-    std::printf("  minor page faults per step: eager %.0f, kiln %.0f\n", r.eager.faults_per_step, r.kiln.faults_per_step);
+    std::printf("  minor page faults per step: eager %.0f, kiln %.0f\n", r.eager.faults_per_step,
+                r.kiln.faults_per_step);
   if (t.probe_ms > 0)
     std::printf("  optimizer probe (host replay of step() for its per-step scalars): %.3f ms/step\n", t.probe_ms);
   if (!u.fallback.empty()) std::printf("  fallback: %s\n", u.fallback.c_str());
@@ -494,8 +498,8 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   if (c) {
     std::printf("  check: %s (max loss rel err %.3e, max parameter%s rel err %.3e%s%s, tolerance %g)%s%s\n",
                 c->ok ? "PASS" : "FAIL", c->worst_loss, o.check_grads ? " or gradient" : "", c->worst_param,
-                c->worst_param_name.empty() ? "" : " at ", c->worst_param_name.c_str(), c->tolerance,
-                c->ok ? "" : ": ", c->failure.c_str());
+                c->worst_param_name.empty() ? "" : " at ", c->worst_param_name.c_str(), c->tolerance, c->ok ? "" : ": ",
+                c->failure.c_str());
     if (c->first_loss_diff > 0)
       std::printf("  losses first differ (not bit-identical) at step %d of %d\n", c->first_loss_diff, o.steps);
   }

@@ -94,9 +94,10 @@ int cmd_cache(int argc, char** argv) {
     }
     std::printf("  %s/ (%zu entries)\n", sub.path().filename().c_str(), entries.size());
     for (const auto& [key, e] : entries) {
-      std::printf("    %s  %10ju bytes  %s%s\n", key.c_str(), e.bytes,
-                  e.has_lib && e.has_manifest ? "complete" : (e.has_lib ? "no manifest (rebuilt on use)" : "source only"),
-                  e.has_tune ? ", tuned" : "");
+      std::printf(
+          "    %s  %10ju bytes  %s%s\n", key.c_str(), e.bytes,
+          e.has_lib && e.has_manifest ? "complete" : (e.has_lib ? "no manifest (rebuilt on use)" : "source only"),
+          e.has_tune ? ", tuned" : "");
       total += e.bytes;
       ++count;
     }

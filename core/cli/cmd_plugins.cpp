@@ -90,15 +90,15 @@ int cmd_plugins(int argc, char** argv) {
     bool first = true;
     for (const auto& r : rows) {
       const auto& p = *r.plugin;
-      std::printf("%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
-                  "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
-                  "\"available\": %s, \"reason\": %s, \"path\": %s}",
-                  first ? "" : ",", json_quote(p.name()).c_str(), json_quote(p.version()).c_str(),
-                  json_quote(p.vendor()).c_str(), json_quote(p.description()).c_str(),
-                  json_quote(p.abi_version()).c_str(), json_list(device_kinds_string(p.device_kinds())).c_str(),
-                  json_list(modes_string(p.modes())).c_str(), p.concurrent_execution_safe() ? "true" : "false",
-                  r.availability.available ? "true" : "false", json_quote(r.availability.reason).c_str(),
-                  json_quote(p.path()).c_str());
+      std::printf(
+          "%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
+          "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
+          "\"available\": %s, \"reason\": %s, \"path\": %s}",
+          first ? "" : ",", json_quote(p.name()).c_str(), json_quote(p.version()).c_str(),
+          json_quote(p.vendor()).c_str(), json_quote(p.description()).c_str(), json_quote(p.abi_version()).c_str(),
+          json_list(device_kinds_string(p.device_kinds())).c_str(), json_list(modes_string(p.modes())).c_str(),
+          p.concurrent_execution_safe() ? "true" : "false", r.availability.available ? "true" : "false",
+          json_quote(r.availability.reason).c_str(), json_quote(p.path()).c_str());
       first = false;
     }
     for (const auto& f : reg.failures()) {
@@ -123,8 +123,8 @@ int cmd_plugins(int argc, char** argv) {
                 "AVAILABLE");
     for (const auto& r : rows) {
       const auto& p = *r.plugin;
-      std::printf("%-20s %-9s %-12s %-4s %-16s %-63s %s\n", p.name().c_str(), p.version().c_str(),
-                  p.vendor().c_str(), p.abi_version().c_str(), device_kinds_string(p.device_kinds()).c_str(),
+      std::printf("%-20s %-9s %-12s %-4s %-16s %-63s %s\n", p.name().c_str(), p.version().c_str(), p.vendor().c_str(),
+                  p.abi_version().c_str(), device_kinds_string(p.device_kinds()).c_str(),
                   modes_string(p.modes()).c_str(), r.availability.available ? "yes" : "no");
       std::printf("    %s\n", r.availability.reason.c_str());
       std::printf("    %s\n", p.path().c_str());

@@ -76,8 +76,8 @@ void read_topology(const Tree& t, CpuProps& cpu) {
     auto core = parse_int(*core_text);
     if (!pkg || !core) {
       if (bad++ == 0)
-        t.warn("CPU topology in " + t.show(topo) + " is not numeric (physical_package_id " +
-               printable(*pkg_text) + ", core_id " + printable(*core_text) + ")");
+        t.warn("CPU topology in " + t.show(topo) + " is not numeric (physical_package_id " + printable(*pkg_text) +
+               ", core_id " + printable(*core_text) + ")");
       continue;
     }
     ++threads;
@@ -105,8 +105,8 @@ void read_caches(const Tree& t, CpuProps& cpu) {
     auto size = parse_size(*size_text);
     std::string type = trim(*type_text);
     if (!level || !size) {
-      t.warn("cache description in " + t.show(dir) + " is malformed (level " +
-             printable(*level_text) + ", size " + printable(*size_text) + ")");
+      t.warn("cache description in " + t.show(dir) + " is malformed (level " + printable(*level_text) + ", size " +
+             printable(*size_text) + ")");
       continue;
     }
     if (*level == 1 && type == "Data") cpu.l1d_bytes = *size;
@@ -144,8 +144,7 @@ Device describe_cpu(const Tree& t, const ProbeOptions& options) {
   std::string why;
   if (auto text = read_file(cpuinfo_path, &why)) {
     info = parse_cpuinfo(*text);
-    if (info.processors == 0)
-      t.warn(t.show(cpuinfo_path) + " lists no processor; the CPU description is incomplete");
+    if (info.processors == 0) t.warn(t.show(cpuinfo_path) + " lists no processor; the CPU description is incomplete");
   } else {
     t.warn("cannot read " + t.show(cpuinfo_path) + " (" + why + "); the CPU model is unknown");
   }

@@ -34,9 +34,9 @@ constexpr uint32_t kLeaf7EdxAmxInt8 = bit(25);
 constexpr uint32_t kLeaf7_1EaxAvx512Bf16 = bit(5);
 
 // XCR0 state components.
-constexpr uint64_t kXcr0Ymm = (1ull << 1) | (1ull << 2);                    // SSE + AVX
-constexpr uint64_t kXcr0Zmm = (1ull << 5) | (1ull << 6) | (1ull << 7);      // opmask, ZMM_Hi256, Hi16_ZMM
-constexpr uint64_t kXcr0Tile = (1ull << 17) | (1ull << 18);                 // XTILECFG, XTILEDATA
+constexpr uint64_t kXcr0Ymm = (1ull << 1) | (1ull << 2);                // SSE + AVX
+constexpr uint64_t kXcr0Zmm = (1ull << 5) | (1ull << 6) | (1ull << 7);  // opmask, ZMM_Hi256, Hi16_ZMM
+constexpr uint64_t kXcr0Tile = (1ull << 17) | (1ull << 18);             // XTILECFG, XTILEDATA
 
 #if defined(__linux__)
 constexpr int kArchReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM, Linux 5.16+
@@ -109,8 +109,7 @@ IsaFeatures decode_isa(const CpuidLeaves& l) {
 
   const std::string no_ymm = osxsave ? "XCR0 does not enable the SSE/AVX state (bits 1-2)"
                                      : "the OS has not enabled XSAVE (CPUID.1:ECX.OSXSAVE = 0)";
-  const std::string no_zmm =
-      !ymm_on ? no_ymm : "XCR0 does not enable the opmask/ZMM state (bits 5-7)";
+  const std::string no_zmm = !ymm_on ? no_ymm : "XCR0 does not enable the opmask/ZMM state (bits 5-7)";
   auto gate = [&](bool cpu, bool os, const char* name, const std::string& why, bool& out) {
     out = cpu && os;
     if (cpu && !os) f.disabled_by_os.push_back(std::string(name) + ": CPUID reports it but " + why);

@@ -65,8 +65,7 @@ std::vector<Device> cuda_from_driver(const Tree& t, const std::string& library, 
     std::string e = err ? err : "";
     if (e.empty() || e.find("No such file") != std::string::npos)
       *status = "no CUDA driver (" + library + " not found)";
-    else
-      *status = "no CUDA driver (" + library + " could not be loaded: " + e + ")";
+    else *status = "no CUDA driver (" + library + " could not be loaded: " + e + ")";
     return out;
   }
   *driver_found = true;
@@ -125,8 +124,7 @@ std::vector<Device> cuda_from_driver(const Tree& t, const std::string& library, 
     else x.name = "CUDA device " + std::to_string(i);
     auto attr = [&](int a, int& outv, const char* what) {
       CUresult e = d.cuDeviceGetAttribute(&outv, a, dev);
-      if (e != kCudaSuccess)
-        t.warn("CUDA device " + std::to_string(i) + ": cannot read " + what + ": " + d.error(e));
+      if (e != kCudaSuccess) t.warn("CUDA device " + std::to_string(i) + ": cannot read " + what + ": " + d.error(e));
     };
     attr(kAttrComputeCapabilityMajor, x.cuda.cc_major, "the compute capability");
     attr(kAttrComputeCapabilityMinor, x.cuda.cc_minor, "the compute capability");
@@ -138,8 +136,8 @@ std::vector<Device> cuda_from_driver(const Tree& t, const std::string& library, 
     if (d.cuDeviceGetPCIBusId(bus, sizeof bus - 1, dev) == kCudaSuccess) x.pci_bus_id = lower(bus);
     out.push_back(std::move(x));
   }
-  *status = std::to_string(out.size()) + " CUDA device" + (out.size() == 1 ? "" : "s") +
-            " through " + library + " (" + version_text + ")";
+  *status = std::to_string(out.size()) + " CUDA device" + (out.size() == 1 ? "" : "s") + " through " + library + " (" +
+            version_text + ")";
   return out;
 }
 

@@ -22,8 +22,7 @@ std::optional<std::string> gaudi_generation(uint16_t id) {
     case 0x1062:  // single die
     case 0x1063:  // HL-338
       return "Gaudi3";
-    default:
-      return std::nullopt;
+    default: return std::nullopt;
   }
 }
 
@@ -32,16 +31,11 @@ std::optional<std::string> neuron_generation(uint16_t id) {
     case 0x7064:
     case 0x7065:
     case 0x7066:
-    case 0x7067:
-      return "Inferentia";
-    case 0x7264:
-      return "Inferentia2";
-    case 0x7164:
-      return "Trainium";
-    case 0x7364:
-      return "Trainium2";
-    default:
-      return std::nullopt;
+    case 0x7067: return "Inferentia";
+    case 0x7264: return "Inferentia2";
+    case 0x7164: return "Trainium";
+    case 0x7364: return "Trainium2";
+    default: return std::nullopt;
   }
 }
 
@@ -54,14 +48,10 @@ struct NvidiaModel {
 // A few data-centre parts, so a described machine reads like the real one; any other NVIDIA
 // display-class function is still a CUDA device, named by its id.
 constexpr NvidiaModel kNvidiaModels[] = {
-    {0x2335, "NVIDIA H200", 9, 0},
-    {0x2330, "NVIDIA H100 80GB HBM3", 9, 0},
-    {0x2331, "NVIDIA H100 PCIe", 9, 0},
-    {0x20b0, "NVIDIA A100-SXM4-40GB", 8, 0},
-    {0x20b2, "NVIDIA A100-SXM4-80GB", 8, 0},
-    {0x20f1, "NVIDIA A100-PCIE-40GB", 8, 0},
-    {0x26b9, "NVIDIA L40S", 8, 9},
-    {0x1db1, "Tesla V100-SXM2-16GB", 7, 0},
+    {0x2335, "NVIDIA H200", 9, 0},           {0x2330, "NVIDIA H100 80GB HBM3", 9, 0},
+    {0x2331, "NVIDIA H100 PCIe", 9, 0},      {0x20b0, "NVIDIA A100-SXM4-40GB", 8, 0},
+    {0x20b2, "NVIDIA A100-SXM4-80GB", 8, 0}, {0x20f1, "NVIDIA A100-PCIE-40GB", 8, 0},
+    {0x26b9, "NVIDIA L40S", 8, 9},           {0x1db1, "Tesla V100-SXM2-16GB", 7, 0},
 };
 const NvidiaModel* nvidia_model(uint16_t id) {
   for (const auto& m : kNvidiaModels)
@@ -82,8 +72,7 @@ std::vector<PciFunction> scan_pci(const Tree& t) {
   const fs::path base = t.at("/sys/bus/pci/devices");
   std::string why;
   auto names = list_dir(base, &why);
-  if (names.empty() && !why.empty() && why != "missing")
-    t.warn("cannot list " + t.show(base) + ": " + why);
+  if (names.empty() && !why.empty() && why != "missing") t.warn("cannot list " + t.show(base) + ": " + why);
   for (const auto& name : names) {
     PciFunction f;
     f.bus_id = name;
@@ -102,18 +91,17 @@ std::vector<PciFunction> scan_pci(const Tree& t) {
     }
     f.vendor = static_cast<uint16_t>(*vendor);
     // Only the vendors kiln cares about need a device id; others are not even read.
-    if (f.vendor != kPciVendorNvidia && f.vendor != kPciVendorHabana && f.vendor != kPciVendorAmazon)
-      continue;
+    if (f.vendor != kPciVendorNvidia && f.vendor != kPciVendorHabana && f.vendor != kPciVendorAmazon) continue;
     auto device_text = read_file(f.dir / "device", &err);
     if (!device_text) {
-      t.warn("PCI device " + name + " (vendor " + hex4(f.vendor) + "): cannot read its device id (" +
-             err + "); skipped");
+      t.warn("PCI device " + name + " (vendor " + hex4(f.vendor) + "): cannot read its device id (" + err +
+             "); skipped");
       continue;
     }
     auto device = parse_hex(*device_text);
     if (!device || *device > 0xffff) {
-      t.warn("PCI device " + name + " (vendor " + hex4(f.vendor) + "): device file holds " +
-             printable(*device_text) + ", not a 16-bit hex id; skipped");
+      t.warn("PCI device " + name + " (vendor " + hex4(f.vendor) + "): device file holds " + printable(*device_text) +
+             ", not a 16-bit hex id; skipped");
       continue;
     }
     f.device = static_cast<uint16_t>(*device);
@@ -161,8 +149,7 @@ std::vector<Device> cuda_from_pci(const Tree&, const std::vector<PciFunction>& p
 namespace {
 
 // Maps PCI bus id -> class device name ("accel0") from /sys/class/<cls>/<prefix>N/device links.
-std::map<std::string, std::string> class_nodes(const Tree& t, const std::string& cls,
-                                               const std::string& prefix) {
+std::map<std::string, std::string> class_nodes(const Tree& t, const std::string& cls, const std::string& prefix) {
   std::map<std::string, std::string> by_bus;
   const fs::path base = t.at("/sys/class/" + cls);
   for (const auto& name : list_dir(base)) {
@@ -178,13 +165,12 @@ struct AccelFamily {
   const char* vendor_name;  // "Intel", "AWS"
   const char* driver;       // expected kernel driver
   std::optional<std::string> (*generation)(uint16_t);
-  const char* class_dir;    // /sys/class/<class_dir>
-  const char* class_prefix; // entry prefix in it
-  const char* dev_dir;      // where the node lives: /dev/accel/accelN or /dev/neuronN
+  const char* class_dir;     // /sys/class/<class_dir>
+  const char* class_prefix;  // entry prefix in it
+  const char* dev_dir;       // where the node lives: /dev/accel/accelN or /dev/neuronN
 };
 
-std::vector<Device> accelerators(const Tree& t, const std::vector<PciFunction>& pci,
-                                 const AccelFamily& fam) {
+std::vector<Device> accelerators(const Tree& t, const std::vector<PciFunction>& pci, const AccelFamily& fam) {
   std::vector<Device> out;
   auto nodes = class_nodes(t, fam.class_dir, fam.class_prefix);
   for (const auto& f : pci) {
@@ -245,13 +231,13 @@ std::vector<Device> accelerators(const Tree& t, const std::vector<PciFunction>& 
 
 std::vector<Device> gaudi_from_pci(const Tree& t, const std::vector<PciFunction>& pci) {
   static const AccelFamily fam{DeviceKind::gaudi, kPciVendorHabana, "Intel", "habanalabs",
-                               &gaudi_generation, "accel", "accel", "/dev/accel/"};
+                               &gaudi_generation, "accel",          "accel", "/dev/accel/"};
   return accelerators(t, pci, fam);
 }
 
 std::vector<Device> neuron_from_pci(const Tree& t, const std::vector<PciFunction>& pci) {
-  static const AccelFamily fam{DeviceKind::neuron, kPciVendorAmazon, "AWS", "neuron",
-                               &neuron_generation, "neuron_device", "neuron", "/dev/"};
+  static const AccelFamily fam{DeviceKind::neuron, kPciVendorAmazon, "AWS",    "neuron",
+                               &neuron_generation, "neuron_device",  "neuron", "/dev/"};
   return accelerators(t, pci, fam);
 }
 

@@ -29,8 +29,7 @@ struct Tree {
 // Reads a regular file of at most `max_bytes`. On failure returns nullopt and says why in
 // `why` ("missing", "a directory", "too many levels of symbolic links", ...). Never blocks on a
 // FIFO or a device node: anything that is not a regular file is refused.
-std::optional<std::string> read_file(const fs::path& p, std::string* why,
-                                     std::size_t max_bytes = 16u << 20);
+std::optional<std::string> read_file(const fs::path& p, std::string* why, std::size_t max_bytes = 16u << 20);
 // Like read_file, but a failure other than "missing" is recorded as a warning.
 std::optional<std::string> read_attr(const Tree& t, const fs::path& p);
 

@@ -20,9 +20,7 @@ using namespace kiln::plugin;
 
 #if defined(KILN_CUDAGRAPHS_WITH_CUDA)
 // "cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing"
-std::string cuda_error(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
+std::string cuda_error(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
 void check(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return;
@@ -78,8 +76,8 @@ class CudaGraphsPlugin : public Plugin {
     const KilnDeviceInfo* gpu = devices.first(KILN_DEVICE_CUDA);
     if (!gpu) return Availability::no("needs a CUDA device; none found");
     // Below a compiler (inductor, 200): without fusion, replaying the step is what is left to gain.
-    return Availability::yes(std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " +
-                             gpu->name, 100);
+    return Availability::yes(std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " + gpu->name,
+                             100);
 #endif
   }
 
@@ -92,8 +90,10 @@ class CudaGraphsPlugin : public Plugin {
 
 #if defined(KILN_CUDAGRAPHS_WITH_CUDA)
   void graph_capture_begin(DLDevice device, void* stream) override {
-    if (device.device_type != kDLCUDA) throw Error(KILN_ERROR_INVALID_ARGUMENT, "graph_capture_begin: not a CUDA device");
-    if (!stream) throw Error(KILN_ERROR_INVALID_ARGUMENT, "graph_capture_begin: the legacy default stream cannot be captured");
+    if (device.device_type != kDLCUDA)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "graph_capture_begin: not a CUDA device");
+    if (!stream)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "graph_capture_begin: the legacy default stream cannot be captured");
     check(cudaSetDevice(device.device_id), "cudaSetDevice");
     // Thread-local: only this thread's unsafe calls (a host sync) invalidate the capture; other
     // threads (a data loader) may go on using CUDA.

@@ -43,15 +43,16 @@ class HpuPlugin : public Plugin {
     const KilnDeviceInfo* dev = devices.first(KILN_DEVICE_GAUDI);
     const std::string runtime_error = try_open(kRuntime);
     if (!dev && !runtime_error.empty())
-      return Availability::no(std::string("no Intel Gaudi device found, and ") + kRuntime +
-                              " cannot be loaded (" + runtime_error + ")");
+      return Availability::no(std::string("no Intel Gaudi device found, and ") + kRuntime + " cannot be loaded (" +
+                              runtime_error + ")");
     if (!dev) return Availability::no(std::string("no Intel Gaudi device found (") + kRuntime + " loads)");
     if (!runtime_error.empty())
       return Availability::no(std::string("Intel Gaudi device found, but ") + kRuntime + " cannot be loaded (" +
                               runtime_error + ")");
     // The device's own compiler comes before any general one (inductor scores 200).
-    return Availability::yes(std::to_string(devices.count(KILN_DEVICE_GAUDI)) + " Gaudi device(s), first " +
-                             dev->name + "; " + kRuntime + " loads", 400);
+    return Availability::yes(std::to_string(devices.count(KILN_DEVICE_GAUDI)) + " Gaudi device(s), first " + dev->name +
+                                 "; " + kRuntime + " loads",
+                             400);
   }
 
   std::vector<int64_t> claim(const Graph&) override { return {}; }

@@ -12,9 +12,7 @@
 
 namespace kiln::inductor {
 
-std::string Variant::name() const {
-  return "simd" + std::to_string(simdlen) + "/tile" + std::to_string(column_tile);
-}
+std::string Variant::name() const { return "simd" + std::to_string(simdlen) + "/tile" + std::to_string(column_tile); }
 
 std::vector<Variant> variants_for(const KernelPlan& k, bool autotune) {
   std::vector<Variant> v = {Variant{}};
@@ -33,14 +31,17 @@ std::string fmt_const(double c, Ty ty) {
   char buf[64];
   switch (ty) {
     case Ty::b8: return c != 0 ? "true" : "false";
-    case Ty::i64: case Ty::i32: {
+    case Ty::i64:
+    case Ty::i32: {
       std::snprintf(buf, sizeof buf, "((%s)%lldLL)", c_type(ty), static_cast<long long>(c));
       return buf;
     }
-    case Ty::f32: case Ty::f64: {
+    case Ty::f32:
+    case Ty::f64: {
       const char* suffix = ty == Ty::f32 ? "f" : "";
       if (std::isnan(c)) return ty == Ty::f32 ? "__builtin_nanf(\"\")" : "__builtin_nan(\"\")";
-      if (std::isinf(c)) return std::string(c < 0 ? "-" : "") + (ty == Ty::f32 ? "__builtin_inff()" : "__builtin_inf()");
+      if (std::isinf(c))
+        return std::string(c < 0 ? "-" : "") + (ty == Ty::f32 ? "__builtin_inff()" : "__builtin_inf()");
       std::snprintf(buf, sizeof buf, "%a%s", ty == Ty::f32 ? static_cast<double>(static_cast<float>(c)) : c, suffix);
       return std::string("(") + buf + ")";
     }
@@ -135,7 +136,7 @@ class KernelEmitter {
     if (op == "cast") return "((" + std::string(T) + ")" + a(0) + ")";
     if (op == "and") return "(" + a(0) + " && " + a(1) + ")";
     static const std::map<std::string, std::string> cmp = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
-                                                           {"le", "<="}, {"gt", ">"}, {"ge", ">="}};
+                                                           {"le", "<="}, {"gt", ">"},  {"ge", ">="}};
     if (auto it = cmp.find(op); it != cmp.end()) return "(" + a(0) + " " + it->second + " " + a(1) + ")";
     throw std::logic_error("no C++ for op '" + op + "'");
   }
@@ -205,7 +206,8 @@ class KernelEmitter {
   }
   std::string combine(const ValueInfo& v, const std::string& acc, const std::string& e) const {
     if (v.red.combine == "sum") return acc + " += (" + acc_type(v) + ")" + e + ";";
-    if (v.red.combine == "max") return acc + " = (" + e + " != " + e + " || " + e + " > " + acc + ") ? " + e + " : " + acc + ";";
+    if (v.red.combine == "max")
+      return acc + " = (" + e + " != " + e + " || " + e + " > " + acc + ") ? " + e + " : " + acc + ";";
     return acc + " = (" + e + " != " + e + " || " + e + " < " + acc + ") ? " + e + " : " + acc + ";";
   }
   std::string finish(const ValueInfo& v, const std::string& acc) const {
@@ -227,7 +229,10 @@ class KernelEmitter {
     }
     if (!K_.outer.empty()) {
       base_ = 1;
-      if (K_.flat) body_ << (par ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)" : simd_pragma()) << "\n";
+      if (K_.flat)
+        body_ << (par ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)"
+                      : simd_pragma())
+              << "\n";
       else if (par) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
       body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
       depth = 1;
@@ -334,7 +339,8 @@ class KernelEmitter {
       ++d;
       flush(pending, var_level_.at(loops[i]), d);
     }
-    if (red && loops.size() == n_kept) body_ << ind(d) << acc_type(info) << " " << acc << " = " << acc_init(info) << ";\n";
+    if (red && loops.size() == n_kept)
+      body_ << ind(d) << acc_type(info) << " " << acc << " = " << acc_init(info) << ";\n";
     const std::string b = "b" + std::to_string(info.buffer);
     if (!red) {
       body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << name(root) << ";\n";
@@ -370,7 +376,8 @@ class KernelEmitter {
     }
     const int tb = pool_.new_var();
     var_level_[tb] = 1;
-    if (K_.work >= kParallelThreshold) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
+    if (K_.work >= kParallelThreshold)
+      body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
     body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
     int64_t stride = n_outer;
     for (size_t d = 0; d < lead.size(); ++d) {
@@ -407,8 +414,8 @@ class KernelEmitter {
       ++d;
       flush(pending, var_level_.at(rvars[i]), d);
     }
-    body_ << simd_pragma() << "\n" << ind(d) << "for (int64_t " << vname(tv) << " = 0; " << vname(tv) << " < tn; ++"
-          << vname(tv) << ") {\n";
+    body_ << simd_pragma() << "\n"
+          << ind(d) << "for (int64_t " << vname(tv) << " = 0; " << vname(tv) << " < tn; ++" << vname(tv) << ") {\n";
     ++d;
     flush(pending, lvl, d);
     body_ << ind(d) << combine(info, "acc[" + vname(tv) + "]", name(root)) << "\n";
@@ -416,8 +423,8 @@ class KernelEmitter {
     for (size_t i = 0; i < rvars.size(); ++i) body_ << ind(--d) << "}\n";
     use_buf(info.buffer, info.ty);
     body_ << "    for (int64_t " << vname(tv) << " = 0; " << vname(tv) << " < tn; ++" << vname(tv) << ")\n";
-    body_ << "      b" << info.buffer << "[" << index_str(LoweredGraph::offset(info, idx)) << "] = "
-          << finish(info, "acc[" + vname(tv) + "]") << ";\n";
+    body_ << "      b" << info.buffer << "[" << index_str(LoweredGraph::offset(info, idx))
+          << "] = " << finish(info, "acc[" + vname(tv) + "]") << ";\n";
     body_ << "  }\n";
   }
 
@@ -439,7 +446,8 @@ class KernelEmitter {
 
 }  // namespace
 
-std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants) {
+std::string generate_source(const LoweredGraph& L, const Program& P,
+                            const std::vector<std::vector<Variant>>& variants) {
   std::ostringstream os;
   os << kernel_prelude() << "\n";
   for (size_t k = 0; k < P.kernels.size(); ++k)

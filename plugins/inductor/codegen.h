@@ -12,8 +12,8 @@ namespace kiln::inductor {
 
 // One way to generate a kernel; max-autotune compiles several and keeps the fastest.
 struct Variant {
-  int simdlen = 0;          // 0: let the compiler pick
-  int column_tile = 16;     // column reductions: kept elements per accumulator tile
+  int simdlen = 0;       // 0: let the compiler pick
+  int column_tile = 16;  // column reductions: kept elements per accumulator tile
   std::string name() const;
 };
 
@@ -22,7 +22,6 @@ std::vector<Variant> variants_for(const KernelPlan& k, bool autotune);
 
 // The whole source of a compile: every kernel, every listed variant, as
 // extern "C" void kiln_k<K>_v<V>(void** B, const double* P, int nt).
-std::string generate_source(const LoweredGraph& L, const Program& P,
-                            const std::vector<std::vector<Variant>>& variants);
+std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants);
 
 }  // namespace kiln::inductor

@@ -32,7 +32,7 @@ using namespace kiln::inductor;
 using KernelFn = void (*)(void**, const double*, int);
 
 struct Settings {
-  int threads = 0;  // resolved: 0 in the options becomes the OpenMP runtime's count at compile time
+  int threads = 0;              // resolved: 0 in the options becomes the OpenMP runtime's count at compile time
   bool follow_runtime = false;  // threads = 0: each execute uses the OpenMP runtime's current count
   std::string cxx;
   std::vector<std::string> cflags;
@@ -75,7 +75,8 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);
       if (value.empty() || *end || n < 0 || n > 4096)
-        throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] threads = '" + value + "' is not a thread count (0 = all)");
+        throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                    "[plugin.inductor] threads = '" + value + "' is not a thread count (0 = all)");
       s.threads = static_cast<int>(n);
     } else if (key == "cxx") {
       if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] cxx is empty");
@@ -87,8 +88,9 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
     } else if (key == "profile") {
       s.profile = parse_bool(key, value);
     } else {
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
-                                                   "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels, profile)");
+      throw Error(
+          KILN_ERROR_INVALID_ARGUMENT,
+          "unknown option '" + key + "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels, profile)");
     }
   }
   if (s.threads == 0) {
@@ -132,8 +134,8 @@ struct Profile {
     }
   };
   std::mutex mu;
-  std::map<std::string, Entry> by_name;      // "kernel <shape>", "extern aten::mm [..]"
-  std::map<std::string, Entry> by_kind;      // kernels, externs, relayout, execute
+  std::map<std::string, Entry> by_name;  // "kernel <shape>", "extern aten::mm [..]"
+  std::map<std::string, Entry> by_kind;  // kernels, externs, relayout, execute
   // One for the process, made by the first group compiled with the option.
   static Profile* enable() {
     static Profile* p = [] {
@@ -159,14 +161,14 @@ struct Profile {
     // Median per call times calls: robust against a few slow calls on a busy machine.
     std::fprintf(stderr, "inductor profile (all executions of the process; median ms per call x calls):\n");
     for (const auto& [k, e] : by_kind)
-      std::fprintf(stderr, "  %-10s %10.1f ms (sum %10.1f)  %8lld calls\n", k.c_str(), e.median() * static_cast<double>(e.calls),
-                   e.ms, static_cast<long long>(e.calls));
+      std::fprintf(stderr, "  %-10s %10.1f ms (sum %10.1f)  %8lld calls\n", k.c_str(),
+                   e.median() * static_cast<double>(e.calls), e.ms, static_cast<long long>(e.calls));
     std::vector<std::pair<std::string, Entry>> v(by_name.begin(), by_name.end());
     auto est = [](const Entry& e) { return e.median() * static_cast<double>(e.calls); };
     std::sort(v.begin(), v.end(), [&](const auto& a, const auto& b) { return est(a.second) > est(b.second); });
     for (size_t i = 0; i < v.size() && i < 40; ++i)
-      std::fprintf(stderr, "  %10.1f ms %7lld x %8.3f ms  %s\n", est(v[i].second), static_cast<long long>(v[i].second.calls),
-                   v[i].second.median(), v[i].first.c_str());
+      std::fprintf(stderr, "  %10.1f ms %7lld x %8.3f ms  %s\n", est(v[i].second),
+                   static_cast<long long>(v[i].second.calls), v[i].second.median(), v[i].first.c_str());
   }
 };
 
@@ -198,7 +200,7 @@ struct AlignedBuf {
 // A KilnArg of an extern call with everything it points to owned here.
 struct OwnedArg {
   KilnArg arg{};
-  int value = -1;                 // TENSOR: the subgraph value
+  int value = -1;  // TENSOR: the subgraph value
   std::string name, str;
   std::vector<int64_t> ints;
   std::vector<double> doubles;
@@ -207,7 +209,7 @@ struct OwnedArg {
 struct ExternCall {
   std::string op;
   std::deque<OwnedArg> args;
-  std::vector<int> outputs;       // values
+  std::vector<int> outputs;  // values
 };
 
 // Where a value lives at run time: a slot and an element offset, with its own shape and strides.
@@ -228,10 +230,10 @@ class CompiledGroup : public Executable {
   std::vector<char> kernel_threads_follow;  // threads = 0 and not tuned to one thread: runtime_threads()
   OmpMaxThreads omp_max_threads = nullptr;  // the generated library's view of the OpenMP runtime
   std::vector<Step> steps;
-  Profile* profile = nullptr;          // the `profile` option
-  std::vector<std::string> step_names; // for the profile
-  std::map<int, ExternCall> externs;   // by node
-  std::vector<Placement> place;        // by value
+  Profile* profile = nullptr;           // the `profile` option
+  std::vector<std::string> step_names;  // for the profile
+  std::map<int, ExternCall> externs;    // by node
+  std::vector<Placement> place;         // by value
   std::vector<ScalarParam> params;
   std::vector<double> param_values;
   size_t n_in = 0, n_out = 0;
@@ -252,8 +254,8 @@ class CompiledGroup : public Executable {
   void run(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs) {
     if (num_inputs != n_in || num_outputs != n_out)
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
-                                                   std::to_string(n_out) + " outputs, got " + std::to_string(num_inputs) +
-                                                   " and " + std::to_string(num_outputs));
+                                                   std::to_string(n_out) + " outputs, got " +
+                                                   std::to_string(num_inputs) + " and " + std::to_string(num_outputs));
     Profile* prof = profile;
     const auto t_start = std::chrono::steady_clock::now();
     std::vector<void*> B(n_in + n_out + scratch.size());
@@ -280,7 +282,8 @@ class CompiledGroup : public Executable {
       } else {
         call_extern(externs.at(st.extern_node), B);
       }
-      if (prof) prof->add(st.kernel >= 0 ? "kernels" : "externs", step_names.size() > i ? step_names[i] : "", ms_since(t0));
+      if (prof)
+        prof->add(st.kernel >= 0 ? "kernels" : "externs", step_names.size() > i ? step_names[i] : "", ms_since(t0));
     }
     const auto t_back = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false);
@@ -302,10 +305,11 @@ class CompiledGroup : public Executable {
   static void check_tensor(const DLTensor& t, const Placement& m, const char* what, size_t i) {
     auto fail = [&](const std::string& why) {
       const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " +
-                                                   expected + ")");
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " + expected + ")");
     };
-    if (t.device.device_type != kDLCPU) fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
+    if (t.device.device_type != kDLCPU)
+      fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
     if (t.ndim < 0 || (t.ndim > 0 && !t.shape)) fail("rank " + std::to_string(t.ndim) + " without a shape");
     auto got = [&] { return type_str(t.dtype, t.ndim, t.shape); };
     if (t.dtype.code != m.dtype.code || t.dtype.bits != m.dtype.bits || t.dtype.lanes != m.dtype.lanes)
@@ -559,10 +563,12 @@ class InductorPlugin : public Plugin {
     const Settings s = parse_settings(options.options);
     if (options.mode == KILN_MODE_REDUCE_OVERHEAD) {
       static bool said = false;
-      if (!said) host().info("reduce-overhead needs CUDA graphs, which need a CUDA device; on the CPU it compiles as 'default'");
+      if (!said)
+        host().info("reduce-overhead needs CUDA graphs, which need a CUDA device; on the CPU it compiles as 'default'");
       said = true;
     }
-    const bool autotune = options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    const bool autotune =
+        options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
     for (size_t v = 0; v < g.num_values(); ++v)
       if (g.value(static_cast<int64_t>(v)).device().device_type != kDLCPU)
         throw Unimplemented("GPU kernels are not built yet; these nodes run eagerly");
@@ -593,8 +599,8 @@ class InductorPlugin : public Plugin {
         host().info("max-autotune: using the tuned kernels of " + key + " from the cache");
       }
       for (size_t k = 0; k < P.kernels.size(); ++k) {
-        exe->kernels.push_back(reinterpret_cast<KernelFn>(exe->lib->symbol(
-            "kiln_k" + std::to_string(k) + "_v" + std::to_string(winners[k].first))));
+        exe->kernels.push_back(reinterpret_cast<KernelFn>(
+            exe->lib->symbol("kiln_k" + std::to_string(k) + "_v" + std::to_string(winners[k].first))));
         exe->kernel_threads.push_back(std::min(winners[k].second, s.threads));
         // Untuned kernels always follow the runtime: a compile on a thread where LibTorch runs one
         // thread says nothing about the threads the step will run with.
@@ -620,7 +626,8 @@ class InductorPlugin : public Plugin {
         if (st.kernel >= 0) {
           const KernelPlan& k = P.kernels[static_cast<size_t>(st.kernel)];
           nm = std::string(k.column ? "column" : "rows") + " kernel outer " + shape_str(k.outer) + " stages " +
-               std::to_string(k.stages.size()) + " first " + shape_str(L->values[static_cast<size_t>(k.stages[0])].shape);
+               std::to_string(k.stages.size()) + " first " +
+               shape_str(L->values[static_cast<size_t>(k.stages[0])].shape);
         } else {
           Node n = g.node(st.extern_node);
           nm = "extern " + n.op() + " -> " + shape_str(g.value(n.outputs()[0] >= 0 ? n.outputs()[0] : 0).shape());

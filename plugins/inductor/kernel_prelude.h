@@ -4,8 +4,16 @@
 #include <math.h>
 
 // Math that vectorizes: plain arithmetic and selects, no calls into libm.
-static inline float k_bits2f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
-static inline int32_t k_f2bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+static inline float k_bits2f(int32_t i) {
+  float f;
+  memcpy(&f, &i, 4);
+  return f;
+}
+static inline int32_t k_f2bits(float f) {
+  int32_t i;
+  memcpy(&i, &f, 4);
+  return i;
+}
 static inline float k_exp(float x) {
   x = x < -87.33654f ? -87.33654f : x;
   x = x > 88.37626f ? 88.37626f : x;
@@ -123,5 +131,11 @@ static inline float k_abs(float x) { return __builtin_fabsf(x); }
 static inline double k_abs(double x) { return __builtin_fabs(x); }
 static inline float k_pow(float a, float b) { return powf(a, b); }
 static inline double k_pow(double a, double b) { return pow(a, b); }
-template <class T> static inline T k_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <class T> static inline T k_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <class T>
+static inline T k_max(T a, T b) {
+  return (a != a || a > b) ? a : b;
+}
+template <class T>
+static inline T k_min(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}

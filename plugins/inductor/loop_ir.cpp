@@ -19,8 +19,10 @@ const char* c_type(Ty t) {
 
 size_t ty_size(Ty t) {
   switch (t) {
-    case Ty::f32: case Ty::i32: return 4;
-    case Ty::f64: case Ty::i64: return 8;
+    case Ty::f32:
+    case Ty::i32: return 4;
+    case Ty::f64:
+    case Ty::i64: return 8;
     case Ty::b8: return 1;
   }
   return 0;
@@ -102,9 +104,8 @@ std::string Index::key() const {
 int ExprPool::add(Expr e) {
   char cbuf[64];
   std::snprintf(cbuf, sizeof cbuf, "%a", e.c);
-  std::string key = std::to_string(static_cast<int>(e.k)) + "|" + std::to_string(static_cast<int>(e.ty)) + "|" +
-                    e.op + "|" + cbuf + "|" + std::to_string(e.param) + "|" + std::to_string(e.buf) + "|" +
-                    e.idx.key() + "|";
+  std::string key = std::to_string(static_cast<int>(e.k)) + "|" + std::to_string(static_cast<int>(e.ty)) + "|" + e.op +
+                    "|" + cbuf + "|" + std::to_string(e.param) + "|" + std::to_string(e.buf) + "|" + e.idx.key() + "|";
   for (int a : e.args) key += std::to_string(a) + ",";
   // A load's logical index does not change what it reads; keep the first one recorded.
   auto it = memo_.find(key);
@@ -188,8 +189,7 @@ int LoweredGraph::compute(ExprPool& pool, int v, const Idx& idx) const {
   const ValueInfo& info = values[static_cast<size_t>(v)];
   switch (info.kind) {
     case ValueInfo::Kind::Pointwise:
-    case ValueInfo::Kind::View:
-      return info.body(pool, idx);
+    case ValueInfo::Kind::View: return info.body(pool, idx);
     case ValueInfo::Kind::Reshape: {
       // The source is materialized (lowering makes sure): address its buffer with this value's
       // own strides, which describe the same storage.
@@ -205,8 +205,7 @@ int LoweredGraph::compute(ExprPool& pool, int v, const Idx& idx) const {
       e.logical_known = false;
       return pool.add(std::move(e));
     }
-    default:
-      throw std::logic_error("value " + std::to_string(v) + " has no pointwise definition");
+    default: throw std::logic_error("value " + std::to_string(v) + " has no pointwise definition");
   }
 }
 

@@ -40,7 +40,9 @@ struct Index {
   Index operator+(const Index& o) const;
   Index scaled(int64_t k) const;
   bool is_constant() const { return vars.empty() && exprs.empty(); }
-  bool is_var(int v) const { return c == 0 && exprs.empty() && vars.size() == 1 && vars[0].first == v && vars[0].second == 1; }
+  bool is_var(int v) const {
+    return c == 0 && exprs.empty() && vars.size() == 1 && vars[0].first == v && vars[0].second == 1;
+  }
   int64_t coef(int v) const;
   std::string key() const;
 };
@@ -49,12 +51,12 @@ struct Expr {
   enum class K : uint8_t { Const, Param, IndexVal, Load, Op };
   K k = K::Const;
   Ty ty = Ty::f32;
-  std::string op;              // Op: "add", "exp", "where", "cast", ...
-  double c = 0;                // Const
-  int param = -1;              // Param: index into the executable's scalar table
-  int buf = -1;                // Load: buffer slot
-  Index idx;                   // Load: element offset; IndexVal: the index as a value
-  std::vector<int> args;       // Op operands
+  std::string op;         // Op: "add", "exp", "where", "cast", ...
+  double c = 0;           // Const
+  int param = -1;         // Param: index into the executable's scalar table
+  int buf = -1;           // Load: buffer slot
+  Index idx;              // Load: element offset; IndexVal: the index as a value
+  std::vector<int> args;  // Op operands
   // Load of a materialized value of the subgraph: which value and at which logical index (empty
   // when the load goes through a reshape, whose logical index is not tracked).
   int value = -1;
@@ -84,9 +86,9 @@ using Idx = std::vector<Index>;
 
 // A reduction: out[o] = scale * combine over r of body(o, r).
 struct Reduction {
-  std::string combine;              // "sum", "max", "min"
+  std::string combine;  // "sum", "max", "min"
   double scale = 1.0;
-  std::vector<int64_t> red_shape;   // sizes of the reduced loops
+  std::vector<int64_t> red_shape;  // sizes of the reduced loops
   std::function<int(ExprPool&, const Idx& out_idx, const Idx& red_idx)> body;
 };
 
@@ -102,17 +104,17 @@ struct ValueInfo {
   std::vector<int64_t> shape, strides;
   int64_t storage_offset = 0;
   bool materialized = false;
-  int buffer = -1;                  // slot, once materialized
-  int src = -1;                     // View/Reshape: the viewed value
-  int alias_of = -1;                // an output whose buffer the extern result `alias_of` is written
-                                    // into directly (the views between change nothing): no stage
+  int buffer = -1;    // slot, once materialized
+  int src = -1;       // View/Reshape: the viewed value
+  int alias_of = -1;  // an output whose buffer the extern result `alias_of` is written
+                      // into directly (the views between change nothing): no stage
   int users = 0;
-  int order = 0;                    // topological position of the producing node
-  std::function<int(ExprPool&, const Idx&)> body;    // Pointwise, View: the value at an index
+  int order = 0;                                   // topological position of the producing node
+  std::function<int(ExprPool&, const Idx&)> body;  // Pointwise, View: the value at an index
   Reduction red;
   Extern ext;
   int64_t numel() const;
-  int64_t extent() const;           // elements a buffer with these strides spans
+  int64_t extent() const;  // elements a buffer with these strides spans
 };
 
 // A scalar the generated code reads from the executable's table: a constant of the graph, or
@@ -123,8 +125,8 @@ struct ScalarParam {
 };
 
 struct LoweredGraph {
-  std::vector<ValueInfo> values;    // by value index of the subgraph view
-  std::vector<int> order;           // materialized non-input values, in the order to compute them
+  std::vector<ValueInfo> values;  // by value index of the subgraph view
+  std::vector<int> order;         // materialized non-input values, in the order to compute them
   std::vector<ScalarParam> params;
   size_t num_inputs = 0, num_outputs = 0;
   std::vector<int64_t> scratch_bytes;  // per scratch slot (slots after inputs and outputs)

@@ -12,7 +12,9 @@ int32_t rt_scalar(const Arg& a) { return a.runtime_scalar(); }
 
 int64_t norm_dim(int64_t d, int64_t nd) { return d < 0 ? d + std::max<int64_t>(nd, 1) : d; }
 
-bool is_number(const Arg& a) { return a.tag() == KILN_ARG_INT || a.tag() == KILN_ARG_DOUBLE || a.tag() == KILN_ARG_BOOL; }
+bool is_number(const Arg& a) {
+  return a.tag() == KILN_ARG_INT || a.tag() == KILN_ARG_DOUBLE || a.tag() == KILN_ARG_BOOL;
+}
 
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size());
@@ -36,7 +38,8 @@ std::vector<int64_t> reduce_dims(const Arg& a, int64_t nd) {
 }
 
 std::optional<PoolWindow> pool_window(const Node& n, size_t first_arg, std::string* why) {
-  auto pair = [](const std::vector<int64_t>& v, int64_t dflt_h, int64_t dflt_w) -> std::optional<std::pair<int64_t, int64_t>> {
+  auto pair = [](const std::vector<int64_t>& v, int64_t dflt_h,
+                 int64_t dflt_w) -> std::optional<std::pair<int64_t, int64_t>> {
     if (v.empty()) return std::make_pair(dflt_h, dflt_w);
     if (v.size() == 1) return std::make_pair(v[0], v[0]);
     if (v.size() == 2) return std::make_pair(v[0], v[1]);

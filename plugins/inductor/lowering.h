@@ -15,8 +15,8 @@
 namespace kiln::inductor {
 
 struct LoweringOptions {
-  bool extern_kernels = true;   // take matmul/convolution/attention and run them through call_eager
-  bool runtime_scalars = false; // execute is given run-time scalars (KILN_CAPABILITY_RUNTIME_SCALARS)
+  bool extern_kernels = true;    // take matmul/convolution/attention and run them through call_eager
+  bool runtime_scalars = false;  // execute is given run-time scalars (KILN_CAPABILITY_RUNTIME_SCALARS)
 };
 
 // Whether the inductor takes `node` (empty string) or why not.

@@ -69,7 +69,8 @@ void materialize(const Graph& g, LoweredGraph* L) {
     if (!is_extern_op(n.op())) continue;
     for (int64_t v : n.inputs()) {
       int root = static_cast<int>(v);
-      while (!val(root).materialized && (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
+      while (!val(root).materialized &&
+             (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
         root = val(root).src;
       val(root).materialized = true;
     }
@@ -100,7 +101,9 @@ void materialize(const Graph& g, LoweredGraph* L) {
     if (L->values[v].materialized && L->values[v].kind != ValueInfo::Kind::Input && L->values[v].alias_of < 0)
       cand.push_back(static_cast<int>(v));
   // A value computed by the extern it aliases.
-  auto producer = [&](int v) { return L->values[static_cast<size_t>(v)].alias_of >= 0 ? L->values[static_cast<size_t>(v)].alias_of : v; };
+  auto producer = [&](int v) {
+    return L->values[static_cast<size_t>(v)].alias_of >= 0 ? L->values[static_cast<size_t>(v)].alias_of : v;
+  };
   std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return L->values[a].order < L->values[b].order; });
   std::map<int, std::vector<int>> deps;
   for (int v : cand) {
@@ -109,7 +112,8 @@ void materialize(const Graph& g, LoweredGraph* L) {
     if (info.kind == ValueInfo::Kind::Extern) {
       for (int64_t in : g.node(info.ext.node).inputs()) {
         int root = static_cast<int>(in);
-        while (!val(root).materialized && (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
+        while (!val(root).materialized &&
+               (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
           root = val(root).src;
         d.push_back(producer(root));
       }

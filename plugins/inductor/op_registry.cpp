@@ -49,7 +49,8 @@ OpEntry unary(std::string name, std::string ir_op) {
 }
 
 OpEntry binary(std::string name, std::string ir_op, bool reversed = false) {
-  return compute(std::move(name), [ir_op, reversed](Lowerer& l, const Node& n) { lower_binary(l, n, ir_op, false, reversed); });
+  return compute(std::move(name),
+                 [ir_op, reversed](Lowerer& l, const Node& n) { lower_binary(l, n, ir_op, false, reversed); });
 }
 
 OpEntry binary_scalar(std::string name, std::string ir_op, bool reversed = false) {
@@ -59,7 +60,8 @@ OpEntry binary_scalar(std::string name, std::string ir_op, bool reversed = false
 
 // Comparisons produce bool from any operand types.
 OpEntry compare(std::string name, std::string ir_op) {
-  return any_result(compute(std::move(name), [ir_op](Lowerer& l, const Node& n) { lower_compare(l, n, ir_op, false); }));
+  return any_result(
+      compute(std::move(name), [ir_op](Lowerer& l, const Node& n) { lower_compare(l, n, ir_op, false); }));
 }
 
 OpEntry compare_scalar(std::string name, std::string ir_op) {
@@ -75,8 +77,9 @@ OpEntry reduction(std::string name, Lowering lower, ClaimRule claim = takes_ever
 
 // sum and mean of an empty input are ATen's 0 and NaN, which the generated code gives too.
 OpEntry sum_or_mean(std::string name, bool mean, bool all_dims) {
-  return compute(std::move(name), [mean, all_dims](Lowerer& l, const Node& n) { lower_reduce(l, n, "sum", mean, all_dims); },
-                   claim_sum_mean);
+  return compute(
+      std::move(name), [mean, all_dims](Lowerer& l, const Node& n) { lower_reduce(l, n, "sum", mean, all_dims); },
+      claim_sum_mean);
 }
 
 OpEntry view(std::string name, Lowering lower, ClaimRule claim = takes_every_node) {
@@ -142,10 +145,14 @@ std::vector<OpEntry> make_registry() {
       compare_scalar("aten::gt.Scalar", "gt"),
       compare_scalar("aten::ge.Scalar", "ge"),
       compute("aten::clamp", lower_clamp, claim_clamp),
-      compute("aten::gelu", [](Lowerer& l, const Node& n) { lower_gelu(l, n, /*backward=*/false); }, claim_gelu),
-      compute("aten::gelu_backward", [](Lowerer& l, const Node& n) { lower_gelu(l, n, /*backward=*/true); }, claim_gelu),
-      compute("aten::sigmoid_backward", [](Lowerer& l, const Node& n) { lower_sigmoid_tanh_backward(l, n, /*sigmoid=*/true); }),
-      compute("aten::tanh_backward", [](Lowerer& l, const Node& n) { lower_sigmoid_tanh_backward(l, n, /*sigmoid=*/false); }),
+      compute(
+          "aten::gelu", [](Lowerer& l, const Node& n) { lower_gelu(l, n, /*backward=*/false); }, claim_gelu),
+      compute(
+          "aten::gelu_backward", [](Lowerer& l, const Node& n) { lower_gelu(l, n, /*backward=*/true); }, claim_gelu),
+      compute("aten::sigmoid_backward",
+              [](Lowerer& l, const Node& n) { lower_sigmoid_tanh_backward(l, n, /*sigmoid=*/true); }),
+      compute("aten::tanh_backward",
+              [](Lowerer& l, const Node& n) { lower_sigmoid_tanh_backward(l, n, /*sigmoid=*/false); }),
       compute("aten::threshold_backward", lower_threshold_backward),
       any_result(compute("aten::where.self", lower_where)),
       compute("aten::addcmul", [](Lowerer& l, const Node& n) { lower_addc(l, n, "mul"); }),
@@ -172,8 +179,10 @@ std::vector<OpEntry> make_registry() {
       reduction("aten::amin", [](Lowerer& l, const Node& n) { lower_reduce(l, n, "min", false, false); }),
       reduction("aten::_softmax", [](Lowerer& l, const Node& n) { lower_softmax(l, n, /*log=*/false); }),
       reduction("aten::_log_softmax", [](Lowerer& l, const Node& n) { lower_softmax(l, n, /*log=*/true); }),
-      reduction("aten::_softmax_backward_data", [](Lowerer& l, const Node& n) { lower_softmax_backward(l, n, /*log=*/false); }),
-      reduction("aten::_log_softmax_backward_data", [](Lowerer& l, const Node& n) { lower_softmax_backward(l, n, /*log=*/true); }),
+      reduction("aten::_softmax_backward_data",
+                [](Lowerer& l, const Node& n) { lower_softmax_backward(l, n, /*log=*/false); }),
+      reduction("aten::_log_softmax_backward_data",
+                [](Lowerer& l, const Node& n) { lower_softmax_backward(l, n, /*log=*/true); }),
       // Undefined results (gradients the step does not need) are refused by the common rules.
       reduction("aten::native_layer_norm", lower_layer_norm),
       reduction("aten::native_layer_norm_backward", lower_layer_norm_backward),

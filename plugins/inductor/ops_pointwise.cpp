@@ -32,7 +32,8 @@ std::string claim_gelu(const Graph&, const Node& n) {
 std::string claim_pow(const Graph&, const Node& n) { return is_number(n.arg(1)) ? "" : "exponent"; }
 
 std::string claim_clamp(const Graph&, const Node& n) {
-  if ((!n.arg(1).is_none() && !is_number(n.arg(1))) || (!n.arg(2).is_none() && !is_number(n.arg(2)))) return "clamp bounds";
+  if ((!n.arg(1).is_none() && !is_number(n.arg(1))) || (!n.arg(2).is_none() && !is_number(n.arg(2))))
+    return "clamp bounds";
   return "";
 }
 
@@ -222,7 +223,9 @@ void lower_where(Lowerer& l, const Node& n) {
   auto c = l.bload(n.arg(0).tensor_index(), Ty::b8);
   auto a = l.bload(n.arg(1).tensor_index(), ty);
   auto b = l.bload(n.arg(2).tensor_index(), ty);
-  l.pointwise(out, [c, a, b, ty](ExprPool& p, const Idx& idx) { return p.op("where", ty, {c(p, idx), a(p, idx), b(p, idx)}); });
+  l.pointwise(out, [c, a, b, ty](ExprPool& p, const Idx& idx) {
+    return p.op("where", ty, {c(p, idx), a(p, idx), b(p, idx)});
+  });
 }
 
 void lower_addc(Lowerer& l, const Node& n, const std::string& ir_op) {
@@ -282,8 +285,9 @@ void lower_nll_loss_backward(Lowerer& l, const Node& n) {
     col.k = Expr::K::IndexVal;
     col.ty = Ty::i64;
     col.idx = idx[1];
-    int hit = p.op("and", Ty::b8, {p.op("eq", Ty::b8, {t, p.add(col)}),
-                                   p.op("ne", Ty::b8, {t, p.constant(static_cast<double>(ignore), Ty::i64)})});
+    int hit = p.op("and", Ty::b8,
+                   {p.op("eq", Ty::b8, {t, p.add(col)}),
+                    p.op("ne", Ty::b8, {t, p.constant(static_cast<double>(ignore), Ty::i64)})});
     int v = p.op("neg", ty, {go(p, Idx{})});
     if (mean) v = p.op("div", ty, {v, tw(p, Idx{})});
     return p.op("where", ty, {hit, v, cst(p, 0.0)});
@@ -316,8 +320,8 @@ void lower_max_pool2d_with_indices(Lowerer& l, const Node& n) {
           mi = at;
           continue;
         }
-        const int take = p.op("where", Ty::b8, {p.op("gt", Ty::b8, {v, m}), p.constant(1, Ty::b8),
-                                                p.op("ne", Ty::b8, {v, v})});
+        const int take =
+            p.op("where", Ty::b8, {p.op("gt", Ty::b8, {v, m}), p.constant(1, Ty::b8), p.op("ne", Ty::b8, {v, v})});
         m = p.op("where", ty, {take, v, m});
         mi = p.op("where", Ty::i64, {take, at, mi});
       }

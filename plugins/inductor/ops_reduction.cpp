@@ -67,12 +67,14 @@ void lower_softmax(Lowerer& l, const Node& n, bool log) {
   const auto ks = Lowerer::keep_shape(shape, dims);
   // Shifted by the row's maximum, so exp never overflows.
   const int m = l.hidden(ks, ty);
-  l.reduction(m, shape, dims, true, "max", 1.0, [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  l.reduction(m, shape, dims, true, "max", 1.0,
+              [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
   const int s = l.hidden(ks, ty);
   auto xm = [G, x, m, ks, ty](ExprPool& p, const Idx& i) {
     return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, m, Lowerer::bidx(ks, i))});
   };
-  l.reduction(s, shape, dims, true, "sum", 1.0, [xm, ty](ExprPool& p, const Idx& i) { return p.op("exp", ty, {xm(p, i)}); });
+  l.reduction(s, shape, dims, true, "sum", 1.0,
+              [xm, ty](ExprPool& p, const Idx& i) { return p.op("exp", ty, {xm(p, i)}); });
   l.pointwise(out, [G, xm, s, ks, log, ty](ExprPool& p, const Idx& i) {
     int sv = G->load(p, s, Lowerer::bidx(ks, i));
     if (log) return p.op("sub", ty, {xm(p, i), p.op("log", ty, {sv})});
@@ -122,7 +124,8 @@ void lower_layer_norm(Lowerer& l, const Node& n) {
   const int mean = static_cast<int>(n.outputs()[1]), rstd = static_cast<int>(n.outputs()[2]);
   const auto ks = l.val(mean).shape;  // keepdim shape
   const double inv = 1.0 / static_cast<double>(cnt);
-  l.reduction(mean, shape, dims, true, "sum", inv, [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  l.reduction(mean, shape, dims, true, "sum", inv,
+              [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
   auto xc = [G, x, mean, ks, ty](ExprPool& p, const Idx& i) {
     return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, Lowerer::bidx(ks, i))});
   };
@@ -178,21 +181,24 @@ void lower_layer_norm_backward(Lowerer& l, const Node& n) {
   };
   const int a = l.hidden(ks, ty), bsum = l.hidden(ks, ty);
   l.reduction(a, shape, dims, true, "sum", 1.0, gw);
-  l.reduction(bsum, shape, dims, true, "sum", 1.0,
-              [gw, xhat, ty](ExprPool& p, const Idx& i) { return p.op("mul", ty, {gw(p, i), xhat(p, i)}); });
+  l.reduction(bsum, shape, dims, true, "sum", 1.0, [gw, xhat, ty](ExprPool& p, const Idx& i) {
+    return p.op("mul", ty, {gw(p, i), xhat(p, i)});
+  });
   const double inv = 1.0 / static_cast<double>(cnt);
   l.pointwise(out, [G, gw, xhat, a, bsum, rstd, ks, inv, ty](ExprPool& p, const Idx& i) {
     auto c = [&](double v) { return p.constant(v, ty); };
     int t = p.op("sub", ty, {gw(p, i), p.op("mul", ty, {G->load(p, a, Lowerer::bidx(ks, i)), c(inv)})});
-    t = p.op("sub", ty, {t, p.op("mul", ty, {xhat(p, i), p.op("mul", ty, {G->load(p, bsum, Lowerer::bidx(ks, i)), c(inv)})})});
+    t = p.op("sub", ty,
+             {t, p.op("mul", ty, {xhat(p, i), p.op("mul", ty, {G->load(p, bsum, Lowerer::bidx(ks, i)), c(inv)})})});
     return p.op("mul", ty, {t, G->load(p, rstd, Lowerer::bidx(ks, i))});
   });
   // Weight and bias gradients: sums over the leading dims, for the results the graph uses.
   const auto outs = n.outputs();
   if (outs.size() > 1 && outs[1] >= 0)
-    l.reduction(static_cast<int>(outs[1]), shape, lead, false, "sum", 1.0, [G, go, xhat, ty](ExprPool& p, const Idx& i) {
-      return p.op("mul", ty, {p.cast(G->load(p, go, i), ty), xhat(p, i)});
-    });
+    l.reduction(static_cast<int>(outs[1]), shape, lead, false, "sum", 1.0,
+                [G, go, xhat, ty](ExprPool& p, const Idx& i) {
+                  return p.op("mul", ty, {p.cast(G->load(p, go, i), ty), xhat(p, i)});
+                });
   if (outs.size() > 2 && outs[2] >= 0)
     l.reduction(static_cast<int>(outs[2]), shape, lead, false, "sum", 1.0,
                 [G, go, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, go, i), ty); });
@@ -220,7 +226,9 @@ void lower_nll_loss_forward(Lowerer& l, const Node& n) {
   l.reduction(s, {shape[0]}, {0}, false, "sum", 1.0, [G, x, valid, C, ty](ExprPool& p, const Idx& i) {
     auto [t, ok] = valid(p, i);
     // Clamped so that a bad target can never read outside the row (eager rejects it anyway).
-    int tc = p.op("minimum", Ty::i64, {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(C - 1), Ty::i64)});
+    int tc =
+        p.op("minimum", Ty::i64,
+             {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(C - 1), Ty::i64)});
     int v = p.cast(G->load(p, x, {i[0], Index::expr(tc)}), ty);
     return p.op("where", ty, {ok, p.op("neg", ty, {v}), p.constant(0.0, ty)});
   });

@@ -16,7 +16,9 @@ std::string claim_expand(const Graph& g, const Node& n) {
 
 namespace {
 
-int64_t src_rank(Lowerer& l, const Node& n) { return static_cast<int64_t>(l.val(n.arg(0).tensor_index()).shape.size()); }
+int64_t src_rank(Lowerer& l, const Node& n) {
+  return static_cast<int64_t>(l.val(n.arg(0).tensor_index()).shape.size());
+}
 
 void permute_view(Lowerer& l, const Node& n, std::vector<int64_t> perm) {
   l.view(n.outputs()[0], n.arg(0).tensor_index(), [perm](const Idx& i) {

@@ -198,7 +198,8 @@ Program schedule(const LoweredGraph& L) {
     }
     const bool red = info.kind == ValueInfo::Kind::Reduction;
     const auto shape = stage_shape(info);
-    const int64_t work = std::max<int64_t>(info.numel(), 1) * (red ? std::max<int64_t>(prod(info.red.red_shape), 1) : 1);
+    const int64_t work =
+        std::max<int64_t>(info.numel(), 1) * (red ? std::max<int64_t>(prod(info.red.red_shape), 1) : 1);
     if (red && is_column(L, v)) {
       close();
       cur.outer = shape;
@@ -229,8 +230,9 @@ Program schedule(const LoweredGraph& L) {
       }
     }
     close();
-    cur.outer = red ? shape : (shape.size() >= 2 ? std::vector<int64_t>(shape.begin(), shape.end() - 1)
-                                                  : std::vector<int64_t>{});
+    cur.outer =
+        red ? shape
+            : (shape.size() >= 2 ? std::vector<int64_t>(shape.begin(), shape.end() - 1) : std::vector<int64_t>{});
     cur.stages = {v};
     cur.work = work;
     in_kernel.insert(v);

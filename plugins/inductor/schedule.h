@@ -24,7 +24,7 @@ struct KernelPlan {
   std::vector<int64_t> outer;
   std::vector<int> stages;  // materialized values, in order
   bool column = false;
-  int64_t work = 0;         // elements touched, for the parallel threshold
+  int64_t work = 0;  // elements touched, for the parallel threshold
   // Pointwise stages of one shape whose every access walks some neighbouring dims as one run of
   // memory: the loops are over these groups of dims (outermost first; dims of extent 1 belong to
   // none), `outer` over the leading groups. Empty: one loop per dim.
@@ -35,8 +35,8 @@ struct KernelPlan {
 };
 
 struct Step {
-  int kernel = -1;          // a generated kernel, or
-  int extern_node = -1;     // a node run through call_eager
+  int kernel = -1;       // a generated kernel, or
+  int extern_node = -1;  // a node run through call_eager
 };
 
 struct Program {

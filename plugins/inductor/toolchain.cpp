@@ -33,7 +33,8 @@ std::string hash_hex(const std::string& data) {
     b ^= b >> 29;
   }
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a), static_cast<unsigned long long>(b));
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
+                static_cast<unsigned long long>(b));
   return buf;
 }
 
@@ -131,8 +132,8 @@ bool entry_valid(const std::string& base, const std::string& key, std::string* w
     *why = "manifest without library";
     return false;
   }
-  const std::string expect = "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) +
-                             "\nhash " + hash_hex(so) + "\n";
+  const std::string expect =
+      "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) + "\nhash " + hash_hex(so) + "\n";
   if (manifest != expect) {
     *why = "library does not match its manifest (truncated or corrupt)";
     return false;
@@ -163,8 +164,15 @@ std::string inductor_cache_dir(const std::string& cache_dir) {
 Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>& extra_flags) {
   Toolchain tc;
   if (!cxx.empty()) tc.cxx = cxx;
-  tc.flags = {"-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-              "-fno-semantic-interposition", "-w"};
+  tc.flags = {"-O2",
+              "-std=c++17",
+              "-shared",
+              "-fPIC",
+              "-fopenmp",
+              "-fno-math-errno",
+              "-fno-trapping-math",
+              "-fno-semantic-interposition",
+              "-w"};
   __builtin_cpu_init();
   std::string feats;
   auto add = [&](const char* f, std::initializer_list<const char*> flags) {
@@ -233,8 +241,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
     }
     write_atomic(base + ".ok", "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) +
                                    "\nhash " + hash_hex(so) + "\n");
-    if (stats)
-      stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (stats) stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void* h = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {

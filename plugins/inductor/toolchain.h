@@ -24,9 +24,9 @@ std::string hash_hex(const std::string& data);  // 128-bit FNV-1a, 32 hex digits
 
 struct Toolchain {
   std::string cxx = "c++";
-  std::vector<std::string> flags;   // everything but the source and -o
-  std::string version;              // first line of `cxx --version`
-  std::string cpu_features;         // what the flags target, e.g. "avx2,fma,avx512f"
+  std::vector<std::string> flags;  // everything but the source and -o
+  std::string version;             // first line of `cxx --version`
+  std::string cpu_features;        // what the flags target, e.g. "avx2,fma,avx512f"
 };
 
 // The compiler (the `cxx` option, else c++; the environment is not read, so the options alone say

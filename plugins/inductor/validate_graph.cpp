@@ -7,7 +7,9 @@ namespace kiln::inductor {
 void validate_graph(const plugin::Graph& g) {
   const KilnGraphView* raw = g.raw();
   const size_t nv = raw->num_values;
-  auto bad = [](const std::string& what) { throw plugin::Error(KILN_ERROR_INVALID_ARGUMENT, "malformed graph: " + what); };
+  auto bad = [](const std::string& what) {
+    throw plugin::Error(KILN_ERROR_INVALID_ARGUMENT, "malformed graph: " + what);
+  };
   auto in_range = [nv](int64_t v) { return v >= 0 && static_cast<uint64_t>(v) < nv; };
   if (nv && !raw->values) bad("values is NULL");
   if (raw->num_nodes && !raw->nodes) bad("nodes is NULL");
@@ -17,9 +19,12 @@ void validate_graph(const plugin::Graph& g) {
     const KilnValue* val = raw->values[v];
     if (!val) bad("value " + std::to_string(v) + " is NULL");
     if (val->ndim < 0 || val->ndim > 64) bad("value " + std::to_string(v) + " has rank " + std::to_string(val->ndim));
-    if (val->ndim > 0 && !val->shape) bad("value " + std::to_string(v) + " of rank " + std::to_string(val->ndim) + " has no shape");
+    if (val->ndim > 0 && !val->shape)
+      bad("value " + std::to_string(v) + " of rank " + std::to_string(val->ndim) + " has no shape");
     for (int32_t d = 0; d < val->ndim; ++d)
-      if (val->shape[d] < 0) bad("value " + std::to_string(v) + " has extent " + std::to_string(val->shape[d]) + " in dim " + std::to_string(d));
+      if (val->shape[d] < 0)
+        bad("value " + std::to_string(v) + " has extent " + std::to_string(val->shape[d]) + " in dim " +
+            std::to_string(d));
   }
   for (size_t i = 0; i < raw->num_inputs; ++i)
     if (!in_range(raw->inputs[i]))
@@ -27,8 +32,8 @@ void validate_graph(const plugin::Graph& g) {
           std::to_string(nv) + " values)");
   for (size_t i = 0; i < raw->num_outputs; ++i)
     if (!in_range(raw->outputs[i]))
-      bad("graph output " + std::to_string(i) + " names value index " + std::to_string(raw->outputs[i]) + " (graph has " +
-          std::to_string(nv) + " values)");
+      bad("graph output " + std::to_string(i) + " names value index " + std::to_string(raw->outputs[i]) +
+          " (graph has " + std::to_string(nv) + " values)");
   for (size_t ni = 0; ni < raw->num_nodes; ++ni) {
     const KilnNode* n = raw->nodes[ni];
     if (!n) bad("node " + std::to_string(ni) + " is NULL");
@@ -56,12 +61,12 @@ void validate_graph(const plugin::Graph& g) {
     }
     for (size_t k = 0; k < n->num_inputs; ++k)
       if (!in_range(n->inputs[k]))
-        bad(where + ": input " + std::to_string(k) + " names value index " + std::to_string(n->inputs[k]) + " (graph has " +
-            std::to_string(nv) + " values)");
+        bad(where + ": input " + std::to_string(k) + " names value index " + std::to_string(n->inputs[k]) +
+            " (graph has " + std::to_string(nv) + " values)");
     for (size_t k = 0; k < n->num_outputs; ++k)  // -1: a result nobody uses
       if (n->outputs[k] != -1 && !in_range(n->outputs[k]))
-        bad(where + ": result " + std::to_string(k) + " names value index " + std::to_string(n->outputs[k]) + " (graph has " +
-            std::to_string(nv) + " values)");
+        bad(where + ": result " + std::to_string(k) + " names value index " + std::to_string(n->outputs[k]) +
+            " (graph has " + std::to_string(nv) + " values)");
   }
 }
 

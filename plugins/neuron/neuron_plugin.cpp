@@ -53,7 +53,8 @@ class NeuronPlugin : public Plugin {
     // The device's own compiler comes before any general one (inductor scores 200); a Gaudi's
     // (hpu_backend, 400) before it on a machine with both.
     return Availability::yes(std::to_string(devices.count(KILN_DEVICE_NEURON)) + " Neuron device(s), first " +
-                             dev->name + "; " + kRuntime + " loads", 300);
+                                 dev->name + "; " + kRuntime + " loads",
+                             300);
   }
 
   std::vector<int64_t> claim(const Graph&) override { return {}; }

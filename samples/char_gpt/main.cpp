@@ -74,9 +74,9 @@ int main(int argc, char** argv) {
   }
   const double e = median(std::vector<double>(eager_ms.begin() + 1, eager_ms.end()));
   const double k = median(kiln_ms);
-  std::printf("\ngpt (B=8, T=64, %s): eager %.2f ms/step, kiln %.2f ms/step (%s), ratio %.2fx, "
-              "kiln first step %.2f s\n",
-              device.c_str(), e, k, trainer.compiled() ? "compiled" : "eager fallback", e / k,
-              first_ms / 1000.0);
+  std::printf(
+      "\ngpt (B=8, T=64, %s): eager %.2f ms/step, kiln %.2f ms/step (%s), ratio %.2fx, "
+      "kiln first step %.2f s\n",
+      device.c_str(), e, k, trainer.compiled() ? "compiled" : "eager fallback", e / k, first_ms / 1000.0);
   return 0;
 }

@@ -25,9 +25,9 @@ struct OpInfo {
 
 const std::map<std::string, OpInfo>& supported_ops() {
   static const std::map<std::string, OpInfo> ops = {
-      {"aten::add.Tensor", {OpCode::add, 3, true}},  {"aten::sub.Tensor", {OpCode::sub, 3, true}},
-      {"aten::mul.Tensor", {OpCode::mul, 2, true}},  {"aten::div.Tensor", {OpCode::div, 2, true}},
-      {"aten::relu", {OpCode::relu, 1, false}},      {"aten::neg", {OpCode::neg, 1, false}},
+      {"aten::add.Tensor", {OpCode::add, 3, true}},   {"aten::sub.Tensor", {OpCode::sub, 3, true}},
+      {"aten::mul.Tensor", {OpCode::mul, 2, true}},   {"aten::div.Tensor", {OpCode::div, 2, true}},
+      {"aten::relu", {OpCode::relu, 1, false}},       {"aten::neg", {OpCode::neg, 1, false}},
       {"aten::sigmoid", {OpCode::sigmoid, 1, false}}, {"aten::tanh", {OpCode::tanh, 1, false}},
   };
   return ops;
@@ -72,7 +72,10 @@ class Program : public Executable {
  public:
   Program(std::vector<Step> steps, std::vector<int64_t> slot_numel, size_t n_in, size_t n_out,
           std::vector<std::pair<int, int>> copies)
-      : steps_(std::move(steps)), numel_(std::move(slot_numel)), n_in_(n_in), n_out_(n_out),
+      : steps_(std::move(steps)),
+        numel_(std::move(slot_numel)),
+        n_in_(n_in),
+        n_out_(n_out),
         copies_(std::move(copies)) {
     for (size_t s = n_in_ + n_out_; s < numel_.size(); ++s) scratch_.emplace_back(static_cast<size_t>(numel_[s]));
   }
@@ -100,14 +103,30 @@ class Program : public Executable {
       float* o = slot[static_cast<size_t>(s.out)];
       const float alpha = s.alpha_scalar >= 0 ? static_cast<float>(scalars.number(s.alpha_scalar)) : s.alpha;
       switch (s.code) {
-        case OpCode::add: for (int64_t k = 0; k < n; ++k) o[k] = x[k] + alpha * y[k]; break;
-        case OpCode::sub: for (int64_t k = 0; k < n; ++k) o[k] = x[k] - alpha * y[k]; break;
-        case OpCode::mul: for (int64_t k = 0; k < n; ++k) o[k] = x[k] * y[k]; break;
-        case OpCode::div: for (int64_t k = 0; k < n; ++k) o[k] = x[k] / y[k]; break;
-        case OpCode::relu: for (int64_t k = 0; k < n; ++k) o[k] = x[k] > 0.f ? x[k] : 0.f; break;
-        case OpCode::neg: for (int64_t k = 0; k < n; ++k) o[k] = -x[k]; break;
-        case OpCode::sigmoid: for (int64_t k = 0; k < n; ++k) o[k] = 1.f / (1.f + std::exp(-x[k])); break;
-        case OpCode::tanh: for (int64_t k = 0; k < n; ++k) o[k] = std::tanh(x[k]); break;
+        case OpCode::add:
+          for (int64_t k = 0; k < n; ++k) o[k] = x[k] + alpha * y[k];
+          break;
+        case OpCode::sub:
+          for (int64_t k = 0; k < n; ++k) o[k] = x[k] - alpha * y[k];
+          break;
+        case OpCode::mul:
+          for (int64_t k = 0; k < n; ++k) o[k] = x[k] * y[k];
+          break;
+        case OpCode::div:
+          for (int64_t k = 0; k < n; ++k) o[k] = x[k] / y[k];
+          break;
+        case OpCode::relu:
+          for (int64_t k = 0; k < n; ++k) o[k] = x[k] > 0.f ? x[k] : 0.f;
+          break;
+        case OpCode::neg:
+          for (int64_t k = 0; k < n; ++k) o[k] = -x[k];
+          break;
+        case OpCode::sigmoid:
+          for (int64_t k = 0; k < n; ++k) o[k] = 1.f / (1.f + std::exp(-x[k]));
+          break;
+        case OpCode::tanh:
+          for (int64_t k = 0; k < n; ++k) o[k] = std::tanh(x[k]);
+          break;
       }
     }
     // Outputs that are graph inputs (or another output) passed through unchanged.
@@ -188,8 +207,8 @@ class CustomElementwise : public Plugin {
     for (size_t i = 0; i < g.num_nodes(); ++i) {
       Node node = g.node(static_cast<int64_t>(i));
       if (!takes(g, node))
-        throw Error(KILN_ERROR_INVALID_ARGUMENT, "node " + std::to_string(i) + " (" + node.op() +
-                                                     ") is not a same-shape float32 elementwise op");
+        throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                    "node " + std::to_string(i) + " (" + node.op() + ") is not a same-shape float32 elementwise op");
       const OpInfo& info = supported_ops().at(node.op());
       auto slot = [&](int64_t value) {
         auto it = slot_of.find(value);

@@ -54,8 +54,8 @@ class Program : public Executable {
   void execute_with_scalars(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, const Scalars& scalars,
                             void*) override {
     if (n_in != n_in_ || n_out != n_out_)
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in_) + " inputs and " +
-                                                   std::to_string(n_out_) + " outputs");
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  "expected " + std::to_string(n_in_) + " inputs and " + std::to_string(n_out_) + " outputs");
     // Slot pointers: the host's tensors, then temporaries that live for this call only.
     std::vector<float*> slot(numel_.size(), nullptr);
     std::vector<std::vector<float>> temps;
@@ -64,8 +64,10 @@ class Program : public Executable {
       if (t) {
         Tensor view(t);
         if (!is_float32(view.dtype()) || !view.is_contiguous() || view.numel() != numel_[i])
-          throw Error(KILN_ERROR_INVALID_ARGUMENT, "tensor " + std::to_string(i) + " must be a contiguous float32 "
-                                                   "tensor of " + std::to_string(numel_[i]) + " elements");
+          throw Error(KILN_ERROR_INVALID_ARGUMENT, "tensor " + std::to_string(i) +
+                                                       " must be a contiguous float32 "
+                                                       "tensor of " +
+                                                       std::to_string(numel_[i]) + " elements");
         slot[i] = view.data<float>();
       } else {
         temps.emplace_back(static_cast<size_t>(numel_[i]));
@@ -118,11 +120,12 @@ class MinimalRelu : public Plugin {
     if (options.mode != KILN_MODE_DEFAULT)
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "mode " + std::to_string(options.mode) + " is not one it lists");
     if (!options.options.empty())
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + options.options.begin()->first +
-                                                   "' in [plugin.minimal_relu] (it takes none)");
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  "unknown option '" + options.options.begin()->first + "' in [plugin.minimal_relu] (it takes none)");
     // compile may be handed any subgraph, also one with nodes claim would not take.
     for (int64_t i = 0; i < static_cast<int64_t>(g.num_nodes()); ++i)
-      if (!takes(g, i)) throw Unimplemented("node " + std::to_string(i) + " (" + g.node(i).op() + ") is not relu or mul.Scalar");
+      if (!takes(g, i))
+        throw Unimplemented("node " + std::to_string(i) + " (" + g.node(i).op() + ") is not relu or mul.Scalar");
     // Slots: subgraph inputs, subgraph outputs, then every other value a node writes.
     std::vector<int64_t> slot_of(g.num_values(), -1), numel;
     auto add_slot = [&](int64_t v) {

@@ -192,7 +192,8 @@ void expect_same(const GraphOutcome& a, const GraphOutcome& b, const std::string
   ASSERT_EQ(a.compiles.size(), b.compiles.size()) << what;
   for (size_t i = 0; i < a.compiles.size(); ++i)
     EXPECT_EQ(a.compiles[i].ok ? 0 : a.compiles[i].code, b.compiles[i].ok ? 0 : b.compiles[i].code)
-        << what << ": compile of group " << i << ": " << status_text(a.compiles[i]) << " vs " << status_text(b.compiles[i]);
+        << what << ": compile of group " << i << ": " << status_text(a.compiles[i]) << " vs "
+        << status_text(b.compiles[i]);
   for (const auto& p : b.execute_problems) ADD_FAILURE() << what << ": " << p;
 }
 
@@ -207,7 +208,8 @@ TEST(ABI, ExportsOnlyTheEntrySymbol) {
   for (const auto& s : syms) {
     if (s.name == KILN_PLUGIN_INIT_SYMBOL) {
       entry = true;
-      EXPECT_EQ(s.type, static_cast<unsigned>(STT_FUNC)) << KILN_PLUGIN_INIT_SYMBOL " is exported but is not a function";
+      EXPECT_EQ(s.type, static_cast<unsigned>(STT_FUNC))
+          << KILN_PLUGIN_INIT_SYMBOL " is exported but is not a function";
     } else {
       extra.push_back(s.name);
     }
@@ -215,8 +217,7 @@ TEST(ABI, ExportsOnlyTheEntrySymbol) {
   EXPECT_TRUE(entry) << "the library does not export " KILN_PLUGIN_INIT_SYMBOL;
   std::string list;
   for (size_t i = 0; i < extra.size() && i < 8; ++i) list += (i ? ", " : "") + extra[i];
-  EXPECT_TRUE(extra.empty()) << extra.size() << " other symbols exported (" << list
-                             << (extra.size() > 8 ? ", ..." : "")
+  EXPECT_TRUE(extra.empty()) << extra.size() << " other symbols exported (" << list << (extra.size() > 8 ? ", ..." : "")
                              << "); hide them with a version script (kiln_add_plugin does)";
   note("exports " KILN_PLUGIN_INIT_SYMBOL " only");
 }
@@ -227,7 +228,8 @@ TEST(ABI, InitReturnsAWellFormedTable) {
   ASSERT_TRUE(ctx.ok()) << "kiln_plugin_init refused a host of ABI " << KILN_ABI_VERSION_MAJOR << "."
                         << KILN_ABI_VERSION_MINOR << ": " << ctx.error();
   const KilnPluginApi* api = ctx.api();
-  EXPECT_GE(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE) << "table smaller than the ABI " << KILN_ABI_VERSION_MAJOR << ".0 layout";
+  EXPECT_GE(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE)
+      << "table smaller than the ABI " << KILN_ABI_VERSION_MAJOR << ".0 layout";
   EXPECT_EQ(api->abi_major, static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR));
   EXPECT_TRUE(api->error_code && api->error_message && api->error_destroy) << "error functions are required";
   EXPECT_NE(api->descriptor, nullptr) << "descriptor is required";
@@ -254,7 +256,8 @@ TEST(ABI, DescriptorIsSane) {
   ASSERT_NE(d, nullptr);
   EXPECT_GE(d->struct_size, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE);
   ASSERT_NE(d->name, nullptr) << "name is required";
-  EXPECT_TRUE(std::regex_match(d->name, std::regex("[a-z0-9_]{1,64}"))) << "name '" << d->name << "' is not [a-z0-9_]+ (at most 64)";
+  EXPECT_TRUE(std::regex_match(d->name, std::regex("[a-z0-9_]{1,64}")))
+      << "name '" << d->name << "' is not [a-z0-9_]+ (at most 64)";
   ASSERT_NE(d->version, nullptr) << "version is required";
   EXPECT_GT(std::strlen(d->version), 0u) << "version is empty";
   ASSERT_NE(d->vendor, nullptr) << "vendor is required";
@@ -290,13 +293,14 @@ TEST(ABI, NegotiatesWithAHostOneMinorNewer) {
   newer.struct_size = KILN_HOST_API_STRUCT_SIZE + 16;  // two fields this header does not know
   RawContext ctx(lib, newer);
   const std::string major = std::to_string(KILN_ABI_VERSION_MAJOR) + ".";
-  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI " << major << newer.abi_minor << " (one minor newer than its " << major << minor
-                        << "): " << ctx.error();
+  ASSERT_TRUE(ctx.ok()) << "refused a host of ABI " << major << newer.abi_minor << " (one minor newer than its "
+                        << major << minor << "): " << ctx.error();
   EXPECT_EQ(ctx.api()->abi_major, static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR));
   EXPECT_EQ(ctx.api()->abi_minor, minor) << "the plugin must say the version it was built for, not the host's";
   RawContext base(lib, {});
   ASSERT_TRUE(base.ok()) << base.error();
-  for (const auto& s : sample_graphs()) expect_same(drive(base, s, StructLayout::Exact), drive(ctx, s, StructLayout::Exact), s.label);
+  for (const auto& s : sample_graphs())
+    expect_same(drive(base, s, StructLayout::Exact), drive(ctx, s, StructLayout::Exact), s.label);
   note("host " + major + std::to_string(newer.abi_minor) + " accepted; effective ABI " + major + std::to_string(minor));
 }
 
@@ -320,16 +324,20 @@ TEST(ABI, NegotiatesWithAHostOneMinorOlder) {
   size_t executed = 0;
   for (const auto& s : sample_graphs()) {
     auto o = drive(ctx, s, layout);
-    expect_same(drive(base, s, StructLayout::Exact), o, s.label + " (host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) + ")");
+    expect_same(
+        drive(base, s, StructLayout::Exact), o,
+        s.label + " (host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) + ")");
     executed += o.executed;
   }
-  note("host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) + " with its own struct layout accepted; same claims and compiles; " +
-       std::to_string(executed) + " groups executed");
+  note("host " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." + std::to_string(older.abi_minor) +
+       " with its own struct layout accepted; same claims and compiles; " + std::to_string(executed) +
+       " groups executed");
 }
 
 TEST(ABI, RefusesAHostOfAnotherMajor) {
   RawLibrary lib(settings().plugin_path);
-  for (uint32_t major : {static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR + 1), static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR - 1)}) {
+  for (uint32_t major :
+       {static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR + 1), static_cast<uint32_t>(KILN_ABI_VERSION_MAJOR - 1)}) {
     HostTableSpec other;
     other.abi_major = major;
     other.abi_minor = 0;
@@ -337,7 +345,8 @@ TEST(ABI, RefusesAHostOfAnotherMajor) {
     RawContext ctx(lib, other);
     EXPECT_FALSE(ctx.ok()) << "accepted a host of ABI " << major << ".0";
     if (ctx.ok()) continue;
-    EXPECT_EQ(ctx.error_code(), KILN_ERROR_ABI_MISMATCH) << "host " << major << ".0 refused, but not with KILN_ERROR_ABI_MISMATCH: " << ctx.error();
+    EXPECT_EQ(ctx.error_code(), KILN_ERROR_ABI_MISMATCH)
+        << "host " << major << ".0 refused, but not with KILN_ERROR_ABI_MISMATCH: " << ctx.error();
     EXPECT_NE(ctx.error().find(std::to_string(major)), std::string::npos)
         << "the message should name the host's version " << major << ".0: " << ctx.error();
   }
@@ -365,8 +374,8 @@ TEST(ABI, AcceptsStructsLargerThanItsOwn) {
     expect_same(exact, padded, s.label + " (structs +64 bytes)");
     executed += padded.executed;
   }
-  note("host table, devices, availability, graph, values, nodes, args +64 bytes: same answers; " + std::to_string(executed) +
-       " groups executed");
+  note("host table, devices, availability, graph, values, nodes, args +64 bytes: same answers; " +
+       std::to_string(executed) + " groups executed");
 }
 
 TEST(ABI, ReadsNothingPastStructSize) {
@@ -417,7 +426,8 @@ TEST(ABI, TreatsNullOptionalHostFunctionsAsUnimplemented) {
     for (const auto& p : o.execute_problems) ADD_FAILURE() << p;
     executed += o.executed;
   }
-  note("without device_alloc/device_free/call_eager: no call to them; " + std::to_string(executed) + " groups still executed");
+  note("without device_alloc/device_free/call_eager: no call to them; " + std::to_string(executed) +
+       " groups still executed");
 }
 
 TEST(ABI, ErrorsCarryACodeAndAMessage) {
@@ -434,7 +444,9 @@ TEST(ABI, ErrorsCarryACodeAndAMessage) {
     HostTableSpec other;
     other.abi_major = KILN_ABI_VERSION_MAJOR + 1;
     RawContext ctx(lib, other);
-    if (!ctx.ok()) check("init with host " + std::to_string(KILN_ABI_VERSION_MAJOR + 1) + ".0", RawContext::Status{false, ctx.error_code(), ctx.error()});
+    if (!ctx.ok())
+      check("init with host " + std::to_string(KILN_ABI_VERSION_MAJOR + 1) + ".0",
+            RawContext::Status{false, ctx.error_code(), ctx.error()});
   }
   RawContext ctx(lib, {});
   ASSERT_TRUE(ctx.ok()) << ctx.error();
@@ -549,19 +561,23 @@ TEST(ABI, LoadUnloadAndReloadWithoutLeaks) {
       RawContext ctx(lib, {});
     });
     char b[200];
-    std::snprintf(b, sizeof b, "; of that, %d cycles of dlopen/dlclose alone grow it by %.1f KiB, with init/shutdown %.1f KiB",
+    std::snprintf(b, sizeof b,
+                  "; of that, %d cycles of dlopen/dlclose alone grow it by %.1f KiB, with init/shutdown %.1f KiB",
                   kCycles, load_kib, init_kib);
     breakdown = b;
     if (links_libstdcxx_statically(settings().plugin_path))
-      breakdown += "; the plugin links libstdc++ statically, and each loaded copy allocates libstdc++'s emergency "
-                   "exception pool (~72 KiB), which it never frees (GCC 13 and later can turn the pool off with "
-                   "GLIBCXX_TUNABLES=glibcxx.eh_pool.obj_count=0, older ones cannot): link libstdc++ dynamically";
+      breakdown +=
+          "; the plugin links libstdc++ statically, and each loaded copy allocates libstdc++'s emergency "
+          "exception pool (~72 KiB), which it never frees (GCC 13 and later can turn the pool off with "
+          "GLIBCXX_TUNABLES=glibcxx.eh_pool.obj_count=0, older ones cannot): link libstdc++ dynamically";
   }
-  EXPECT_LT(grew_kib, 256.0) << "the heap grew by " << grew_kib << " KiB over " << kCycles
-                             << " cycles (about " << grew_kib / kCycles << " KiB per load/unload)" << breakdown;
+  EXPECT_LT(grew_kib, 256.0) << "the heap grew by " << grew_kib << " KiB over " << kCycles << " cycles (about "
+                             << grew_kib / kCycles << " KiB per load/unload)" << breakdown;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%d cycles: fds, threads and mappings flat, heap %+.1f KiB%s; %s after the last unload",
-                kCycles, grew_kib, runtime_note.empty() ? "" : " besides libstdc++'s pools", count_maps(real) == 0 ? "unmapped" : "still mapped (not unloadable: RTLD_NODELETE or unique symbols)");
+  std::snprintf(buf, sizeof buf,
+                "%d cycles: fds, threads and mappings flat, heap %+.1f KiB%s; %s after the last unload", kCycles,
+                grew_kib, runtime_note.empty() ? "" : " besides libstdc++'s pools",
+                count_maps(real) == 0 ? "unmapped" : "still mapped (not unloadable: RTLD_NODELETE or unique symbols)");
   note(buf);
   if (!runtime_note.empty()) note(runtime_note);
 }

@@ -48,8 +48,8 @@ TEST(Availability, AgreesWithTheHardwareProbe) {
   EXPECT_FALSE(a.reason.empty()) << "available() gave no reason; `kiln plugins` shows it";
   if (a.available) {
     EXPECT_NE(kinds_here & p->device_kinds(), 0u)
-        << "says it is available, but the probe found no device of its kinds (" << device_kinds_string(p->device_kinds())
-        << "; found " << device_kinds_string(kinds_here) << ")";
+        << "says it is available, but the probe found no device of its kinds ("
+        << device_kinds_string(p->device_kinds()) << "; found " << device_kinds_string(kinds_here) << ")";
   }
   // With no device at all, and with only devices of kinds it does not serve, it cannot run.
   const auto none = p->available(std::vector<PluginDevice>{});
@@ -75,7 +75,8 @@ TEST(Availability, AgreesWithTheHardwareProbe) {
   EXPECT_EQ(again.available, a.available) << "a second call answered differently";
   EXPECT_EQ(again.reason, a.reason);
   EXPECT_LT(ms, 1000.0) << "available() took " << ms << " ms; it must be cheap (no device contexts, no compiling)";
-  note(std::string(a.available ? "available: " : "unavailable: ") + a.reason + " (probe: " + describe_devices(hw::probe().devices) + ")");
+  note(std::string(a.available ? "available: " : "unavailable: ") + a.reason +
+       " (probe: " + describe_devices(hw::probe().devices) + ")");
 }
 
 }  // namespace

@@ -45,7 +45,8 @@ TEST(Claim, ClaimsReferToRealNodes) {
     ++graphs;
     nodes += view.view().num_nodes;
     ASSERT_LE(n, view.view().num_nodes) << s.label << ": claimed " << n << " nodes of " << view.view().num_nodes;
-    EXPECT_EQ(buf[view.view().num_nodes], -7) << s.label << ": wrote past the claimed_nodes buffer (capacity num_nodes)";
+    EXPECT_EQ(buf[view.view().num_nodes], -7)
+        << s.label << ": wrote past the claimed_nodes buffer (capacity num_nodes)";
     std::set<int64_t> seen;
     for (size_t i = 0; i < n; ++i) {
       EXPECT_TRUE(buf[i] >= 0 && static_cast<size_t>(buf[i]) < view.view().num_nodes)
@@ -54,8 +55,8 @@ TEST(Claim, ClaimsReferToRealNodes) {
     }
     claimed += n;
   }
-  note("claims over " + std::to_string(graphs) + " graphs: " + std::to_string(claimed) + " of " + std::to_string(nodes) +
-       " nodes, all in range and distinct");
+  note("claims over " + std::to_string(graphs) + " graphs: " + std::to_string(claimed) + " of " +
+       std::to_string(nodes) + " nodes, all in range and distinct");
 }
 
 TEST(Claim, ClaimsAreStableAcrossIdenticalCalls) {

@@ -66,7 +66,9 @@ TEST(Error, MalformedGraphsGiveErrors) {
              }
        }},
       {"a node result naming a value that does not exist",
-       [](KilnGraphView* g) { const_cast<int64_t*>(g->nodes[g->num_nodes - 1]->outputs)[0] = static_cast<int64_t>(g->num_values) + 9; }},
+       [](KilnGraphView* g) {
+         const_cast<int64_t*>(g->nodes[g->num_nodes - 1]->outputs)[0] = static_cast<int64_t>(g->num_values) + 9;
+       }},
   };
   size_t refused = 0;
   for (const auto& s : sample_graphs()) {
@@ -103,8 +105,8 @@ TEST(Error, UnknownOpsAreNotClaimedAndDoNotCompile) {
   // relu over a plain float32 tensor: what any pointwise backend takes, renamed.
   OpVariant v;
   for (const auto& c : op_catalogue("UnaryPointwise"))
-    if (c.op == "aten::relu" && c.inputs[0].shape == std::vector<int64_t>{4, 5} && c.inputs[0].dtype == c10::ScalarType::Float &&
-        c.inputs[0].layout == InputSpec::Layout::Contiguous) {
+    if (c.op == "aten::relu" && c.inputs[0].shape == std::vector<int64_t>{4, 5} &&
+        c.inputs[0].dtype == c10::ScalarType::Float && c.inputs[0].layout == InputSpec::Layout::Contiguous) {
       v = c;
       break;
     }
@@ -168,12 +170,14 @@ TEST(Error, BadOptionsGiveErrors) {
         return;
       }
       EXPECT_TRUE(coded(st)) << s.label << " with " << what << ": " << st.message;
-      if (st.code != KILN_ERROR_INVALID_ARGUMENT && st.code != KILN_ERROR_UNIMPLEMENTED && codes.find(what) == std::string::npos)
+      if (st.code != KILN_ERROR_INVALID_ARGUMENT && st.code != KILN_ERROR_UNIMPLEMENTED &&
+          codes.find(what) == std::string::npos)
         codes += " " + what + " gave " + error_code_name(st.code) + " (expected invalid argument);";
       ++refused;
     };
     expect_refused("an unknown option", KILN_MODE_DEFAULT, {{"kiln_conformance_no_such_option", "1"}}, true);
-    expect_refused("an unknown option with an empty value", KILN_MODE_DEFAULT, {{"kiln_conformance_no_such_option", ""}}, true);
+    expect_refused("an unknown option with an empty value", KILN_MODE_DEFAULT,
+                   {{"kiln_conformance_no_such_option", ""}}, true);
     expect_refused("mode 99", static_cast<KilnMode>(99), {}, false);
     for (KilnMode m : {KILN_MODE_REDUCE_OVERHEAD, KILN_MODE_MAX_AUTOTUNE, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS})
       if (!(modes & KILN_MODE_BIT(m)))

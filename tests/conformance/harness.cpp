@@ -100,9 +100,10 @@ std::string reason_to_skip_execution() {
   const auto& a = availability();
   if (!a.available) return "the plugin is unavailable here: " + a.reason;
   if (!plugin_serves_case_device())
-    return "the plugin does not compile for " + settings().device + " (its device kinds: " +
-           device_kinds_string(loaded_plugin()->device_kinds()) + "); try --device";
-  if (settings().device == "cuda" && !torch::cuda::is_available()) return "--device cuda, but LibTorch sees no CUDA device";
+    return "the plugin does not compile for " + settings().device +
+           " (its device kinds: " + device_kinds_string(loaded_plugin()->device_kinds()) + "); try --device";
+  if (settings().device == "cuda" && !torch::cuda::is_available())
+    return "--device cuda, but LibTorch sees no CUDA device";
   return "";
 }
 
@@ -335,8 +336,7 @@ RawContext::Status RawContext::claim(const KilnGraphView* view, std::vector<int6
 }
 
 RawContext::Status RawContext::compile(const KilnGraphView* view, KilnMode mode,
-                                       const std::map<std::string, std::string>& options,
-                                       KilnExecutable** exe) const {
+                                       const std::map<std::string, std::string>& options, KilnExecutable** exe) const {
   std::vector<KilnOption> kv;
   for (const auto& [k, v] : options) kv.push_back({KILN_OPTION_STRUCT_SIZE, k.c_str(), v.c_str()});
   std::vector<const KilnOption*> ptrs;
@@ -422,7 +422,8 @@ std::vector<at::Tensor> eager_env(const ir::Graph& g, const std::vector<at::Tens
 std::vector<PartitionGroup> groups_of(const ir::Graph& g, std::vector<int64_t> claims) {
   std::vector<int64_t> kept;
   for (auto c : claims)
-    if (c >= 0 && static_cast<size_t>(c) < g.nodes.size() && node_can_be_claimed(g.nodes[static_cast<size_t>(c)], false))
+    if (c >= 0 && static_cast<size_t>(c) < g.nodes.size() &&
+        node_can_be_claimed(g.nodes[static_cast<size_t>(c)], false))
       kept.push_back(c);
   std::sort(kept.begin(), kept.end());
   kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
@@ -430,7 +431,8 @@ std::vector<PartitionGroup> groups_of(const ir::Graph& g, std::vector<int64_t> c
 }
 
 std::vector<SampleGraph> sample_graphs() {
-  const c10::Device dev = settings().device == "cuda" && torch::cuda::is_available() ? case_device() : c10::Device(c10::kCPU);
+  const c10::Device dev =
+      settings().device == "cuda" && torch::cuda::is_available() ? case_device() : c10::Device(c10::kCPU);
   std::vector<SampleGraph> out;
   for (const auto& v : op_catalogue("FusedChains")) {
     auto sample = make_inputs(v, dev);

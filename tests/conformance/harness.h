@@ -92,8 +92,8 @@ class Arena {
 
 // How the structs of a copied graph view are laid out.
 enum class StructLayout {
-  Exact,    // struct_size as in this header, each struct against a guard page
-  Padded,   // struct_size + 64, the 64 extra bytes filled with 0xA5: a newer host's layout
+  Exact,   // struct_size as in this header, each struct against a guard page
+  Padded,  // struct_size + 64, the 64 extra bytes filled with 0xA5: a newer host's layout
   // An older host's layout (each struct cut to the size an older minor defined) joins here when a
   // 2.x minor first grows a struct of the graph view; at 2.0 there is no older minor to write.
 };
@@ -180,10 +180,10 @@ class PluginProgram {
   // Throws PluginError from claim.
   explicit PluginProgram(const ir::Graph& graph, KilnMode mode = KILN_MODE_DEFAULT);
   ~PluginProgram();
-  size_t claimed() const { return claimed_; }                 // nodes the plugin claimed
-  size_t nodes_compiled() const { return nodes_compiled_; }   // nodes the plugin runs
+  size_t claimed() const { return claimed_; }                                         // nodes the plugin claimed
+  size_t nodes_compiled() const { return nodes_compiled_; }                           // nodes the plugin runs
   const std::vector<std::string>& compile_errors() const { return compile_errors_; }  // not UNIMPLEMENTED
-  size_t groups_declined() const { return groups_declined_; }  // KILN_ERROR_UNIMPLEMENTED
+  size_t groups_declined() const { return groups_declined_; }                         // KILN_ERROR_UNIMPLEMENTED
   // The graph outputs for `inputs`. Throws PluginError from execute.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
 

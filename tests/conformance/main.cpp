@@ -31,7 +31,9 @@ class ResultWriter : public ::testing::EmptyTestEventListener {
     } else if (r.failed()) {
       std::string where = r.file_name() ? std::string(r.file_name()) : "";
       where = where.substr(where.find_last_of('/') + 1);
-      append_result_line("failure", std::string(r.message()) + (where.empty() ? "" : " [" + where + ":" + std::to_string(r.line_number()) + "]"));
+      append_result_line(
+          "failure",
+          std::string(r.message()) + (where.empty() ? "" : " [" + where + ":" + std::to_string(r.line_number()) + "]"));
     }
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
@@ -45,7 +47,8 @@ std::vector<std::string> all_cases() {
   auto* u = ::testing::UnitTest::GetInstance();
   for (int i = 0; i < u->total_test_suite_count(); ++i) {
     const auto* s = u->GetTestSuite(i);
-    for (int j = 0; j < s->total_test_count(); ++j) out.push_back(std::string(s->name()) + "." + s->GetTestInfo(j)->name());
+    for (int j = 0; j < s->total_test_count(); ++j)
+      out.push_back(std::string(s->name()) + "." + s->GetTestInfo(j)->name());
   }
   return out;
 }

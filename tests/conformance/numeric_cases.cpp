@@ -117,7 +117,8 @@ void check_family(const std::string& family) {
   if (checked == 0) GTEST_SKIP() << "the plugin claims none of the " << variants.size() << " " << family << " variants";
   char buf[256];
   std::snprintf(buf, sizeof buf, "%zu of %zu variants claimed and checked (%zu nodes compiled); worst rel err %.2e%s%s",
-                checked, variants.size(), compiled_nodes, worst, worst_label.empty() ? "" : " in ", worst_label.c_str());
+                checked, variants.size(), compiled_nodes, worst, worst_label.empty() ? "" : " in ",
+                worst_label.c_str());
   note(buf);
 }
 

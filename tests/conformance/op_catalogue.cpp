@@ -26,13 +26,37 @@ struct T : InputSpec {
     shape = std::move(s);
     dtype = d;
   }
-  T& t() { layout = Layout::Transposed; return *this; }
-  T& strided() { layout = Layout::Strided; return *this; }
-  T& offset() { layout = Layout::Offset; return *this; }
-  T& pos() { fill = Fill::Positive; return *this; }
-  T& small() { fill = Fill::Small; return *this; }
-  T& idx(int64_t bound) { fill = Fill::Index; index_bound = bound; dtype = i64; return *this; }
-  T& boolean() { fill = Fill::Bool; dtype = c10::ScalarType::Bool; return *this; }
+  T& t() {
+    layout = Layout::Transposed;
+    return *this;
+  }
+  T& strided() {
+    layout = Layout::Strided;
+    return *this;
+  }
+  T& offset() {
+    layout = Layout::Offset;
+    return *this;
+  }
+  T& pos() {
+    fill = Fill::Positive;
+    return *this;
+  }
+  T& small() {
+    fill = Fill::Small;
+    return *this;
+  }
+  T& idx(int64_t bound) {
+    fill = Fill::Index;
+    index_bound = bound;
+    dtype = i64;
+    return *this;
+  }
+  T& boolean() {
+    fill = Fill::Bool;
+    dtype = c10::ScalarType::Bool;
+    return *this;
+  }
 };
 
 // A one-node variant: `call` reads %0.. and has `results` results.
@@ -50,8 +74,9 @@ OpVariant node(const std::string& family, const std::string& call, std::vector<I
 
 // The shapes every pointwise op runs over (one input).
 std::vector<InputSpec> unary_shapes(Fill fill) {
-  std::vector<T> s = {T({}), T({0}), T({1}), T({1, 1}), T({7}), T({4, 5}), T({2, 3, 4}), T({33, 65}),
-                      T({4, 5}).t(), T({9}).strided(), T({4, 5}).offset(), T({4, 5}, bf16), T({4, 5}, f64)};
+  std::vector<T> s = {
+      T({}),       T({0}),        T({1}),           T({1, 1}),          T({7}),          T({4, 5}),     T({2, 3, 4}),
+      T({33, 65}), T({4, 5}).t(), T({9}).strided(), T({4, 5}).offset(), T({4, 5}, bf16), T({4, 5}, f64)};
   std::vector<InputSpec> out;
   for (auto& t : s) {
     t.fill = fill;
@@ -64,11 +89,21 @@ std::vector<InputSpec> unary_shapes(Fill fill) {
 // other dtypes and mixed dtypes (type promotion).
 std::vector<std::pair<InputSpec, InputSpec>> binary_shapes(Fill second) {
   std::vector<std::pair<T, T>> s = {
-      {T({4, 5}), T({4, 5})},     {T({}), T({})},           {T({1}), T({1})},
-      {T({33, 65}), T({33, 65})}, {T({4, 5}), T({5})},      {T({4, 1}), T({1, 5})},
-      {T({}), T({4, 5})},         {T({4, 5}), T({1})},      {T({0, 5}), T({5})},
-      {T({4, 5}).t(), T({4, 5})}, {T({4, 5}), T({4, 5}).offset()}, {T({9}).strided(), T({9})},
-      {T({4, 5}, bf16), T({4, 5}, bf16)}, {T({4, 5}, f64), T({4, 5}, f64)}, {T({4, 5}), T({4, 5}, bf16)},
+      {T({4, 5}), T({4, 5})},
+      {T({}), T({})},
+      {T({1}), T({1})},
+      {T({33, 65}), T({33, 65})},
+      {T({4, 5}), T({5})},
+      {T({4, 1}), T({1, 5})},
+      {T({}), T({4, 5})},
+      {T({4, 5}), T({1})},
+      {T({0, 5}), T({5})},
+      {T({4, 5}).t(), T({4, 5})},
+      {T({4, 5}), T({4, 5}).offset()},
+      {T({9}).strided(), T({9})},
+      {T({4, 5}, bf16), T({4, 5}, bf16)},
+      {T({4, 5}, f64), T({4, 5}, f64)},
+      {T({4, 5}), T({4, 5}, bf16)},
   };
   std::vector<std::pair<InputSpec, InputSpec>> out;
   for (auto& [a, b] : s) {
@@ -84,12 +119,18 @@ std::vector<OpVariant> build_catalogue() {
 
   // ---- Pointwise, one tensor ----
   const std::vector<std::pair<std::string, Fill>> unary = {
-      {"aten::relu(%0)", Fill::Normal},        {"aten::neg(%0)", Fill::Normal},
-      {"aten::exp(%0)", Fill::Normal},         {"aten::log(%0)", Fill::Positive},
-      {"aten::sqrt(%0)", Fill::Positive},      {"aten::rsqrt(%0)", Fill::Positive},
-      {"aten::sigmoid(%0)", Fill::Normal},     {"aten::tanh(%0)", Fill::Normal},
-      {"aten::abs(%0)", Fill::Normal},         {"aten::reciprocal(%0)", Fill::Positive},
-      {"aten::gelu(%0, \"none\")", Fill::Normal}, {"aten::gelu(%0, \"tanh\")", Fill::Normal},
+      {"aten::relu(%0)", Fill::Normal},
+      {"aten::neg(%0)", Fill::Normal},
+      {"aten::exp(%0)", Fill::Normal},
+      {"aten::log(%0)", Fill::Positive},
+      {"aten::sqrt(%0)", Fill::Positive},
+      {"aten::rsqrt(%0)", Fill::Positive},
+      {"aten::sigmoid(%0)", Fill::Normal},
+      {"aten::tanh(%0)", Fill::Normal},
+      {"aten::abs(%0)", Fill::Normal},
+      {"aten::reciprocal(%0)", Fill::Positive},
+      {"aten::gelu(%0, \"none\")", Fill::Normal},
+      {"aten::gelu(%0, \"tanh\")", Fill::Normal},
       {"aten::mul.Scalar(%0, scalar(0.5))", Fill::Normal},
       {"aten::add.Scalar(%0, scalar(1.5), scalar(1))", Fill::Normal},
       {"aten::pow.Tensor_Scalar(%0, scalar(2))", Fill::Normal},
@@ -138,7 +179,8 @@ std::vector<OpVariant> build_catalogue() {
   add(node("OptimizerPointwise", "aten::where.self(%0, %1, %2)", {T({4, 1}).boolean(), T({5}), T({4, 5})}));
 
   // ---- Reductions ----
-  for (const auto& t : {T({4, 5}), T({33, 65}), T({2, 3, 4}), T({4, 5}).t(), T({0, 5}), T({1, 1}), T({4, 5}, bf16), T({4, 5}, f64)}) {
+  for (const auto& t :
+       {T({4, 5}), T({33, 65}), T({2, 3, 4}), T({4, 5}).t(), T({0, 5}), T({1, 1}), T({4, 5}, bf16), T({4, 5}, f64)}) {
     const std::string last = std::to_string(static_cast<int64_t>(t.shape.size()) - 1);
     add(node("Reductions", "aten::sum(%0, None)", {t}));
     add(node("Reductions", "aten::sum.dim_IntList(%0, i[0], false, None)", {t}));
@@ -158,10 +200,14 @@ std::vector<OpVariant> build_catalogue() {
     add(node("Softmax", "aten::_softmax(%0, 0, false)", {t}));
     InputSpec g = t;
     g.layout = Layout::Contiguous;
-    add(node("Softmax", "aten::_softmax_backward_data(%0, %1, " + last + ", dtype(" +
-                            std::string(t.dtype == f64 ? "f64" : "f32") + "))", {g, g}));
-    add(node("Softmax", "aten::_log_softmax_backward_data(%0, %1, " + last + ", dtype(" +
-                            std::string(t.dtype == f64 ? "f64" : "f32") + "))", {g, g}));
+    add(node("Softmax",
+             "aten::_softmax_backward_data(%0, %1, " + last + ", dtype(" + std::string(t.dtype == f64 ? "f64" : "f32") +
+                 "))",
+             {g, g}));
+    add(node("Softmax",
+             "aten::_log_softmax_backward_data(%0, %1, " + last + ", dtype(" +
+                 std::string(t.dtype == f64 ? "f64" : "f32") + "))",
+             {g, g}));
   }
   add(node("Softmax", "aten::_softmax(%0, 1, false)", {T({4, 5}, bf16)}));
 
@@ -170,8 +216,7 @@ std::vector<OpVariant> build_catalogue() {
     const std::string ns = "i[" + std::to_string(n) + "]";
     add(node("LayerNorm", "aten::native_layer_norm(%0, " + ns + ", %1, %2, 1e-05)", {T({4, n}), T({n}), T({n})}, 3));
     add(node("LayerNorm", "aten::native_layer_norm(%0, " + ns + ", None, None, 1e-05)", {T({2, 3, n})}, 3));
-    add(node("LayerNorm",
-             "aten::native_layer_norm_backward(%0, %1, " + ns + ", %2, %3, %4, %5, b[true, true, true])",
+    add(node("LayerNorm", "aten::native_layer_norm_backward(%0, %1, " + ns + ", %2, %3, %4, %5, b[true, true, true])",
              {T({4, n}), T({4, n}), T({4, 1}), T({4, 1}).pos(), T({n}), T({n})}, 3));
   }
 
@@ -237,9 +282,10 @@ std::vector<OpVariant> build_catalogue() {
            {T({2, 3, 8, 8}), T({4, 3, 3, 3}), T({4})}));
   add(node("Convolution", "aten::convolution(%0, %1, None, i[2, 2], i[0, 0], i[1, 1], false, i[0, 0], 1)",
            {T({2, 3, 9, 9}), T({4, 3, 3, 3})}));
-  add(node("Convolution",
-           "aten::convolution_backward(%0, %1, %2, i[4], i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])",
-           {T({2, 4, 8, 8}), T({2, 3, 8, 8}), T({4, 3, 3, 3})}, 3));
+  add(node(
+      "Convolution",
+      "aten::convolution_backward(%0, %1, %2, i[4], i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])",
+      {T({2, 4, 8, 8}), T({2, 3, 8, 8}), T({4, 3, 3, 3})}, 3));
   add(node("Convolution", "aten::max_pool2d_with_indices(%0, i[2, 2], i[2, 2], i[0, 0], i[1, 1], false)",
            {T({2, 3, 8, 8})}, 2));
 
@@ -310,7 +356,8 @@ std::string short_type(const InputSpec& s) {
 at::Tensor make_input(const InputSpec& s, const c10::Device& device) {
   // The storage is made contiguous in a shape chosen so that the final view has the layout asked.
   std::vector<int64_t> storage_shape = s.shape;
-  if (s.layout == Layout::Transposed && s.shape.size() >= 2) std::swap(storage_shape[storage_shape.size() - 1], storage_shape[storage_shape.size() - 2]);
+  if (s.layout == Layout::Transposed && s.shape.size() >= 2)
+    std::swap(storage_shape[storage_shape.size() - 1], storage_shape[storage_shape.size() - 2]);
   if (s.layout == Layout::Strided && !s.shape.empty()) storage_shape[0] *= 2;
   if (s.layout == Layout::Offset && !s.shape.empty()) storage_shape[0] += 1;
   const auto opts = at::TensorOptions(device);
@@ -401,7 +448,8 @@ ir::Graph build_graph(const OpVariant& v, const std::vector<at::Tensor>& sample)
     text << "  " << typed << " = " << rhs << "\n";
     last_results = results;
   }
-  for (size_t k = 0; k < last_results.size(); ++k) text << "  output " << last_results[k] << " result \"out" << k << "\"\n";
+  for (size_t k = 0; k < last_results.size(); ++k)
+    text << "  output " << last_results[k] << " result \"out" << k << "\"\n";
   text << "}\n";
   ir::Graph g = ir::parse(text.str());
   // Result types: run the nodes once.

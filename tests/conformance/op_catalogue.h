@@ -29,10 +29,10 @@ struct InputSpec {
 };
 
 struct OpVariant {
-  std::string family;   // the case that runs it: "UnaryPointwise", "Matmul", ...
-  std::string op;       // the op it is about, for messages
-  std::string body;     // IR text lines after the inputs; %0.. are the inputs; the last line's
-                        // results (and any line marked by `output`) are the outputs
+  std::string family;  // the case that runs it: "UnaryPointwise", "Matmul", ...
+  std::string op;      // the op it is about, for messages
+  std::string body;    // IR text lines after the inputs; %0.. are the inputs; the last line's
+                       // results (and any line marked by `output`) are the outputs
   std::vector<InputSpec> inputs;
   bool matmul_like = false;  // tf32 tolerance on CUDA
 

@@ -349,9 +349,10 @@ int run_suite(const RunnerOptions& o, const std::vector<std::string>& cases) {
 
   std::printf("\n%-52s %-8s %8s  %s\n", "case", "result", "time", "message");
   for (const auto& r : reports)
-    std::printf("%-52s %-8s %8s  %s\n", r.name.c_str(), to_string(r.outcome), fmt_seconds(r.seconds).c_str(), r.message.c_str());
-  std::printf("\npassed %d, failed %d, skipped %d, crashed %d, hung %d (of %zu cases) in %.1f s\n", counts[0], counts[1],
-              counts[2], counts[3], counts[4], reports.size(), total);
+    std::printf("%-52s %-8s %8s  %s\n", r.name.c_str(), to_string(r.outcome), fmt_seconds(r.seconds).c_str(),
+                r.message.c_str());
+  std::printf("\npassed %d, failed %d, skipped %d, crashed %d, hung %d (of %zu cases) in %.1f s\n", counts[0],
+              counts[1], counts[2], counts[3], counts[4], reports.size(), total);
   bool bad = counts[1] + counts[3] + counts[4] > 0;
   if (bad) {
     std::printf("\nWhat went wrong:\n");
@@ -370,14 +371,15 @@ int run_suite(const RunnerOptions& o, const std::vector<std::string>& cases) {
       std::fprintf(stderr, "kiln conformance: cannot write %s\n", o.json.c_str());
       return 2;
     }
-    j << "{\n  \"plugin\": \"" << json_escape(plugin) << "\",\n  \"device\": \"" << o.device << "\",\n  \"seed\": " << seed
-      << ",\n  \"passed\": " << counts[0] << ",\n  \"failed\": " << counts[1] << ",\n  \"skipped\": " << counts[2]
-      << ",\n  \"crashed\": " << counts[3] << ",\n  \"hung\": " << counts[4] << ",\n  \"total\": " << reports.size()
-      << ",\n  \"seconds\": " << total << ",\n  \"cases\": [";
+    j << "{\n  \"plugin\": \"" << json_escape(plugin) << "\",\n  \"device\": \"" << o.device
+      << "\",\n  \"seed\": " << seed << ",\n  \"passed\": " << counts[0] << ",\n  \"failed\": " << counts[1]
+      << ",\n  \"skipped\": " << counts[2] << ",\n  \"crashed\": " << counts[3] << ",\n  \"hung\": " << counts[4]
+      << ",\n  \"total\": " << reports.size() << ",\n  \"seconds\": " << total << ",\n  \"cases\": [";
     for (size_t i = 0; i < reports.size(); ++i) {
       const auto& r = reports[i];
-      j << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(r.name) << "\", \"result\": \"" << to_string(r.outcome)
-        << "\", \"seconds\": " << r.seconds << ", \"message\": \"" << json_escape(r.message) << "\", \"details\": [";
+      j << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(r.name) << "\", \"result\": \""
+        << to_string(r.outcome) << "\", \"seconds\": " << r.seconds << ", \"message\": \"" << json_escape(r.message)
+        << "\", \"details\": [";
       for (size_t d = 0; d < r.details.size(); ++d) j << (d ? ", " : "") << "\"" << json_escape(r.details[d]) << "\"";
       j << "]}";
     }

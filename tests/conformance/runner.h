@@ -28,10 +28,10 @@ struct CaseReport {
 
 struct RunnerOptions {
   std::string plugin;
-  std::string json;             // "" = no JSON
-  std::string filter = "*";     // gtest-style: POS[:POS...][-NEG[:NEG...]]
+  std::string json;          // "" = no JSON
+  std::string filter = "*";  // gtest-style: POS[:POS...][-NEG[:NEG...]]
   std::string device = "cpu";
-  double timeout_s = 120;       // per case; Workload.* cases get 4x
+  double timeout_s = 120;  // per case; Workload.* cases get 4x
   int jobs = 1;
   unsigned long long seed = 0;  // 0 = random
   int steps = 3;                // whole-step cases: steps compared

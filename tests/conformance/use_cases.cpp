@@ -94,10 +94,12 @@ std::string run_once(const Compiled& c) {
     // evaluated in float64 on the inputs' absolute values (every op of these graphs is monotone
     // there, so that is the sum of the terms' magnitudes).
     std::vector<at::Tensor> magnitudes;
-    for (const auto& t : inputs) magnitudes.push_back(at::isFloatingType(t.scalar_type()) ? t.abs().to(at::kDouble) : t);
+    for (const auto& t : inputs)
+      magnitudes.push_back(at::isFloatingType(t.scalar_type()) ? t.abs().to(at::kDouble) : t);
     const auto mag_env = eager_env(c.sample->graph, magnitudes);
     const at::Tensor mag = mag_env[c.group.outputs[k]];
-    const double abs_err = (outs[k].to(at::kDouble) - env[c.group.outputs[k]].to(at::kDouble)).abs().max().item<double>();
+    const double abs_err =
+        (outs[k].to(at::kDouble) - env[c.group.outputs[k]].to(at::kDouble)).abs().max().item<double>();
     const double scale = mag.defined() && mag.numel() > 0 ? mag.abs().max().item<double>() : 0.0;
     if (!(abs_err <= tol * scale))
       return c.sample->label + ": output " + std::to_string(k) + " relative error " + std::to_string(err) +
@@ -155,8 +157,9 @@ TEST(Use, ExecuteFromSeveralThreads) {
   }
   for (auto& th : threads) th.join();
   for (const auto& f : failures) ADD_FAILURE() << f;
-  note(std::to_string(kThreads) + " threads x " + std::to_string(kRuns) + " runs over " + std::to_string(compiled.size()) +
-       " executables, " + (concurrent ? "concurrently (descriptor: concurrent-safe)" : "one at a time (descriptor: not concurrent-safe)"));
+  note(std::to_string(kThreads) + " threads x " + std::to_string(kRuns) + " runs over " +
+       std::to_string(compiled.size()) + " executables, " +
+       (concurrent ? "concurrently (descriptor: concurrent-safe)" : "one at a time (descriptor: not concurrent-safe)"));
 }
 
 TEST(Use, ExecutablesOutliveTheirGraphView) {
@@ -205,10 +208,12 @@ TEST(Use, ExecutablesOutliveTheirGraphView) {
     EXPECT_TRUE(st.ok) << l.s->label << ": " << st.message;
     if (case_device().is_cuda()) torch::cuda::synchronize();
     for (size_t k = 0; st.ok && k < outs.size(); ++k)
-      EXPECT_LE(rel_err(outs[k], env[l.g.outputs[k]]), tolerance(outs[k].scalar_type(), true)) << l.s->label << ": output " << k;
+      EXPECT_LE(rel_err(outs[k], env[l.g.outputs[k]]), tolerance(outs[k].scalar_type(), true))
+          << l.s->label << ": output " << k;
     ctx.destroy(l.exe);
   }
-  note(std::to_string(live.size()) + " executables compiled from views that were unmapped at once; half destroyed first, the rest ran right");
+  note(std::to_string(live.size()) +
+       " executables compiled from views that were unmapped at once; half destroyed first, the rest ran right");
 }
 
 }  // namespace

@@ -64,8 +64,7 @@ void check_workload(const std::string& name, int64_t batch) {
   {
     at::NoGradGuard no_grad;
     for (auto& p : noisy.model->parameters())
-      if (at::isFloatingType(p.scalar_type()))
-        p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
+      if (at::isFloatingType(p.scalar_type())) p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
   }
 
   TrainingArguments args;
@@ -77,7 +76,8 @@ void check_workload(const std::string& name, int64_t batch) {
   auto ref_step = workload_step(ref);
   auto noisy_step = workload_step(noisy);
   auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
-  EXPECT_EQ(step.backend(), plugin->name()) << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
+  EXPECT_EQ(step.backend(), plugin->name())
+      << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
 
   // Tolerances for whole steps: a few steps of a fusing backend reorder float sums; bf16 autocast
   // (gpt on CUDA) and TF32 matmuls on CUDA are looser.
@@ -90,7 +90,8 @@ void check_workload(const std::string& name, int64_t batch) {
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s << " returned no loss";
     const double err = rel_err(got, want);
-    EXPECT_LE(err, std::max(tol, 10 * rel_err(floor, want))) << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
+    EXPECT_LE(err, std::max(tol, 10 * rel_err(floor, want)))
+        << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
   }
   EXPECT_EQ(step.stats().compiled_steps, steps - 2) << "steps ran eagerly instead: " << step.stats().last_fallback;
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters(), pn = noisy.model->named_parameters();
@@ -122,10 +123,10 @@ void check_workload(const std::string& name, int64_t batch) {
   const std::string what = plugin->name() + " runs " + std::to_string(groups.nodes_compiled) + " of " +
                            std::to_string(g->nodes.size()) + " nodes of the " + name + " step in " +
                            std::to_string(groups.compiled) + " of " + std::to_string(groups.total) + " groups";
-  const std::string declines =
-      groups.declined == 0 ? ""
-                           : "; declines " + std::to_string(groups.declined) + " (" +
-                                 std::to_string(groups.nodes_declined) + " nodes), first: " + groups.first_decline;
+  const std::string declines = groups.declined == 0 ? ""
+                                                    : "; declines " + std::to_string(groups.declined) + " (" +
+                                                          std::to_string(groups.nodes_declined) +
+                                                          " nodes), first: " + groups.first_decline;
   EXPECT_EQ(groups.failed, 0u) << groups.failed << " of " << groups.total
                                << " claimed groups failed to compile and ran eagerly (decline with "
                                   "KILN_ERROR_UNIMPLEMENTED instead); first: "
@@ -138,8 +139,8 @@ void check_workload(const std::string& name, int64_t batch) {
                                    << " groups it claimed of the " << name
                                    << " step: none of its code ran; first: " << groups.first_decline;
   }
-  note(what + declines + "; " + std::to_string(steps) + " steps match eager (loss, parameters, gradients, buffers) within " +
-       std::to_string(tol));
+  note(what + declines + "; " + std::to_string(steps) +
+       " steps match eager (loss, parameters, gradients, buffers) within " + std::to_string(tol));
 }
 
 TEST(Workload, Mlp) { check_workload("mlp", 16); }

@@ -20,9 +20,8 @@ std::vector<int64_t> adam_steps(torch::optim::Adam& optimizer) {
   std::vector<int64_t> steps;
   for (const auto& p : optimizer.param_groups().at(0).params()) {
     auto it = optimizer.state().find(p.unsafeGetTensorImpl());
-    steps.push_back(it == optimizer.state().end()
-                        ? -1
-                        : static_cast<torch::optim::AdamParamState&>(*it->second).step());
+    steps.push_back(it == optimizer.state().end() ? -1
+                                                  : static_cast<torch::optim::AdamParamState&>(*it->second).step());
   }
   return steps;
 }

@@ -170,16 +170,16 @@ void expect_no_fallback(const kiln::StepStats& stats, bool last_step_compiled, i
   auto check = [&](bool ok, const std::string& what) {
     if (!ok) problems.push_back(what);
   };
-  check(stats.steps == total_steps, "steps " + std::to_string(stats.steps) + ", the program ran " +
-                                        std::to_string(total_steps));
+  check(stats.steps == total_steps,
+        "steps " + std::to_string(stats.steps) + ", the program ran " + std::to_string(total_steps));
   check(stats.last_fallback.empty(), "a fallback: \"" + stats.last_fallback + "\"");
   check(last_step_compiled, "the last step did not run compiled");
   check(stats.compiles >= min_captures && stats.compiles <= max_captures,
         "compiles " + std::to_string(stats.compiles) + ", expected " + std::to_string(min_captures) +
             (max_captures != min_captures ? " to " + std::to_string(max_captures) : std::string()));
-  check(stats.eager_steps == 1 + stats.compiles,
-        "eager steps " + std::to_string(stats.eager_steps) + ": the first step and " + std::to_string(stats.compiles) +
-            " capture(s) account for " + std::to_string(1 + stats.compiles));
+  check(stats.eager_steps == 1 + stats.compiles, "eager steps " + std::to_string(stats.eager_steps) +
+                                                     ": the first step and " + std::to_string(stats.compiles) +
+                                                     " capture(s) account for " + std::to_string(1 + stats.compiles));
   check(stats.compiled_steps == total_steps - 1 - stats.compiles,
         "compiled steps " + std::to_string(stats.compiled_steps) + ", expected " +
             std::to_string(total_steps - 1 - stats.compiles));
@@ -213,9 +213,9 @@ double tolerance_for(const at::Tensor& want, const at::Tensor* moved) {
 void expect_same_run(const Run& kiln, const Run& eager, const std::string& backend,
                      const std::vector<std::string>& names, const Run* noise) {
   const bool exact = backend == "eager";
-  const std::string how = exact ? "bit for bit"
-                                : noise ? "within a relative error of 1e-4 or ten times eager's own noise floor"
-                                        : "within a relative error of 1e-4";
+  const std::string how = exact   ? "bit for bit"
+                          : noise ? "within a relative error of 1e-4 or ten times eager's own noise floor"
+                                  : "within a relative error of 1e-4";
   if (noise) {
     EXPECT_EQ(noise->steps.size(), eager.steps.size()) << "steps of the noise-floor run";
     EXPECT_EQ(noise->state.size(), eager.state.size()) << "state of the noise-floor run";

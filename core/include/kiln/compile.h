@@ -68,21 +68,21 @@ class CompileError : public std::runtime_error {
 
 struct StepStats {
   int steps = 0;
-  int eager_steps = 0;     // warm-up, capture failures, fallbacks, past recompile_limit
+  int eager_steps = 0;  // warm-up, capture failures, fallbacks, past recompile_limit
   int compiled_steps = 0;
-  int compiles = 0;        // signatures compiled (the capture step included)
-  int rebuilds = 0;        // re-plans of a signature after a scalar turned out to vary per step
-  int recaptures = 0;      // captures again because what the step reads changed (optimizer state
-                           // loaded, parameters or modules replaced, calls of an optimizer changed)
+  int compiles = 0;                 // signatures compiled (the capture step included)
+  int rebuilds = 0;                 // re-plans of a signature after a scalar turned out to vary per step
+  int recaptures = 0;               // captures again because what the step reads changed (optimizer state
+                                    // loaded, parameters or modules replaced, calls of an optimizer changed)
   double last_compile_seconds = 0;  // capture step + compile, for the last signature
   std::string last_fallback;        // why the last eager fallback happened ("" when none)
   // Whole-step CUDA graphs (reduce-overhead, max-autotune, the cudagraphs backend on CUDA).
-  int graphs_recorded = 0;          // CUDA graphs recorded (one per signature, again after a re-plan)
-  int graph_replays = 0;            // compiled steps that were one graph launch
-  std::string last_graph_skip;      // "kiln: skipping cudagraphs due to ..." ("" when none)
-  int64_t adopted_writebacks = 0;   // write-backs done by handing the target the value's storage (no copy)
-  double probe_seconds = 0;         // host time of the optimizer probe, all compiled steps together
-  std::vector<GroupOutcome> groups; // plugin groups of the last compiled plan
+  int graphs_recorded = 0;           // CUDA graphs recorded (one per signature, again after a re-plan)
+  int graph_replays = 0;             // compiled steps that were one graph launch
+  std::string last_graph_skip;       // "kiln: skipping cudagraphs due to ..." ("" when none)
+  int64_t adopted_writebacks = 0;    // write-backs done by handing the target the value's storage (no copy)
+  double probe_seconds = 0;          // host time of the optimizer probe, all compiled steps together
+  std::vector<GroupOutcome> groups;  // plugin groups of the last compiled plan
 };
 
 // LibTorch's CUDA caching allocator on `device`: bytes allocated now and at the peak since the

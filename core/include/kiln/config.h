@@ -41,31 +41,31 @@ class ConfigError : public std::runtime_error {
   std::string key_;
 };
 
-struct RuntimeOptions {  // [runtime]
-  std::vector<std::string> plugin_dirs;  // KILN_PLUGIN_PATH (':'-separated, searched before the file's)
+struct RuntimeOptions {                         // [runtime]
+  std::vector<std::string> plugin_dirs;         // KILN_PLUGIN_PATH (':'-separated, searched before the file's)
   std::string cache_dir = default_cache_dir();  // KILN_CACHE_DIR
-  bool fullgraph = false;  // a step that cannot be captured whole is an error, not an eager run
+  bool fullgraph = false;                       // a step that cannot be captured whole is an error, not an eager run
   int recompile_limit = 8;
   bool cpu_block_cache = true;            // KILN_CPU_CACHE
   int64_t cpu_block_cache_max_mb = 2048;  // KILN_CPU_CACHE_MAX_MB
-  bool writeback_copy = false;  // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
+  bool writeback_copy = false;            // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
 };
 
-struct DebugOptions {  // [debug]
-  std::string dump_dir;  // KILN_DEBUG_DIR: IR after every pass, the partition, the plan
+struct DebugOptions {                 // [debug]
+  std::string dump_dir;               // KILN_DEBUG_DIR: IR after every pass, the partition, the plan
   bool check_meta = false;            // KILN_CHECK_META
   bool verify_groups = false;         // KILN_VERIFY_GROUPS
   bool lift_runtime_scalars = false;  // KILN_LIFT_RUNTIME_SCALARS
 };
 
-struct ExperimentalOptions {  // [experimental]
+struct ExperimentalOptions {     // [experimental]
   bool batch_optimizer = false;  // KILN_BATCH_OPTIMIZER
 };
 
 struct TrainingArguments {
   bool torch_compile = false;
-  std::string torch_compile_backend = "auto";   // KILN_BACKEND
-  std::string torch_compile_mode = "default";   // KILN_MODE
+  std::string torch_compile_backend = "auto";  // KILN_BACKEND
+  std::string torch_compile_mode = "default";  // KILN_MODE
   // Trainer: clip the gradients' total 2-norm to this before the optimizer step
   // (torch::nn::utils::clip_grad_norm_). 0 turns clipping off. Hugging Face's default is 1.0;
   // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
@@ -86,8 +86,7 @@ struct TrainingArguments {
   // Defaults, then the file, then the environment. Throws ConfigError.
   static TrainingArguments from_toml(const std::string& path);
   // Same, from TOML text; `source_name` is used in error messages.
-  static TrainingArguments from_toml_string(const std::string& text,
-                                            const std::string& source_name = "<string>");
+  static TrainingArguments from_toml_string(const std::string& text, const std::string& source_name = "<string>");
 
   // Layers a file over these settings (code < file).
   void apply_toml(const std::string& path);
@@ -122,7 +121,6 @@ std::vector<SettingInfo> settings();
 std::string initial_log_level();
 
 // Levenshtein-nearest candidate within a small distance, for "did you mean".
-std::optional<std::string> nearest_name(const std::string& name,
-                                        const std::vector<std::string>& candidates);
+std::optional<std::string> nearest_name(const std::string& name, const std::vector<std::string>& candidates);
 
 }  // namespace kiln

@@ -10,9 +10,9 @@
 namespace kiln {
 
 struct GroupOutcome {
-  std::string backend;   // the plugin that claimed the group
-  size_t nodes = 0;      // nodes in the group
-  std::string first_op;  // the group's first node's op, to name the group in a report
+  std::string backend;    // the plugin that claimed the group
+  size_t nodes = 0;       // nodes in the group
+  std::string first_op;   // the group's first node's op, to name the group in a report
   bool compiled = false;  // the backend's executable runs it
   // The backend declined it (compile returned KILN_ERROR_UNIMPLEMENTED: "run these eagerly"), as
   // the ABI allows; any other error is a failure of the backend.

@@ -48,20 +48,20 @@ struct Value {
 // One argument of a node, in schema order.
 struct Arg {
   enum class Kind : uint8_t {
-    None,        // an absent optional
-    Tensor,      // a value: `value`
-    TensorList,  // values: `values` (kNoValue for an absent element of Tensor?[])
-    Bool,        // `i` (0 or 1)
-    Int,         // `i`  (also SymInt, and integral Scalars)
-    Double,      // `d`  (also floating Scalars)
-    IntList,     // `ints`
-    DoubleList,  // `doubles`
-    BoolList,    // `ints` (0 or 1)
-    String,      // `s`
-    ScalarType,  // `i` holds the c10::ScalarType
-    Device,      // `s` holds the device string ("cpu", "cuda:0")
-    Layout,      // `i` holds the c10::Layout
-    MemoryFormat,// `i` holds the c10::MemoryFormat
+    None,          // an absent optional
+    Tensor,        // a value: `value`
+    TensorList,    // values: `values` (kNoValue for an absent element of Tensor?[])
+    Bool,          // `i` (0 or 1)
+    Int,           // `i`  (also SymInt, and integral Scalars)
+    Double,        // `d`  (also floating Scalars)
+    IntList,       // `ints`
+    DoubleList,    // `doubles`
+    BoolList,      // `ints` (0 or 1)
+    String,        // `s`
+    ScalarType,    // `i` holds the c10::ScalarType
+    Device,        // `s` holds the device string ("cpu", "cuda:0")
+    Layout,        // `i` holds the c10::Layout
+    MemoryFormat,  // `i` holds the c10::MemoryFormat
   };
   Kind kind = Kind::None;
   ValueId value = kNoValue;
@@ -79,13 +79,48 @@ struct Arg {
   int32_t scalar_input = -1;
 
   static Arg none() { return {}; }
-  static Arg tensor(ValueId v) { Arg a; a.kind = Kind::Tensor; a.value = v; return a; }
-  static Arg tensor_list(std::vector<ValueId> vs) { Arg a; a.kind = Kind::TensorList; a.values = std::move(vs); return a; }
-  static Arg boolean(bool b) { Arg a; a.kind = Kind::Bool; a.i = b; return a; }
-  static Arg integer(int64_t v) { Arg a; a.kind = Kind::Int; a.i = v; return a; }
-  static Arg real(double v) { Arg a; a.kind = Kind::Double; a.d = v; return a; }
-  static Arg int_list(std::vector<int64_t> v) { Arg a; a.kind = Kind::IntList; a.ints = std::move(v); return a; }
-  static Arg scalar_type(c10::ScalarType t) { Arg a; a.kind = Kind::ScalarType; a.i = static_cast<int64_t>(t); return a; }
+  static Arg tensor(ValueId v) {
+    Arg a;
+    a.kind = Kind::Tensor;
+    a.value = v;
+    return a;
+  }
+  static Arg tensor_list(std::vector<ValueId> vs) {
+    Arg a;
+    a.kind = Kind::TensorList;
+    a.values = std::move(vs);
+    return a;
+  }
+  static Arg boolean(bool b) {
+    Arg a;
+    a.kind = Kind::Bool;
+    a.i = b;
+    return a;
+  }
+  static Arg integer(int64_t v) {
+    Arg a;
+    a.kind = Kind::Int;
+    a.i = v;
+    return a;
+  }
+  static Arg real(double v) {
+    Arg a;
+    a.kind = Kind::Double;
+    a.d = v;
+    return a;
+  }
+  static Arg int_list(std::vector<int64_t> v) {
+    Arg a;
+    a.kind = Kind::IntList;
+    a.ints = std::move(v);
+    return a;
+  }
+  static Arg scalar_type(c10::ScalarType t) {
+    Arg a;
+    a.kind = Kind::ScalarType;
+    a.i = static_cast<int64_t>(t);
+    return a;
+  }
 
   bool operator==(const Arg& o) const;
   bool operator!=(const Arg& o) const { return !(*this == o); }
@@ -94,19 +129,19 @@ struct Arg {
 // Which part of the training step recorded a node. The probe matches optimizer calls only among
 // nodes that are not Backward; batch_optimizer works on Optimizer nodes.
 enum class Phase : uint8_t {
-  Unknown,    // made by a pass, or a graph built by hand
+  Unknown,  // made by a pass, or a graph built by hand
   Forward,
   Backward,   // recorded while autograd ran the backward
   Optimizer,  // after the backward
 };
 
 struct Node {
-  std::string op;                 // "aten::add.Tensor": schema name, ".overload" when not empty
-  std::vector<Arg> args;          // every argument, in schema order
+  std::string op;         // "aten::add.Tensor": schema name, ".overload" when not empty
+  std::vector<Arg> args;  // every argument, in schema order
   // Tensor results, flattened (a Tensor[] result is expanded); kNoValue for an undefined tensor
   // result (e.g. convolution_backward's bias gradient when output_mask says so).
   std::vector<ValueId> outputs;
-  bool returns_list = false;      // the schema returns Tensor[] (outputs are its elements)
+  bool returns_list = false;  // the schema returns Tensor[] (outputs are its elements)
   Phase phase = Phase::Unknown;
 };
 

@@ -71,8 +71,9 @@ MultiForwardFn forward_of(const std::shared_ptr<Module>& model) {
   } else {
     return [model](const std::vector<at::Tensor>& in) -> at::Tensor {
       if (in.size() != 1)
-        throw std::invalid_argument("kiln::Trainer: the model's forward is called with one tensor, the step was given " +
-                                    std::to_string(in.size()));
+        throw std::invalid_argument(
+            "kiln::Trainer: the model's forward is called with one tensor, the step was given " +
+            std::to_string(in.size()));
       return model->forward(in[0]);
     };
   }

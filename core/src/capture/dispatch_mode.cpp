@@ -48,9 +48,8 @@ struct KilnVTable final : c10::impl::PyInterpreterVTable {
   }
 
   void reportErrorCallback(PyObject*, c10::DispatchKey) const override { not_python("reportErrorCallback"); }
-  void python_op_registration_trampoline(const c10::OperatorHandle&, c10::DispatchKey,
-                                         c10::DispatchKeySet, torch::jit::Stack*, bool,
-                                         bool) const override {
+  void python_op_registration_trampoline(const c10::OperatorHandle&, c10::DispatchKey, c10::DispatchKeySet,
+                                         torch::jit::Stack*, bool, bool) const override {
     not_python("python_op_registration_trampoline");
   }
   void throw_abstract_impl_not_imported_error(std::string opname, const char*, const char*) const override {
@@ -102,8 +101,8 @@ PyInterpreter& interpreter() {
 }  // namespace
 
 ModeGuard::ModeGuard(ModeHandler* handler) {
-  auto mode = std::make_shared<c10::impl::PyObject_TorchDispatchMode>(
-      reinterpret_cast<PyObject*>(handler), &interpreter());
+  auto mode =
+      std::make_shared<c10::impl::PyObject_TorchDispatchMode>(reinterpret_cast<PyObject*>(handler), &interpreter());
   TorchDispatchModeTLS::push_non_infra_mode_onto_stack(std::move(mode));
   pushed_ = true;
 }

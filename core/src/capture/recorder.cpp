@@ -45,19 +45,33 @@ std::string op_full_name(const c10::OperatorHandle& op) {
 }
 
 bool is_data_dependent_op(const std::string& op) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_numpy", "aten::masked_select",
-      "aten::unique_dim", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
-      "aten::unique_dim_consecutive", "aten::repeat_interleave.Tensor", "aten::equal",
-      "aten::is_nonzero", "aten::_assert_async", "aten::_assert_async.msg", "aten::bincount",
-      "aten::item", "aten::allclose", "aten::_assert_scalar", "aten::set_.source_Storage",
-      "aten::set_.source_Storage_storage_offset", "aten::set_.source_Tensor", "aten::set_"};
+  static const std::unordered_set<std::string> ops = {"aten::_local_scalar_dense",
+                                                      "aten::nonzero",
+                                                      "aten::nonzero_numpy",
+                                                      "aten::masked_select",
+                                                      "aten::unique_dim",
+                                                      "aten::_unique",
+                                                      "aten::_unique2",
+                                                      "aten::unique_consecutive",
+                                                      "aten::unique_dim_consecutive",
+                                                      "aten::repeat_interleave.Tensor",
+                                                      "aten::equal",
+                                                      "aten::is_nonzero",
+                                                      "aten::_assert_async",
+                                                      "aten::_assert_async.msg",
+                                                      "aten::bincount",
+                                                      "aten::item",
+                                                      "aten::allclose",
+                                                      "aten::_assert_scalar",
+                                                      "aten::set_.source_Storage",
+                                                      "aten::set_.source_Storage_storage_offset",
+                                                      "aten::set_.source_Tensor",
+                                                      "aten::set_"};
   return ops.count(op) > 0;
 }
 
 bool ivalue_to_arg(const c10::IValue& v, const c10::Argument& schema_arg,
-                   const std::function<ir::ValueId(const at::Tensor&)>& tensor_value, ir::Arg& out,
-                   std::string& why) {
+                   const std::function<ir::ValueId(const at::Tensor&)>& tensor_value, ir::Arg& out, std::string& why) {
   using K = ir::Arg::Kind;
   using TK = c10::TypeKind;
   bool optional = false;
@@ -74,8 +88,8 @@ bool ivalue_to_arg(const c10::IValue& v, const c10::Argument& schema_arg,
     case TK::ListType: {
       const auto& elem = t.castRaw<c10::ListType>()->getElementType();
       const auto ek = elem->kind();
-      if (ek == TK::TensorType || (ek == TK::OptionalType &&
-                                   elem->castRaw<c10::OptionalType>()->getElementType()->kind() == TK::TensorType)) {
+      if (ek == TK::TensorType ||
+          (ek == TK::OptionalType && elem->castRaw<c10::OptionalType>()->getElementType()->kind() == TK::TensorType)) {
         std::vector<ir::ValueId> ids;
         for (const auto& e : v.toListRef()) {
           if (e.isNone() || !e.toTensor().defined()) {
@@ -120,29 +134,25 @@ bool ivalue_to_arg(const c10::IValue& v, const c10::Argument& schema_arg,
       if (v.isInt()) out = ir::Arg::integer(v.toInt());
       else if (v.isDouble()) out = ir::Arg::real(v.toDouble());
       else if (v.isBool()) out = ir::Arg::boolean(v.toBool());
-      else if (v.isSymInt() && !v.toSymInt().is_heap_allocated()) out = ir::Arg::integer(v.toSymInt().as_int_unchecked());
+      else if (v.isSymInt() && !v.toSymInt().is_heap_allocated())
+        out = ir::Arg::integer(v.toSymInt().as_int_unchecked());
       else return why = "a Scalar argument holding " + ivalue_tag(v), false;
       out.is_scalar = true;
       return true;
     case TK::IntType:
     case TK::SymIntType:
       if (v.isInt()) out = ir::Arg::integer(v.toInt());
-      else if (v.isSymInt() && !v.toSymInt().is_heap_allocated()) out = ir::Arg::integer(v.toSymInt().as_int_unchecked());
+      else if (v.isSymInt() && !v.toSymInt().is_heap_allocated())
+        out = ir::Arg::integer(v.toSymInt().as_int_unchecked());
       else return why = "an int argument holding " + ivalue_tag(v), false;
       return true;
-    case TK::FloatType:
-      out = ir::Arg::real(v.toDouble());
-      return true;
-    case TK::BoolType:
-      out = ir::Arg::boolean(v.toBool());
-      return true;
+    case TK::FloatType: out = ir::Arg::real(v.toDouble()); return true;
+    case TK::BoolType: out = ir::Arg::boolean(v.toBool()); return true;
     case TK::StringType:
       out.kind = K::String;
       out.s = v.toStringRef();
       return true;
-    case TK::ScalarTypeType:
-      out = ir::Arg::scalar_type(static_cast<c10::ScalarType>(v.toInt()));
-      return true;
+    case TK::ScalarTypeType: out = ir::Arg::scalar_type(static_cast<c10::ScalarType>(v.toInt())); return true;
     case TK::LayoutType:
       out.kind = K::Layout;
       out.i = v.toInt();
@@ -155,9 +165,7 @@ bool ivalue_to_arg(const c10::IValue& v, const c10::Argument& schema_arg,
       out.kind = K::Device;
       out.s = v.toDevice().str();
       return true;
-    default:
-      why = "an argument of type " + t.str();
-      return false;
+    default: why = "an argument of type " + t.str(); return false;
   }
 }
 
@@ -364,8 +372,9 @@ struct StepRecorder::State : capture_detail::ModeHandler {
     }
     for (const auto& a : node.args) {
       if (!read_values.empty() && passes_read_value(a)) {
-        fail(node.op, node.op + " takes a number the step read from a tensor on the host (.item()); host arithmetic "
-                                "on tensor values cannot be replayed");
+        fail(node.op, node.op +
+                          " takes a number the step read from a tensor on the host (.item()); host arithmetic "
+                          "on tensor values cannot be replayed");
         return;
       }
       for (auto v : a.kind == ir::Arg::Kind::Tensor ? std::vector<ir::ValueId>{a.value} : a.values)
@@ -405,8 +414,8 @@ struct StepRecorder::State : capture_detail::ModeHandler {
   bool passes_read_value(const ir::Arg& a) const {
     for (double r : read_values) {
       if (a.kind == ir::Arg::Kind::Double && a.d == r) return true;
-      if (a.kind == ir::Arg::Kind::Int && r == static_cast<double>(static_cast<int64_t>(r)) && a.i == static_cast<int64_t>(r) &&
-          a.is_scalar)
+      if (a.kind == ir::Arg::Kind::Int && r == static_cast<double>(static_cast<int64_t>(r)) &&
+          a.i == static_cast<int64_t>(r) && a.is_scalar)
         return true;
     }
     return false;
@@ -416,8 +425,7 @@ struct StepRecorder::State : capture_detail::ModeHandler {
 StepRecorder::StepRecorder(std::vector<KnownTensor> known) : s_(std::make_unique<State>()) {
   s_->known = std::move(known);
   for (size_t i = 0; i < s_->known.size(); ++i)
-    if (s_->known[i].tensor.defined())
-      s_->known_index.emplace(s_->known[i].tensor.unsafeGetTensorImpl(), i);
+    if (s_->known[i].tensor.defined()) s_->known_index.emplace(s_->known[i].tensor.unsafeGetTensorImpl(), i);
 }
 
 StepRecorder::~StepRecorder() = default;

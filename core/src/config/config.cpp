@@ -57,7 +57,8 @@ std::string a_type(const toml::node& n) {
 }
 
 ConfigError wrong_type(const toml::node& n, const std::string& source, const std::string& key, const char* want) {
-  return ConfigError(origin_of(n, source), key, "key '" + key + "' must be " + std::string(want) + ", not " + a_type(n));
+  return ConfigError(origin_of(n, source), key,
+                     "key '" + key + "' must be " + std::string(want) + ", not " + a_type(n));
 }
 
 std::string quoted(const std::string& s) {
@@ -172,8 +173,9 @@ Setting integer(std::string key, std::string env, F field, int64_t lo, int64_t h
   Setting s{key, env};
   auto in_range = [key, lo, hi](int64_t n, const SettingOrigin& where) {
     if (n < lo || n > hi)
-      throw ConfigError(where, key, "key '" + key + "' must be between " + std::to_string(lo) + " and " +
-                                        std::to_string(hi) + ", got " + std::to_string(n));
+      throw ConfigError(where, key,
+                        "key '" + key + "' must be between " + std::to_string(lo) + " and " + std::to_string(hi) +
+                            ", got " + std::to_string(n));
     return n;
   };
   s.from_toml = [key, field, in_range](TrainingArguments& a, const toml::node& v, const std::string& source) {
@@ -200,7 +202,9 @@ Setting text(std::string key, std::string env, F field,
   s.from_env = [field](TrainingArguments& a, const std::string& value, const SettingOrigin&) { field(a) = value; };
   s.show = [field](const TrainingArguments& a) { return quoted(field(a)); };
   if (check)
-    s.check = [key, field, check](const TrainingArguments& a, const SettingOrigin& where) { check(field(a), where, key); };
+    s.check = [key, field, check](const TrainingArguments& a, const SettingOrigin& where) {
+      check(field(a), where, key);
+    };
   return s;
 }
 
@@ -232,8 +236,9 @@ Setting max_grad_norm_setting() {
   s.show = [](const TrainingArguments& a) { return number_text(a.max_grad_norm); };
   s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
     if (!(a.max_grad_norm >= 0) || !std::isfinite(a.max_grad_norm))
-      throw ConfigError(where, key, "key '" + key + "' must be a finite number >= 0 (0 turns clipping off), got " +
-                                        number_text(a.max_grad_norm));
+      throw ConfigError(
+          where, key,
+          "key '" + key + "' must be a finite number >= 0 (0 turns clipping off), got " + number_text(a.max_grad_norm));
   };
   return s;
 }
@@ -285,8 +290,9 @@ Setting plugin_options_setting() {
       for (const auto& [ok, ov] : *pv.as_table()) {
         const std::string okey = full + "." + std::string(ok.str());
         if (!(ov.is_string() || ov.is_integer() || ov.is_floating_point() || ov.is_boolean()))
-          throw ConfigError(origin_of(ov, source), okey,
-                            "plugin option '" + okey + "' must be a string, integer, float or boolean, not " + a_type(ov));
+          throw ConfigError(
+              origin_of(ov, source), okey,
+              "plugin option '" + okey + "' must be a string, integer, float or boolean, not " + a_type(ov));
         opts[std::string(ok.str())] = scalar_to_string(ov);
         a.origins[okey] = origin_of(ov, source);
       }
@@ -298,8 +304,9 @@ Setting plugin_options_setting() {
       const size_t eq = entry.find('=');
       const size_t dot = entry.find('.');
       if (eq == std::string::npos || dot == 0 || dot == std::string::npos || dot + 1 >= eq)
-        throw ConfigError(where, "plugin", "entry '" + entry + "' must be <plugin>.<option>=<value>, as in " +
-                                               "'inductor.cxx=clang++'; entries are separated by ','");
+        throw ConfigError(where, "plugin",
+                          "entry '" + entry + "' must be <plugin>.<option>=<value>, as in " +
+                              "'inductor.cxx=clang++'; entries are separated by ','");
       const std::string plugin = entry.substr(0, dot), option = entry.substr(dot + 1, eq - dot - 1);
       a.plugin_options[plugin][option] = entry.substr(eq + 1);
       a.origins["plugin." + plugin + "." + option] = where;
@@ -313,39 +320,51 @@ const std::vector<Setting>& table() {
   static const std::vector<Setting> t = [] {
     std::vector<Setting> v;
     // Top level: the Hugging Face TrainingArguments names.
-    v.push_back(flag("torch_compile", "", [](auto& a) -> auto& { return a.torch_compile; }));
-    v.push_back(turns_compile_on(text("torch_compile_backend", "KILN_BACKEND",
-                                      [](auto& a) -> auto& { return a.torch_compile_backend; },
-                                      [](const std::string& s, const SettingOrigin& w, const std::string& k) {
-                                        check_not_empty(s, w, k, "; use \"auto\"");
-                                      })));
-    v.push_back(turns_compile_on(text("torch_compile_mode", "KILN_MODE",
-                                      [](auto& a) -> auto& { return a.torch_compile_mode; }, check_mode)));
+    v.push_back(flag(
+        "torch_compile", "", [](auto& a) -> auto& { return a.torch_compile; }));
+    v.push_back(turns_compile_on(text(
+        "torch_compile_backend", "KILN_BACKEND", [](auto& a) -> auto& { return a.torch_compile_backend; },
+        [](const std::string& s, const SettingOrigin& w, const std::string& k) {
+          check_not_empty(s, w, k, "; use \"auto\"");
+        })));
+    v.push_back(turns_compile_on(text(
+        "torch_compile_mode", "KILN_MODE", [](auto& a) -> auto& { return a.torch_compile_mode; }, check_mode)));
     v.push_back(max_grad_norm_setting());
-    v.push_back(text("log_level", "KILN_LOG_LEVEL", [](auto& a) -> auto& { return a.log_level; }, check_log_level));
+    v.push_back(text(
+        "log_level", "KILN_LOG_LEVEL", [](auto& a) -> auto& { return a.log_level; }, check_log_level));
     v.push_back(plugin_options_setting());
     // [runtime]
     v.push_back(plugin_dirs_setting());
-    Setting cache = text("runtime.cache_dir", "KILN_CACHE_DIR", [](auto& a) -> auto& { return a.runtime.cache_dir; },
-                         [](const std::string& s, const SettingOrigin& w, const std::string& k) { check_not_empty(s, w, k); });
+    Setting cache = text(
+        "runtime.cache_dir", "KILN_CACHE_DIR", [](auto& a) -> auto& { return a.runtime.cache_dir; },
+        [](const std::string& s, const SettingOrigin& w, const std::string& k) { check_not_empty(s, w, k); });
     cache.default_doc = "$XDG_CACHE_HOME/kiln";
     v.push_back(std::move(cache));
-    v.push_back(flag("runtime.fullgraph", "", [](auto& a) -> auto& { return a.runtime.fullgraph; }));
-    v.push_back(integer("runtime.recompile_limit", "", [](auto& a) -> auto& { return a.runtime.recompile_limit; }, 0,
-                        1000000));
-    v.push_back(flag("runtime.cpu_block_cache", "KILN_CPU_CACHE", [](auto& a) -> auto& { return a.runtime.cpu_block_cache; }));
-    v.push_back(integer("runtime.cpu_block_cache_max_mb", "KILN_CPU_CACHE_MAX_MB",
-                        [](auto& a) -> auto& { return a.runtime.cpu_block_cache_max_mb; }, 0, int64_t{1} << 30));
-    v.push_back(flag("runtime.writeback_copy", "KILN_WRITEBACK_COPY", [](auto& a) -> auto& { return a.runtime.writeback_copy; }));
+    v.push_back(flag(
+        "runtime.fullgraph", "", [](auto& a) -> auto& { return a.runtime.fullgraph; }));
+    v.push_back(integer(
+        "runtime.recompile_limit", "", [](auto& a) -> auto& { return a.runtime.recompile_limit; }, 0, 1000000));
+    v.push_back(flag(
+        "runtime.cpu_block_cache", "KILN_CPU_CACHE", [](auto& a) -> auto& { return a.runtime.cpu_block_cache; }));
+    v.push_back(integer(
+        "runtime.cpu_block_cache_max_mb", "KILN_CPU_CACHE_MAX_MB",
+        [](auto& a) -> auto& { return a.runtime.cpu_block_cache_max_mb; }, 0, int64_t{1} << 30));
+    v.push_back(flag(
+        "runtime.writeback_copy", "KILN_WRITEBACK_COPY", [](auto& a) -> auto& { return a.runtime.writeback_copy; }));
     // [debug]
-    v.push_back(text("debug.dump_dir", "KILN_DEBUG_DIR", [](auto& a) -> auto& { return a.debug.dump_dir; }));
-    v.push_back(flag("debug.check_meta", "KILN_CHECK_META", [](auto& a) -> auto& { return a.debug.check_meta; }));
-    v.push_back(flag("debug.verify_groups", "KILN_VERIFY_GROUPS", [](auto& a) -> auto& { return a.debug.verify_groups; }));
-    v.push_back(flag("debug.lift_runtime_scalars", "KILN_LIFT_RUNTIME_SCALARS",
-                     [](auto& a) -> auto& { return a.debug.lift_runtime_scalars; }));
+    v.push_back(text(
+        "debug.dump_dir", "KILN_DEBUG_DIR", [](auto& a) -> auto& { return a.debug.dump_dir; }));
+    v.push_back(flag(
+        "debug.check_meta", "KILN_CHECK_META", [](auto& a) -> auto& { return a.debug.check_meta; }));
+    v.push_back(flag(
+        "debug.verify_groups", "KILN_VERIFY_GROUPS", [](auto& a) -> auto& { return a.debug.verify_groups; }));
+    v.push_back(flag(
+        "debug.lift_runtime_scalars", "KILN_LIFT_RUNTIME_SCALARS",
+        [](auto& a) -> auto& { return a.debug.lift_runtime_scalars; }));
     // [experimental]
-    v.push_back(flag("experimental.batch_optimizer", "KILN_BATCH_OPTIMIZER",
-                     [](auto& a) -> auto& { return a.experimental.batch_optimizer; }));
+    v.push_back(flag(
+        "experimental.batch_optimizer", "KILN_BATCH_OPTIMIZER",
+        [](auto& a) -> auto& { return a.experimental.batch_optimizer; }));
     return v;
   }();
   return t;
@@ -464,7 +483,8 @@ void moved_table_error(const std::string& old_table, const toml::key& key, const
     for (const auto& [o, n] : moved_keys())
       if (o.rfind(old_table + ".", 0) == 0) old_names.push_back(o.substr(old_table.size() + 1)), new_keys.push_back(n);
     if (auto near = nearest_name(std::string(k->str()), old_names))
-      msg += "; did you mean '" + new_keys[std::find(old_names.begin(), old_names.end(), *near) - old_names.begin()] + "'?";
+      msg += "; did you mean '" + new_keys[std::find(old_names.begin(), old_names.end(), *near) - old_names.begin()] +
+             "'?";
     throw ConfigError(at(k->source(), source), full, msg);
   }
   throw ConfigError(at(key.source(), source), old_table,
@@ -485,8 +505,7 @@ const std::vector<std::string>& valid_modes() {
 }
 
 const std::vector<std::string>& builtin_backends() {
-  static const std::vector<std::string> b = {"auto", "inductor", "cudagraphs", "ipex",
-                                             "hpu_backend", "neuron"};
+  static const std::vector<std::string> b = {"auto", "inductor", "cudagraphs", "ipex", "hpu_backend", "neuron"};
   return b;
 }
 
@@ -496,12 +515,9 @@ std::string SettingOrigin::describe() const {
 }
 
 ConfigError::ConfigError(SettingOrigin where, std::string key, std::string what)
-    : std::runtime_error(where.describe() + ": " + what),
-      where_(std::move(where)),
-      key_(std::move(key)) {}
+    : std::runtime_error(where.describe() + ": " + what), where_(std::move(where)), key_(std::move(key)) {}
 
-std::optional<std::string> nearest_name(const std::string& name,
-                                        const std::vector<std::string>& candidates) {
+std::optional<std::string> nearest_name(const std::string& name, const std::vector<std::string>& candidates) {
   auto distance = [](const std::string& a, const std::string& b) {
     std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
     for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -535,8 +551,7 @@ std::string default_cache_dir() {
 std::vector<SettingInfo> settings() {
   const TrainingArguments defaults;
   std::vector<SettingInfo> out;
-  for (const auto& s : table())
-    out.push_back({s.key, s.env, s.default_doc.empty() ? s.show(defaults) : s.default_doc});
+  for (const auto& s : table()) out.push_back({s.key, s.env, s.default_doc.empty() ? s.show(defaults) : s.default_doc});
   return out;
 }
 
@@ -558,8 +573,7 @@ TrainingArguments TrainingArguments::from_toml(const std::string& path) {
   return args;
 }
 
-TrainingArguments TrainingArguments::from_toml_string(const std::string& text,
-                                                      const std::string& source_name) {
+TrainingArguments TrainingArguments::from_toml_string(const std::string& text, const std::string& source_name) {
   TrainingArguments args;
   args.apply_toml_string(text, source_name);
   args.apply_env();

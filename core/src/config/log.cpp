@@ -41,8 +41,7 @@ std::shared_ptr<spdlog::logger> plugin_logger(const std::string& plugin_name) {
 
 void set_log_level(const std::string& level) {
   auto l = spdlog::level::from_str(level);
-  if (l == spdlog::level::off && level != "off")
-    throw std::invalid_argument("unknown log level '" + level + "'");
+  if (l == spdlog::level::off && level != "off") throw std::invalid_argument("unknown log level '" + level + "'");
   logger()->set_level(l);
   spdlog::apply_all([&](const std::shared_ptr<spdlog::logger>& lg) {
     if (lg->name().rfind("kiln", 0) == 0) lg->set_level(l);

@@ -128,8 +128,7 @@ class TorchHost : public HostServices {
       case KILN_ARG_STRING: return c10::IValue(std::string(a.s ? a.s : ""));
       case KILN_ARG_SCALAR_TYPE: return c10::IValue(static_cast<int64_t>(at::toScalarType(a.dtype)));
       case KILN_ARG_DEVICE: return c10::IValue(to_device(a.device));
-      default:
-        throw std::invalid_argument("argument '" + formal.name() + "': unknown tag " + std::to_string(a.tag));
+      default: throw std::invalid_argument("argument '" + formal.name() + "': unknown tag " + std::to_string(a.tag));
     }
   }
 
@@ -161,7 +160,9 @@ class TorchHost : public HostServices {
   // The result shape of mm/addmm/bmm/baddbmm from their matrix arguments, against the caller's
   // buffer: an out= kernel would otherwise resize (reallocate) a buffer it does not own.
   static bool out_shape_matches(const std::string& op, const torch::jit::Stack& stack, const DLTensor& out) {
-    auto dims = [&](size_t i) { return stack[i].isTensor() ? stack[i].toTensor().sizes().vec() : std::vector<int64_t>{}; };
+    auto dims = [&](size_t i) {
+      return stack[i].isTensor() ? stack[i].toTensor().sizes().vec() : std::vector<int64_t>{};
+    };
     std::vector<int64_t> want;
     if (op == "aten::mm") {
       auto a = dims(0), b = dims(1);
@@ -202,8 +203,8 @@ class TorchHost : public HostServices {
     return ra.first < rb.second && rb.first < ra.second;
   }
 
-  static KilnError* call_eager(void*, const char* op, const KilnArg* const* args, size_t num_args,
-                               DLTensor* outputs, size_t num_outputs) {
+  static KilnError* call_eager(void*, const char* op, const KilnArg* const* args, size_t num_args, DLTensor* outputs,
+                               size_t num_outputs) {
     try {
       if (!op) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: op is NULL");
       std::string full = op;
@@ -213,18 +214,18 @@ class TorchHost : public HostServices {
         overload = full.substr(dot + 1);
       }
       auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
-      if (!handle)
-        return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: no ATen operator '" + full + "'");
+      if (!handle) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: no ATen operator '" + full + "'");
       const c10::FunctionSchema& schema = handle->schema();
       const auto& formals = schema.arguments();
       if (num_args != formals.size())
-        return make_host_error(KILN_ERROR_INVALID_ARGUMENT,
-                               "call_eager: " + full + " takes " + std::to_string(formals.size()) +
-                                   " arguments, got " + std::to_string(num_args));
+        return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: " + full + " takes " +
+                                                                std::to_string(formals.size()) + " arguments, got " +
+                                                                std::to_string(num_args));
       torch::jit::Stack stack;
       stack.reserve(num_args + num_outputs);
       for (size_t i = 0; i < num_args; ++i) {
-        if (!args[i]) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: argument " + std::to_string(i) + " is NULL");
+        if (!args[i])
+          return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "call_eager: argument " + std::to_string(i) + " is NULL");
         stack.push_back(to_ivalue(*args[i], formals[i]));
       }
       // Where the op has a hand-written out= kernel (matmuls), compute straight into the caller's
@@ -257,15 +258,16 @@ class TorchHost : public HostServices {
       for (size_t i = 0; i < num_outputs; ++i) {
         at::Tensor out = wrap(&outputs[i]);
         if (out.sizes() != results[i].sizes() || out.scalar_type() != results[i].scalar_type())
-          return make_host_error(KILN_ERROR_INVALID_ARGUMENT,
-                                 c10::str("call_eager: ", full, " output ", i, " is ", results[i].scalar_type(),
-                                          results[i].sizes(), ", the caller's buffer is ", out.scalar_type(),
-                                          out.sizes()));
+          return make_host_error(
+              KILN_ERROR_INVALID_ARGUMENT,
+              c10::str("call_eager: ", full, " output ", i, " is ", results[i].scalar_type(), results[i].sizes(),
+                       ", the caller's buffer is ", out.scalar_type(), out.sizes()));
         out.copy_(results[i]);
       }
       return nullptr;
     } catch (const c10::Error& e) {
-      return make_host_error(KILN_ERROR_INVALID_ARGUMENT, std::string("call_eager: ") + op + ": " + e.what_without_backtrace());
+      return make_host_error(KILN_ERROR_INVALID_ARGUMENT,
+                             std::string("call_eager: ") + op + ": " + e.what_without_backtrace());
     } catch (const std::exception& e) {
       return make_host_error(KILN_ERROR_INVALID_ARGUMENT, std::string("call_eager: ") + op + ": " + e.what());
     }

@@ -22,14 +22,14 @@ bool TensorMeta::is_contiguous() const {
 }
 
 bool TensorMeta::operator==(const TensorMeta& o) const {
-  return dtype == o.dtype && shape == o.shape && strides == o.strides &&
-         storage_offset == o.storage_offset && device == o.device;
+  return dtype == o.dtype && shape == o.shape && strides == o.strides && storage_offset == o.storage_offset &&
+         device == o.device;
 }
 
 bool Arg::operator==(const Arg& o) const {
-  return kind == o.kind && value == o.value && values == o.values && i == o.i &&
-         (d == o.d || (d != d && o.d != o.d)) && ints == o.ints && doubles == o.doubles && s == o.s &&
-         is_scalar == o.is_scalar && scalar_input == o.scalar_input;
+  return kind == o.kind && value == o.value && values == o.values && i == o.i && (d == o.d || (d != d && o.d != o.d)) &&
+         ints == o.ints && doubles == o.doubles && s == o.s && is_scalar == o.is_scalar &&
+         scalar_input == o.scalar_input;
 }
 
 ValueId Graph::add_value(const TensorMeta& meta) {
@@ -112,8 +112,7 @@ void Graph::verify() const {
   for (const auto& out : outputs) {
     if (out.value < 0 || static_cast<size_t>(out.value) >= values.size() || !defined[out.value])
       fail("output '" + out.name + "' refers to undefined value %" + std::to_string(out.value));
-    if (out.role == OutputRole::WriteBack &&
-        (out.target < 0 || static_cast<size_t>(out.target) >= inputs.size()))
+    if (out.role == OutputRole::WriteBack && (out.target < 0 || static_cast<size_t>(out.target) >= inputs.size()))
       fail("write-back output '" + out.name + "' targets input " + std::to_string(out.target) + " out of range");
   }
 }

@@ -16,15 +16,21 @@ struct DtypeName {
 };
 
 const DtypeName kDtypes[] = {
-    {c10::ScalarType::Float, "f32"},     {c10::ScalarType::Double, "f64"},
-    {c10::ScalarType::Half, "f16"},      {c10::ScalarType::BFloat16, "bf16"},
-    {c10::ScalarType::Long, "i64"},      {c10::ScalarType::Int, "i32"},
-    {c10::ScalarType::Short, "i16"},     {c10::ScalarType::Char, "i8"},
-    {c10::ScalarType::Byte, "u8"},       {c10::ScalarType::Bool, "bool"},
-    {c10::ScalarType::ComplexFloat, "c64"}, {c10::ScalarType::ComplexDouble, "c128"},
-    {c10::ScalarType::Float8_e4m3fn, "f8e4m3fn"}, {c10::ScalarType::Float8_e5m2, "f8e5m2"},
+    {c10::ScalarType::Float, "f32"},
+    {c10::ScalarType::Double, "f64"},
+    {c10::ScalarType::Half, "f16"},
+    {c10::ScalarType::BFloat16, "bf16"},
+    {c10::ScalarType::Long, "i64"},
+    {c10::ScalarType::Int, "i32"},
+    {c10::ScalarType::Short, "i16"},
+    {c10::ScalarType::Char, "i8"},
+    {c10::ScalarType::Byte, "u8"},
+    {c10::ScalarType::Bool, "bool"},
+    {c10::ScalarType::ComplexFloat, "c64"},
+    {c10::ScalarType::ComplexDouble, "c128"},
+    {c10::ScalarType::Float8_e4m3fn, "f8e4m3fn"},
+    {c10::ScalarType::Float8_e5m2, "f8e5m2"},
 };
-
 
 std::string quote(const std::string& s) {
   std::string out = "\"";
@@ -114,7 +120,8 @@ static std::string print_arg_value(const Arg& a) {
     case K::Double: return scalar(print_real(a.d));
     case K::IntList: return "i[" + join_list(a.ints, [](int64_t x) { return std::to_string(x); }) + "]";
     case K::DoubleList: return "f[" + join_list(a.doubles, print_real) + "]";
-    case K::BoolList: return "b[" + join_list(a.ints, [](int64_t x) { return std::string(x ? "true" : "false"); }) + "]";
+    case K::BoolList:
+      return "b[" + join_list(a.ints, [](int64_t x) { return std::string(x ? "true" : "false"); }) + "]";
     case K::String: return quote(a.s);
     case K::ScalarType: return std::string("dtype(") + dtype_short_name(static_cast<c10::ScalarType>(a.i)) + ")";
     case K::Device: return "device(" + quote(a.s) + ")";
@@ -130,8 +137,10 @@ std::string print(const Graph& g) {
   for (size_t i = 0; i < g.scalar_inputs.size(); ++i) {
     const auto& si = g.scalar_inputs[i];
     os << "  scalar $" << i << " "
-       << (si.kind == Arg::Kind::Int ? "int" : si.kind == Arg::Kind::Bool ? "bool" : "float") << " "
-       << quote(si.name) << "\n";
+       << (si.kind == Arg::Kind::Int    ? "int"
+           : si.kind == Arg::Kind::Bool ? "bool"
+                                        : "float")
+       << " " << quote(si.name) << "\n";
   }
   for (const auto& in : g.inputs)
     os << "  input " << val(in.value) << " : " << print_type(g.value(in.value).meta)
@@ -215,7 +224,8 @@ class Parser {
   void skip_ws() {
     while (!at_end()) {
       if (std::isspace(static_cast<unsigned char>(t_[pos_]))) ++pos_;
-      else if (t_[pos_] == '#') while (!at_end() && t_[pos_] != '\n') ++pos_;
+      else if (t_[pos_] == '#')
+        while (!at_end() && t_[pos_] != '\n') ++pos_;
       else break;
     }
   }
@@ -239,8 +249,8 @@ class Parser {
   std::string word() {
     skip_blank();
     size_t start = pos_;
-    while (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '_' ||
-                         peek() == ':' || peek() == '.' || peek() == '-'))
+    while (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '_' || peek() == ':' ||
+                         peek() == '.' || peek() == '-'))
       ++pos_;
     return t_.substr(start, pos_ - start);
   }
@@ -278,7 +288,10 @@ class Parser {
         case 't': out += '\t'; break;
         case '"': out += '"'; break;
         case '\\': out += '\\'; break;
-        case 'x': out += static_cast<char>(std::stoi(t_.substr(pos_, 2), nullptr, 16)); pos_ += 2; break;
+        case 'x':
+          out += static_cast<char>(std::stoi(t_.substr(pos_, 2), nullptr, 16));
+          pos_ += 2;
+          break;
         default: fail(std::string("unknown escape '\\") + e + "'");
       }
     }
@@ -337,8 +350,8 @@ class Parser {
   double real() {
     skip_blank();
     size_t start = pos_;
-    while (!at_end() && (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '.' ||
-                         peek() == '-' || peek() == '+'))
+    while (!at_end() &&
+           (std::isalnum(static_cast<unsigned char>(peek())) || peek() == '.' || peek() == '-' || peek() == '+'))
       ++pos_;
     std::string s = t_.substr(start, pos_ - start);
     if (s == "nan") return std::nan("");
@@ -424,8 +437,10 @@ class Parser {
     if (w == "i" || w == "f" || w == "b" || w == "t") {
       expect('[');
       Arg a;
-      a.kind = w == "i" ? Arg::Kind::IntList : w == "f" ? Arg::Kind::DoubleList
-             : w == "b" ? Arg::Kind::BoolList : Arg::Kind::TensorList;
+      a.kind = w == "i"   ? Arg::Kind::IntList
+               : w == "f" ? Arg::Kind::DoubleList
+               : w == "b" ? Arg::Kind::BoolList
+                          : Arg::Kind::TensorList;
       if (!accept(']')) {
         do {
           if (w == "i") a.ints.push_back(integer());

@@ -38,9 +38,8 @@ KilnError* host_cpu_alloc(KilnHostDeviceAllocArgs* a) {
   if (!a) return make_host_error(KILN_ERROR_INVALID_ARGUMENT, "device_alloc: args is NULL");
   a->ptr = nullptr;
   if (a->device.device_type != kDLCPU)
-    return make_host_error(KILN_ERROR_UNAVAILABLE,
-                           "device_alloc: this host only allocates CPU memory (device type " +
-                               std::to_string(static_cast<int>(a->device.device_type)) + ")");
+    return make_host_error(KILN_ERROR_UNAVAILABLE, "device_alloc: this host only allocates CPU memory (device type " +
+                                                       std::to_string(static_cast<int>(a->device.device_type)) + ")");
   size_t rounded = (a->nbytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (!p)

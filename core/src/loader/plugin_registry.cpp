@@ -146,14 +146,12 @@ std::vector<std::string> plugin_search_dirs(const PluginSearchOptions& options) 
 class PluginLoader {
  public:
   // The plugin, or nullptr with *error set to the reason (without the path).
-  static std::shared_ptr<LoadedPlugin> load(const std::string& path,
-                                            const std::shared_ptr<const HostServices>& host,
+  static std::shared_ptr<LoadedPlugin> load(const std::string& path, const std::shared_ptr<const HostServices>& host,
                                             std::string* error);
 };
 
 std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
-                                                 const std::shared_ptr<const HostServices>& host,
-                                                 std::string* error) {
+                                                 const std::shared_ptr<const HostServices>& host, std::string* error) {
   auto lib = std::make_shared<boost::dll::shared_library>();
   std::error_code ec;
   dlerror();  // clear any stale text
@@ -225,13 +223,14 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   if (!d->version) return reject("descriptor.version is NULL");
   if (!d->vendor) return reject("descriptor.vendor is NULL");
   if (d->device_kinds == 0) return reject("descriptor.device_kinds is empty");
-  if ((d->modes & KILN_MODE_BIT(KILN_MODE_DEFAULT)) == 0)
-    return reject("descriptor.modes does not include 'default'");
+  if ((d->modes & KILN_MODE_BIT(KILN_MODE_DEFAULT)) == 0) return reject("descriptor.modes does not include 'default'");
   if (d->modes & ~KILN_MODE_MASK_ALL) return reject("descriptor.modes has unknown bits");
   const bool graph_fns = api->graph_capture_begin || api->graph_capture_end || api->graph_launch || api->graph_destroy;
-  const bool all_graph_fns = api->graph_capture_begin && api->graph_capture_end && api->graph_launch && api->graph_destroy;
+  const bool all_graph_fns =
+      api->graph_capture_begin && api->graph_capture_end && api->graph_launch && api->graph_destroy;
   if ((d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS) && !all_graph_fns)
-    return reject("descriptor.capabilities has KILN_CAPABILITY_DEVICE_GRAPHS, but not all four graph functions are set");
+    return reject(
+        "descriptor.capabilities has KILN_CAPABILITY_DEVICE_GRAPHS, but not all four graph functions are set");
   if (!(d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS) && graph_fns)
     return reject("graph functions are set, but descriptor.capabilities lacks KILN_CAPABILITY_DEVICE_GRAPHS");
   const struct {
@@ -414,7 +413,8 @@ bool LoadedPlugin::accepts_runtime_scalars() const { return (capabilities_ & KIL
 bool LoadedPlugin::provides_device_graphs() const { return (capabilities_ & KILN_CAPABILITY_DEVICE_GRAPHS) != 0; }
 
 void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
-  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
+  if (!provides_device_graphs())
+    throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
   KilnGraphCaptureBeginArgs a{};
   a.struct_size = KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE;
   a.plugin_ctx = api_->plugin_ctx;
@@ -425,7 +425,8 @@ void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
 }
 
 std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream) const {
-  if (!provides_device_graphs()) throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
+  if (!provides_device_graphs())
+    throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
   KilnGraphCaptureEndArgs a{};
   a.struct_size = KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE;
   a.plugin_ctx = api_->plugin_ctx;
@@ -454,8 +455,8 @@ PluginExecutable::~PluginExecutable() {
   }
 }
 
-void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
-                               size_t num_outputs, void* stream) const {
+void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                               void* stream) const {
   execute(inputs, num_inputs, outputs, num_outputs, nullptr, 0, stream);
 }
 

@@ -92,8 +92,9 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
   const bool has_cuda = std::any_of(lb.devices.begin(), lb.devices.end(),
                                     [](const hw::Device& d) { return d.kind == hw::DeviceKind::cuda; });
   if (!has_cuda && r.mode == KILN_MODE_REDUCE_OVERHEAD) {
-    r.notes.push_back("mode 'reduce-overhead' wraps the step in a CUDA graph, which needs a CUDA GPU; there is "
-                      "none here, so it behaves as 'default'");
+    r.notes.push_back(
+        "mode 'reduce-overhead' wraps the step in a CUDA graph, which needs a CUDA GPU; there is "
+        "none here, so it behaves as 'default'");
     r.mode = KILN_MODE_DEFAULT;
   }
   // Whole-step CUDA graphs, whatever the backend does inside the step: asked for by the mode, or by
@@ -105,11 +106,12 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
     else r.graph_plugin = graph_recorder(lb);
     r.cuda_graphs = r.graph_plugin != nullptr;
     if (!r.cuda_graphs) {
-      r.cuda_graphs_reason = "no loaded plugin that is available here records device graphs "
-                             "(KILN_CAPABILITY_DEVICE_GRAPHS)";
-      r.notes.push_back(c10::str(backend_asks ? "backend '" + r.plugin->name() + "'" : "mode '" + std::string(mode_to_string(r.mode)) + "'",
-                                 " wraps the step in a CUDA graph, but ", r.cuda_graphs_reason,
-                                 "; the step runs without one"));
+      r.cuda_graphs_reason =
+          "no loaded plugin that is available here records device graphs "
+          "(KILN_CAPABILITY_DEVICE_GRAPHS)";
+      r.notes.push_back(c10::str(
+          backend_asks ? "backend '" + r.plugin->name() + "'" : "mode '" + std::string(mode_to_string(r.mode)) + "'",
+          " wraps the step in a CUDA graph, but ", r.cuda_graphs_reason, "; the step runs without one"));
     }
   } else if (backend_asks && !has_cuda) {
     r.cuda_graphs_reason = "no CUDA device";

@@ -114,21 +114,50 @@ struct GraphView::Storage {
           k.ints = ints(std::move(l));
           break;
         }
-        case K::Bool: k.tag = KILN_ARG_BOOL; k.i = a.i; break;
-        case K::Int: k.tag = KILN_ARG_INT; k.i = a.i; break;
-        case K::Double: k.tag = KILN_ARG_DOUBLE; k.d = a.d; break;
-        case K::IntList: k.tag = KILN_ARG_INT_LIST; k.len = a.ints.size(); k.ints = ints(a.ints); break;
-        case K::BoolList: k.tag = KILN_ARG_BOOL_LIST; k.len = a.ints.size(); k.ints = ints(a.ints); break;
+        case K::Bool:
+          k.tag = KILN_ARG_BOOL;
+          k.i = a.i;
+          break;
+        case K::Int:
+          k.tag = KILN_ARG_INT;
+          k.i = a.i;
+          break;
+        case K::Double:
+          k.tag = KILN_ARG_DOUBLE;
+          k.d = a.d;
+          break;
+        case K::IntList:
+          k.tag = KILN_ARG_INT_LIST;
+          k.len = a.ints.size();
+          k.ints = ints(a.ints);
+          break;
+        case K::BoolList:
+          k.tag = KILN_ARG_BOOL_LIST;
+          k.len = a.ints.size();
+          k.ints = ints(a.ints);
+          break;
         case K::DoubleList:
           k.tag = KILN_ARG_DOUBLE_LIST;
           k.len = a.doubles.size();
           double_arrays.push_back(a.doubles);
           k.doubles = double_arrays.back().data();
           break;
-        case K::String: k.tag = KILN_ARG_STRING; k.s = str(a.s); break;
-        case K::ScalarType: k.tag = KILN_ARG_SCALAR_TYPE; k.dtype = to_dl_dtype(static_cast<c10::ScalarType>(a.i)); break;
-        case K::Device: k.tag = KILN_ARG_DEVICE; k.device = to_dl_device(c10::Device(a.s)); break;
-        case K::Layout: k.tag = KILN_ARG_LAYOUT; k.i = a.i; break;
+        case K::String:
+          k.tag = KILN_ARG_STRING;
+          k.s = str(a.s);
+          break;
+        case K::ScalarType:
+          k.tag = KILN_ARG_SCALAR_TYPE;
+          k.dtype = to_dl_dtype(static_cast<c10::ScalarType>(a.i));
+          break;
+        case K::Device:
+          k.tag = KILN_ARG_DEVICE;
+          k.device = to_dl_device(c10::Device(a.s));
+          break;
+        case K::Layout:
+          k.tag = KILN_ARG_LAYOUT;
+          k.i = a.i;
+          break;
         case K::MemoryFormat: {
           // c10::MemoryFormat: Contiguous 0, Preserve 1, ChannelsLast 2, ChannelsLast3d 3.
           k.tag = KILN_ARG_MEMORY_FORMAT;

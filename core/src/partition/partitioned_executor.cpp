@@ -24,8 +24,8 @@ bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars
   return true;
 }
 
-std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g, std::shared_ptr<const LoadedPlugin> plugin,
-                                                           KilnMode mode) {
+std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
+                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode) {
   auto cp = std::make_shared<CompiledPartition>();
   cp->plugin = plugin;
   auto& stats = cp->stats;
@@ -71,8 +71,8 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g, s
       outcome.reason = e.what();  // names the plugin and the error code
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
         stats.compile_errors.push_back(e.what());
-        log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(),
-                          " nodes (", g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
+        log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(), " nodes (",
+                          g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
       }
     }
   }
@@ -90,8 +90,8 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g, s
       for (auto ni : part.groups[-u - 1].nodes) cp->position[ni] = slot++;
     }
   }
-  log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes,
-                     " nodes in ", stats.groups_compiled, " compiled groups"));
+  log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
+                     stats.groups_compiled, " compiled groups"));
   return cp;
 }
 
@@ -214,17 +214,19 @@ void PartitionedExecutor::verify_group(const CompiledGroup& grp, int32_t index, 
     const double denom = std::max(wd.norm().item<double>(), 1e-30);
     const double err = (gd - wd).norm().item<double>() / denom;
     const bool finite = gd.isfinite().all().item<bool>() || !wd.isfinite().all().item<bool>();
-    const bool bad = !finite || err > (got.scalar_type() == at::kFloat || got.scalar_type() == at::kDouble ? 1e-5 : 1e-2);
+    const bool bad =
+        !finite || err > (got.scalar_type() == at::kFloat || got.scalar_type() == at::kDouble ? 1e-5 : 1e-2);
     log(bad ? LogLevel::warn : LogLevel::debug,
-        c10::str("verify_groups: group ", index, " (", grp.nodes.size(), " nodes, first ", grp.nodes.front().op,
-                 ") output ", k, " (%", grp.group.outputs[k], ", produced by ",
-                 [&] {
-                   for (const auto& n : grp.nodes)
-                     for (auto o : n.outputs)
-                       if (o == grp.group.outputs[k]) return n.op;
-                   return std::string("?");
-                 }(),
-                 "): relative error ", err, finite ? "" : " (non-finite values)"));
+        c10::str(
+            "verify_groups: group ", index, " (", grp.nodes.size(), " nodes, first ", grp.nodes.front().op, ") output ",
+            k, " (%", grp.group.outputs[k], ", produced by ",
+            [&] {
+              for (const auto& n : grp.nodes)
+                for (auto o : n.outputs)
+                  if (o == grp.group.outputs[k]) return n.op;
+              return std::string("?");
+            }(),
+            "): relative error ", err, finite ? "" : " (non-finite values)"));
   }
 }
 

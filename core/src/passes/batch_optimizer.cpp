@@ -18,8 +18,8 @@ namespace {
 
 struct Spec {
   const char* foreach_op;
-  std::vector<int> lists;  // argument positions that become Tensor[] (position 0 is self)
-  std::vector<int> keep;   // argument positions kept as they are (constants), in schema order
+  std::vector<int> lists;       // argument positions that become Tensor[] (position 0 is self)
+  std::vector<int> keep;        // argument positions kept as they are (constants), in schema order
   bool shared_operand = false;  // arg 1 is one 0-dim tensor shared by every member
 };
 
@@ -67,7 +67,8 @@ size_t batch_optimizer_updates(ir::Graph& g) {
     int d = 0;
     for (auto v : ir::Graph::node_inputs(g.nodes[i])) {
       const auto p = g.value(v).producer;
-      if (p >= 0 && g.nodes[static_cast<size_t>(p)].phase == ir::Phase::Optimizer) d = std::max(d, depth[static_cast<size_t>(p)] + 1);
+      if (p >= 0 && g.nodes[static_cast<size_t>(p)].phase == ir::Phase::Optimizer)
+        d = std::max(d, depth[static_cast<size_t>(p)] + 1);
     }
     depth[i] = d;
   }
@@ -96,13 +97,17 @@ size_t batch_optimizer_updates(ir::Graph& g) {
     bool ok = true;
     for (int k : s->lists) {
       const auto& a = node.args[static_cast<size_t>(k)];
-      if (a.kind != ir::Arg::Kind::Tensor) { ok = false; break; }
+      if (a.kind != ir::Arg::Kind::Tensor) {
+        ok = false;
+        break;
+      }
       const auto& m = g.value(a.value).meta;
       ok = m.shape == self.shape && m.dtype == self.dtype && m.device == self.device;
       if (!ok) break;
     }
     if (!ok) continue;
-    std::string key = node.op + "|" + c10::toString(self.dtype) + "|" + self.device.str() + "|" + std::to_string(depth[i]);
+    std::string key =
+        node.op + "|" + c10::toString(self.dtype) + "|" + self.device.str() + "|" + std::to_string(depth[i]);
     for (int k : s->keep) key += "|" + ir::print_arg(node.args[static_cast<size_t>(k)]);
     if (s->shared_operand) key += "|shared%" + std::to_string(node.args[1].value);
     groups[key].push_back(i);

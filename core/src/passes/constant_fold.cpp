@@ -1,8 +1,9 @@
 // Constant folding: a pure node whose tensor inputs were all folded here (or that reads no
 // tensor, like aten::full or aten::arange) is evaluated once, here, and its results become
 // Constant graph inputs. Constant inputs that capture bound are not folded through: they are read
-// in place on every step (optimizer state kiln has no name for, for instance) and may change. Large results are left to be computed every step: holding them costs memory
-// that a cheap fill does not. A node with a run-time scalar ($N) is never folded.
+// in place on every step (optimizer state kiln has no name for, for instance) and may change. Large results are left to
+// be computed every step: holding them costs memory that a cheap fill does not. A node with a run-time scalar ($N) is
+// never folded.
 #include <ATen/core/function_schema.h>
 
 #include "kiln/internal/executor.h"

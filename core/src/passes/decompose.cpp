@@ -30,8 +30,8 @@ ir::Node make_full(const ir::Graph& g, const ir::Node& n, double fill) {
   f.op = "aten::full";
   f.outputs = n.outputs;
   f.phase = n.phase;
-  Arg value = c10::isIntegralType(m.dtype, /*includeBool=*/true) ? Arg::integer(static_cast<int64_t>(fill))
-                                                                  : Arg::real(fill);
+  Arg value =
+      c10::isIntegralType(m.dtype, /*includeBool=*/true) ? Arg::integer(static_cast<int64_t>(fill)) : Arg::real(fill);
   value.is_scalar = true;
   Arg layout;
   layout.kind = Arg::Kind::Layout;

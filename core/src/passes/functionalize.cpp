@@ -73,8 +73,8 @@ struct FunctionalVariant {
 };
 
 // The pure op that computes what `schema` computes, returning the written arguments' new values.
-FunctionalVariant functional_variant(const std::string& op, const c10::FunctionSchema& schema,
-                                     size_t written, size_t kept_returns) {
+FunctionalVariant functional_variant(const std::string& op, const c10::FunctionSchema& schema, size_t written,
+                                     size_t kept_returns) {
   auto [name, overload] = split_op(op);
   std::vector<std::string> candidates;
   if (!name.empty() && name.back() == '_') candidates.push_back(join_op(name.substr(0, name.size() - 1), overload));
@@ -117,8 +117,9 @@ std::vector<int64_t> memory_order(const ir::TensorMeta& m, const std::string& op
   for (size_t k = perm.size(); k-- > 0;) {
     const auto d = static_cast<size_t>(perm[k]);
     if (m.shape[d] != 1 && m.strides[d] != expect)
-      throw std::runtime_error(op + " writes a tensor that is not dense in memory; kiln cannot draw its random numbers "
-                                    "in the order the in-place op draws them");
+      throw std::runtime_error(op +
+                               " writes a tensor that is not dense in memory; kiln cannot draw its random numbers "
+                               "in the order the in-place op draws them");
     expect *= m.shape[d];
   }
   return perm;
@@ -142,8 +143,8 @@ struct Functionalizer {
     int32_t output = 0;
     ir::ValueId parent = ir::kNoValue;
   };
-  std::vector<ir::ValueId> val;       // raw value -> new value
-  std::vector<int64_t> ver;           // storage version `val` was computed at
+  std::vector<ir::ValueId> val;  // raw value -> new value
+  std::vector<int64_t> ver;      // storage version `val` was computed at
   std::vector<ViewSource> view_src;
   std::unordered_map<int32_t, ir::ValueId> cur_base;  // storage -> new value of its content
   std::unordered_map<int32_t, int64_t> storage_version;
@@ -175,7 +176,8 @@ struct Functionalizer {
       std::vector<at::Tensor> env2 = env;
       env2.resize(out.values.size() + n.outputs.size());
       for (size_t k = 0; k < sink.outputs.size(); ++k)
-        sink.outputs[k] = sink.outputs[k] == ir::kNoValue ? ir::kNoValue : static_cast<ir::ValueId>(out.values.size() + k);
+        sink.outputs[k] =
+            sink.outputs[k] == ir::kNoValue ? ir::kNoValue : static_cast<ir::ValueId>(out.values.size() + k);
       EagerExecutor::run_node(sink, env2);
       std::vector<c10::ScalarType> dtypes;
       for (size_t k = 0; k < sink.outputs.size(); ++k) {
@@ -283,7 +285,8 @@ struct Functionalizer {
             ret_alias[r] = static_cast<int>(i);
       if (ret_alias[r] < 0) ++kept;
     }
-    if (raw.returns_list) throw std::runtime_error(raw.op + " returns Tensor[] and writes its arguments; kiln cannot functionalize it yet");
+    if (raw.returns_list)
+      throw std::runtime_error(raw.op + " returns Tensor[] and writes its arguments; kiln cannot functionalize it yet");
     const auto fv = functional_variant(raw.op, schema, written.size(), kept);
     if (!fv.schema) throw std::runtime_error("no functional variant of " + raw.op + " (it writes its arguments)");
 
@@ -310,9 +313,11 @@ struct Functionalizer {
       while (self < fargs.size() && fargs[self].name() != sargs[written[0]].name()) ++self;
       for (size_t k = 0; k < n.args.size(); ++k)
         if (n.args[k].kind == ir::Arg::Kind::Tensor && k != self)
-          throw std::runtime_error(raw.op + " with a tensor argument writes a non-contiguous tensor; kiln cannot draw "
-                                            "its random numbers in the order the in-place op draws them");
-      if (self == fargs.size()) throw std::logic_error("the functional form of " + raw.op + " has no '" + sargs[written[0]].name() + "'");
+          throw std::runtime_error(raw.op +
+                                   " with a tensor argument writes a non-contiguous tensor; kiln cannot draw "
+                                   "its random numbers in the order the in-place op draws them");
+      if (self == fargs.size())
+        throw std::logic_error("the functional form of " + raw.op + " has no '" + sargs[written[0]].name() + "'");
       ir::Node pn;
       pn.op = "aten::permute";
       pn.phase = raw.phase;
@@ -382,8 +387,13 @@ struct Functionalizer {
       ir::Node cast;
       cast.op = "aten::_to_copy";
       cast.phase = phase;
-      cast.args = {ir::Arg::tensor(promoted_values[p]), ir::Arg::scalar_type(out.value(written_new[w]).meta.dtype),
-                   ir::Arg::none(), ir::Arg::none(), ir::Arg::none(), ir::Arg::boolean(false), ir::Arg::none()};
+      cast.args = {ir::Arg::tensor(promoted_values[p]),
+                   ir::Arg::scalar_type(out.value(written_new[w]).meta.dtype),
+                   ir::Arg::none(),
+                   ir::Arg::none(),
+                   ir::Arg::none(),
+                   ir::Arg::boolean(false),
+                   ir::Arg::none()};
       cast.outputs = {written_new[w]};
       out.add_node(std::move(cast));
     }
@@ -464,8 +474,8 @@ struct Functionalizer {
       ir::Node sc;
       sc.op = "aten::as_strided_scatter";
       sc.phase = ir::Phase::Unknown;  // a write through a view, in no phase of its own
-      sc.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(mm.shape),
-                 ir::Arg::int_list(mm.strides), ir::Arg::integer(mm.storage_offset)};
+      sc.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(mm.shape), ir::Arg::int_list(mm.strides),
+                 ir::Arg::integer(mm.storage_offset)};
       const auto nb = out.add_value(out.value(base).meta);
       sc.outputs = {nb};
       out.add_node(std::move(sc));
@@ -482,7 +492,8 @@ struct Functionalizer {
       const auto nv = out.add_input(g.value(in.value).meta, in.role, in.name);
       const int32_t s = storage(in.value);
       if (s >= 0 && cur_base.count(s))
-        throw std::runtime_error("graph inputs '" + in.name + "' and another share memory; kiln cannot functionalize that yet");
+        throw std::runtime_error("graph inputs '" + in.name +
+                                 "' and another share memory; kiln cannot functionalize that yet");
       define_base(in.value, nv);
     }
     for (size_t i = 0; i < g.nodes.size(); ++i) {

@@ -119,7 +119,8 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
       const auto s = scalar_tensor(A[1].scalar_input, xmeta, reciprocal);
       const bool divide = op == "aten::div.Scalar" && !reciprocal;
       out.push_back(node(divide ? "aten::div.Tensor" : "aten::mul.Tensor", {T(A[0].value), T(s)}, result, ph));
-    } else if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && A.size() == 3 && runtime(A[1]) != runtime(A[2])) {
+    } else if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && A.size() == 3 &&
+               runtime(A[1]) != runtime(A[2])) {
       const std::string top = op == "aten::add.Scalar" ? "aten::add.Tensor" : "aten::sub.Tensor";
       const int k = runtime(A[1]) ? 1 : 2;  // the run-time one becomes the tensor, the other alpha
       const auto s = scalar_tensor(A[static_cast<size_t>(k)].scalar_input, g.value(A[0].value).meta);
@@ -132,8 +133,8 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
       ir::Arg value = ir::Arg::integer(op == "aten::add.Tensor" ? 1 : -1);
       value.is_scalar = true;
       out.push_back(node("aten::addcmul", {T(A[0].value), T(A[1].value), T(s), value}, result, ph));
-    } else if ((op == "aten::addcdiv" || op == "aten::addcmul") && A.size() == 4 && runtime(A[3]) &&
-               !runtime(A[0]) && A[1].kind == ir::Arg::Kind::Tensor && A[2].kind == ir::Arg::Kind::Tensor) {
+    } else if ((op == "aten::addcdiv" || op == "aten::addcmul") && A.size() == 4 && runtime(A[3]) && !runtime(A[0]) &&
+               A[1].kind == ir::Arg::Kind::Tensor && A[2].kind == ir::Arg::Kind::Tensor) {
       const auto s = scalar_tensor(A[3].scalar_input, rmeta);
       if (op == "aten::addcdiv" && rmeta.device.is_cuda()) {
         const auto q = new_value(rmeta);

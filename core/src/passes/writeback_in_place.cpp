@@ -16,9 +16,9 @@
 namespace kiln {
 
 void compute_writebacks_in_place(ir::Graph& g, const std::vector<int32_t>& position) {
-  static const std::set<std::string> elementwise = {
-      "aten::add", "aten::sub", "aten::mul", "aten::div", "aten::addcdiv", "aten::addcmul", "aten::lerp",
-      "aten::sqrt", "aten::neg", "aten::clamp", "aten::copy"};
+  static const std::set<std::string> elementwise = {"aten::add",     "aten::sub",     "aten::mul",  "aten::div",
+                                                    "aten::addcdiv", "aten::addcmul", "aten::lerp", "aten::sqrt",
+                                                    "aten::neg",     "aten::clamp",   "aten::copy"};
   auto slot = [&](size_t node) {
     if (position.empty()) return static_cast<int32_t>(node);
     return position[node] >= 0 ? position[node] : -position[node] - 1;
@@ -40,7 +40,8 @@ void compute_writebacks_in_place(ir::Graph& g, const std::vector<int32_t>& posit
     if (val.producer < 0 || !eager(static_cast<size_t>(val.producer))) continue;
     if (output_uses[static_cast<size_t>(o.value)] != 1 || output_uses[static_cast<size_t>(in)] != 0) continue;
     auto& n = g.nodes[static_cast<size_t>(val.producer)];
-    if (n.outputs.size() != 1 || n.returns_list || last_read[static_cast<size_t>(in)] > slot(static_cast<size_t>(val.producer)))
+    if (n.outputs.size() != 1 || n.returns_list ||
+        last_read[static_cast<size_t>(in)] > slot(static_cast<size_t>(val.producer)))
       continue;
     if (val.meta != g.value(in).meta) continue;
     const auto dot = n.op.find('.', 6);

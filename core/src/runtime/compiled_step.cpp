@@ -257,8 +257,9 @@ struct CompiledStep::Impl {
       e.compiled = false;
       e.reason = std::string("kiln: the compiled step failed: ") + ex.what();
       stats.last_fallback = e.reason;
-      throw CompileError(e.reason + " (the optimizers' host state was restored; parameters the step writes in place may "
-                                    "be partly updated)");
+      throw CompileError(e.reason +
+                         " (the optimizers' host state was restored; parameters the step writes in place may "
+                         "be partly updated)");
     }
   }
 };

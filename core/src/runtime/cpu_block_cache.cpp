@@ -30,8 +30,8 @@ thread_local int active_scopes = 0;
 
 struct CpuBlockCache::Impl {
   mutable std::mutex mu;
-  std::multimap<size_t, void*> free_by_size;   // free blocks
-  std::unordered_map<void*, size_t> live;      // blocks handed out -> their size
+  std::multimap<size_t, void*> free_by_size;  // free blocks
+  std::unordered_map<void*, size_t> live;     // blocks handed out -> their size
   size_t cached = 0;
   size_t limit = size_t{2048} << 20;
   size_t hits = 0;

@@ -25,9 +25,9 @@ class CpuBlockCache final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
-  size_t cached_bytes() const;  // free blocks held
-  size_t hits() const;          // allocations served from the cache
-  void release();               // frees every cached block
+  size_t cached_bytes() const;              // free blocks held
+  size_t hits() const;                      // allocations served from the cache
+  void release();                           // frees every cached block
   void set_limit(size_t max_cached_bytes);  // the most free memory kept for reuse
 
   CpuBlockCache(const CpuBlockCache&) = delete;

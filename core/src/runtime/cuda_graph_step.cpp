@@ -105,7 +105,7 @@ struct Step::Impl {
   bool random;
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool{0, 0};
-  bool pool_used = false;  // this Step holds the pool's reference (the plugin path)
+  bool pool_used = false;                     // this Step holds the pool's reference (the plugin path)
   std::unique_ptr<PluginGraph> graph;         // the plugin path
   std::unique_ptr<RandomGraph> random_graph;  // a step that draws random numbers; owns its pool reference
 
@@ -280,7 +280,8 @@ c10::CachingAllocator::Stat allocated_stat(int device) {
 int64_t cuda_allocated_bytes(int device) { return cudagraph::cuda_available() ? allocated_stat(device).current : 0; }
 int64_t cuda_peak_allocated_bytes(int device) { return cudagraph::cuda_available() ? allocated_stat(device).peak : 0; }
 void cuda_reset_peak_allocated(int device) {
-  if (cudagraph::cuda_available()) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  if (cudagraph::cuda_available())
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }
 
 }  // namespace kiln

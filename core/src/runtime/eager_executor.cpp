@@ -48,7 +48,8 @@ c10::IValue arg_to_ivalue(const ir::Arg& a, const c10::Argument& sa, const std::
       if (optional_tensor_list(sa)) {
         c10::List<std::optional<at::Tensor>> l;
         for (auto v : a.values)
-          l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>() : std::optional<at::Tensor>(env[static_cast<size_t>(v)]));
+          l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>()
+                                        : std::optional<at::Tensor>(env[static_cast<size_t>(v)]));
         return l;
       } else {
         c10::List<at::Tensor> l;
@@ -76,7 +77,8 @@ c10::IValue arg_to_ivalue(const ir::Arg& a, const c10::Argument& sa, const std::
 
 // ---- PreparedNode ----
 
-PreparedNode::PreparedNode(const ir::Node& node) : op_(node.op), outputs_(node.outputs), returns_list_(node.returns_list) {
+PreparedNode::PreparedNode(const ir::Node& node)
+    : op_(node.op), outputs_(node.outputs), returns_list_(node.returns_list) {
   auto [name, overload] = split_op(node.op);
   auto h = c10::Dispatcher::singleton().findOp({name, overload});
   if (!h) throw std::runtime_error("eager executor: unknown op " + node.op);
@@ -131,7 +133,8 @@ void PreparedNode::run(std::vector<at::Tensor>& env, const std::vector<c10::IVal
       case Slot::OptionalTensorList: {
         c10::List<std::optional<at::Tensor>> l;
         for (auto v : s.values)
-          l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>() : std::optional<at::Tensor>(env[static_cast<size_t>(v)]));
+          l.push_back(v == ir::kNoValue ? std::optional<at::Tensor>()
+                                        : std::optional<at::Tensor>(env[static_cast<size_t>(v)]));
         stack.emplace_back(std::move(l));
         break;
       }
@@ -171,7 +174,8 @@ EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes,
     for (auto v : ir::Graph::node_inputs(n)) last[static_cast<size_t>(v)] = static_cast<int32_t>(k);
     // A result nobody reads dies right after its node.
     for (auto v : n.outputs)
-      if (v != ir::kNoValue && last[static_cast<size_t>(v)] < static_cast<int32_t>(k)) last[static_cast<size_t>(v)] = static_cast<int32_t>(k);
+      if (v != ir::kNoValue && last[static_cast<size_t>(v)] < static_cast<int32_t>(k))
+        last[static_cast<size_t>(v)] = static_cast<int32_t>(k);
   }
   free_after_.resize(nodes.size());
   for (size_t v = 0; v < last.size(); ++v)
@@ -189,7 +193,8 @@ EagerExecutor::EagerExecutor(const ir::Graph& graph, std::vector<int32_t> nodes,
   }
 }
 
-void EagerExecutor::run_node(const ir::Node& node, std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars) {
+void EagerExecutor::run_node(const ir::Node& node, std::vector<at::Tensor>& env,
+                             const std::vector<c10::IValue>* scalars) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   PreparedNode(node).run(env, scalars);

@@ -130,8 +130,9 @@ std::string check_optimizer_calls(const ir::Graph& raw, const OptimizerSites& si
         return c10::str(names[o], " called ", c[j].op, " where the captured step has ", n.op, " (call ", j, ")");
       for (const auto& [arg, t] : s[j].same_tensor)
         if (static_cast<size_t>(arg) >= c[j].args.size() || !same_tensor(c[j].args[static_cast<size_t>(arg)], t))
-          return c10::str(names[o], ": ", describe_call(c[j], j), " no longer works on the tensors the step was captured with (argument ",
-                          arg, "); its state or parameters were replaced (torch::load, a new parameter)");
+          return c10::str(names[o], ": ", describe_call(c[j], j),
+                          " no longer works on the tensors the step was captured with (argument ", arg,
+                          "); its state or parameters were replaced (torch::load, a new parameter)");
     }
   }
   return "";
@@ -145,10 +146,8 @@ bool arg_matches(const ir::Arg& a, const c10::IValue& v) {
       return v.isInt() ? v.toInt() == a.i : v.isDouble() ? v.toDouble() == static_cast<double>(a.i) : false;
     case ir::Arg::Kind::Double:
       return v.isDouble() ? v.toDouble() == a.d : v.isInt() ? static_cast<double>(v.toInt()) == a.d : false;
-    case ir::Arg::Kind::Bool:
-      return v.isBool() && (v.toBool() ? 1 : 0) == a.i;
-    default:
-      return true;  // lists, strings, dtypes: not step-dependent in any LibTorch optimizer
+    case ir::Arg::Kind::Bool: return v.isBool() && (v.toBool() ? 1 : 0) == a.i;
+    default: return true;  // lists, strings, dtypes: not step-dependent in any LibTorch optimizer
   }
 }
 

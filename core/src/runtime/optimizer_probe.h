@@ -110,13 +110,11 @@ class StepProbe {
   // longer match (naming the optimizer). The optimizers' host state has advanced either way: the
   // caller restores it from an OptimizerSnapshot, and calls undo_placeholders, when the step does
   // not run.
-  std::string probe(const CapturedStep& cs, ProbeState& ps, std::vector<c10::IValue>& scalars,
-                    bool* new_slots) const;
+  std::string probe(const CapturedStep& cs, ProbeState& ps, std::vector<c10::IValue>& scalars, bool* new_slots) const;
 
   // Takes back the placeholder gradients lent by the last probe (an eager step must not
   // accumulate into them).
   static void undo_placeholders(ProbeState& ps);
-
 
  private:
   void lend_placeholders(const CapturedStep& cs, ProbeState& ps) const;

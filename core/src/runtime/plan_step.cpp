@@ -99,9 +99,7 @@ void bind(StepPlan& plan, const CapturedStep& cs, bool writeback_copy) {
         b.target = t->second;
         break;
       }
-      case ir::OutputRole::Gradient:
-        b.target = cs.grad_params.at(static_cast<size_t>(o.target));
-        break;
+      case ir::OutputRole::Gradient: b.target = cs.grad_params.at(static_cast<size_t>(o.target)); break;
       case ir::OutputRole::Result:
         if (o.target < 0) continue;
         break;
@@ -122,8 +120,8 @@ std::string describe(const StepPlan& plan) {
   os << "device " << plan.device << "\n";
   if (plan.partition) {
     const auto& s = plan.partition->stats;
-    os << "backend " << plan.partition->plugin->name() << ": " << s.nodes_compiled << " of " << s.nodes
-       << " nodes in " << s.groups_compiled << " of " << s.groups << " groups\n";
+    os << "backend " << plan.partition->plugin->name() << ": " << s.nodes_compiled << " of " << s.nodes << " nodes in "
+       << s.groups_compiled << " of " << s.groups << " groups\n";
   } else {
     os << "backend none: every node on the eager executor\n";
   }
@@ -193,7 +191,8 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
   if (options.batch_optimizer && (plan->device.is_cuda() || !backend.plugin)) {
     size_t folded = 0;
     runner.run("batch_optimizer", [&] { folded = batch_optimizer_updates(g); });
-    log_info(c10::str("kiln: [experimental] batch_optimizer: ", folded, " optimizer nodes folded into multi-tensor ops"));
+    log_info(
+        c10::str("kiln: [experimental] batch_optimizer: ", folded, " optimizer nodes folded into multi-tensor ops"));
   }
 
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.

@@ -48,9 +48,9 @@ struct InputBinding {
 struct OutputBinding {
   ir::OutputRole role = ir::OutputRole::Result;
   ir::ValueId value = ir::kNoValue;
-  int32_t index = -1;   // Result: the result's index; Gradient: the parameter's index
-  at::Tensor target;    // WriteBack: the tensor written; Gradient: the parameter
-  bool adopt = false;   // WriteBack: the target may take the value's storage (see the runner)
+  int32_t index = -1;  // Result: the result's index; Gradient: the parameter's index
+  at::Tensor target;   // WriteBack: the tensor written; Gradient: the parameter
+  bool adopt = false;  // WriteBack: the target may take the value's storage (see the runner)
 };
 
 struct StepPlan {
@@ -68,7 +68,7 @@ struct StepPlan {
   // CUDA step and this plan cannot be recorded ("cpu device (input ...)").
   bool cuda_graph = false;
   std::string graph_skip;
-  bool draws_random = false;  // the plan has a random op: its graph registers the CUDA generator
+  bool draws_random = false;         // the plan has a random op: its graph registers the CUDA generator
   std::vector<LiftedScalar> lifted;  // run-time scalars as 0-dim device tensors
   std::vector<std::pair<c10::ScalarType, int64_t>> scalar_buffers;  // per dtype of lifted scalars: count
   std::vector<std::pair<size_t, int64_t>> lifted_at;                // per lifted scalar: (buffer, index)

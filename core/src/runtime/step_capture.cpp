@@ -113,7 +113,8 @@ CaptureOutcome capture_step(const StepFn& fn, const std::vector<at::Tensor>& inp
     cs.grad_params[i] = p;
   }
   for (const auto& r : rec.host_reads())
-    log_info("kiln: the step reads a value on the host (" + r + "); the compiled step computes it on the device, "
+    log_info("kiln: the step reads a value on the host (" + r +
+             "); the compiled step computes it on the device, "
              "and the host code that used it ran once, at capture");
   cs.raw = std::move(rec.graph());
   for (size_t i = 0; i < cs.raw.inputs.size(); ++i) {

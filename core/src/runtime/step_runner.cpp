@@ -64,8 +64,7 @@ StepRunner::StepRunner(std::shared_ptr<const StepPlan> plan, std::shared_ptr<con
       exec_(std::make_unique<Executor>()) {
   if (plan_->backend_runs_nodes())
     exec_->partitioned.emplace(plan_->run_graph, plan_->partition, options_.verify_groups);
-  else
-    exec_->eager.emplace(plan_->run_graph, std::vector<int32_t>{}, std::vector<ir::ValueId>{}, options_.check_meta);
+  else exec_->eager.emplace(plan_->run_graph, std::vector<int32_t>{}, std::vector<ir::ValueId>{}, options_.check_meta);
   env_.assign(plan_->run_graph.values.size(), at::Tensor());
   for (const auto& [dtype, n] : plan_->scalar_buffers)
     scalar_buffers_.push_back(at::zeros({n}, at::TensorOptions(dtype).device(plan_->device)));
@@ -98,7 +97,10 @@ void StepRunner::fill_scalars(const std::vector<c10::IValue>& scalars) {
       for (size_t k = 0; k < lifted.size(); ++k) {
         if (plan_->lifted_at[k].first != b) continue;
         const c10::IValue& v = scalars.at(static_cast<size_t>(lifted[k].scalar));
-        const double d = v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : v.isBool() ? v.toBool() : 0.0;
+        const double d = v.isDouble() ? v.toDouble()
+                         : v.isInt()  ? static_cast<double>(v.toInt())
+                         : v.isBool() ? v.toBool()
+                                      : 0.0;
         if (!lifted[k].reciprocal) {
           p[plan_->lifted_at[k].second] = static_cast<scalar_t>(d);
         } else {
@@ -163,7 +165,8 @@ std::vector<at::Tensor> StepRunner::finish(bool clone_results) {
   return results;
 }
 
-std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars) {
+std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
+                                        const std::vector<c10::IValue>& scalars) {
   fill_scalars(scalars);
   if (graphs_) {
     if (cg_ && cg_->recorded()) return replay(inputs, scalars);
@@ -219,7 +222,8 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
   for (auto& t : env_) t.reset();
   graph_addresses_.clear();
   for (const auto& b : plan_->inputs)
-    if (b.user < 0 && b.lifted < 0 && b.tensor.defined()) graph_addresses_.emplace_back(b.tensor, b.tensor.const_data_ptr());
+    if (b.user < 0 && b.lifted < 0 && b.tensor.defined())
+      graph_addresses_.emplace_back(b.tensor, b.tensor.const_data_ptr());
   cg_ = std::move(cg);
   ++stats_.graphs_recorded;
   log_info(c10::str("kiln: recorded the step as a CUDA graph (", plan_->graph.nodes.size(), " nodes, ",
@@ -228,11 +232,13 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
   return results;
 }
 
-std::vector<at::Tensor> StepRunner::replay(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars) {
+std::vector<at::Tensor> StepRunner::replay(const std::vector<at::Tensor>& inputs,
+                                           const std::vector<c10::IValue>& scalars) {
   for (const auto& [t, address] : graph_addresses_)
     if (t.const_data_ptr() != address) {
-      log_info("kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
-               "the graph again");
+      log_info(
+          "kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
+          "the graph again");
       cg_.reset();
       graph_addresses_.clear();
       return warm_up_and_record(inputs, scalars);

@@ -26,8 +26,8 @@ class Step;
 struct RunOptions {
   bool cpu_block_cache = true;  // [runtime] cpu_block_cache
   int64_t cpu_block_cache_max_mb = 2048;
-  bool check_meta = false;      // [debug] check_meta
-  bool verify_groups = false;   // [debug] verify_groups
+  bool check_meta = false;     // [debug] check_meta
+  bool verify_groups = false;  // [debug] verify_groups
 };
 
 class StepRunner {

@@ -178,9 +178,8 @@ std::string details(const hw::Device& d) {
     case hw::DeviceKind::cpu: {
       const auto& c = d.cpu;
       s = std::to_string(c.sockets) + " socket(s), " + std::to_string(c.cores) + " cores, " +
-          std::to_string(c.threads) + " threads; L1d " + bytes_text(c.l1d_bytes) + ", L2 " +
-          bytes_text(c.l2_bytes) + ", L3 " + bytes_text(c.l3_bytes) + "; memory " +
-          bytes_text(c.memory_bytes);
+          std::to_string(c.threads) + " threads; L1d " + bytes_text(c.l1d_bytes) + ", L2 " + bytes_text(c.l2_bytes) +
+          ", L3 " + bytes_text(c.l3_bytes) + "; memory " + bytes_text(c.memory_bytes);
       auto isa = isa_list(c.isa);
       std::string joined;
       for (const auto& f : isa) joined += (joined.empty() ? "" : " ") + f;
@@ -190,8 +189,7 @@ std::string details(const hw::Device& d) {
     case hw::DeviceKind::cuda:
       s = "cc " + std::to_string(d.cuda.cc_major) + "." + std::to_string(d.cuda.cc_minor) + ", " +
           bytes_text(d.cuda.total_memory_bytes) + ", " +
-          (d.cuda.multiprocessor_count ? std::to_string(d.cuda.multiprocessor_count) : std::string("-")) +
-          " SMs";
+          (d.cuda.multiprocessor_count ? std::to_string(d.cuda.multiprocessor_count) : std::string("-")) + " SMs";
       break;
     case hw::DeviceKind::gaudi:
     case hw::DeviceKind::neuron:
@@ -244,8 +242,8 @@ std::string probe_report_text(const ProbeReport& r, bool explain) {
   std::snprintf(line, sizeof line, "  %-7s %-3s %-40s %-13s %s\n", "KIND", "#", "NAME", "PCI", "DETAILS");
   out << line;
   for (const auto& d : r.probe.devices) {
-    std::snprintf(line, sizeof line, "  %-7s %-3d %-40s %-13s ", hw::to_string(d.kind), d.index,
-                  d.name.c_str(), d.pci_bus_id.empty() ? "-" : d.pci_bus_id.c_str());
+    std::snprintf(line, sizeof line, "  %-7s %-3d %-40s %-13s ", hw::to_string(d.kind), d.index, d.name.c_str(),
+                  d.pci_bus_id.empty() ? "-" : d.pci_bus_id.c_str());
     out << line << details(d) << "\n";
   }
   out << "  CUDA: " << r.probe.cuda_status << "\n\n";

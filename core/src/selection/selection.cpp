@@ -17,8 +17,8 @@ using hw::Device;
 using hw::DeviceKind;
 
 int count(const std::vector<Device>& devices, DeviceKind kind) {
-  return static_cast<int>(std::count_if(devices.begin(), devices.end(),
-                                        [&](const Device& d) { return d.kind == kind; }));
+  return static_cast<int>(
+      std::count_if(devices.begin(), devices.end(), [&](const Device& d) { return d.kind == kind; }));
 }
 
 std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
@@ -55,8 +55,7 @@ std::vector<std::string> available_names(const std::vector<BackendCandidate>& pl
 }
 
 // The other available backends, in the auto order first, then any others by name.
-std::vector<std::string> runners_up(const std::vector<std::string>& order,
-                                    const std::vector<BackendCandidate>& plugins,
+std::vector<std::string> runners_up(const std::vector<std::string>& order, const std::vector<BackendCandidate>& plugins,
                                     const std::string& chosen) {
   std::vector<std::string> out;
   for (const auto& name : order)
@@ -113,8 +112,8 @@ std::string describe_devices(const std::vector<hw::Device>& devices) {
   return parts.empty() ? "no devices" : join(parts);
 }
 
-BackendChoice select_backend(const std::vector<hw::Device>& devices,
-                             const std::vector<BackendCandidate>& plugins, const std::string& requested) {
+BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::vector<BackendCandidate>& plugins,
+                             const std::string& requested) {
   BackendChoice c;
   c.requested = requested.empty() ? "auto" : requested;
   c.order = automatic_order(plugins);
@@ -132,31 +131,27 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices,
     const auto* p = find(plugins, c.requested);
     if (p && p->available) {
       c.backend = p->name;
-      c.reasons.push_back(p->name + " was named and is available" +
-                          (p->reason.empty() ? "" : ": " + p->reason));
+      c.reasons.push_back(p->name + " was named and is available" + (p->reason.empty() ? "" : ": " + p->reason));
       c.runners_up = runners_up(c.order, plugins, c.backend);
       log_choice(c);
       return c;
     }
     const std::string list = available.empty() ? "none" : join(available);
     if (p) {
-      throw BackendSelectionError(
-          "backend '" + p->name + "' was named but is unavailable here: " +
-              (p->reason.empty() ? "the plugin gave no reason" : p->reason) +
-              ". Available backends: " + list + " (or \"auto\" to pick one)",
-          available);
+      throw BackendSelectionError("backend '" + p->name + "' was named but is unavailable here: " +
+                                      (p->reason.empty() ? "the plugin gave no reason" : p->reason) +
+                                      ". Available backends: " + list + " (or \"auto\" to pick one)",
+                                  available);
     }
     std::vector<std::string> known;
     for (const auto& q : plugins) known.push_back(q.name);
     for (const auto& b : builtin_backends()) known.push_back(b);
     known.push_back("eager");
     std::string msg;
-    const bool in_tree = std::find(builtin_backends().begin(), builtin_backends().end(), c.requested) !=
-                         builtin_backends().end();
-    if (in_tree)
-      msg = "backend '" + c.requested + "' is not installed (no plugin of that name was found)";
-    else
-      msg = "unknown backend '" + c.requested + "'";
+    const bool in_tree =
+        std::find(builtin_backends().begin(), builtin_backends().end(), c.requested) != builtin_backends().end();
+    if (in_tree) msg = "backend '" + c.requested + "' is not installed (no plugin of that name was found)";
+    else msg = "unknown backend '" + c.requested + "'";
     std::optional<std::string> near;
     if (!in_tree) near = nearest_name(c.requested, known);
     msg += near ? "; did you mean '" + *near + "'? " : ". ";
@@ -178,9 +173,10 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices,
                         (p->reason.empty() ? "" : " (" + p->reason + ")"));
   } else {
     c.backend = "eager";
-    c.reasons.push_back("no installed plugin is available here with a positive score, so steps run eagerly "
-                        "(uncompiled); install or fix a backend for " + describe_devices(devices) +
-                        ", or name one");
+    c.reasons.push_back(
+        "no installed plugin is available here with a positive score, so steps run eagerly "
+        "(uncompiled); install or fix a backend for " +
+        describe_devices(devices) + ", or name one");
   }
   c.runners_up = runners_up(c.order, plugins, c.backend);
   log_choice(c);

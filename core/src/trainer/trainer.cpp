@@ -18,14 +18,14 @@ struct Trainer::Impl {
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward, torch::optim::Optimizer& optimizer,
                  LossFn loss_fn, TrainingArguments args)
-    : Trainer(std::move(model),
-              MultiForwardFn([f = std::move(forward)](const std::vector<at::Tensor>& in) {
-                if (in.size() != 1)
-                  throw std::invalid_argument("kiln::Trainer: the forward function takes one tensor, the step was given " +
-                                              std::to_string(in.size()));
-                return f(in[0]);
-              }),
-              optimizer, std::move(loss_fn), std::move(args)) {}
+    : Trainer(
+          std::move(model), MultiForwardFn([f = std::move(forward)](const std::vector<at::Tensor>& in) {
+            if (in.size() != 1)
+              throw std::invalid_argument("kiln::Trainer: the forward function takes one tensor, the step was given " +
+                                          std::to_string(in.size()));
+            return f(in[0]);
+          }),
+          optimizer, std::move(loss_fn), std::move(args)) {}
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, torch::optim::Optimizer& optimizer,
                  LossFn loss_fn, TrainingArguments args)

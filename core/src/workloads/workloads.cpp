@@ -124,14 +124,12 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
   w.name = name;
   if (name == "mlp") {
     const int64_t B = opts.batch ? opts.batch : 256;
-    nn::Sequential net(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(),
-                       nn::Linear(512, 10));
+    nn::Sequential net(nn::Linear(784, 512), nn::ReLU(), nn::Linear(512, 512), nn::ReLU(), nn::Linear(512, 10));
     net->to(device);
     w.model = net.ptr();
     w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
     w.loss_fn = cross_entropy;
-    w.optimizer = std::make_unique<torch::optim::SGD>(
-        net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    w.optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     w.input = at::randn({B, 784}, at::TensorOptions(device));
     w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
   } else if (name == "cnn") {
@@ -139,16 +137,14 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     auto conv = [](int64_t in, int64_t out, int64_t stride) {
       return nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false));
     };
-    nn::Sequential net(conv(3, 32, 1), nn::BatchNorm2d(32), nn::ReLU(),
-                       conv(32, 64, 2), nn::BatchNorm2d(64), nn::ReLU(),
-                       conv(64, 128, 2), nn::BatchNorm2d(128), nn::ReLU(),
-                       nn::AdaptiveAvgPool2d(1), nn::Flatten(), nn::Linear(128, 10));
+    nn::Sequential net(conv(3, 32, 1), nn::BatchNorm2d(32), nn::ReLU(), conv(32, 64, 2), nn::BatchNorm2d(64),
+                       nn::ReLU(), conv(64, 128, 2), nn::BatchNorm2d(128), nn::ReLU(), nn::AdaptiveAvgPool2d(1),
+                       nn::Flatten(), nn::Linear(128, 10));
     net->to(device);
     w.model = net.ptr();
     w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
     w.loss_fn = cross_entropy;
-    w.optimizer = std::make_unique<torch::optim::SGD>(
-        net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    w.optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     w.input = at::randn({B, 3, 32, 32}, at::TensorOptions(device));
     w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
   } else if (name == "gpt") {
@@ -161,8 +157,7 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     w.loss_fn = [](const at::Tensor& logits, const at::Tensor& target) {
       return cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
     };
-    w.optimizer = std::make_unique<torch::optim::AdamW>(
-        net->parameters(), torch::optim::AdamWOptions(1e-3));
+    w.optimizer = std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
     w.input = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
     w.target = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
     w.autocast_bf16 = cuda;
@@ -170,7 +165,8 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
   }
   if (opts.optimizer == "sgd") {
-    w.optimizer = std::make_unique<torch::optim::SGD>(w.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    w.optimizer =
+        std::make_unique<torch::optim::SGD>(w.model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   } else if (opts.optimizer == "adamw") {
     w.optimizer = std::make_unique<torch::optim::AdamW>(w.model->parameters(), torch::optim::AdamWOptions(1e-3));
   } else if (!opts.optimizer.empty()) {

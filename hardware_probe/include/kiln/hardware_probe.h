@@ -24,16 +24,16 @@ const char* to_string(DeviceKind kind);
 // The raw CPUID leaves and XCR0 the ISA decision is made from. The real machine fills this with
 // read_cpuid(); tests build one by hand, e.g. "CPUID says AVX-512 but XCR0 leaves ZMM off".
 struct CpuidLeaves {
-  bool valid = false;             // false off x86 or when CPUID is unusable
-  std::string vendor;             // leaf 0: "GenuineIntel", "AuthenticAMD"
-  uint32_t max_leaf = 0;          // leaf 0 eax
-  uint32_t leaf1_ecx = 0;         // bit 12 FMA, bit 27 OSXSAVE, bit 28 AVX
-  uint32_t leaf7_ebx = 0;         // subleaf 0: bit 5 AVX2, bit 16 AVX512F
-  uint32_t leaf7_ecx = 0;         // subleaf 0: bit 11 AVX512_VNNI
-  uint32_t leaf7_edx = 0;         // subleaf 0: bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8
-  uint32_t leaf7_1_eax = 0;       // subleaf 1: bit 5 AVX512_BF16
-  uint64_t xcr0 = 0;              // xgetbv(0); meaningful only when OSXSAVE is set
-  bool amx_permission = false;    // Linux granted ARCH_REQ_XCOMP_PERM for XTILEDATA
+  bool valid = false;           // false off x86 or when CPUID is unusable
+  std::string vendor;           // leaf 0: "GenuineIntel", "AuthenticAMD"
+  uint32_t max_leaf = 0;        // leaf 0 eax
+  uint32_t leaf1_ecx = 0;       // bit 12 FMA, bit 27 OSXSAVE, bit 28 AVX
+  uint32_t leaf7_ebx = 0;       // subleaf 0: bit 5 AVX2, bit 16 AVX512F
+  uint32_t leaf7_ecx = 0;       // subleaf 0: bit 11 AVX512_VNNI
+  uint32_t leaf7_edx = 0;       // subleaf 0: bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8
+  uint32_t leaf7_1_eax = 0;     // subleaf 1: bit 5 AVX512_BF16
+  uint64_t xcr0 = 0;            // xgetbv(0); meaningful only when OSXSAVE is set
+  bool amx_permission = false;  // Linux granted ARCH_REQ_XCOMP_PERM for XTILEDATA
 };
 
 // CPUID, xgetbv and (when the CPU has AMX) the Linux AMX permission request for this process.
@@ -63,11 +63,11 @@ struct CpuProps {
   std::string vendor;      // "GenuineIntel"
   std::string model_name;  // "Intel(R) Xeon(R) Platinum 8480+"
   int sockets = 0;
-  int cores = 0;           // physical cores over all sockets
-  int threads = 0;         // logical CPUs
-  uint64_t l1d_bytes = 0;  // per core
-  uint64_t l2_bytes = 0;   // per core (or per cluster, as sysfs reports it)
-  uint64_t l3_bytes = 0;   // per cache instance, usually per socket or per CCX
+  int cores = 0;              // physical cores over all sockets
+  int threads = 0;            // logical CPUs
+  uint64_t l1d_bytes = 0;     // per core
+  uint64_t l2_bytes = 0;      // per core (or per cluster, as sysfs reports it)
+  uint64_t l3_bytes = 0;      // per cache instance, usually per socket or per CCX
   uint64_t memory_bytes = 0;  // installed system memory (MemTotal)
   IsaFeatures isa;
   std::string isa_source;  // "cpuid" (live, OS-checked) or "proc/cpuinfo flags" (a tree)
@@ -114,11 +114,11 @@ struct ProbeOptions {
 };
 
 struct ProbeResult {
-  std::string root;                  // the root actually used
-  bool live = false;                 // root is the real "/": the driver and CPUID were asked
-  std::vector<Device> devices;       // CPU first, then CUDA, Gaudi, Neuron, each by index
-  std::string cuda_status;           // "2 devices (driver 12.4)" or "no CUDA driver (...)"
-  std::vector<std::string> warnings; // malformed or unreadable entries; never fatal
+  std::string root;                   // the root actually used
+  bool live = false;                  // root is the real "/": the driver and CPUID were asked
+  std::vector<Device> devices;        // CPU first, then CUDA, Gaudi, Neuron, each by index
+  std::string cuda_status;            // "2 devices (driver 12.4)" or "no CUDA driver (...)"
+  std::vector<std::string> warnings;  // malformed or unreadable entries; never fatal
 
   int count(DeviceKind kind) const;
   const Device* first(DeviceKind kind) const;

@@ -52,12 +52,10 @@ extern "C" {
 #endif
 
 /* Size of a struct up to and including `last_field`: what a writer puts in struct_size. */
-#define KILN_STRUCT_SIZE(type, last_field) \
-  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+#define KILN_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 /* Whether the struct behind `ptr` (which says its own struct_size) is new enough to have `field`. */
-#define KILN_HAS_FIELD(ptr, type, field) \
-  ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
+#define KILN_HAS_FIELD(ptr, type, field) ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type*)0)->field))
 
 /* Compile-time checks that work in C99 (no _Static_assert there) and in C++. */
 #if defined(__cplusplus)
@@ -71,9 +69,8 @@ extern "C" {
 /* Declares KILN_<NAME>_STRUCT_SIZE and checks that `last_field` really is the last field: a field
  * added after it without updating the macro makes sizeof exceed the macro by at least 8 bytes, as
  * every field that may be added is 8 bytes wide or packed into an 8-byte group (docs/abi.md). */
-#define KILN_CHECK_STRUCT_SIZE(type, size_macro)                                   \
-  KILN_STATIC_ASSERT(sizeof(type) >= (size_macro) && sizeof(type) - (size_macro) < 8, \
-                     type##_last_field_is_last)
+#define KILN_CHECK_STRUCT_SIZE(type, size_macro) \
+  KILN_STATIC_ASSERT(sizeof(type) >= (size_macro) && sizeof(type) - (size_macro) < 8, type##_last_field_is_last)
 
 /* ---- Errors ---------------------------------------------------------------------------------- */
 
@@ -89,8 +86,8 @@ enum {
   KILN_ERROR_UNIMPLEMENTED = 3,    /* from compile: "run these nodes eagerly"; never fatal */
   KILN_ERROR_UNAVAILABLE = 4,      /* a device or runtime this needs is not there */
   KILN_ERROR_OUT_OF_MEMORY = 5,
-  KILN_ERROR_INTERNAL = 6,         /* a bug in whoever returned it */
-  KILN_ERROR_ABI_MISMATCH = 7      /* the other side speaks an ABI this side cannot */
+  KILN_ERROR_INTERNAL = 6,    /* a bug in whoever returned it */
+  KILN_ERROR_ABI_MISMATCH = 7 /* the other side speaks an ABI this side cannot */
 };
 
 /* ---- Enumerations (fixed-width values, never C enums in structs) ----------------------------- */
@@ -99,8 +96,8 @@ typedef int32_t KilnDeviceKind;
 enum {
   KILN_DEVICE_CPU = 0,
   KILN_DEVICE_CUDA = 1,
-  KILN_DEVICE_GAUDI = 2,  /* Intel Gaudi (HPU) */
-  KILN_DEVICE_NEURON = 3  /* AWS Trainium / Inferentia */
+  KILN_DEVICE_GAUDI = 2, /* Intel Gaudi (HPU) */
+  KILN_DEVICE_NEURON = 3 /* AWS Trainium / Inferentia */
 };
 #define KILN_DEVICE_KIND_BIT(kind) (1u << (uint32_t)(kind))
 #define KILN_DEVICE_MASK_CPU KILN_DEVICE_KIND_BIT(KILN_DEVICE_CPU)
@@ -158,22 +155,22 @@ enum {
  * meaningful for the kind. */
 typedef struct KilnDeviceInfo {
   size_t struct_size;
-  KilnDeviceKind kind;           /* KILN_DEVICE_* */
-  int32_t index;                 /* ordinal among devices of this kind: CUDA ordinal, Gaudi accel
-                                    index, Neuron device index; CPU: socket, 0 for the first */
-  const char* name;              /* product name: "NVIDIA H200", "Intel(R) Xeon(R) Platinum 8480+",
-                                    "Gaudi2", "Trainium2" */
-  const char* vendor;            /* CPU: the CPUID vendor string ("GenuineIntel", "AuthenticAMD");
-                                    others: "NVIDIA", "Habana", "AWS" */
-  const char* pci_bus_id;        /* "0000:3b:00.0"; "" for the CPU */
-  uint32_t pci_vendor_id;        /* 0x10de NVIDIA, 0x1da3 Habana, 0x1d0f AWS; 0 for the CPU */
+  KilnDeviceKind kind;    /* KILN_DEVICE_* */
+  int32_t index;          /* ordinal among devices of this kind: CUDA ordinal, Gaudi accel
+                             index, Neuron device index; CPU: socket, 0 for the first */
+  const char* name;       /* product name: "NVIDIA H200", "Intel(R) Xeon(R) Platinum 8480+",
+                             "Gaudi2", "Trainium2" */
+  const char* vendor;     /* CPU: the CPUID vendor string ("GenuineIntel", "AuthenticAMD");
+                             others: "NVIDIA", "Habana", "AWS" */
+  const char* pci_bus_id; /* "0000:3b:00.0"; "" for the CPU */
+  uint32_t pci_vendor_id; /* 0x10de NVIDIA, 0x1da3 Habana, 0x1d0f AWS; 0 for the CPU */
   uint32_t pci_device_id;
   int32_t compute_capability_major; /* CUDA only, e.g. 9 for sm_90 */
   int32_t compute_capability_minor;
-  uint64_t total_memory_bytes;   /* device memory; CPU: installed system memory */
-  int32_t multiprocessor_count;  /* CUDA: SMs; CPU: logical processors; others: cores if known */
-  uint32_t reserved0;            /* 0; keeps cpu_isa 8-byte aligned */
-  uint64_t cpu_isa;              /* CPU only: KILN_CPU_ISA_* bits usable here (CPU and OS agree) */
+  uint64_t total_memory_bytes;  /* device memory; CPU: installed system memory */
+  int32_t multiprocessor_count; /* CUDA: SMs; CPU: logical processors; others: cores if known */
+  uint32_t reserved0;           /* 0; keeps cpu_isa 8-byte aligned */
+  uint64_t cpu_isa;             /* CPU only: KILN_CPU_ISA_* bits usable here (CPU and OS agree) */
 } KilnDeviceInfo;
 #define KILN_DEVICE_INFO_STRUCT_SIZE KILN_STRUCT_SIZE(KilnDeviceInfo, cpu_isa)
 KILN_CHECK_STRUCT_SIZE(KilnDeviceInfo, KILN_DEVICE_INFO_STRUCT_SIZE);
@@ -186,13 +183,13 @@ KILN_CHECK_STRUCT_SIZE(KilnDeviceInfo, KILN_DEVICE_INFO_STRUCT_SIZE);
 /* A tensor value. */
 typedef struct KilnValue {
   size_t struct_size;
-  int64_t id;                /* the host's own id for this value, for messages and dumps */
-  DLDataType dtype;          /* DLPack type; bool is {KILN_DL_BOOL, 8, 1} */
+  int64_t id;       /* the host's own id for this value, for messages and dumps */
+  DLDataType dtype; /* DLPack type; bool is {KILN_DL_BOOL, 8, 1} */
   int32_t ndim;
   DLDevice device;
-  const int64_t* shape;      /* ndim sizes; may be NULL when ndim == 0 */
-  const int64_t* strides;    /* ndim strides in elements; NULL means contiguous row-major */
-  int64_t storage_offset;    /* in elements, from the start of its storage; 0 if unknown */
+  const int64_t* shape;   /* ndim sizes; may be NULL when ndim == 0 */
+  const int64_t* strides; /* ndim strides in elements; NULL means contiguous row-major */
+  int64_t storage_offset; /* in elements, from the start of its storage; 0 if unknown */
 } KilnValue;
 #define KILN_VALUE_STRUCT_SIZE KILN_STRUCT_SIZE(KilnValue, storage_offset)
 KILN_CHECK_STRUCT_SIZE(KilnValue, KILN_VALUE_STRUCT_SIZE);
@@ -219,24 +216,24 @@ enum {
 /* One argument of an ATen call, tagged. Fields not used by the tag are zero. */
 typedef struct KilnArg {
   size_t struct_size;
-  KilnArgTag tag;              /* KILN_ARG_* */
-  DLDataType dtype;            /* SCALAR_TYPE */
-  const char* name;            /* the schema's argument name ("alpha"); never NULL */
-  int64_t i;                   /* TENSOR (value index), BOOL, INT, LAYOUT, MEMORY_FORMAT */
-  double d;                    /* DOUBLE */
-  const char* s;               /* STRING */
-  size_t len;                  /* element count of any *_LIST */
-  const int64_t* ints;         /* INT_LIST, BOOL_LIST, TENSOR_LIST (value indices) */
-  const double* doubles;       /* DOUBLE_LIST */
-  DLDevice device;             /* DEVICE */
-  const DLTensor* tensor;      /* call_eager only: TENSOR */
+  KilnArgTag tag;                 /* KILN_ARG_* */
+  DLDataType dtype;               /* SCALAR_TYPE */
+  const char* name;               /* the schema's argument name ("alpha"); never NULL */
+  int64_t i;                      /* TENSOR (value index), BOOL, INT, LAYOUT, MEMORY_FORMAT */
+  double d;                       /* DOUBLE */
+  const char* s;                  /* STRING */
+  size_t len;                     /* element count of any *_LIST */
+  const int64_t* ints;            /* INT_LIST, BOOL_LIST, TENSOR_LIST (value indices) */
+  const double* doubles;          /* DOUBLE_LIST */
+  DLDevice device;                /* DEVICE */
+  const DLTensor* tensor;         /* call_eager only: TENSOR */
   const DLTensor* const* tensors; /* call_eager only: TENSOR_LIST */
   /* -1, or: this BOOL/INT/DOUBLE is run-time scalar number `runtime_scalar` of the step (graph
    * views only). Its i/d hold the value seen at capture; the value changes from call to call
    * (Adam's bias corrections do), and KilnExecutableExecuteArgs.scalars carries the current one.
    * A host hands such nodes only to plugins with KILN_CAPABILITY_RUNTIME_SCALARS. */
   int32_t runtime_scalar;
-  int32_t reserved0;           /* 0 */
+  int32_t reserved0; /* 0 */
 } KilnArg;
 #define KILN_ARG_STRUCT_SIZE KILN_STRUCT_SIZE(KilnArg, reserved0)
 KILN_CHECK_STRUCT_SIZE(KilnArg, KILN_ARG_STRUCT_SIZE);
@@ -244,19 +241,19 @@ KILN_CHECK_STRUCT_SIZE(KilnArg, KILN_ARG_STRUCT_SIZE);
 /* One ATen call. */
 typedef struct KilnNode {
   size_t struct_size;
-  int64_t id;                  /* the host's own id for this node, for messages and dumps */
-  const char* op;              /* qualified name with overload: "aten::add.Tensor", "aten::relu"
-                                  (the default overload has no suffix) */
-  const char* name;            /* the schema name alone: "aten::add" */
-  const char* overload;        /* the overload alone: "Tensor"; "" for the default */
+  int64_t id;           /* the host's own id for this node, for messages and dumps */
+  const char* op;       /* qualified name with overload: "aten::add.Tensor", "aten::relu"
+                           (the default overload has no suffix) */
+  const char* name;     /* the schema name alone: "aten::add" */
+  const char* overload; /* the overload alone: "Tensor"; "" for the default */
   size_t num_args;
-  const KilnArg* const* args;  /* EVERY argument of the schema, in schema order, defaults filled */
+  const KilnArg* const* args; /* EVERY argument of the schema, in schema order, defaults filled */
   size_t num_inputs;
-  const int64_t* inputs;       /* value indices of the tensor arguments, in argument order (a
-                                  TENSOR_LIST's elements in place, None elements skipped) */
+  const int64_t* inputs; /* value indices of the tensor arguments, in argument order (a
+                            TENSOR_LIST's elements in place, None elements skipped) */
   size_t num_outputs;
-  const int64_t* outputs;      /* value indices of the results, in the schema's return order (a
-                                  Tensor[] return contributes its elements in place) */
+  const int64_t* outputs; /* value indices of the results, in the schema's return order (a
+                             Tensor[] return contributes its elements in place) */
 } KilnNode;
 #define KILN_NODE_STRUCT_SIZE KILN_STRUCT_SIZE(KilnNode, outputs)
 KILN_CHECK_STRUCT_SIZE(KilnNode, KILN_NODE_STRUCT_SIZE);
@@ -268,9 +265,9 @@ typedef struct KilnGraphView {
   size_t num_nodes;
   const KilnNode* const* nodes; /* in a topological order */
   size_t num_inputs;
-  const int64_t* inputs;        /* value indices, in the order execute() receives its inputs */
+  const int64_t* inputs; /* value indices, in the order execute() receives its inputs */
   size_t num_outputs;
-  const int64_t* outputs;       /* value indices, in the order execute() writes its outputs */
+  const int64_t* outputs; /* value indices, in the order execute() writes its outputs */
 } KilnGraphView;
 #define KILN_GRAPH_VIEW_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphView, outputs)
 KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
@@ -279,33 +276,37 @@ KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
 
 /* What a backend can do, as bits of KilnPluginDescriptor.capabilities. The host reads them instead
  * of knowing plugins by name. Unknown bits are ignored (a later minor may define more). */
-#define KILN_CAPABILITY_CONCURRENT_EXECUTE (1ull << 0) /* execute may run from several threads at
-                                                          once, on the same or distinct executables */
-#define KILN_CAPABILITY_RUNTIME_SCALARS (1ull << 1)   /* claims nodes with run-time scalars and reads
-                                                          their values from each execute's args */
-#define KILN_CAPABILITY_DEVICE_GRAPHS (1ull << 2)     /* records and replays device graphs: sets
-                                                          graph_capture_begin/end, graph_launch and
-                                                          graph_destroy */
-#define KILN_CAPABILITY_WHOLE_STEP_GRAPH (1ull << 3)  /* selecting this backend asks for the whole
-                                                          step to be recorded as one device graph, in
-                                                          every mode (not only reduce-overhead and
-                                                          max-autotune); with DEVICE_GRAPHS it records
-                                                          it itself */
+#define KILN_CAPABILITY_CONCURRENT_EXECUTE               \
+  (1ull << 0) /* execute may run from several threads at \
+                 once, on the same or distinct executables */
+#define KILN_CAPABILITY_RUNTIME_SCALARS                       \
+  (1ull << 1) /* claims nodes with run-time scalars and reads \
+                  their values from each execute's args */
+#define KILN_CAPABILITY_DEVICE_GRAPHS                       \
+  (1ull << 2) /* records and replays device graphs: sets    \
+                  graph_capture_begin/end, graph_launch and \
+                  graph_destroy */
+#define KILN_CAPABILITY_WHOLE_STEP_GRAPH                       \
+  (1ull << 3) /* selecting this backend asks for the whole     \
+                  step to be recorded as one device graph, in  \
+                  every mode (not only reduce-overhead and     \
+                  max-autotune); with DEVICE_GRAPHS it records \
+                  it itself */
 
 /* Owned by the plugin; lives until its shutdown returns. */
 typedef struct KilnPluginDescriptor {
   size_t struct_size;
-  const char* name;            /* required: [a-z0-9_]+, the name users select ("inductor") and the
-                                  key of its [plugin.<name>] option table */
-  const char* version;         /* required: the plugin's own version, "0.1.0" */
-  const char* vendor;          /* required: who made it */
-  const char* description;     /* optional (NULL): one line for `kiln plugins` */
-  uint32_t device_kinds;       /* KILN_DEVICE_MASK_* bits it can compile for; nonzero */
-  uint32_t modes;              /* KILN_MODE_BIT(KILN_MODE_*) bits it supports; includes default */
-  uint64_t capabilities;       /* KILN_CAPABILITY_* bits */
-  int32_t default_score;       /* the availability score when `available` is NULL (see
-                                  KilnPluginAvailableArgs.score); 0 = only when named */
-  uint32_t reserved0;          /* 0 */
+  const char* name;        /* required: [a-z0-9_]+, the name users select ("inductor") and the
+                              key of its [plugin.<name>] option table */
+  const char* version;     /* required: the plugin's own version, "0.1.0" */
+  const char* vendor;      /* required: who made it */
+  const char* description; /* optional (NULL): one line for `kiln plugins` */
+  uint32_t device_kinds;   /* KILN_DEVICE_MASK_* bits it can compile for; nonzero */
+  uint32_t modes;          /* KILN_MODE_BIT(KILN_MODE_*) bits it supports; includes default */
+  uint64_t capabilities;   /* KILN_CAPABILITY_* bits */
+  int32_t default_score;   /* the availability score when `available` is NULL (see
+                              KilnPluginAvailableArgs.score); 0 = only when named */
+  uint32_t reserved0;      /* 0 */
 } KilnPluginDescriptor;
 #define KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0)
 KILN_CHECK_STRUCT_SIZE(KilnPluginDescriptor, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE);
@@ -337,8 +338,8 @@ typedef struct KilnHostLogArgs {
   size_t struct_size;
   void* host_ctx;
   KilnLogLevel level;
-  int32_t reserved0;           /* 0 */
-  const char* plugin;          /* the descriptor name: routes to the host's logger "kiln.<plugin>" */
+  int32_t reserved0;  /* 0 */
+  const char* plugin; /* the descriptor name: routes to the host's logger "kiln.<plugin>" */
   const char* message;
 } KilnHostLogArgs;
 #define KILN_HOST_LOG_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostLogArgs, message)
@@ -350,8 +351,8 @@ typedef struct KilnHostDeviceAllocArgs {
   void* host_ctx;
   DLDevice device;
   size_t nbytes;
-  void* stream;                /* NULL: the current stream */
-  void* ptr;                   /* out: owned by the plugin until device_free */
+  void* stream; /* NULL: the current stream */
+  void* ptr;    /* out: owned by the plugin until device_free */
 } KilnHostDeviceAllocArgs;
 #define KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostDeviceAllocArgs, ptr)
 KILN_CHECK_STRUCT_SIZE(KilnHostDeviceAllocArgs, KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE);
@@ -360,7 +361,7 @@ typedef struct KilnHostDeviceFreeArgs {
   size_t struct_size;
   void* host_ctx;
   DLDevice device;
-  void* ptr;                   /* from device_alloc on `device`; NULL does nothing */
+  void* ptr; /* from device_alloc on `device`; NULL does nothing */
 } KilnHostDeviceFreeArgs;
 #define KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostDeviceFreeArgs, ptr)
 KILN_CHECK_STRUCT_SIZE(KilnHostDeviceFreeArgs, KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE);
@@ -368,8 +369,8 @@ KILN_CHECK_STRUCT_SIZE(KilnHostDeviceFreeArgs, KILN_HOST_DEVICE_FREE_ARGS_STRUCT
 typedef struct KilnHostCacheDirArgs {
   size_t struct_size;
   void* host_ctx;
-  const char* cache_dir;       /* out: the compile cache directory, never NULL; host-owned, lives
-                                  until the plugin's shutdown returns */
+  const char* cache_dir; /* out: the compile cache directory, never NULL; host-owned, lives
+                            until the plugin's shutdown returns */
 } KilnHostCacheDirArgs;
 #define KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostCacheDirArgs, cache_dir)
 KILN_CHECK_STRUCT_SIZE(KilnHostCacheDirArgs, KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZE);
@@ -377,10 +378,10 @@ KILN_CHECK_STRUCT_SIZE(KilnHostCacheDirArgs, KILN_HOST_CACHE_DIR_ARGS_STRUCT_SIZ
 typedef struct KilnHostGetOptionArgs {
   size_t struct_size;
   void* host_ctx;
-  const char* plugin;          /* the descriptor name: reads [plugin.<plugin>] */
+  const char* plugin; /* the descriptor name: reads [plugin.<plugin>] */
   const char* key;
-  const char* value;           /* out: the value, or NULL when unset; host-owned, lives until the
-                                  plugin's shutdown returns */
+  const char* value; /* out: the value, or NULL when unset; host-owned, lives until the
+                        plugin's shutdown returns */
 } KilnHostGetOptionArgs;
 #define KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostGetOptionArgs, value)
 KILN_CHECK_STRUCT_SIZE(KilnHostGetOptionArgs, KILN_HOST_GET_OPTION_ARGS_STRUCT_SIZE);
@@ -390,11 +391,11 @@ typedef struct KilnHostCallEagerArgs {
   size_t struct_size;
   void* host_ctx;
   const char* op;
-  const KilnArg* const* args;  /* EVERY schema argument in order, tensors as KILN_ARG_TENSOR(_LIST)
-                                  with `tensor(s)` set (wrapped, not copied) */
+  const KilnArg* const* args; /* EVERY schema argument in order, tensors as KILN_ARG_TENSOR(_LIST)
+                                 with `tensor(s)` set (wrapped, not copied) */
   size_t num_args;
-  DLTensor* outputs;           /* the results are copied into these, allocated by the caller with
-                                  the results' shapes and dtypes, in the schema's return order */
+  DLTensor* outputs; /* the results are copied into these, allocated by the caller with
+                        the results' shapes and dtypes, in the schema's return order */
   size_t num_outputs;
 } KilnHostCallEagerArgs;
 #define KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostCallEagerArgs, num_outputs)
@@ -404,21 +405,21 @@ KILN_CHECK_STRUCT_SIZE(KilnHostCallEagerArgs, KILN_HOST_CALL_EAGER_ARGS_STRUCT_S
 typedef struct KilnHostApi {
   /* The first six fields keep their place and signatures in every ABI major. */
   size_t struct_size;
-  uint32_t abi_major;          /* the host's ABI version */
+  uint32_t abi_major; /* the host's ABI version */
   uint32_t abi_minor;
   /* Errors the host returns to the plugin (from call_eager, device_alloc). */
   KilnErrorCode (*error_code)(const KilnError* error);
   const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
   void (*error_destroy)(KilnError* error);
 
-  void* host_ctx;              /* opaque; goes into every args struct below */
-  void (*log)(KilnHostLogArgs* args);                           /* required */
-  KilnError* (*device_alloc)(KilnHostDeviceAllocArgs* args);    /* optional */
-  void (*device_free)(KilnHostDeviceFreeArgs* args);            /* set with device_alloc */
-  void (*cache_dir)(KilnHostCacheDirArgs* args);                /* required */
-  void (*get_option)(KilnHostGetOptionArgs* args);              /* required */
-  KilnError* (*call_eager)(KilnHostCallEagerArgs* args);        /* optional (NULL in hosts without
-                                                                   LibTorch, e.g. `kiln plugins`) */
+  void* host_ctx;                                            /* opaque; goes into every args struct below */
+  void (*log)(KilnHostLogArgs* args);                        /* required */
+  KilnError* (*device_alloc)(KilnHostDeviceAllocArgs* args); /* optional */
+  void (*device_free)(KilnHostDeviceFreeArgs* args);         /* set with device_alloc */
+  void (*cache_dir)(KilnHostCacheDirArgs* args);             /* required */
+  void (*get_option)(KilnHostGetOptionArgs* args);           /* required */
+  KilnError* (*call_eager)(KilnHostCallEagerArgs* args);     /* optional (NULL in hosts without
+                                                                LibTorch, e.g. `kiln plugins`) */
 } KilnHostApi;
 #define KILN_HOST_API_STRUCT_SIZE KILN_STRUCT_SIZE(KilnHostApi, call_eager)
 KILN_CHECK_STRUCT_SIZE(KilnHostApi, KILN_HOST_API_STRUCT_SIZE);
@@ -434,12 +435,12 @@ typedef struct KilnPluginAvailableArgs {
   void* plugin_ctx;
   const KilnDeviceInfo* const* devices; /* the hardware probe's list */
   size_t num_devices;
-  int32_t available;           /* out: nonzero when the plugin can run on these devices */
-  int32_t score;               /* out: how strongly "auto" should pick it here; the available plugin
-                                  with the highest positive score is chosen; 0 = only when named */
-  char* reason;                /* out: host-owned buffer of reason_capacity bytes; the plugin writes a
-                                  NUL-terminated reason, why not or what it will use ("CUDA device 0
-                                  (NVIDIA H200)"); truncated if longer */
+  int32_t available; /* out: nonzero when the plugin can run on these devices */
+  int32_t score;     /* out: how strongly "auto" should pick it here; the available plugin
+                        with the highest positive score is chosen; 0 = only when named */
+  char* reason;      /* out: host-owned buffer of reason_capacity bytes; the plugin writes a
+                        NUL-terminated reason, why not or what it will use ("CUDA device 0
+                        (NVIDIA H200)"); truncated if longer */
   size_t reason_capacity;
 } KilnPluginAvailableArgs;
 #define KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginAvailableArgs, reason_capacity)
@@ -450,9 +451,9 @@ typedef struct KilnPluginClaimArgs {
   size_t struct_size;
   void* plugin_ctx;
   const KilnGraphView* graph;
-  int64_t* claimed_nodes;      /* out: host-owned buffer of graph->num_nodes entries; the plugin
-                                  writes the indices of the nodes it takes */
-  size_t num_claimed;          /* out: how many it wrote */
+  int64_t* claimed_nodes; /* out: host-owned buffer of graph->num_nodes entries; the plugin
+                             writes the indices of the nodes it takes */
+  size_t num_claimed;     /* out: how many it wrote */
 } KilnPluginClaimArgs;
 #define KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginClaimArgs, num_claimed)
 KILN_CHECK_STRUCT_SIZE(KilnPluginClaimArgs, KILN_PLUGIN_CLAIM_ARGS_STRUCT_SIZE);
@@ -463,14 +464,14 @@ typedef struct KilnPluginCompileArgs {
   size_t struct_size;
   void* plugin_ctx;
   const KilnGraphView* subgraph;
-  KilnMode mode;               /* one the descriptor lists */
-  int32_t reserved0;           /* 0 */
+  KilnMode mode;                    /* one the descriptor lists */
+  int32_t reserved0;                /* 0 */
   const KilnOption* const* options; /* the plugin's [plugin.<name>] table; unknown keys should be
                                        rejected with KILN_ERROR_INVALID_ARGUMENT */
   size_t num_options;
-  const char* cache_dir;       /* where the plugin may keep compiled artifacts (its own subfolder of
-                                  it is best); never NULL */
-  KilnExecutable* executable;  /* out: owned by the host until executable_destroy; NULL on error */
+  const char* cache_dir;      /* where the plugin may keep compiled artifacts (its own subfolder of
+                                 it is best); never NULL */
+  KilnExecutable* executable; /* out: owned by the host until executable_destroy; NULL on error */
 } KilnPluginCompileArgs;
 #define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, executable)
 KILN_CHECK_STRUCT_SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE);
@@ -491,18 +492,18 @@ KILN_CHECK_STRUCT_SIZE(KilnPluginShutdownArgs, KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_
 typedef struct KilnExecutableExecuteArgs {
   size_t struct_size;
   KilnExecutable* executable;
-  const DLTensor* inputs;      /* inputs[i] is subgraph input i */
+  const DLTensor* inputs; /* inputs[i] is subgraph input i */
   size_t num_inputs;
-  DLTensor* outputs;           /* outputs[i] is subgraph output i, preallocated by the host with that
-                                  value's dtype, shape and strides: the plugin writes into them and
-                                  allocates nothing for them */
+  DLTensor* outputs; /* outputs[i] is subgraph output i, preallocated by the host with that
+                        value's dtype, shape and strides: the plugin writes into them and
+                        allocates nothing for them */
   size_t num_outputs;
   const KilnArg* const* scalars; /* the current values of the step's run-time scalars: scalars[k] is
                                     run-time scalar k (a BOOL, INT or DOUBLE KilnArg). Only for
                                     plugins with KILN_CAPABILITY_RUNTIME_SCALARS; others get NULL */
-  size_t num_scalars;          /* 0 with scalars NULL */
-  void* stream;                /* the device stream to order work on (cudaStream_t on CUDA; NULL
-                                  means the default stream; always NULL on the CPU) */
+  size_t num_scalars;            /* 0 with scalars NULL */
+  void* stream;                  /* the device stream to order work on (cudaStream_t on CUDA; NULL
+                                    means the default stream; always NULL on the CPU) */
 } KilnExecutableExecuteArgs;
 #define KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnExecutableExecuteArgs, stream)
 KILN_CHECK_STRUCT_SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE);
@@ -528,7 +529,7 @@ typedef struct KilnGraphCaptureBeginArgs {
   size_t struct_size;
   void* plugin_ctx;
   DLDevice device;
-  void* stream;                /* cudaStream_t on CUDA; not the legacy default stream */
+  void* stream; /* cudaStream_t on CUDA; not the legacy default stream */
 } KilnGraphCaptureBeginArgs;
 #define KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureBeginArgs, stream)
 KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureBeginArgs, KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE);
@@ -543,7 +544,7 @@ typedef struct KilnGraphCaptureEndArgs {
   void* plugin_ctx;
   DLDevice device;
   void* stream;
-  KilnGraphExec* graph;        /* out: owned by the host until graph_destroy; NULL on error */
+  KilnGraphExec* graph; /* out: owned by the host until graph_destroy; NULL on error */
 } KilnGraphCaptureEndArgs;
 #define KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, graph)
 KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureEndArgs, KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE);
@@ -573,21 +574,21 @@ typedef struct KilnPluginApi {
   /* The first six fields keep their place and signatures in every ABI major, so that a host can
    * read the version of a plugin built for another major and the message of a failed init. */
   size_t struct_size;
-  uint32_t abi_major;          /* the ABI the plugin was built for: KILN_ABI_VERSION_* */
+  uint32_t abi_major; /* the ABI the plugin was built for: KILN_ABI_VERSION_* */
   uint32_t abi_minor;
   KilnErrorCode (*error_code)(const KilnError* error);
   const char* (*error_message)(const KilnError* error); /* lives as long as `error` */
   void (*error_destroy)(KilnError* error);
 
-  void* plugin_ctx;                                   /* opaque; goes into the args below */
-  const KilnPluginDescriptor* descriptor;             /* required */
+  void* plugin_ctx;                       /* opaque; goes into the args below */
+  const KilnPluginDescriptor* descriptor; /* required */
   /* Optional (NULL: available wherever a device of its kinds is, with descriptor->default_score). */
   KilnError* (*available)(KilnPluginAvailableArgs* args);
-  KilnError* (*claim)(KilnPluginClaimArgs* args);     /* required */
-  KilnError* (*compile)(KilnPluginCompileArgs* args); /* required */
-  void (*shutdown)(KilnPluginShutdownArgs* args);     /* optional */
-  KilnError* (*execute)(KilnExecutableExecuteArgs* args);       /* required */
-  void (*executable_destroy)(KilnExecutableDestroyArgs* args);  /* required */
+  KilnError* (*claim)(KilnPluginClaimArgs* args);              /* required */
+  KilnError* (*compile)(KilnPluginCompileArgs* args);          /* required */
+  void (*shutdown)(KilnPluginShutdownArgs* args);              /* optional */
+  KilnError* (*execute)(KilnExecutableExecuteArgs* args);      /* required */
+  void (*executable_destroy)(KilnExecutableDestroyArgs* args); /* required */
   /* KILN_CAPABILITY_DEVICE_GRAPHS: all four; otherwise NULL. */
   KilnError* (*graph_capture_begin)(KilnGraphCaptureBeginArgs* args);
   KilnError* (*graph_capture_end)(KilnGraphCaptureEndArgs* args);
@@ -609,8 +610,8 @@ KILN_CHECK_STRUCT_SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE);
  * table whose first six fields are valid, so that the host can read the plugin's version and the
  * message with (*out)->error_message and free it with (*out)->error_destroy. A host may call it
  * more than once (one context per call, each ended by its own shutdown). */
-typedef KilnError* (*KilnPluginInitFn)(const KilnHostApi* host, uint32_t host_abi_major,
-                                       uint32_t host_abi_minor, const KilnPluginApi** out);
+typedef KilnError* (*KilnPluginInitFn)(const KilnHostApi* host, uint32_t host_abi_major, uint32_t host_abi_minor,
+                                       const KilnPluginApi** out);
 
 KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_abi_major,
                                                uint32_t host_abi_minor, const KilnPluginApi** out);

@@ -146,9 +146,7 @@ KilnError* guard(F&& f) noexcept {
   }
 }
 
-[[noreturn]] inline void invalid(const std::string& message) {
-  throw Error(KILN_ERROR_INVALID_ARGUMENT, message);
-}
+[[noreturn]] inline void invalid(const std::string& message) { throw Error(KILN_ERROR_INVALID_ARGUMENT, message); }
 
 }  // namespace detail
 
@@ -294,9 +292,7 @@ class Arg {
   // The run-time scalar this BOOL/INT/DOUBLE stands for, or -1 for a plain constant. Its current
   // value arrives with each execute (Scalars). Read only within the writer's struct_size: a struct
   // that ends before the field is a constant.
-  int32_t runtime_scalar() const {
-    return KILN_HAS_FIELD(a_, KilnArg, runtime_scalar) ? a_->runtime_scalar : -1;
-  }
+  int32_t runtime_scalar() const { return KILN_HAS_FIELD(a_, KilnArg, runtime_scalar) ? a_->runtime_scalar : -1; }
 
  private:
   void expect(KilnArgTag tag, const char* what) const {
@@ -314,8 +310,8 @@ class Node {
   const KilnNode* raw() const { return n_; }
   int64_t index() const { return index_; }
   int64_t id() const { return n_->id; }
-  std::string op() const { return n_->op ? n_->op : ""; }          // "aten::add.Tensor"
-  std::string name() const { return n_->name ? n_->name : ""; }    // "aten::add"
+  std::string op() const { return n_->op ? n_->op : ""; }        // "aten::add.Tensor"
+  std::string name() const { return n_->name ? n_->name : ""; }  // "aten::add"
   std::string overload() const { return n_->overload ? n_->overload : ""; }
   size_t num_args() const { return n_->num_args; }
   Arg arg(size_t i) const {
@@ -551,7 +547,7 @@ struct Descriptor {
   std::string version;
   std::string vendor;
   std::string description;
-  uint32_t device_kinds = 0;                       // KILN_DEVICE_MASK_*
+  uint32_t device_kinds = 0;                          // KILN_DEVICE_MASK_*
   uint32_t modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);  // KILN_MODE_BIT(...)
   // Each flag is one KILN_CAPABILITY_* bit of the C descriptor.
   // KILN_CAPABILITY_CONCURRENT_EXECUTE: Executable::execute may run from several threads at once.
@@ -600,8 +596,8 @@ class Executable {
                        void* stream) = 0;
   // What the host calls: execute with the current values of the step's run-time scalars (none unless
   // the Descriptor sets runtime_scalars). The default ignores them (right for subgraphs without any).
-  virtual void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs,
-                                    size_t num_outputs, const Scalars& scalars, void* stream) {
+  virtual void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                                    const Scalars& scalars, void* stream) {
     (void)scalars;
     execute(inputs, num_inputs, outputs, num_outputs, stream);
   }
@@ -687,18 +683,17 @@ struct PluginState {
 };
 
 template <class P>
-KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_minor,
-                const KilnPluginApi** out) noexcept {
+KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_minor, const KilnPluginApi** out) noexcept {
   if (!out) return make_error(KILN_ERROR_INVALID_ARGUMENT, "kiln_plugin_init: out is NULL");
   *out = error_only_table();
   if (host_major != KILN_ABI_VERSION_MAJOR) {
-    return make_error(KILN_ERROR_ABI_MISMATCH,
-                      "plugin built for kiln plugin ABI " + std::to_string(KILN_ABI_VERSION_MAJOR) + "." +
-                          std::to_string(KILN_ABI_VERSION_MINOR) + ", host speaks " +
-                          std::to_string(host_major) + "." + std::to_string(host_minor));
+    return make_error(KILN_ERROR_ABI_MISMATCH, "plugin built for kiln plugin ABI " +
+                                                   std::to_string(KILN_ABI_VERSION_MAJOR) + "." +
+                                                   std::to_string(KILN_ABI_VERSION_MINOR) + ", host speaks " +
+                                                   std::to_string(host_major) + "." + std::to_string(host_minor));
   }
-  if (!host || host->struct_size < KILN_HOST_API_STRUCT_SIZE || !host->error_code ||
-      !host->error_message || !host->error_destroy) {
+  if (!host || host->struct_size < KILN_HOST_API_STRUCT_SIZE || !host->error_code || !host->error_message ||
+      !host->error_destroy) {
     return make_error(KILN_ERROR_INVALID_ARGUMENT, "kiln_plugin_init: host table missing or too small");
   }
   PluginState<P>* state = nullptr;
@@ -747,8 +742,7 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         auto* st = static_cast<PluginState<P>*>(args->plugin_ctx);
         Graph g(args->graph);
         std::vector<int64_t> nodes = st->plugin->claim(g);
-        if (nodes.size() > g.num_nodes())
-          throw Error(KILN_ERROR_INTERNAL, "claim: more claims than nodes");
+        if (nodes.size() > g.num_nodes()) throw Error(KILN_ERROR_INTERNAL, "claim: more claims than nodes");
         for (size_t i = 0; i < nodes.size(); ++i) args->claimed_nodes[i] = nodes[i];
         args->num_claimed = nodes.size();
       });
@@ -778,9 +772,8 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
     t.execute = [](KilnExecutableExecuteArgs* args) -> KilnError* {
       return guard([&] {
         if (!args || !args->executable || !args->executable->impl) invalid("execute: null executable");
-        args->executable->impl->execute_with_scalars(args->inputs, args->num_inputs, args->outputs,
-                                                     args->num_outputs, Scalars(args->scalars, args->num_scalars),
-                                                     args->stream);
+        args->executable->impl->execute_with_scalars(args->inputs, args->num_inputs, args->outputs, args->num_outputs,
+                                                     Scalars(args->scalars, args->num_scalars), args->stream);
       });
     };
     t.executable_destroy = [](KilnExecutableDestroyArgs* args) {
@@ -797,7 +790,8 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         if (args) args->graph = nullptr;
         return guard([&] {
           if (!args) invalid("graph_capture_end: args is NULL");
-          auto g = static_cast<PluginState<P>*>(args->plugin_ctx)->plugin->graph_capture_end(args->device, args->stream);
+          auto g =
+              static_cast<PluginState<P>*>(args->plugin_ctx)->plugin->graph_capture_end(args->device, args->stream);
           if (!g) throw Error(KILN_ERROR_INTERNAL, "graph_capture_end returned no graph");
           auto box = std::make_unique<KilnGraphExec>();
           box->impl = std::move(g);
@@ -825,9 +819,8 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
 
 // Defines the plugin's one exported symbol for a kiln::plugin::Plugin subclass that has
 // `static kiln::plugin::Descriptor describe();` and a constructor taking kiln::plugin::Host.
-#define KILN_DEFINE_PLUGIN(PluginClass)                                                              \
-  extern "C" KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(                                         \
-      const KilnHostApi* host, uint32_t host_abi_major, uint32_t host_abi_minor,                     \
-      const KilnPluginApi** out) {                                                                   \
-    return ::kiln::plugin::detail::init<PluginClass>(host, host_abi_major, host_abi_minor, out);     \
+#define KILN_DEFINE_PLUGIN(PluginClass)                                                                           \
+  extern "C" KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_abi_major,     \
+                                                            uint32_t host_abi_minor, const KilnPluginApi** out) { \
+    return ::kiln::plugin::detail::init<PluginClass>(host, host_abi_major, host_abi_minor, out);                  \
   }

@@ -79,10 +79,10 @@ struct DCGANDiscriminatorImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor x) {
-    x = leaky_relu(conv1(x));                // 28x28 -> 14x14
-    x = leaky_relu(batch_norm2(conv2(x)));   // -> 7x7
-    x = leaky_relu(batch_norm3(conv3(x)));   // -> 3x3
-    return torch::sigmoid(conv4(x));         // -> 1x1
+    x = leaky_relu(conv1(x));               // 28x28 -> 14x14
+    x = leaky_relu(batch_norm2(conv2(x)));  // -> 7x7
+    x = leaky_relu(batch_norm3(conv3(x)));  // -> 3x3
+    return torch::sigmoid(conv4(x));        // -> 1x1
   }
 
   torch::nn::Conv2d conv1, conv2, conv3, conv4;

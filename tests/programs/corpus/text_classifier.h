@@ -42,7 +42,7 @@ struct SentenceClassifierImpl : torch::nn::Module {
   // tokens (B, T), lengths (B): positions at or past a sentence's length are padding.
   torch::Tensor forward(const torch::Tensor& tokens, const torch::Tensor& lengths) {
     auto mask = torch::arange(tokens.size(1), tokens.options()).unsqueeze(0) < lengths.unsqueeze(1);  // (B, T)
-    auto h = torch::relu(conv(embedding(tokens).transpose(1, 2)));                                  // (B, D, T)
+    auto h = torch::relu(conv(embedding(tokens).transpose(1, 2)));                                    // (B, D, T)
     // The convolution spreads into the padding; the average must not count it.
     auto pooled = (h * mask.unsqueeze(1).to(h.scalar_type())).sum(2) / lengths.unsqueeze(1).to(h.scalar_type());
     return fc(pooled);

@@ -18,7 +18,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 }
 
 #define OFF(type, field, expected) check(#type "." #field, offsetof(type, field), expected)
-#define SIZE(type, macro, expected)          \
+#define SIZE(type, macro, expected)                   \
   check("sizeof(" #type ")", sizeof(type), expected); \
   check(#macro, macro, expected)
 
@@ -133,9 +133,9 @@ int main(void) {
   OFF(KilnHostCallEagerArgs, num_outputs, 48);
 
   SIZE(KilnHostApi, KILN_HOST_API_STRUCT_SIZE, 96);
-  OFF(KilnHostApi, abi_major, 8);     /* every major */
-  OFF(KilnHostApi, abi_minor, 12);    /* every major */
-  OFF(KilnHostApi, error_code, 16);   /* every major */
+  OFF(KilnHostApi, abi_major, 8);      /* every major */
+  OFF(KilnHostApi, abi_minor, 12);     /* every major */
+  OFF(KilnHostApi, error_code, 16);    /* every major */
   OFF(KilnHostApi, error_message, 24); /* every major */
   OFF(KilnHostApi, error_destroy, 32); /* every major */
   OFF(KilnHostApi, host_ctx, 40);
@@ -212,10 +212,10 @@ int main(void) {
     api.struct_size = KILN_PLUGIN_API_STRUCT_SIZE;
     check("KILN_HAS_FIELD(full, graph_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, graph_destroy), 1);
     api.struct_size = offsetof(KilnPluginApi, graph_capture_begin);
-    check("KILN_HAS_FIELD(short table, executable_destroy)",
-          KILN_HAS_FIELD(&api, KilnPluginApi, executable_destroy), 1);
-    check("KILN_HAS_FIELD(short table, graph_capture_begin)",
-          KILN_HAS_FIELD(&api, KilnPluginApi, graph_capture_begin), 0);
+    check("KILN_HAS_FIELD(short table, executable_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, executable_destroy),
+          1);
+    check("KILN_HAS_FIELD(short table, graph_capture_begin)", KILN_HAS_FIELD(&api, KilnPluginApi, graph_capture_begin),
+          0);
     api.struct_size = KILN_PLUGIN_API_HEADER_SIZE;
     check("KILN_HAS_FIELD(header only, error_destroy)", KILN_HAS_FIELD(&api, KilnPluginApi, error_destroy), 1);
     check("KILN_HAS_FIELD(header only, plugin_ctx)", KILN_HAS_FIELD(&api, KilnPluginApi, plugin_ctx), 0);

@@ -421,8 +421,8 @@ TEST(PluginApiHpp, ExecuteArgsCarryRunTimeScalarsToTheExecutable) {
   DLTensor tout{out, {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
   KilnArg scalar = kp::double_arg("value", factor);
   const KilnArg* scalars[] = {&scalar};
-  KilnExecutableExecuteArgs x{KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, scalars, 1,
-                              nullptr};
+  KilnExecutableExecuteArgs x{
+      KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, scalars, 1, nullptr};
   ASSERT_EQ(api->execute(&x), nullptr);
   for (int k = 0; k < 5; ++k) EXPECT_FLOAT_EQ(out[k], static_cast<float>(in[k] * factor));
   x.scalars = nullptr;
@@ -442,8 +442,8 @@ TEST(PluginApiHpp, DefaultAvailabilityUsesTheDescriptorsDefaultScore) {
   ASSERT_EQ(kp::detail::init<ScalarPlugin>(&host, 2, 0, &api), nullptr);
   EXPECT_EQ(api->descriptor->default_score, 42);
   char reason[16] = "unwritten";
-  KilnPluginAvailableArgs a{KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE, api->plugin_ctx, nullptr, 0, 0, 0, reason,
-                            sizeof reason};
+  KilnPluginAvailableArgs a{
+      KILN_PLUGIN_AVAILABLE_ARGS_STRUCT_SIZE, api->plugin_ctx, nullptr, 0, 0, 0, reason, sizeof reason};
   ASSERT_EQ(api->available(&a), nullptr);
   EXPECT_EQ(a.available, 1);
   EXPECT_EQ(a.score, 42);

@@ -105,7 +105,8 @@ TEST(Capture, MlpGraphHoldsForwardBackwardAndOptimizer) {
   auto r = record_workload(w);
   ASSERT_TRUE(r.ok) << r.failure;
   expect_has(r, "forward", {"aten::addmm", "aten::relu", "aten::_log_softmax", "aten::nll_loss_forward"});
-  expect_has(r, "backward", {"aten::nll_loss_backward", "aten::mm", "aten::threshold_backward", "aten::sum.dim_IntList"});
+  expect_has(r, "backward",
+             {"aten::nll_loss_backward", "aten::mm", "aten::threshold_backward", "aten::sum.dim_IntList"});
   expect_has(r, "optimizer", {"aten::mul_.Scalar", "aten::add_.Tensor"});
   EXPECT_EQ(r.ops["optimizer"].count("aten::mul_.Scalar"), 6u) << "one momentum update per parameter";
 }
@@ -126,9 +127,12 @@ TEST(Capture, GptGraphHoldsForwardBackwardAndOptimizer) {
   auto w = kiln::make_workload("gpt", {"cpu", 7, 2});
   auto r = record_workload(w);
   ASSERT_TRUE(r.ok) << r.failure;
-  expect_has(r, "forward", {"aten::embedding", "aten::native_layer_norm", "aten::gelu", "aten::_scaled_dot_product_flash_attention_for_cpu"});
-  expect_has(r, "backward", {"aten::embedding_dense_backward", "aten::native_layer_norm_backward", "aten::gelu_backward",
-                             "aten::_scaled_dot_product_flash_attention_for_cpu_backward"});
+  expect_has(r, "forward",
+             {"aten::embedding", "aten::native_layer_norm", "aten::gelu",
+              "aten::_scaled_dot_product_flash_attention_for_cpu"});
+  expect_has(r, "backward",
+             {"aten::embedding_dense_backward", "aten::native_layer_norm_backward", "aten::gelu_backward",
+              "aten::_scaled_dot_product_flash_attention_for_cpu_backward"});
   expect_has(r, "optimizer", {"aten::addcmul_", "aten::addcdiv_", "aten::sqrt", "aten::mul_.Scalar"});
 }
 
@@ -162,11 +166,11 @@ TEST(Functionalize, WritesThroughViewsBecomeScattersAndWriteBacks) {
   const auto p0 = p.clone(), q0 = q.clone();
   kiln::StepRecorder rec({{p, InputRole::Parameter, "p"}, {q, InputRole::OptimizerState, "q"}});
   auto results = rec.run([&] {
-    auto row = p.select(0, 1);   // a view of p
-    row.mul_(3.0);               // written through the view
-    q.add_(row);                 // an in-place update of another input
-    auto s = (p * 2).sum();      // reads p after the write
-    p.t().add_(1.0);             // a write through another view
+    auto row = p.select(0, 1);  // a view of p
+    row.mul_(3.0);              // written through the view
+    q.add_(row);                // an in-place update of another input
+    auto s = (p * 2).sum();     // reads p after the write
+    p.t().add_(1.0);            // a write through another view
     return std::vector<at::Tensor>{s};
   });
   ASSERT_TRUE(rec.ok()) << rec.failure().reason;
@@ -174,7 +178,9 @@ TEST(Functionalize, WritesThroughViewsBecomeScattersAndWriteBacks) {
   auto g = rec.graph();
   kiln::functionalize(g);
   int writebacks = 0;
-  for (const auto& n : g.nodes) EXPECT_FALSE(!n.op.empty() && (n.op.back() == '_' || n.op.find("_.") != std::string::npos)) << "in-place op left: " << n.op;
+  for (const auto& n : g.nodes)
+    EXPECT_FALSE(!n.op.empty() && (n.op.back() == '_' || n.op.find("_.") != std::string::npos))
+        << "in-place op left: " << n.op;
   for (const auto& o : g.outputs) writebacks += o.role == kiln::ir::OutputRole::WriteBack;
   EXPECT_EQ(writebacks, 2);
   // Replay the pure graph on the original values: it must reproduce the eager results.
@@ -231,7 +237,8 @@ TEST(CaptureCuda, RecordsAutocastBf16Casts) {
     if (n.op == "aten::_to_copy" && n.outputs[0] != kiln::ir::kNoValue &&
         r.graph.value(n.outputs[0]).meta.dtype == at::kBFloat16)
       ++bf16_casts;
-    if ((n.op == "aten::mm" || n.op == "aten::addmm") && r.graph.value(n.outputs[0]).meta.dtype == at::kBFloat16) ++bf16_mm;
+    if ((n.op == "aten::mm" || n.op == "aten::addmm") && r.graph.value(n.outputs[0]).meta.dtype == at::kBFloat16)
+      ++bf16_mm;
   }
   EXPECT_GT(bf16_casts, 0);
   EXPECT_GT(bf16_mm, 0);

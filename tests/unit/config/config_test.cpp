@@ -238,7 +238,8 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     else if (s.key == "torch_compile_mode") value = "max-autotune";
     else if (s.key == "log_level") value = "error";
     else if (s.key == "runtime.cpu_block_cache_max_mb") value = "7";
-    else if (s.key == "plugin.<name>.<option>") value = "some_plugin.some_option=v", origin_key = "plugin.some_plugin.some_option";
+    else if (s.key == "plugin.<name>.<option>")
+      value = "some_plugin.some_option=v", origin_key = "plugin.some_plugin.some_option";
     else value = "/some/value";
     setenv(s.env.c_str(), value.c_str(), 1);
     TrainingArguments a;
@@ -282,7 +283,8 @@ TEST_F(ConfigTest, SetButEmptyVariableIsUnset) {
 
 TEST_F(ConfigTest, BadEnvironmentValuesNameTheVariableAndTheValue) {
   setenv("KILN_CPU_CACHE", "maybe", 1);
-  EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE): 'maybe' is not a boolean; use 1/0, true/false, on/off or yes/no");
+  EXPECT_EQ(env_error(),
+            "environment (KILN_CPU_CACHE): 'maybe' is not a boolean; use 1/0, true/false, on/off or yes/no");
   unset_kiln_environment();
   setenv("KILN_CHECK_META", "2", 1);
   EXPECT_EQ(env_error(), "environment (KILN_CHECK_META): '2' is not a boolean; use 1/0, true/false, on/off or yes/no");
@@ -291,12 +293,14 @@ TEST_F(ConfigTest, BadEnvironmentValuesNameTheVariableAndTheValue) {
   EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE_MAX_MB): '12x' is not an integer");
   unset_kiln_environment();
   setenv("KILN_CPU_CACHE_MAX_MB", "-5", 1);
-  EXPECT_EQ(env_error(), "environment (KILN_CPU_CACHE_MAX_MB): key 'runtime.cpu_block_cache_max_mb' must be between 0 "
-                         "and 1073741824, got -5");
+  EXPECT_EQ(env_error(),
+            "environment (KILN_CPU_CACHE_MAX_MB): key 'runtime.cpu_block_cache_max_mb' must be between 0 "
+            "and 1073741824, got -5");
   unset_kiln_environment();
   setenv("KILN_LOG_LEVEL", "verbose", 1);
-  EXPECT_EQ(env_error(), "environment (KILN_LOG_LEVEL): unknown log level 'verbose'; valid levels: trace, debug, info, "
-                         "warn, error, critical, off");
+  EXPECT_EQ(env_error(),
+            "environment (KILN_LOG_LEVEL): unknown log level 'verbose'; valid levels: trace, debug, info, "
+            "warn, error, critical, off");
   unset_kiln_environment();
   setenv("KILN_MODE", "fast", 1);
   TrainingArguments a;
@@ -304,8 +308,9 @@ TEST_F(ConfigTest, BadEnvironmentValuesNameTheVariableAndTheValue) {
     a.apply_env();
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_STREQ(e.what(), "environment (KILN_MODE): unknown mode 'fast'; valid modes: default, "
-                           "reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
+    EXPECT_STREQ(e.what(),
+                 "environment (KILN_MODE): unknown mode 'fast'; valid modes: default, "
+                 "reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
     EXPECT_EQ(e.key(), "torch_compile_mode");
     EXPECT_EQ(e.where().source, "environment (KILN_MODE)");
   }
@@ -331,8 +336,9 @@ TEST_F(ConfigTest, BadPluginOptionsEntryNamesTheVariableAndTheEntry) {
     EXPECT_NE(err.find("must be <plugin>.<option>=<value>"), std::string::npos) << err;
   }
   setenv("KILN_PLUGIN_OPTIONS", "inductor.profile=1,cxx", 1);
-  EXPECT_EQ(env_error(), "environment (KILN_PLUGIN_OPTIONS): entry 'cxx' must be <plugin>.<option>=<value>, as in "
-                         "'inductor.cxx=clang++'; entries are separated by ','");
+  EXPECT_EQ(env_error(),
+            "environment (KILN_PLUGIN_OPTIONS): entry 'cxx' must be <plugin>.<option>=<value>, as in "
+            "'inductor.cxx=clang++'; entries are separated by ','");
 }
 
 TEST_F(ConfigTest, LoggerStartsAtTheEnvironmentsLevel) {
@@ -354,8 +360,9 @@ TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
   };
   TrainingArguments a;
   a.torch_compile_mode = "max_autotune";
-  EXPECT_EQ(error_in_code(a), "code: unknown mode 'max_autotune'; did you mean 'max-autotune'? Valid modes: "
-                              "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
+  EXPECT_EQ(error_in_code(a),
+            "code: unknown mode 'max_autotune'; did you mean 'max-autotune'? Valid modes: "
+            "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs");
   TrainingArguments b;
   b.runtime.recompile_limit = -1;
   EXPECT_EQ(error_in_code(b), "code: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1");
@@ -367,8 +374,9 @@ TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
   EXPECT_EQ(error_in_code(d), "code: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -2");
   TrainingArguments e;
   e.log_level = "errror";
-  EXPECT_EQ(error_in_code(e), "code: unknown log level 'errror'; did you mean 'error'? Valid levels: trace, debug, "
-                              "info, warn, error, critical, off");
+  EXPECT_EQ(error_in_code(e),
+            "code: unknown log level 'errror'; did you mean 'error'? Valid levels: trace, debug, "
+            "info, warn, error, critical, off");
 }
 
 TEST_F(ConfigTest, UnknownBackendIsCheckedAgainstPluginsFound) {
@@ -378,8 +386,9 @@ TEST_F(ConfigTest, UnknownBackendIsCheckedAgainstPluginsFound) {
     a.validate_backend({"inductor", "cudagraphs", "my_backend"});
     FAIL() << "expected an error";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), path + ":1:27: unknown backend 'inductr'; did you mean 'inductor'? "
-                                            "Backends found: inductor, cudagraphs, my_backend");
+    EXPECT_EQ(std::string(e.what()), path +
+                                         ":1:27: unknown backend 'inductr'; did you mean 'inductor'? "
+                                         "Backends found: inductor, cudagraphs, my_backend");
   }
   a.torch_compile_backend = "my_backend";
   EXPECT_NO_THROW(a.validate_backend({"inductor", "my_backend"}));
@@ -407,32 +416,51 @@ TEST_P(BadToml, GivesTheExactError) {
 }
 
 const BadFile kCorpus[] = {
-    BadFile{"unterminated_string.toml", "2:30: TOML syntax error: Error while parsing string: unescaped control characters other than TAB (U+0009) are explicitly prohibited"},
+    BadFile{"unterminated_string.toml",
+            "2:30: TOML syntax error: Error while parsing string: unescaped control characters other than TAB (U+0009) "
+            "are explicitly prohibited"},
     BadFile{"unknown_key_typo.toml", "1:1: unknown key 'torch_compil'; did you mean 'torch_compile'?"},
     BadFile{"wrong_type_bool.toml", "2:13: key 'runtime.fullgraph' must be a boolean, not a string"},
-    BadFile{"unknown_mode.toml", "1:22: unknown mode 'reduce_overhead'; did you mean 'reduce-overhead'? Valid modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"},
+    BadFile{"unknown_mode.toml",
+            "1:22: unknown mode 'reduce_overhead'; did you mean 'reduce-overhead'? Valid modes: default, "
+            "reduce-overhead, max-autotune, max-autotune-no-cudagraphs"},
     BadFile{"wrong_type_int.toml", "2:19: key 'runtime.recompile_limit' must be an integer, not a float"},
-    BadFile{"negative_recompile_limit.toml", "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
+    BadFile{"negative_recompile_limit.toml",
+            "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
     BadFile{"plugin_dirs_not_array.toml", "2:15: key 'runtime.plugin_dirs' must be an array of strings, not a string"},
-    BadFile{"plugin_dirs_bad_entry.toml", "2:22: every entry of 'runtime.plugin_dirs' must be a string, not an integer"},
+    BadFile{"plugin_dirs_bad_entry.toml",
+            "2:22: every entry of 'runtime.plugin_dirs' must be a string, not an integer"},
     BadFile{"unknown_table.toml", "1:2: unknown key 'runtim'; did you mean 'runtime'?"},
     BadFile{"runtime_not_table.toml", "1:11: key 'runtime' must be a table, not an integer"},
-    BadFile{"plugin_option_array.toml", "2:11: plugin option 'plugin.inductor.threads' must be a string, integer, float or boolean, not an array"},
-    BadFile{"bad_log_level.toml", "1:13: unknown log level 'verbose'; valid levels: trace, debug, info, warn, error, critical, off"},
-    BadFile{"duplicate_key.toml", "2:17: TOML syntax error: Error while parsing key-value pair: cannot redefine existing boolean 'torch_compile'"},
+    BadFile{"plugin_option_array.toml",
+            "2:11: plugin option 'plugin.inductor.threads' must be a string, integer, float or boolean, not an array"},
+    BadFile{"bad_log_level.toml",
+            "1:13: unknown log level 'verbose'; valid levels: trace, debug, info, warn, error, critical, off"},
+    BadFile{"duplicate_key.toml",
+            "2:17: TOML syntax error: Error while parsing key-value pair: cannot redefine existing boolean "
+            "'torch_compile'"},
     BadFile{"empty_cache_dir.toml", "4:13: key 'runtime.cache_dir' must not be empty"},
     BadFile{"debug_unknown_key.toml", "2:1: unknown key 'debug.dump_dri'; did you mean 'debug.dump_dir'?"},
     BadFile{"key_in_wrong_table.toml", "1:1: unknown key 'fullgraph'; did you mean 'runtime.fullgraph'?"},
-    BadFile{"key_after_table.toml", "3:1: unknown key 'runtime.torch_compile_backend'; did you mean 'torch_compile_backend'?"},
-    BadFile{"first_error_in_file_order.toml", "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
-    BadFile{"cpu_cache_max_out_of_range.toml", "2:26: key 'runtime.cpu_block_cache_max_mb' must be between 0 and 1073741824, got 3000000000"},
-    BadFile{"negative_max_grad_norm.toml", "1:17: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -1"},
-    BadFile{"experimental_wrong_type.toml", "2:19: key 'experimental.batch_optimizer' must be a boolean, not an integer"},
+    BadFile{"key_after_table.toml",
+            "3:1: unknown key 'runtime.torch_compile_backend'; did you mean 'torch_compile_backend'?"},
+    BadFile{"first_error_in_file_order.toml",
+            "2:19: key 'runtime.recompile_limit' must be between 0 and 1000000, got -1"},
+    BadFile{"cpu_cache_max_out_of_range.toml",
+            "2:26: key 'runtime.cpu_block_cache_max_mb' must be between 0 and 1073741824, got 3000000000"},
+    BadFile{"negative_max_grad_norm.toml",
+            "1:17: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -1"},
+    BadFile{"experimental_wrong_type.toml",
+            "2:19: key 'experimental.batch_optimizer' must be a boolean, not an integer"},
     BadFile{"old_compile_table.toml", "3:1: key 'compile.fullgraph' moved to 'runtime.fullgraph'"},
     BadFile{"old_training_table.toml", "2:1: key 'training.max_grad_norm' moved to 'max_grad_norm'"},
     BadFile{"old_logging_table.toml", "2:1: key 'logging.level' moved to 'log_level'"},
-    BadFile{"old_compile_typo.toml", "2:1: unknown key 'compile.torch_compil'; table 'compile' is gone: its keys moved to the top level (torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]; did you mean 'torch_compile'?"},
-    BadFile{"old_compile_not_table.toml", "1:1: table 'compile' is gone: its keys moved to the top level (torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]"},
+    BadFile{"old_compile_typo.toml",
+            "2:1: unknown key 'compile.torch_compil'; table 'compile' is gone: its keys moved to the top level "
+            "(torch_compile, torch_compile_backend, torch_compile_mode) and [runtime]; did you mean 'torch_compile'?"},
+    BadFile{"old_compile_not_table.toml",
+            "1:1: table 'compile' is gone: its keys moved to the top level (torch_compile, torch_compile_backend, "
+            "torch_compile_mode) and [runtime]"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Corpus, BadToml, ::testing::ValuesIn(kCorpus),
@@ -529,8 +557,9 @@ TEST_P(ConfigDocs, ListExactlyTheKeysVariablesAndDefaultsOfTheCode) {
 INSTANTIATE_TEST_SUITE_P(Pages, ConfigDocs, ::testing::Values("config.md", "es/config.md", "pt/config.md"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string n = info.param;
-                           return n == "config.md" ? std::string("English")
-                                                   : n.rfind("es/", 0) == 0 ? std::string("Spanish") : std::string("Portuguese");
+                           return n == "config.md"         ? std::string("English")
+                                  : n.rfind("es/", 0) == 0 ? std::string("Spanish")
+                                                           : std::string("Portuguese");
                          });
 
 // The one JSON escaping rule of kiln's command line, reports and conformance runner.

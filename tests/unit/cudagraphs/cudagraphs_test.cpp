@@ -104,8 +104,8 @@ struct Deterministic {
 };
 
 // check_params false: only the losses are checked; parameter and gradient errors are printed.
-void expect_graphed_parity(const std::string& name, const std::string& backend, const std::string& mode,
-                           double tol, int64_t batch = 0, int steps = 20, bool check_params = true) {
+void expect_graphed_parity(const std::string& name, const std::string& backend, const std::string& mode, double tol,
+                           int64_t batch = 0, int steps = 20, bool check_params = true) {
   at::globalContext().setDeterministicCuDNN(true);
   const uint64_t seed = 4321;
   auto ref = kiln::make_workload(name, {"cuda", seed, batch});
@@ -117,7 +117,7 @@ void expect_graphed_parity(const std::string& name, const std::string& backend, 
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s;
     EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << ": " << got.item<float>() << " vs "
-                                        << want.item<float>();
+                                       << want.item<float>();
   }
   const auto& st = step.stats();
   EXPECT_EQ(st.compiled_steps, steps - 2) << st.last_fallback;
@@ -133,10 +133,13 @@ void expect_graphed_parity(const std::string& name, const std::string& backend, 
     std::string at;
     for (size_t i = 0; i < pr.size(); ++i)
       for (int g = 0; g < 2; ++g) {
-        const double e = g ? rel_err(pw[i].value().grad(), pr[i].value().grad()) : rel_err(pw[i].value(), pr[i].value());
+        const double e =
+            g ? rel_err(pw[i].value().grad(), pr[i].value().grad()) : rel_err(pw[i].value(), pr[i].value());
         if (e > worst) worst = e, at = pr[i].key() + (g ? ".grad" : "");
       }
-    std::printf("%s %s/%s: worst parameter/gradient rel err %.3e at %s (not checked: see the note above the gpt tests)\n", name.c_str(), backend.c_str(), mode.c_str(), worst, at.c_str());
+    std::printf(
+        "%s %s/%s: worst parameter/gradient rel err %.3e at %s (not checked: see the note above the gpt tests)\n",
+        name.c_str(), backend.c_str(), mode.c_str(), worst, at.c_str());
     return;
   }
   for (size_t i = 0; i < pr.size(); ++i) {
@@ -369,8 +372,8 @@ static void expect_dropout_like_eager(const std::string& backend, const std::str
     }
     auto got = step({w.input, w.target});
     ASSERT_EQ(got.size(), 2u);
-    EXPECT_TRUE(at::equal(got[0], want[0])) << "loss at step " << s << ": " << got[0].item<float>() << " vs "
-                                            << want[0].item<float>();
+    EXPECT_TRUE(at::equal(got[0], want[0]))
+        << "loss at step " << s << ": " << got[0].item<float>() << " vs " << want[0].item<float>();
     const auto mask = got[1] == 0;
     EXPECT_TRUE(at::equal(mask, want[1] == 0)) << "dropout mask at step " << s;
     if (previous_mask.defined()) {
@@ -485,20 +488,23 @@ TEST(CudaGraphsCuda, LiftedRunTimeScalarsAreBitForBitEager) {
     for (size_t i = 0; i < pr.size() && !reported; ++i) {
       auto [mr, vr] = states(*ref.optimizer, pr[i]);
       auto [mw, vw] = states(*w.optimizer, pw[i]);
-      const std::pair<const char*, std::pair<at::Tensor, at::Tensor>> pairs[] = {
-          {"grad", {pr[i].grad(), pw[i].grad()}}, {"exp_avg", {mr, mw}}, {"exp_avg_sq", {vr, vw}}, {"param", {pr[i], pw[i]}}};
+      const std::pair<const char*, std::pair<at::Tensor, at::Tensor>> pairs[] = {{"grad", {pr[i].grad(), pw[i].grad()}},
+                                                                                 {"exp_avg", {mr, mw}},
+                                                                                 {"exp_avg_sq", {vr, vw}},
+                                                                                 {"param", {pr[i], pw[i]}}};
       for (const auto& [what, t] : pairs) {
         if (!t.first.defined() || !t.second.defined() || at::equal(t.first, t.second)) continue;
         const auto diff = t.first.ne(t.second).flatten();
         const int64_t k = diff.nonzero()[0][0].item<int64_t>();
         auto at_k = [&](const at::Tensor& x) { return x.detach().flatten()[k].item<double>(); };
-        std::printf("first difference: step %d, parameter %zu, %s: %lld of %lld elements; element %lld:\n", s + 1, i, what,
-                    static_cast<long long>(diff.sum().item<int64_t>()), static_cast<long long>(diff.numel()),
+        std::printf("first difference: step %d, parameter %zu, %s: %lld of %lld elements; element %lld:\n", s + 1, i,
+                    what, static_cast<long long>(diff.sum().item<int64_t>()), static_cast<long long>(diff.numel()),
                     static_cast<long long>(k));
-        std::printf("  param before %.9g\n  grad   eager %.9g kiln %.9g\n  m      eager %.9g kiln %.9g\n"
-                    "  v      eager %.9g kiln %.9g\n  param  eager %.9g kiln %.9g\n",
-                    at_k(before[i]), at_k(pr[i].grad()), at_k(pw[i].grad()), at_k(mr), at_k(mw), at_k(vr), at_k(vw),
-                    at_k(pr[i]), at_k(pw[i]));
+        std::printf(
+            "  param before %.9g\n  grad   eager %.9g kiln %.9g\n  m      eager %.9g kiln %.9g\n"
+            "  v      eager %.9g kiln %.9g\n  param  eager %.9g kiln %.9g\n",
+            at_k(before[i]), at_k(pr[i].grad()), at_k(pw[i].grad()), at_k(mr), at_k(mw), at_k(vr), at_k(vw),
+            at_k(pr[i]), at_k(pw[i]));
         ADD_FAILURE() << "step " << s + 1 << ": parameter " << i << " " << what << " differs";
         reported = true;
         break;

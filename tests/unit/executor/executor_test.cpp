@@ -41,13 +41,14 @@ void expect_parity(const std::string& name, int64_t batch, int steps = 20, const
   auto ref = kiln::make_workload(name, {device, seed, batch});
   auto w = kiln::make_workload(name, {device, seed, batch});
   auto ref_step = kiln::workload_step(ref, cpu_autocast);
-  auto step = kiln::compile_step(kiln::workload_step(w, cpu_autocast), {{w.model}, {w.optimizer.get()}}, compile_args());
+  auto step =
+      kiln::compile_step(kiln::workload_step(w, cpu_autocast), {{w.model}, {w.optimizer.get()}}, compile_args());
   for (int s = 0; s < steps; ++s) {
     auto want = ref_step({ref.input, ref.target})[0];
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s;
-    EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << ": " << got.item<float>()
-                                        << " vs " << want.item<float>();
+    EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << ": " << got.item<float>() << " vs "
+                                       << want.item<float>();
   }
   EXPECT_EQ(step.stats().compiled_steps, steps - 2) << step.stats().last_fallback;
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();

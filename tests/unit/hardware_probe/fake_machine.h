@@ -62,16 +62,15 @@ class FakeMachine {
     for (int t = 0; t < s.threads_per_core; ++t)
       for (int sock = 0; sock < s.sockets; ++sock)
         for (int core = 0; core < s.cores_per_socket; ++core, ++cpu) {
-          info += "processor\t: " + std::to_string(cpu) + "\nvendor_id\t: " + s.vendor +
-                  "\nmodel name\t: " + s.model + "\nphysical id\t: " + std::to_string(sock) +
-                  "\ncore id\t\t: " + std::to_string(core) + "\nflags\t\t: " + s.flags + "\n\n";
+          info += "processor\t: " + std::to_string(cpu) + "\nvendor_id\t: " + s.vendor + "\nmodel name\t: " + s.model +
+                  "\nphysical id\t: " + std::to_string(sock) + "\ncore id\t\t: " + std::to_string(core) +
+                  "\nflags\t\t: " + s.flags + "\n\n";
           const std::string topo = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
           write(topo + "physical_package_id", std::to_string(sock) + "\n");
           write(topo + "core_id", std::to_string(core) + "\n");
         }
     write("/proc/cpuinfo", info);
-    write("/proc/meminfo", "MemTotal:       " + std::to_string(s.mem_kib) +
-                               " kB\nMemFree:        1000 kB\n");
+    write("/proc/meminfo", "MemTotal:       " + std::to_string(s.mem_kib) + " kB\nMemFree:        1000 kB\n");
     cache(0, 1, "Data", s.l1d);
     cache(1, 1, "Instruction", "32K");
     cache(2, 2, "Unified", s.l2);
@@ -79,8 +78,7 @@ class FakeMachine {
   }
 
   // One PCI function. `driver` empty: unbound.
-  void pci(const std::string& bus, unsigned vendor, unsigned device, unsigned cls,
-           const std::string& driver = "") {
+  void pci(const std::string& bus, unsigned vendor, unsigned device, unsigned cls, const std::string& driver = "") {
     const std::string dev = "/sys/devices/pci0000:00/" + bus;
     write(dev + "/vendor", hex(vendor) + "\n");
     write(dev + "/device", hex(device) + "\n");

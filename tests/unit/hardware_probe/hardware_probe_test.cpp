@@ -248,10 +248,8 @@ TEST(ProbeMalformed, GarbageVendorFileIsWarnedAndSkipped) {
   m.write("/sys/devices/pci0000:00/0000:22:00.0/vendor", "0x123456789\n");
   auto r = probe_tree(m);
   EXPECT_EQ(r.count(DeviceKind::gaudi), 1) << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "0000:20:00.0: vendor file holds '\\x01\\xffnot-hex\\x0a'"))
-      << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "0000:21:00.0 (vendor 0x1da3): device file holds"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "0000:20:00.0: vendor file holds '\\x01\\xffnot-hex\\x0a'")) << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "0000:21:00.0 (vendor 0x1da3): device file holds")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "0000:22:00.0: vendor file holds")) << all_warnings(r);
 }
 
@@ -268,8 +266,7 @@ TEST(ProbeMalformed, MissingFilesAreWarnedAndSkipped) {
   EXPECT_TRUE(any_warning_contains(r, "cannot read /proc/cpuinfo (missing)")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "0000:20:00.0 (vendor 0x1d0f): cannot read its device id (missing)"))
       << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "0000:21:00.0: cannot read its vendor (missing)"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "0000:21:00.0: cannot read its vendor (missing)")) << all_warnings(r);
 }
 
 TEST(ProbeMalformed, UnreadableFilesAreWarnedNotFatal) {
@@ -296,8 +293,7 @@ TEST(ProbeMalformed, UnreadableFilesAreWarnedNotFatal) {
       << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "0000:21:00.0 (vendor 0x1da3): cannot read its device id (not a regular file)"))
       << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "cannot read /sys/devices/system/cpu/cpu0/cache/index2/size"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "cannot read /sys/devices/system/cpu/cpu0/cache/index2/size")) << all_warnings(r);
   EXPECT_EQ(r.first(DeviceKind::cpu)->cpu.l2_bytes, 0u);
   EXPECT_EQ(r.first(DeviceKind::cpu)->cpu.l1d_bytes, 48u * 1024);
   if (::geteuid() != 0) {
@@ -332,8 +328,7 @@ TEST(ProbeMalformed, SymlinkLoopsAreWarnedNotFollowedForever) {
   ASSERT_EQ(r.count(DeviceKind::gaudi), 1) << all_warnings(r);
   EXPECT_EQ(r.first(DeviceKind::gaudi)->accel.driver, "");
   EXPECT_TRUE(any_warning_contains(r, "0000:32:00.0: its driver link does not resolve")) << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "Intel Gaudi2 at 0000:32:00.0 is not bound to a driver"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "Intel Gaudi2 at 0000:32:00.0 is not bound to a driver")) << all_warnings(r);
   EXPECT_EQ(r.first(DeviceKind::cpu)->cpu.threads, 16);
 }
 
@@ -349,8 +344,7 @@ TEST(ProbeMalformed, GarbageCpuTopologyAndCachesAreWarned) {
   EXPECT_EQ(cpu->name, "unknown CPU");
   EXPECT_EQ(cpu->cpu.threads, 15);  // cpu3 dropped
   EXPECT_EQ(cpu->cpu.l3_bytes, 0u);
-  EXPECT_TRUE(any_warning_contains(r, "/sys/devices/system/cpu/cpu3/topology is not numeric"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "/sys/devices/system/cpu/cpu3/topology is not numeric")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "index3 is malformed")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "/proc/cpuinfo lists no processor")) << all_warnings(r);
 }
@@ -360,16 +354,15 @@ TEST(ProbeMalformed, GoyaUnknownHabanaIdsAndUnboundDevicesAreWarned) {
   m.cpu();
   m.pci("0000:10:00.0", 0x1da3, 0x0001, 0x120000, "habanalabs");  // Goya
   m.pci("0000:11:00.0", 0x1da3, 0x7777, 0x120000, "habanalabs");
-  m.pci("0000:12:00.0", 0x1da3, 0x1020, 0x120000);               // unbound Gaudi2
+  m.pci("0000:12:00.0", 0x1da3, 0x1020, 0x120000);  // unbound Gaudi2
   m.gaudi("0000:13:00.0", 0x1020, 0, /*dev_node=*/false);
-  m.pci("0000:14:00.0", 0x1d0f, 0x7364, 0x088000, "vfio-pci");    // passed through to a VM
+  m.pci("0000:14:00.0", 0x1d0f, 0x7364, 0x088000, "vfio-pci");  // passed through to a VM
   auto r = probe_tree(m);
   EXPECT_EQ(r.count(DeviceKind::gaudi), 2);
   EXPECT_EQ(r.count(DeviceKind::neuron), 1);
   EXPECT_TRUE(any_warning_contains(r, "0x0001 is Goya, an inference-only accelerator")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "0x7777 is not a Gaudi generation kiln knows")) << all_warnings(r);
-  EXPECT_TRUE(any_warning_contains(r, "Intel Gaudi2 at 0000:12:00.0 is not bound to a driver"))
-      << all_warnings(r);
+  EXPECT_TRUE(any_warning_contains(r, "Intel Gaudi2 at 0000:12:00.0 is not bound to a driver")) << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "Intel Gaudi2 at 0000:13:00.0 has no device node under /dev/accel/ for accel0"))
       << all_warnings(r);
   EXPECT_TRUE(any_warning_contains(r, "AWS Trainium2 at 0000:14:00.0 is bound to 'vfio-pci', not neuron"))
@@ -416,11 +409,11 @@ CpuidLeaves sapphire_rapids(uint64_t xcr0, bool amx_permission = true) {
   l.valid = true;
   l.vendor = "GenuineIntel";
   l.max_leaf = 0x20;
-  l.leaf1_ecx = (1u << 12) | (1u << 27) | (1u << 28); // FMA, OSXSAVE, AVX
-  l.leaf7_ebx = (1u << 5) | (1u << 16);              // AVX2, AVX512F
-  l.leaf7_ecx = 1u << 11;                            // AVX512_VNNI
+  l.leaf1_ecx = (1u << 12) | (1u << 27) | (1u << 28);  // FMA, OSXSAVE, AVX
+  l.leaf7_ebx = (1u << 5) | (1u << 16);                // AVX2, AVX512F
+  l.leaf7_ecx = 1u << 11;                              // AVX512_VNNI
   l.leaf7_edx = (1u << 22) | (1u << 24) | (1u << 25);  // AMX-BF16, AMX-TILE, AMX-INT8
-  l.leaf7_1_eax = 1u << 5;                           // AVX512_BF16
+  l.leaf7_1_eax = 1u << 5;                             // AVX512_BF16
   l.xcr0 = xcr0;
   l.amx_permission = amx_permission;
   return l;
@@ -437,8 +430,7 @@ TEST(Isa, Avx512FromCpuidWithoutXcr0ZmmStateIsNotReported) {
   EXPECT_FALSE(f.amx_bf16);
   EXPECT_FALSE(f.amx_int8);
   ASSERT_FALSE(f.disabled_by_os.empty());
-  EXPECT_EQ(f.disabled_by_os[0],
-            "avx512f: CPUID reports it but XCR0 does not enable the opmask/ZMM state (bits 5-7)");
+  EXPECT_EQ(f.disabled_by_os[0], "avx512f: CPUID reports it but XCR0 does not enable the opmask/ZMM state (bits 5-7)");
 }
 
 TEST(Isa, PartialZmmStateIsNotEnough) {
@@ -544,8 +536,8 @@ TEST(Cuda, FindsTheH200WithItsRealProperties) {
   ASSERT_FALSE(gpus.empty()) << r.cuda_status << "\n" << all_warnings(r);
   const Device& g = *gpus[0];
   std::cout << "[ probe    ] " << g.name << ", cc " << g.cuda.cc_major << "." << g.cuda.cc_minor << ", "
-            << g.cuda.total_memory_bytes << " bytes, " << g.cuda.multiprocessor_count << " SMs, PCI "
-            << g.pci_bus_id << " (" << r.cuda_status << ")\n";
+            << g.cuda.total_memory_bytes << " bytes, " << g.cuda.multiprocessor_count << " SMs, PCI " << g.pci_bus_id
+            << " (" << r.cuda_status << ")\n";
   EXPECT_NE(g.name.find("H200"), std::string::npos) << g.name;
   EXPECT_EQ(g.cuda.cc_major, 9);
   EXPECT_EQ(g.cuda.cc_minor, 0);

@@ -16,48 +16,92 @@ namespace {
 
 using Names = std::set<std::string>;
 
-const Names kViews = {
-    "aten::t", "aten::permute", "aten::transpose.int", "aten::expand", "aten::unsqueeze",
-    "aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze", "aten::select.int", "aten::slice.Tensor",
-    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::alias", "aten::detach"};
+const Names kViews = {"aten::t",          "aten::permute",      "aten::transpose.int", "aten::expand",
+                      "aten::unsqueeze",  "aten::squeeze.dim",  "aten::squeeze.dims",  "aten::squeeze",
+                      "aten::select.int", "aten::slice.Tensor", "aten::view",          "aten::_unsafe_view",
+                      "aten::reshape",    "aten::alias",        "aten::detach"};
 
-const Names kExterns = {
-    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::convolution",
-    "aten::convolution_backward", "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::embedding",
-    "aten::embedding_dense_backward"};
+const Names kExterns = {"aten::mm",
+                        "aten::addmm",
+                        "aten::bmm",
+                        "aten::baddbmm",
+                        "aten::convolution",
+                        "aten::convolution_backward",
+                        "aten::_scaled_dot_product_flash_attention_for_cpu",
+                        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                        "aten::embedding",
+                        "aten::embedding_dense_backward"};
 
 const Names kCompareScalar = {"aten::eq.Scalar", "aten::ne.Scalar", "aten::lt.Scalar",
                               "aten::le.Scalar", "aten::gt.Scalar", "aten::ge.Scalar"};
 const Names kCompareTensor = {"aten::eq.Tensor", "aten::ne.Tensor", "aten::lt.Tensor",
                               "aten::le.Tensor", "aten::gt.Tensor", "aten::ge.Tensor"};
-const Names kBinaryScalar = {"aten::add.Scalar", "aten::sub.Scalar", "aten::mul.Scalar", "aten::div.Scalar",
-                             "aten::rsub.Scalar", "aten::pow.Tensor_Scalar", "aten::clamp_min", "aten::clamp_max"};
+const Names kBinaryScalar = {"aten::add.Scalar",  "aten::sub.Scalar",        "aten::mul.Scalar", "aten::div.Scalar",
+                             "aten::rsub.Scalar", "aten::pow.Tensor_Scalar", "aten::clamp_min",  "aten::clamp_max"};
 
 // Generated code: pointwise ops and reductions.
 const Names kCompute = [] {
-  Names n = {
-      "aten::neg", "aten::relu", "aten::sigmoid", "aten::tanh", "aten::exp", "aten::log", "aten::sqrt",
-      "aten::rsqrt", "aten::abs", "aten::reciprocal", "aten::erf", "aten::silu", "aten::clone",
-      "aten::_to_copy",
-      "aten::add.Tensor", "aten::sub.Tensor", "aten::mul.Tensor", "aten::div.Tensor", "aten::maximum",
-      "aten::minimum", "aten::rsub.Tensor",
-      "aten::clamp", "aten::gelu", "aten::gelu_backward", "aten::sigmoid_backward", "aten::tanh_backward",
-      "aten::threshold_backward", "aten::where.self", "aten::addcmul", "aten::addcdiv", "aten::lerp.Scalar",
-      "aten::fill.Scalar", "aten::full", "aten::zeros", "aten::ones", "aten::zeros_like", "aten::ones_like",
-      "aten::full_like", "aten::nll_loss_backward", "aten::max_pool2d_with_indices",
-      "aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::mean", "aten::amax", "aten::amin",
-      "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
-      "aten::_log_softmax_backward_data", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-      "aten::nll_loss_forward"};
+  Names n = {"aten::neg",
+             "aten::relu",
+             "aten::sigmoid",
+             "aten::tanh",
+             "aten::exp",
+             "aten::log",
+             "aten::sqrt",
+             "aten::rsqrt",
+             "aten::abs",
+             "aten::reciprocal",
+             "aten::erf",
+             "aten::silu",
+             "aten::clone",
+             "aten::_to_copy",
+             "aten::add.Tensor",
+             "aten::sub.Tensor",
+             "aten::mul.Tensor",
+             "aten::div.Tensor",
+             "aten::maximum",
+             "aten::minimum",
+             "aten::rsub.Tensor",
+             "aten::clamp",
+             "aten::gelu",
+             "aten::gelu_backward",
+             "aten::sigmoid_backward",
+             "aten::tanh_backward",
+             "aten::threshold_backward",
+             "aten::where.self",
+             "aten::addcmul",
+             "aten::addcdiv",
+             "aten::lerp.Scalar",
+             "aten::fill.Scalar",
+             "aten::full",
+             "aten::zeros",
+             "aten::ones",
+             "aten::zeros_like",
+             "aten::ones_like",
+             "aten::full_like",
+             "aten::nll_loss_backward",
+             "aten::max_pool2d_with_indices",
+             "aten::sum.dim_IntList",
+             "aten::sum",
+             "aten::mean.dim",
+             "aten::mean",
+             "aten::amax",
+             "aten::amin",
+             "aten::_softmax",
+             "aten::_log_softmax",
+             "aten::_softmax_backward_data",
+             "aten::_log_softmax_backward_data",
+             "aten::native_layer_norm",
+             "aten::native_layer_norm_backward",
+             "aten::nll_loss_forward"};
   for (const auto* set : {&kCompareScalar, &kCompareTensor, &kBinaryScalar}) n.insert(set->begin(), set->end());
   return n;
 }();
 
 // Generated code whose result may be an integer or bool: copies, selects, fills, comparisons.
 const Names kAnyResult = [] {
-  Names n = {"aten::clone", "aten::_to_copy", "aten::where.self", "aten::fill.Scalar", "aten::full",
-             "aten::full_like", "aten::zeros", "aten::zeros_like", "aten::ones_like"};
+  Names n = {"aten::clone",     "aten::_to_copy", "aten::where.self", "aten::fill.Scalar", "aten::full",
+             "aten::full_like", "aten::zeros",    "aten::zeros_like", "aten::ones_like"};
   for (const auto* set : {&kCompareScalar, &kCompareTensor}) n.insert(set->begin(), set->end());
   return n;
 }();
@@ -68,15 +112,29 @@ const Names kNumericScalar = [] {
   return n;
 }();
 
-const Names kNonemptyInputs = {
-    "aten::amax", "aten::amin", "aten::_softmax", "aten::_log_softmax", "aten::_softmax_backward_data",
-    "aten::_log_softmax_backward_data", "aten::native_layer_norm", "aten::native_layer_norm_backward",
-    "aten::nll_loss_forward"};
+const Names kNonemptyInputs = {"aten::amax",
+                               "aten::amin",
+                               "aten::_softmax",
+                               "aten::_log_softmax",
+                               "aten::_softmax_backward_data",
+                               "aten::_log_softmax_backward_data",
+                               "aten::native_layer_norm",
+                               "aten::native_layer_norm_backward",
+                               "aten::nll_loss_forward"};
 
-const Names kOwnClaimRule = {
-    "aten::_to_copy", "aten::sum.dim_IntList", "aten::sum", "aten::mean.dim", "aten::mean", "aten::gelu",
-    "aten::gelu_backward", "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::expand",
-    "aten::max_pool2d_with_indices", "aten::pow.Tensor_Scalar", "aten::clamp"};
+const Names kOwnClaimRule = {"aten::_to_copy",
+                             "aten::sum.dim_IntList",
+                             "aten::sum",
+                             "aten::mean.dim",
+                             "aten::mean",
+                             "aten::gelu",
+                             "aten::gelu_backward",
+                             "aten::nll_loss_forward",
+                             "aten::nll_loss_backward",
+                             "aten::expand",
+                             "aten::max_pool2d_with_indices",
+                             "aten::pow.Tensor_Scalar",
+                             "aten::clamp"};
 
 }  // namespace
 

@@ -36,7 +36,8 @@ using Options = std::map<std::string, std::string>;
 
 std::string fresh_dir(const std::string& tag) {
   static std::mt19937_64 rng(std::random_device{}());
-  fs::path p = fs::temp_directory_path() / ("kiln_inductor_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rng() % 1000000));
+  fs::path p = fs::temp_directory_path() /
+               ("kiln_inductor_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(rng() % 1000000));
   fs::create_directories(p);
   return p.string();
 }
@@ -91,7 +92,8 @@ struct Checked {
 
 // Compiles `text` with the inductor and runs it against the eager executor on fresh inputs.
 // The graph's outputs after one run of `exec` on `inputs`.
-std::vector<at::Tensor> run_plugin(PartitionedExecutor& exec, const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> run_plugin(PartitionedExecutor& exec, const ir::Graph& g,
+                                   const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> env(g.values.size());
   for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
   exec.run(env);
@@ -446,7 +448,8 @@ TEST(InductorNumerics, ExternMatmulWithFusedEpilogues) {
   output %6 result "y"
   output %8 result "w2"
 }
-)", 1e-5);
+)",
+                 1e-5);
   // The weight's transpose feeds only extern kernels: it stays an eager view, passed with its strides.
   EXPECT_EQ(c.stats.claimed, c.stats.nodes - 1);
   EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
@@ -495,7 +498,8 @@ TEST(InductorFusion, RowPatternsBecomeOneKernelAndTheGroupIsOneLibrary) {
   %7 : f32[64,100]{100,1} = aten::_log_softmax(%4, 1, false)
   output %7 result "y"
 }
-)", 1e-5, dir);
+)",
+                 1e-5, dir);
   expect_all_compiled(c);
   EXPECT_EQ(c.stats.groups_compiled, 1u);
   // relu is inlined; layer norm (mean, variance, normalize) and log-softmax (max, sum of exp,
@@ -503,8 +507,7 @@ TEST(InductorFusion, RowPatternsBecomeOneKernelAndTheGroupIsOneLibrary) {
   const std::string log = kiln::test::captured_log();
   EXPECT_NE(log.find("(1 kernels"), std::string::npos) << log;
   size_t libs = 0;
-  for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor"))
-    libs += e.path().extension() == ".so";
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) libs += e.path().extension() == ".so";
   EXPECT_EQ(libs, 1u);
 }
 
@@ -578,7 +581,8 @@ TEST(InductorLoops, OptimizerStagesOfOneShapeShareOneLoopAndReadEachOtherFromReg
   output %4 result "buf"
   output %5 result "w"
 }
-)", 1e-6, dir);
+)",
+                 1e-6, dir);
   expect_all_compiled(c);
   const std::string src = generated_sources(dir);
   EXPECT_EQ(count(src, "for (int64_t x = 0; x < 19200LL; ++x)"), 1u) << src;
@@ -601,7 +605,8 @@ TEST(InductorLoops, AnExternResultThatIsAnOutputIsWrittenStraightIntoIt) {
   output %5 result "grad"
   output %6 result "half"
 }
-)", 1e-5, dir);
+)",
+                 1e-5, dir);
   expect_all_compiled(c);
   const std::string src = generated_sources(dir);
   // One store: the product. The gradient is not copied out of a scratch buffer.
@@ -638,7 +643,8 @@ TEST(InductorNumerics, MaxPoolValuesAndIndicesAreAtensBitForBit) {
   const auto out = run_plugin(exec, g, inputs);
   for (size_t k = 0; k < out.size(); ++k)
     EXPECT_TRUE(at::equal(out[k].nan_to_num(1e30f), ref[k].nan_to_num(1e30f))) << "output " << k << "\n"
-                                                                              << out[k] << "\n" << ref[k];
+                                                                               << out[k] << "\n"
+                                                                               << ref[k];
 }
 
 TEST(InductorClaims, MaxPoolWithPaddingOrDilationAndItsBackwardStayWithAten) {
@@ -876,7 +882,8 @@ TEST(InductorModes, MaxAutotuneTunesOnceAndKeepsTheWinnersInTheCache) {
   output %1 result "colsum"
   output %2 result "y"
 }
-)", 1e-5, dir, KILN_MODE_MAX_AUTOTUNE);
+)",
+                 1e-5, dir, KILN_MODE_MAX_AUTOTUNE);
   expect_all_compiled(c);
   std::string log = kiln::test::captured_log();
   EXPECT_NE(log.find("max-autotune: kernel 1/"), std::string::npos) << log;
@@ -891,7 +898,8 @@ TEST(InductorModes, MaxAutotuneTunesOnceAndKeepsTheWinnersInTheCache) {
   output %1 result "colsum"
   output %2 result "y"
 }
-)", 1e-5, dir, KILN_MODE_MAX_AUTOTUNE);
+)",
+        1e-5, dir, KILN_MODE_MAX_AUTOTUNE);
   log = kiln::test::captured_log();
   EXPECT_EQ(log.find("max-autotune: kernel 1/"), std::string::npos) << log;
   EXPECT_NE(log.find("using the tuned kernels"), std::string::npos) << log;
@@ -1005,7 +1013,9 @@ TEST(InductorRegression, EmptyTensorsCompileAndReductionsOverThemWriteTheirIdent
     const at::Tensor& out = outs[k];
     ASSERT_TRUE(out.defined()) << g.outputs[k].name;
     EXPECT_EQ(out.sizes(), ref[k].sizes()) << g.outputs[k].name;
-    EXPECT_TRUE(at::allclose(out, ref[k], 1e-5, 1e-6, /*equal_nan=*/true)) << g.outputs[k].name << "\n" << out << "\n" << ref[k];
+    EXPECT_TRUE(at::allclose(out, ref[k], 1e-5, 1e-6, /*equal_nan=*/true)) << g.outputs[k].name << "\n"
+                                                                           << out << "\n"
+                                                                           << ref[k];
   }
   EXPECT_TRUE(at::equal(outs[1], at::zeros({5})));
   EXPECT_TRUE(outs[3].isnan().all().item<bool>());
@@ -1047,7 +1057,8 @@ void expect_malformed(const LoadedPlugin& plugin, const KilnGraphView& view, con
       ADD_FAILURE() << what << ": " << (call ? "compile" : "claim") << " accepted it";
     } catch (const PluginError& e) {
       EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT) << what << ": " << e.what();
-      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
     }
   }
 }
@@ -1119,7 +1130,8 @@ TEST(InductorErrors, WrongTensorsAtExecuteAreRefusedNamingTheTensorAndBothTypes)
       ADD_FAILURE() << "execute accepted " << what;
     } catch (const PluginError& e) {
       EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT) << what << ": " << e.what();
-      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
+      for (const auto& n : needles)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << what << ": " << e.what();
     }
   };
   expect_refused("an input of another dtype", {"input 0", "float64[8,16]", "float32[8,16]"}, [&] {
@@ -1137,7 +1149,9 @@ TEST(InductorErrors, WrongTensorsAtExecuteAreRefusedNamingTheTensorAndBothTypes)
     ins[1] = at::zeros({8, 13});
     run(ins, out);
   });
-  expect_refused("an output of another dtype", {"output 0", "float64[8,16]"}, [&] { run(inputs, at::empty({8, 16}, at::kDouble)); });
+  expect_refused("an output of another dtype", {"output 0", "float64[8,16]"}, [&] {
+    run(inputs, at::empty({8, 16}, at::kDouble));
+  });
   expect_refused("an input on another device", {"input 1", "not the CPU"}, [&] {
     DLDevice cuda{kDLCUDA, 0};
     run(inputs, out, &cuda);
@@ -1259,6 +1273,7 @@ TEST(InductorRegression, ErfAndGeluBackwardAreAccurateNearZero) {
   output %3 result "erf"
   output %4 result "gelu_bwd"
 }
-)", /*tol=*/2e-6);
+)",
+                 /*tol=*/2e-6);
   expect_all_compiled(c);
 }

@@ -36,20 +36,23 @@ double worst_error(F f, R ref, float lo, float hi, double floor, int n = 200000)
 }  // namespace
 
 TEST(InductorPrelude, FloatExpLogTanhAreWithinAFewUlpsOfLibm) {
-  EXPECT_LT(worst_error([](float x) { return k_exp(x); }, [](double x) { return std::exp(x); }, -87.0f, 88.0f, 0), 2e-7);
+  EXPECT_LT(worst_error([](float x) { return k_exp(x); }, [](double x) { return std::exp(x); }, -87.0f, 88.0f, 0),
+            2e-7);
   // log over 74 decades, relative to max(|log x|, 1): absolute near x = 1, where log vanishes.
   EXPECT_LT(worst_error([](float x) { return k_log(std::pow(10.0f, x)); },
                         [](double x) { return std::log(static_cast<double>(std::pow(10.0f, static_cast<float>(x)))); },
                         -37.0f, 37.0f, 1.0),
             3e-7);
-  EXPECT_LT(worst_error([](float x) { return k_tanh(x); }, [](double x) { return std::tanh(x); }, -10.0f, 10.0f, 1.0), 1e-6);
+  EXPECT_LT(worst_error([](float x) { return k_tanh(x); }, [](double x) { return std::tanh(x); }, -10.0f, 10.0f, 1.0),
+            1e-6);
 }
 
 TEST(InductorPrelude, ErfAndNormalCdfKeepTheirRelativeAccuracyInTheTails) {
-  EXPECT_LT(worst_error([](float x) { return k_erf(x); }, [](double x) { return std::erf(x); }, -6.0f, 6.0f, 1e-30), 5e-7);
+  EXPECT_LT(worst_error([](float x) { return k_erf(x); }, [](double x) { return std::erf(x); }, -6.0f, 6.0f, 1e-30),
+            5e-7);
   // Phi(-12) is 1.8e-33: the tail form keeps its digits, where 1 + erf(x / sqrt(2)) has none left.
-  EXPECT_LT(worst_error([](float x) { return k_ndtr(x); }, [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); },
-                        -12.0f, 12.0f, 0),
+  EXPECT_LT(worst_error([](float x) { return k_ndtr(x); },
+                        [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }, -12.0f, 12.0f, 0),
             5e-5);
 }
 

@@ -6,7 +6,7 @@
 
 namespace kiln::test {
 
-void start_log_capture();   // attaches a sink to the "kiln.inductor" logger, clears what it holds
+void start_log_capture();  // attaches a sink to the "kiln.inductor" logger, clears what it holds
 std::string captured_log();
 
 }  // namespace kiln::test

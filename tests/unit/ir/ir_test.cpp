@@ -88,8 +88,8 @@ TEST(IrText, EveryArgumentKindSurvives) {
 TEST(IrText, RandomGraphsRoundTrip) {
   std::mt19937_64 rng(std::random_device{}());
   auto rnd = [&](int n) { return static_cast<int>(rng() % n); };
-  const c10::ScalarType types[] = {c10::ScalarType::Float, c10::ScalarType::BFloat16,
-                                   c10::ScalarType::Long, c10::ScalarType::Bool};
+  const c10::ScalarType types[] = {c10::ScalarType::Float, c10::ScalarType::BFloat16, c10::ScalarType::Long,
+                                   c10::ScalarType::Bool};
   for (int trial = 0; trial < 50; ++trial) {
     Graph g;
     auto meta = [&] {
@@ -99,7 +99,8 @@ TEST(IrText, RandomGraphsRoundTrip) {
       int64_t stride = 1;
       m.shape.resize(rank);
       m.strides.resize(rank);
-      for (int d = rank - 1; d >= 0; --d) m.shape[d] = rnd(5), m.strides[d] = stride, stride *= std::max<int64_t>(1, m.shape[d]);
+      for (int d = rank - 1; d >= 0; --d)
+        m.shape[d] = rnd(5), m.strides[d] = stride, stride *= std::max<int64_t>(1, m.shape[d]);
       m.storage_offset = rnd(3) == 0 ? rnd(100) : 0;
       if (rnd(3) == 0) m.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rnd(2)));
       return m;
@@ -146,9 +147,11 @@ TEST(IrText, ParseErrorsSayLineAndColumn) {
             "4:1: kiln IR verify: node 0 (aten::relu) reads %0 before it is defined");
   EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} param \"w\"\n  %0 : f32[2]{1} = aten::relu(%0)\n"),
             "3:3: value %0 is defined twice");
-  EXPECT_EQ(parse_error("graph {\n  %0 : f32[2,3]{1} = aten::zeros(i[2])\n}"), "2:19: strides and shape have different ranks");
+  EXPECT_EQ(parse_error("graph {\n  %0 : f32[2,3]{1} = aten::zeros(i[2])\n}"),
+            "2:19: strides and shape have different ranks");
   EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} weight \"w\"\n}"), "2:24: unknown input role 'weight'");
-  EXPECT_EQ(parse_error("graph {\n  %0 : f32[]{} = relu()\n}"), "2:18: expected an operator name such as aten::add.Tensor");
+  EXPECT_EQ(parse_error("graph {\n  %0 : f32[]{} = relu()\n}"),
+            "2:18: expected an operator name such as aten::add.Tensor");
   EXPECT_EQ(parse_error("graph {\n"), "2:1: unexpected end of text; expected '}'");
 }
 

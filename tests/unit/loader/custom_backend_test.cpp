@@ -25,8 +25,8 @@ std::shared_ptr<const kiln::LoadedPlugin> load_sample(kiln::PluginRegistry& keep
 }
 
 DLTensor dl(std::vector<float>& data, std::vector<int64_t>& shape) {
-  return DLTensor{data.data(), {kDLCPU, 0}, static_cast<int32_t>(shape.size()), {kDLFloat, 32, 1},
-                  shape.data(), nullptr, 0};
+  return DLTensor{
+      data.data(), {kDLCPU, 0}, static_cast<int32_t>(shape.size()), {kDLFloat, 32, 1}, shape.data(), nullptr, 0};
 }
 
 double relative_error(const std::vector<float>& out, const std::vector<float>& ref) {
@@ -62,17 +62,21 @@ TEST(CustomBackend, ClaimsOnlySameShapeContiguousFloat32ElementwiseNodes) {
   GraphBuilder g;
   int64_t a = g.value({4, 3}), b = g.value({4, 3}), row = g.value({3});
   int64_t d64a = g.value({4, 3}, GraphBuilder::f64()), d64b = g.value({4, 3}, GraphBuilder::f64());
-  int64_t o0 = g.value({4, 3}), o1 = g.value({4, 3}), o2 = g.value({4, 3}, GraphBuilder::f64()),
-          o3 = g.value({4, 3}), o4 = g.value({4, 3}), o5 = g.value({4, 4});
-  g.node("aten::add.Tensor", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", b),
-                              GraphBuilder::integer("alpha", 1)}, {o0});                          // 0: yes
-  g.node("aten::add.Tensor", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", row),
-                              GraphBuilder::integer("alpha", 1)}, {o1});                          // 1: broadcast
-  g.node("aten::mul.Tensor", {GraphBuilder::tensor("self", d64a), GraphBuilder::tensor("other", d64b)}, {o2});  // 2: f64
-  g.node("aten::relu", {GraphBuilder::tensor("self", o0)}, {o3});                                 // 3: yes
-  g.node("aten::mul.Scalar", {GraphBuilder::tensor("self", a), GraphBuilder::number("other", 2.0)}, {o4});  // 4: other op
-  g.node("aten::mm", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("mat2", b)}, {o5});   // 5: not elementwise
-  g.node("aten::sigmoid", {GraphBuilder::tensor("self", o3)}, {o4});                              // 6: yes
+  int64_t o0 = g.value({4, 3}), o1 = g.value({4, 3}), o2 = g.value({4, 3}, GraphBuilder::f64()), o3 = g.value({4, 3}),
+          o4 = g.value({4, 3}), o5 = g.value({4, 4});
+  g.node("aten::add.Tensor",
+         {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", b), GraphBuilder::integer("alpha", 1)},
+         {o0});  // 0: yes
+  g.node("aten::add.Tensor",
+         {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", row), GraphBuilder::integer("alpha", 1)},
+         {o1});  // 1: broadcast
+  g.node("aten::mul.Tensor", {GraphBuilder::tensor("self", d64a), GraphBuilder::tensor("other", d64b)},
+         {o2});                                                    // 2: f64
+  g.node("aten::relu", {GraphBuilder::tensor("self", o0)}, {o3});  // 3: yes
+  g.node("aten::mul.Scalar", {GraphBuilder::tensor("self", a), GraphBuilder::number("other", 2.0)},
+         {o4});                                                                                  // 4: other op
+  g.node("aten::mm", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("mat2", b)}, {o5});  // 5: not elementwise
+  g.node("aten::sigmoid", {GraphBuilder::tensor("self", o3)}, {o4});                             // 6: yes
   EXPECT_EQ(p->claim(*g.view()), (std::vector<int64_t>{0, 3, 6}));
 }
 
@@ -90,14 +94,16 @@ TEST(CustomBackend, ComputesAChainOfElementwiseOpsLikePlainCpp) {
 
     GraphBuilder g;
     int64_t a = g.value(shape), b = g.value(shape), c = g.value(shape), d = g.value(shape);
-    int64_t t1 = g.value(shape), t2 = g.value(shape), t3 = g.value(shape), t4 = g.value(shape),
-            t5 = g.value(shape), t6 = g.value(shape), t7 = g.value(shape), t8 = g.value(shape);
-    g.node("aten::add.Tensor", {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", b),
-                                GraphBuilder::number("alpha", al1)}, {t1});
+    int64_t t1 = g.value(shape), t2 = g.value(shape), t3 = g.value(shape), t4 = g.value(shape), t5 = g.value(shape),
+            t6 = g.value(shape), t7 = g.value(shape), t8 = g.value(shape);
+    g.node("aten::add.Tensor",
+           {GraphBuilder::tensor("self", a), GraphBuilder::tensor("other", b), GraphBuilder::number("alpha", al1)},
+           {t1});
     g.node("aten::mul.Tensor", {GraphBuilder::tensor("self", t1), GraphBuilder::tensor("other", c)}, {t2});
     g.node("aten::relu", {GraphBuilder::tensor("self", t2)}, {t3});
-    g.node("aten::sub.Tensor", {GraphBuilder::tensor("self", t3), GraphBuilder::tensor("other", a),
-                                GraphBuilder::number("alpha", al2)}, {t4});
+    g.node("aten::sub.Tensor",
+           {GraphBuilder::tensor("self", t3), GraphBuilder::tensor("other", a), GraphBuilder::number("alpha", al2)},
+           {t4});
     g.node("aten::neg", {GraphBuilder::tensor("self", t4)}, {t5});
     g.node("aten::div.Tensor", {GraphBuilder::tensor("self", t5), GraphBuilder::tensor("other", d)}, {t6});
     g.node("aten::sigmoid", {GraphBuilder::tensor("self", t6)}, {t7});
@@ -148,8 +154,9 @@ TEST(CustomBackend, RejectsUnknownOptionsAndMismatchedTensors) {
     p->compile(*g.view(), KILN_MODE_DEFAULT, {{"unroll", "4"}}, "/tmp");
     FAIL() << "unknown option accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'custom_elementwise': compile failed (invalid argument): "
-                                                 "unknown option 'unroll' in [plugin.custom_elementwise]");
+    EXPECT_EQ(std::string(e.what()), p->path() +
+                                         ": plugin 'custom_elementwise': compile failed (invalid argument): "
+                                         "unknown option 'unroll' in [plugin.custom_elementwise]");
   }
   auto exe = p->compile(*g.view(), KILN_MODE_DEFAULT);
   std::vector<float> in(8, 1.f), out(7);
@@ -159,7 +166,8 @@ TEST(CustomBackend, RejectsUnknownOptionsAndMismatchedTensors) {
     exe->execute(&ti, 1, &to, 1);
     FAIL() << "wrong-sized output accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'custom_elementwise': execute failed (invalid argument): "
-                                                 "output tensor 1 must be a contiguous float32 CPU tensor of 8 elements");
+    EXPECT_EQ(std::string(e.what()), p->path() +
+                                         ": plugin 'custom_elementwise': execute failed (invalid argument): "
+                                         "output tensor 1 must be a contiguous float32 CPU tensor of 8 elements");
   }
 }

@@ -116,8 +116,9 @@ TEST(Loader, RefusesPluginBuiltForAbi1) {
     kiln::PluginRegistry::load_file(path, test_host());
     FAIL() << "a 1.2 plugin was loaded";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), path + ": plugin 'old_abi' was built for kiln plugin ABI 1.2; this kiln speaks "
-                                            "2.0 — rebuild it against the kiln 2.x SDK");
+    EXPECT_EQ(std::string(e.what()), path +
+                                         ": plugin 'old_abi' was built for kiln plugin ABI 1.2; this kiln speaks "
+                                         "2.0 — rebuild it against the kiln 2.x SDK");
     EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
   }
 }
@@ -155,10 +156,10 @@ TEST(Loader, CorpusLoadsOnlyTheWellFormedLibrariesAndReportsEveryOtherFile) {
     failed.push_back(fs::path(f.path).filename().string());
   }
   std::sort(failed.begin(), failed.end());
-  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_abi1_plugin.so", "libkiln_bad_abi_major.so", "libkiln_bad_init_fails.so",
-                                              "libkiln_bad_null_execute.so", "libkiln_bad_null_name.so",
-                                              "libkiln_bad_undersized.so", "libkiln_empty.so",
-                                              "libkiln_no_entry.so", "libkiln_text.so"}));
+  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_abi1_plugin.so", "libkiln_bad_abi_major.so",
+                                              "libkiln_bad_init_fails.so", "libkiln_bad_null_execute.so",
+                                              "libkiln_bad_null_name.so", "libkiln_bad_undersized.so",
+                                              "libkiln_empty.so", "libkiln_no_entry.so", "libkiln_text.so"}));
 }
 
 TEST(Loader, LoadFileThrowsWithPathAndReason) {
@@ -181,8 +182,9 @@ TEST(Loader, RejectsClaimsOfNodesThatDoNotExist) {
     p->claim(*g.view());
     FAIL() << "claims accepted";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), p->path() + ": plugin 'bad_claims': claim returned node 7, but the graph has 3 "
-                                                 "nodes (0..2)");
+    EXPECT_EQ(std::string(e.what()), p->path() +
+                                         ": plugin 'bad_claims': claim returned node 7, but the graph has 3 "
+                                         "nodes (0..2)");
     EXPECT_EQ(e.code(), KILN_ERROR_INTERNAL);
   }
 }
@@ -211,9 +213,10 @@ TEST(Loader, ReportsCompileFailureWithPluginCodeAndMessage) {
     p->compile(*g.view(), KILN_MODE_DEFAULT);
     FAIL() << "compile succeeded";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), kCorpus + "/libkiln_bad_compile_fails.so: plugin 'bad_compile_fails': compile "
-                                               "failed (invalid argument): node 0 (aten::mul.Tensor): float64 is not "
-                                               "supported");
+    EXPECT_EQ(std::string(e.what()), kCorpus +
+                                         "/libkiln_bad_compile_fails.so: plugin 'bad_compile_fails': compile "
+                                         "failed (invalid argument): node 0 (aten::mul.Tensor): float64 is not "
+                                         "supported");
     EXPECT_EQ(e.code(), KILN_ERROR_INVALID_ARGUMENT);
   }
 }
@@ -260,8 +263,9 @@ TEST(Loader, RejectsModeThePluginDoesNotSupport) {
     FAIL() << "compile accepted an unsupported mode";
   } catch (const kiln::PluginError& e) {
     EXPECT_EQ(std::string(e.what()),
-              kGood + "/libkiln_c_identity.so: plugin 'c_identity' does not support mode 'reduce-overhead' (it "
-                      "supports default,max-autotune)");
+              kGood +
+                  "/libkiln_c_identity.so: plugin 'c_identity' does not support mode 'reduce-overhead' (it "
+                  "supports default,max-autotune)");
   }
 }
 
@@ -301,8 +305,9 @@ TEST(Loader, ReportsExecuteErrorsWithPluginMessage) {
     FAIL() << "no error";
   } catch (const kiln::PluginError& e) {
     EXPECT_EQ(std::string(e.what()),
-              kGood + "/libkiln_c_identity.so: plugin 'c_identity': execute failed (invalid argument): inputs and "
-                      "outputs differ in count");
+              kGood +
+                  "/libkiln_c_identity.so: plugin 'c_identity': execute failed (invalid argument): inputs and "
+                  "outputs differ in count");
   }
 }
 
@@ -505,14 +510,16 @@ TEST(InTreeBackends, IpexNeedsAnX86Cpu) {
 TEST(InTreeBackends, HpuBackendNamesTheMissingDeviceAndRuntime) {
   // This machine has no Synapse runtime, so the runtime part is always missing here.
   ASSERT_EQ(dlopen("libSynapse.so", RTLD_LAZY | RTLD_NOLOAD), nullptr);
-  const std::string no_lib = "libSynapse.so cannot be loaded (libSynapse.so: cannot open shared object file: No such file or directory)";
+  const std::string no_lib =
+      "libSynapse.so cannot be loaded (libSynapse.so: cannot open shared object file: No such file or directory)";
   EXPECT_EQ(availability("hpu_backend", {intel_cpu()}), "no: no Intel Gaudi device found, and " + no_lib);
   EXPECT_EQ(availability("hpu_backend", {intel_cpu(), accelerator(KILN_DEVICE_GAUDI, "Gaudi2")}),
             "no: Intel Gaudi device found, but " + no_lib);
 }
 
 TEST(InTreeBackends, NeuronNamesTheMissingDeviceAndRuntime) {
-  const std::string no_lib = "libnrt.so cannot be loaded (libnrt.so: cannot open shared object file: No such file or directory)";
+  const std::string no_lib =
+      "libnrt.so cannot be loaded (libnrt.so: cannot open shared object file: No such file or directory)";
   EXPECT_EQ(availability("neuron", {intel_cpu()}), "no: no AWS Neuron device found, and " + no_lib);
   EXPECT_EQ(availability("neuron", {intel_cpu(), accelerator(KILN_DEVICE_NEURON, "Trainium2")}),
             "no: AWS Neuron device found, but " + no_lib);
@@ -564,16 +571,16 @@ TEST(HostServices, BasicHostServesOptionsCacheDirAndCpuMemory) {
   EXPECT_STREQ(dir.cache_dir, "/tmp/kiln-loader-test-cache");
   EXPECT_EQ(api->call_eager, nullptr);
 
-  KilnHostDeviceAllocArgs alloc{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 1000,
-                                nullptr, nullptr};
+  KilnHostDeviceAllocArgs alloc{
+      KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 1000, nullptr, nullptr};
   ASSERT_EQ(api->device_alloc(&alloc), nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(alloc.ptr) % 64, 0u);
   std::memset(alloc.ptr, 1, 1000);
   KilnHostDeviceFreeArgs release{KILN_HOST_DEVICE_FREE_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, alloc.ptr};
   api->device_free(&release);
 
-  KilnHostDeviceAllocArgs gpu{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCUDA, 0}, 1000,
-                              nullptr, nullptr};
+  KilnHostDeviceAllocArgs gpu{
+      KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCUDA, 0}, 1000, nullptr, nullptr};
   KilnError* err = api->device_alloc(&gpu);
   ASSERT_NE(err, nullptr);
   EXPECT_EQ(api->error_code(err), KILN_ERROR_UNAVAILABLE);

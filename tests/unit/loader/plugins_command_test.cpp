@@ -68,13 +68,17 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   Result r = run({"--json", "--no-default-dirs", "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_EQ(count(r.out, "\"loaded\": false"), 9u) << r.out;
-  EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_empty.so\", \"error\": \"not a loadable "
-                       "library: " + corpus + "/libkiln_empty.so: file too short\"}"),
+  EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus +
+                       "/libkiln_empty.so\", \"error\": \"not a loadable "
+                       "library: " +
+                       corpus + "/libkiln_empty.so: file too short\"}"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("{\"loaded\": false, \"path\": \"" + corpus + "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
-                       "was built for kiln plugin ABI 3.0; this kiln speaks 2.0 — rebuild it against the kiln 2.x SDK\"}"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("{\"loaded\": false, \"path\": \"" + corpus +
+                 "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
+                 "was built for kiln plugin ABI 3.0; this kiln speaks 2.0 — rebuild it against the kiln 2.x SDK\"}"),
+      std::string::npos)
       << r.out;
 }
 
@@ -83,7 +87,9 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.0  cpu              default,max-autotune"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.0  cpu              default,max-autotune"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  " + corpus + "/libkiln_no_entry.so\n    not a kiln plugin: no symbol 'kiln_plugin_init'\n"),
             std::string::npos)

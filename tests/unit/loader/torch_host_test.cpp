@@ -33,7 +33,8 @@ std::pair<KilnErrorCode, std::string> take(const KilnHostApi* api, KilnError* e)
 
 KilnError* call_eager(const KilnHostApi* api, const char* op, const KilnArg* const* args, size_t num_args,
                       DLTensor* outputs, size_t num_outputs) {
-  KilnHostCallEagerArgs a{KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE, api->host_ctx, op, args, num_args, outputs, num_outputs};
+  KilnHostCallEagerArgs a{
+      KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE, api->host_ctx, op, args, num_args, outputs, num_outputs};
   return api->call_eager(&a);
 }
 
@@ -52,7 +53,8 @@ TEST(TorchHost, CallEagerRunsAddmmLikeAten) {
   at::Tensor bias = torch::randn({3}), m1 = torch::randn({4, 5}), m2 = torch::randn({5, 3});
   at::Tensor out = torch::full({4, 3}, NAN);
   DLTensor db = dl_of(bias), d1 = dl_of(m1), d2 = dl_of(m2), dout = dl_of(out);
-  KilnArg a_self = arg(KILN_ARG_TENSOR, "self"), a_m1 = arg(KILN_ARG_TENSOR, "mat1"), a_m2 = arg(KILN_ARG_TENSOR, "mat2");
+  KilnArg a_self = arg(KILN_ARG_TENSOR, "self"), a_m1 = arg(KILN_ARG_TENSOR, "mat1"),
+          a_m2 = arg(KILN_ARG_TENSOR, "mat2");
   a_self.tensor = &db;
   a_m1.tensor = &d1;
   a_m2.tensor = &d2;
@@ -92,22 +94,24 @@ TEST(TorchHost, CallEagerReportsUnknownOpsAndWrongArity) {
   s.tensor = &dx;
   const KilnArg* args[] = {&s};
   EXPECT_EQ(take(api, call_eager(api, "aten::no_such_op", args, 1, &dx, 1)),
-            std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT), std::string("call_eager: no ATen operator 'aten::no_such_op'")));
+            std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
+                           std::string("call_eager: no ATen operator 'aten::no_such_op'")));
   EXPECT_EQ(take(api, call_eager(api, "aten::add.Tensor", args, 1, &dx, 1)),
             std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
                            std::string("call_eager: aten::add.Tensor takes 3 arguments, got 1")));
   at::Tensor wrong = torch::empty({3});
   DLTensor dw = dl_of(wrong);
-  EXPECT_EQ(take(api, call_eager(api, "aten::relu", args, 1, &dw, 1)),
-            std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
-                           std::string("call_eager: aten::relu output 0 is Float[2], the caller's buffer is Float[3]")));
+  EXPECT_EQ(
+      take(api, call_eager(api, "aten::relu", args, 1, &dw, 1)),
+      std::make_pair(KilnErrorCode(KILN_ERROR_INVALID_ARGUMENT),
+                     std::string("call_eager: aten::relu output 0 is Float[2], the caller's buffer is Float[3]")));
 }
 
 TEST(TorchHost, DeviceMemoryComesFromLibTorchAndIsFreed) {
   auto h = host();
   const KilnHostApi* api = h->api();
-  KilnHostDeviceAllocArgs alloc{KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 4096,
-                                nullptr, nullptr};
+  KilnHostDeviceAllocArgs alloc{
+      KILN_HOST_DEVICE_ALLOC_ARGS_STRUCT_SIZE, api->host_ctx, DLDevice{kDLCPU, 0}, 4096, nullptr, nullptr};
   auto [code, msg] = take(api, api->device_alloc(&alloc));
   ASSERT_EQ(code, 0) << msg;
   ASSERT_NE(alloc.ptr, nullptr);

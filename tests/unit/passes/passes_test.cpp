@@ -164,7 +164,8 @@ TEST(ConstantFold, EvaluatesConstantChainsOnceAndNeverFoldsThroughBoundInputs) {
   const std::string in = R"(graph {
   input %0 : f32[4]{1} input "x"
   input %1 : f32[4]{1} const "c"
-  %2 : f32[4]{1} = aten::full(i[4], scalar()" + std::to_string(fill) + R"(), dtype(f32), layout(0), device("cpu"), false)
+  %2 : f32[4]{1} = aten::full(i[4], scalar()" +
+                         std::to_string(fill) + R"(), dtype(f32), layout(0), device("cpu"), false)
   %3 : f32[4]{1} = aten::mul.Tensor(%2, %2)
   %4 : f32[4]{1} = aten::add.Tensor(%0, %3, scalar(1))
   %5 : i64[3]{1} = aten::arange(3, dtype(i64), None, None, None)
@@ -222,8 +223,8 @@ TEST(Pipeline, DumpsTheIrAfterEveryPass) {
   std::vector<std::string> names;
   for (const auto& r : records) names.push_back(r.name);
   EXPECT_EQ(names, (std::vector<std::string>{"decompose", "dce", "cse", "constant_fold", "dce_final"}));
-  for (const char* f : {"00-captured.kir", "01-decompose.kir", "02-dce.kir", "03-cse.kir", "04-constant_fold.kir",
-                        "05-dce_final.kir"})
+  for (const char* f :
+       {"00-captured.kir", "01-decompose.kir", "02-dce.kir", "03-cse.kir", "04-constant_fold.kir", "05-dce_final.kir"})
     EXPECT_TRUE(std::filesystem::exists(dir / f)) << f;
   EXPECT_EQ(ir::print(g), R"(graph {
   input %0 : f32[3,5]{5,1} param "w"
@@ -297,10 +298,10 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
   EXPECT_EQ(out.find('$', out.find("input")), std::string::npos) << out;  // no run-time scalar left
   EXPECT_NE(out.find("scalar \"scalar.0.Float.cpu\""), std::string::npos) << out;
   EXPECT_NE(out.find("aten::div.Tensor(%2, %10)"), std::string::npos) << out;  // div.Scalar on the CPU: divides
-  EXPECT_NE(out.find("aten::addcdiv(%0, %"), std::string::npos) << out;  // CPU: x + (S*a)/b, as ATen's CPU kernel
+  EXPECT_NE(out.find("aten::addcdiv(%0, %"), std::string::npos) << out;        // CPU: x + (S*a)/b, as ATen's CPU kernel
   EXPECT_NE(out.find("aten::addcmul"), std::string::npos) << out;
   EXPECT_NE(out.find("aten::lerp.Tensor"), std::string::npos) << out;
-  ASSERT_EQ(lifted.size(), 2u);  // one per (scalar, reciprocal or not, dtype, device)
+  ASSERT_EQ(lifted.size(), 2u);               // one per (scalar, reciprocal or not, dtype, device)
   EXPECT_EQ(ir::print(ir::parse(out)), out);  // the text round-trips with the new role
   // Same numbers: the original with the scalars bound, the lifted graph with 0-dim tensors.
   std::vector<at::Tensor> ins = {at::randn({4, 3}), at::randn({4, 3}), at::rand({4, 3}) + 0.5};
@@ -314,7 +315,8 @@ TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers
   std::vector<at::Tensor> env2(g.values.size());
   for (size_t i = 0; i < 3; ++i) env2[g.inputs[i].value] = ins[i];
   for (const auto& l : lifted)
-    env2[l.value] = at::scalar_tensor(l.reciprocal ? 1.0f / static_cast<float>(values[l.scalar]) : values[l.scalar], at::kFloat);
+    env2[l.value] =
+        at::scalar_tensor(l.reciprocal ? 1.0f / static_cast<float>(values[l.scalar]) : values[l.scalar], at::kFloat);
   for (const auto& n : g.nodes) EagerExecutor::run_node(n, env2);
   const at::Tensor got = env2[g.outputs[0].value];
   // Bit for bit: each lifted form rounds where ATen's kernel for the host-scalar op rounds.
@@ -364,12 +366,10 @@ TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {
 TEST(LiftRuntimeScalarsCuda, EachLiftedFormRoundsAsAtensHostScalarKernel) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine (scripts/device-check capture)";
   const char* forms[] = {
-      "aten::div.Scalar(%0, $0:scalar(0.5))",         // exp_avg_sq.sqrt() / sqrt(bc2)
-      "aten::addcdiv(%0, %1, %2, $0:scalar(0.5))",    // p.addcdiv_(m, denom, -step_size)
-      "aten::addcmul(%0, %1, %2, $0:scalar(0.5))",
-      "aten::add.Tensor(%0, %1, $0:scalar(0.5))",
-      "aten::mul.Scalar(%0, $0:scalar(0.5))",
-      "aten::add.Scalar(%0, $0:scalar(0.5), scalar(1))",
+      "aten::div.Scalar(%0, $0:scalar(0.5))",       // exp_avg_sq.sqrt() / sqrt(bc2)
+      "aten::addcdiv(%0, %1, %2, $0:scalar(0.5))",  // p.addcdiv_(m, denom, -step_size)
+      "aten::addcmul(%0, %1, %2, $0:scalar(0.5))", "aten::add.Tensor(%0, %1, $0:scalar(0.5))",
+      "aten::mul.Scalar(%0, $0:scalar(0.5))",      "aten::add.Scalar(%0, $0:scalar(0.5), scalar(1))",
       "aten::lerp.Scalar(%0, %1, $0:scalar(0.5))",
   };
   std::vector<double> values;
@@ -389,7 +389,8 @@ TEST(LiftRuntimeScalarsCuda, EachLiftedFormRoundsAsAtensHostScalarKernel) {
   input %0 : f32[65536]{1} on cuda:0 param "p"
   input %1 : f32[65536]{1} on cuda:0 state "m"
   input %2 : f32[65536]{1} on cuda:0 state "d"
-  %3 : f32[65536]{1} on cuda:0 = )") + op + R"(
+  %3 : f32[65536]{1} on cuda:0 = )") +
+                             op + R"(
   output %3 result "y"
 }
 )";
@@ -456,9 +457,11 @@ TEST(BatchOptimizerUpdates, FoldsEqualPerParameterOpsIntoForeachOpsAndKeepsWrite
               q = next++, p2 = next++;
     text += c10::str("  %", p1, " : ", t, " = aten::mul.Scalar(%", p, ", scalar(0.99999)) optimizer\n");
     text += c10::str("  %", m1, " : ", t, " = aten::mul.Scalar(%", m, ", scalar(0.9)) optimizer\n");
-    text += c10::str("  %", m2, " : ", t, " = aten::add.Tensor(%", m1, ", %", g, ", scalar(0.09999999999999998)) optimizer\n");
+    text += c10::str("  %", m2, " : ", t, " = aten::add.Tensor(%", m1, ", %", g,
+                     ", scalar(0.09999999999999998)) optimizer\n");
     text += c10::str("  %", v1, " : ", t, " = aten::mul.Scalar(%", v, ", scalar(0.999)) optimizer\n");
-    text += c10::str("  %", v2, " : ", t, " = aten::addcmul(%", v1, ", %", g, ", %", g, ", scalar(0.0010000000000000009)) optimizer\n");
+    text += c10::str("  %", v2, " : ", t, " = aten::addcmul(%", v1, ", %", g, ", %", g,
+                     ", scalar(0.0010000000000000009)) optimizer\n");
     text += c10::str("  %", s, " : ", t, " = aten::sqrt(%", v2, ") optimizer\n");
     text += c10::str("  %", d0, " : ", t, " = aten::mul.Tensor(%", s, ", %12) optimizer\n");
     text += c10::str("  %", d, " : ", t, " = aten::add.Scalar(%", d0, ", scalar(1e-08), scalar(1)) optimizer\n");
@@ -491,7 +494,8 @@ TEST(BatchOptimizerUpdates, FoldsEqualPerParameterOpsIntoForeachOpsAndKeepsWrite
   std::set<ir::ValueId> have;
   for (const auto& in : g.inputs) have.insert(in.value);
   for (const auto& n : g.nodes) {
-    for (auto v : ir::Graph::node_inputs(n)) EXPECT_TRUE(have.count(v)) << "%" << v << " read before it is made\n" << out;
+    for (auto v : ir::Graph::node_inputs(n))
+      EXPECT_TRUE(have.count(v)) << "%" << v << " read before it is made\n" << out;
     for (auto v : n.outputs) have.insert(v);
   }
   // The same numbers, bit for bit (fresh random operands, v and the scalars positive).

@@ -52,8 +52,14 @@ struct Json {
   }
   static void utf8(std::string& out, uint32_t cp) {
     if (cp < 0x80) out += char(cp);
-    else if (cp < 0x800) { out += char(0xc0 | cp >> 6); out += char(0x80 | (cp & 0x3f)); }
-    else { out += char(0xe0 | cp >> 12); out += char(0x80 | (cp >> 6 & 0x3f)); out += char(0x80 | (cp & 0x3f)); }
+    else if (cp < 0x800) {
+      out += char(0xc0 | cp >> 6);
+      out += char(0x80 | (cp & 0x3f));
+    } else {
+      out += char(0xe0 | cp >> 12);
+      out += char(0x80 | (cp >> 6 & 0x3f));
+      out += char(0x80 | (cp & 0x3f));
+    }
   }
   static std::string str(const std::string& t, size_t& i) {
     expect(t, i, "\"");
@@ -63,7 +69,10 @@ struct Json {
       unsigned char c = t[i++];
       if (c == '"') return out;
       if (c < 0x20) fail("raw control character in string", i - 1);
-      if (c != '\\') { out += char(c); continue; }
+      if (c != '\\') {
+        out += char(c);
+        continue;
+      }
       if (i >= t.size()) fail("bad escape", i);
       char e = t[i++];
       switch (e) {
@@ -95,7 +104,10 @@ struct Json {
       v.type = object;
       ++i;
       ws(t, i);
-      if (i < t.size() && t[i] == '}') { ++i; return v; }
+      if (i < t.size() && t[i] == '}') {
+        ++i;
+        return v;
+      }
       while (true) {
         ws(t, i);
         std::string k = str(t, i);
@@ -104,7 +116,10 @@ struct Json {
         if (v.fields.count(k)) fail("duplicate key " + k, i);
         v.fields[k] = value(t, i);
         ws(t, i);
-        if (i < t.size() && t[i] == ',') { ++i; continue; }
+        if (i < t.size() && t[i] == ',') {
+          ++i;
+          continue;
+        }
         expect(t, i, "}");
         return v;
       }
@@ -113,22 +128,46 @@ struct Json {
       v.type = array;
       ++i;
       ws(t, i);
-      if (i < t.size() && t[i] == ']') { ++i; return v; }
+      if (i < t.size() && t[i] == ']') {
+        ++i;
+        return v;
+      }
       while (true) {
         v.items.push_back(value(t, i));
         ws(t, i);
-        if (i < t.size() && t[i] == ',') { ++i; continue; }
+        if (i < t.size() && t[i] == ',') {
+          ++i;
+          continue;
+        }
         expect(t, i, "]");
         return v;
       }
     }
-    if (c == '"') { v.type = string; v.s = str(t, i); return v; }
-    if (c == 't') { expect(t, i, "true"); v.type = boolean; v.b = true; return v; }
-    if (c == 'f') { expect(t, i, "false"); v.type = boolean; return v; }
-    if (c == 'n') { expect(t, i, "null"); return v; }
+    if (c == '"') {
+      v.type = string;
+      v.s = str(t, i);
+      return v;
+    }
+    if (c == 't') {
+      expect(t, i, "true");
+      v.type = boolean;
+      v.b = true;
+      return v;
+    }
+    if (c == 'f') {
+      expect(t, i, "false");
+      v.type = boolean;
+      return v;
+    }
+    if (c == 'n') {
+      expect(t, i, "null");
+      return v;
+    }
     size_t start = i;
     if (t[i] == '-') ++i;
-    while (i < t.size() && ((t[i] >= '0' && t[i] <= '9') || t[i] == '.' || t[i] == 'e' || t[i] == 'E' || t[i] == '+' || t[i] == '-')) ++i;
+    while (i < t.size() &&
+           ((t[i] >= '0' && t[i] <= '9') || t[i] == '.' || t[i] == 'e' || t[i] == 'E' || t[i] == '+' || t[i] == '-'))
+      ++i;
     if (i == start) fail("unexpected character", i);
     v.type = number;
     v.n = std::stod(t.substr(start, i - start));

@@ -33,10 +33,10 @@ CliRun kiln_cli(const std::string& args, const std::string& env = "") {
   // One file per call: ctest runs these tests in parallel processes sharing TempDir(), and a shared
   // name let one test read another's (empty) stderr.
   static int calls = 0;
-  const std::string err_file = ::testing::TempDir() + "kiln_probe_stderr." + std::to_string(::getpid()) + "." +
-                               std::to_string(++calls) + ".txt";
-  const std::string cmd = "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " +
-                          env + " " + quote(KILN_CLI) + " " + args + " 2>" + quote(err_file);
+  const std::string err_file =
+      ::testing::TempDir() + "kiln_probe_stderr." + std::to_string(::getpid()) + "." + std::to_string(++calls) + ".txt";
+  const std::string cmd = "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " + env +
+                          " " + quote(KILN_CLI) + " " + args + " 2>" + quote(err_file);
   CliRun r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -55,9 +55,9 @@ CliRun kiln_cli(const std::string& args, const std::string& env = "") {
 
 // `kiln probe --json --sysfs-root T --plugins-dir <stand-ins>`, parsed.
 Json probe_json(const FakeMachine& m, const std::string& env = "", const std::string& extra = "") {
-  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " +
-                       quote(KILN_FAKE_PLUGIN_DIR) + " " + extra,
-                   env);
+  CliRun r = kiln_cli(
+      "probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR) + " " + extra,
+      env);
   EXPECT_EQ(r.status, 0) << r.err;
   try {
     return Json::parse(r.out);
@@ -108,8 +108,9 @@ TEST(CliProbe, FallsBackFromUnavailableHpuBackendToInductorAndSaysWhy) {
   for (int i = 0; i < 8; ++i) m.gaudi(FakeMachine::bus_id(0x19 + i), 0x1020, i);
   Json j = probe_json(m, "KILN_FAKE_UNAVAILABLE=hpu_backend");
   EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
-  EXPECT_TRUE(has_reason(j, "skipped hpu_backend: installed but unavailable here (made unavailable by the test "
-                            "(KILN_FAKE_UNAVAILABLE))"))
+  EXPECT_TRUE(has_reason(j,
+                         "skipped hpu_backend: installed but unavailable here (made unavailable by the test "
+                         "(KILN_FAKE_UNAVAILABLE))"))
       << reasons_of(j);
   EXPECT_EQ(j["runners_up"][0].s, "ipex");
 }
@@ -192,8 +193,8 @@ TEST(CliProbe, NoPluginsMeansEagerWithTheReason) {
   FakeMachine m;
   m.cpu();
   m.mkdir("/empty-plugins");
-  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " +
-                   quote(m.root() + "/empty-plugins"));
+  CliRun r =
+      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(m.root() + "/empty-plugins"));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
   EXPECT_EQ(j["default_backend"].s, "eager");
@@ -204,7 +205,7 @@ TEST(CliProbe, NamedUnavailableBackendExitsWithThePluginsReason) {
   FakeMachine m;
   m.cpu();
   CliRun r = kiln_cli("probe --json --backend hpu_backend --sysfs-root " + quote(m.root()) + " --plugins-dir " +
-                   quote(KILN_FAKE_PLUGIN_DIR));
+                      quote(KILN_FAKE_PLUGIN_DIR));
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(r.out.empty()) << r.out;
   EXPECT_NE(r.err.find("kiln probe: backend 'hpu_backend' was named but is unavailable here: no device of its kind"),
@@ -216,7 +217,7 @@ TEST(CliProbe, UnknownBackendSuggestsTheNearestThroughKilnBackend) {
   FakeMachine m;
   m.cpu();
   CliRun r = kiln_cli("probe --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR),
-                   "KILN_BACKEND=nueron");
+                      "KILN_BACKEND=nueron");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("unknown backend 'nueron'; did you mean 'neuron'?"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("Available backends: inductor, ipex"), std::string::npos) << r.err;
@@ -226,7 +227,8 @@ TEST(CliProbe, ReadsTheTreeFromKilnSysfsRoot) {
   FakeMachine m;
   m.cpu();
   m.neuron("0000:a0:1e.0", 0x7364, 0);
-  CliRun r = kiln_cli("probe --json --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR), "KILN_SYSFS_ROOT=" + quote(m.root()));
+  CliRun r =
+      kiln_cli("probe --json --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR), "KILN_SYSFS_ROOT=" + quote(m.root()));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
   EXPECT_EQ(j["sysfs_root"].s, m.root());
@@ -237,7 +239,8 @@ TEST(CliProbe, TextOutputIsATableThenTheBackendAndWhy) {
   FakeMachine m;
   m.cpu();
   m.gaudi("0000:19:00.0", 0x1020, 0);
-  CliRun r = kiln_cli("probe --explain --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR));
+  CliRun r =
+      kiln_cli("probe --explain --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gaudi   0   Intel Gaudi2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Default backend: hpu_backend\n  - ranked the available backends by the score each gave for "
@@ -263,12 +266,13 @@ TEST(CliProbe, InTreeHpuBackendSaysWhyItCannotRunOnAGaudiWithoutSynapse) {
   FakeMachine m;
   m.cpu();
   m.gaudi("0000:19:00.0", 0x1020, 0);
-  CliRun r = kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_INTREE_PLUGIN_DIR));
+  CliRun r =
+      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_INTREE_PLUGIN_DIR));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
   EXPECT_NE(j["default_backend"].s, "hpu_backend");
   EXPECT_NE(reasons_of(j).find("skipped hpu_backend: installed but unavailable here (Intel Gaudi device found, but "
-                                "libSynapse.so"),
+                               "libSynapse.so"),
             std::string::npos)
       << reasons_of(j);
 }

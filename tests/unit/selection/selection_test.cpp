@@ -162,7 +162,8 @@ TEST(Selection, NeuronMachinePicksNeuron) {
 }
 
 TEST(Selection, NeuronMachineFallsBackToInductorWhenNeuronIsUnavailable) {
-  auto c = select_backend(trainium_x16(), with(all_available(trainium_x16()), "neuron", false, "libnrt.so.1 not found"));
+  auto c =
+      select_backend(trainium_x16(), with(all_available(trainium_x16()), "neuron", false, "libnrt.so.1 not found"));
   EXPECT_EQ(c.backend, "inductor");
   EXPECT_TRUE(has_reason(c, "skipped neuron: installed but unavailable here (libnrt.so.1 not found)")) << reasons(c);
 }
@@ -243,7 +244,8 @@ TEST(Selection, PluginThatScoresZeroIsNeverPickedAutomaticallyButIsARunnerUp) {
 }
 
 TEST(Selection, HighestScoreWinsWhateverTheNameAndTiesGoToTheFirstName) {
-  auto c = select_backend(cpu_only(), {{"zeta", true, "", 50}, {"acme_npu", true, "", 900}, {"inductor", true, "", 200}});
+  auto c =
+      select_backend(cpu_only(), {{"zeta", true, "", 50}, {"acme_npu", true, "", 900}, {"inductor", true, "", 200}});
   EXPECT_EQ(c.backend, "acme_npu");
   EXPECT_EQ(c.order, (std::vector<std::string>{"acme_npu", "inductor", "zeta"}));
   auto tie = select_backend(cpu_only(), {{"beta", true, "", 100}, {"alpha", true, "", 100}});
@@ -258,7 +260,8 @@ TEST(Selection, EmptyRequestMeansAuto) {
 }
 
 TEST(Selection, FirstPluginOfANameWins) {
-  std::vector<BackendCandidate> plugins{{"inductor", false, "first copy: broken", 200}, {"inductor", true, "second", 200}};
+  std::vector<BackendCandidate> plugins{{"inductor", false, "first copy: broken", 200},
+                                        {"inductor", true, "second", 200}};
   auto c = select_backend(cpu_only(), plugins);
   EXPECT_EQ(c.backend, "eager");
   EXPECT_TRUE(has_reason(c, "first copy: broken"));
@@ -447,7 +450,8 @@ TEST(ProbeReport, TextShowsATableThenTheBackendAndWhy) {
   EXPECT_NE(text.find("Default backend: inductor\n  because chose inductor"), std::string::npos) << text;
   auto explained = kiln::probe_report_text(r, true);
   EXPECT_NE(explained.find("  - ranked the available backends by the score each gave for NVIDIA H200"),
-            std::string::npos) << explained;
+            std::string::npos)
+      << explained;
   EXPECT_NE(explained.find("Plugins:\n  inductor: available"), std::string::npos) << explained;
 }
 

@@ -276,8 +276,13 @@ TEST(StepGuards, DropoutOnCpuDrawsEagersMasks) {
   auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
   at::Tensor previous;
   for (int i = 0; i < 8; ++i) {
-    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x, y}); },
-                                                [&] { return step({x, y}); });
+    auto [got, want] = from_one_generator_state(
+        [&] {
+          return body(ref, ref_opt, {x, y});
+        },
+        [&] {
+          return step({x, y});
+        });
     expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " result");
     if (previous.defined()) {
       EXPECT_FALSE(at::equal(got[1], previous)) << "the same dropout mask twice, step " << i;
@@ -376,7 +381,8 @@ TEST(StepGuards, FailedCaptureIsRememberedAcrossShapes) {
   for (int64_t batch : {8, 8, 8, 5, 5, 7}) step({at::randn({batch, 6}), at::randint(0, 3, {batch})});
   EXPECT_EQ(step.stats().compiles, 1) << "batch 5 and 7 did not capture again";
   EXPECT_EQ(step.stats().compiled_steps, 0);
-  EXPECT_NE(step.stats().last_fallback.find("aten::_local_scalar_dense"), std::string::npos) << step.stats().last_fallback;
+  EXPECT_NE(step.stats().last_fallback.find("aten::_local_scalar_dense"), std::string::npos)
+      << step.stats().last_fallback;
 }
 
 TEST(StepGuards, EnvironmentChoosesTheBackendOfCompileStep) {
@@ -480,7 +486,8 @@ TEST(StepGuards, AnOptimizerNotGivenToKilnIsNamedInAWarning) {
   for (int i = 0; i < 4; ++i) step({at::randn({3, 4})});
   int mentions = 0;
   for (const auto& w : logs.warnings())
-    mentions += w.find("outside the optimizers given to kiln") != std::string::npos && w.find("weight") != std::string::npos;
+    mentions +=
+        w.find("outside the optimizers given to kiln") != std::string::npos && w.find("weight") != std::string::npos;
   EXPECT_EQ(mentions, 1);
 }
 
@@ -589,8 +596,13 @@ TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
     if (i == 4)
       for (auto* m : {&ref, &net}) (*m)->ptr<nn::DropoutImpl>(2)->options.p(0.6);
     auto x = at::randn({16, 8}), y = at::randint(0, 4, {16});
-    auto [got, want] = from_one_generator_state([&] { return body(ref, ref_opt, {x, y}); },
-                                                [&] { return step({x, y}); });
+    auto [got, want] = from_one_generator_state(
+        [&] {
+          return body(ref, ref_opt, {x, y});
+        },
+        [&] {
+          return step({x, y});
+        });
     expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(i) + " loss");
   }
   EXPECT_EQ(step.stats().recaptures, 1);

@@ -58,8 +58,7 @@ uint64_t fresh_seed() { return static_cast<uint64_t>(at::randint(1, 1 << 30, {1}
 
 void expect_same_params(Setup& a, Setup& b) {
   auto pa = a.net->parameters(), pb = b.net->parameters();
-  for (size_t i = 0; i < pa.size(); ++i)
-    EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
 }
 
 }  // namespace
@@ -100,11 +99,14 @@ TEST(Trainer, ItemMidStepWithFullgraphIsAnError) {
   auto s = make(fresh_seed());
   auto args = compile_args();
   args.runtime.fullgraph = true;
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) {
-    auto h = s.net->forward(x);
-    (void)h.sum().item<float>();
-    return h;
-  }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(),
+      [&](const at::Tensor& x) {
+        auto h = s.net->forward(x);
+        (void)h.sum().item<float>();
+        return h;
+      },
+      *s.opt, ce, args);
   auto x = at::randn({8, 12});
   auto y = at::randint(0, 5, {8});
   trainer.step(x, y);  // the eager warm-up step
@@ -119,7 +121,8 @@ TEST(Trainer, ItemMidStepWithFullgraphIsAnError) {
 TEST(Trainer, BatchSizeChangeRecompilesAndStaysExact) {
   const auto seed = fresh_seed();
   auto ref = make(seed), s = make(seed);
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
   for (int64_t batch : {8, 8, 8, 4, 4, 4, 8}) {
     auto x = at::randn({batch, 12});
     auto y = at::randint(0, 5, {batch});
@@ -139,7 +142,8 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
   auto args = compile_args();
   args.runtime.recompile_limit = 2;
   LogCapture logs;
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   for (int64_t batch : {3, 3, 4, 5, 6, 5, 3}) {
     auto x = at::randn({batch, 12});
     auto y = at::randint(0, 5, {batch});
@@ -160,7 +164,8 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
 
 TEST(Trainer, EvalModeIsANewSignature) {
   auto s = make(fresh_seed());
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
   auto x = at::randn({8, 12});
   auto y = at::randint(0, 5, {8});
   for (int i = 0; i < 3; ++i) trainer.step(x, y);
@@ -173,7 +178,8 @@ TEST(Trainer, EvalModeIsANewSignature) {
 TEST(Trainer, AdamWBiasCorrectionsBecomeRunTimeScalars) {
   const auto seed = fresh_seed();
   auto ref = make(seed, true), s = make(seed, true);
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
   auto x = at::randn({8, 12});
   auto y = at::randint(0, 5, {8});
   for (int i = 0; i < 8; ++i) {
@@ -181,15 +187,15 @@ TEST(Trainer, AdamWBiasCorrectionsBecomeRunTimeScalars) {
     auto want = eager_step(ref, x, y);
     EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
   }
-  EXPECT_EQ(trainer.stats().rebuilds, 0) << "planned once: the bias corrections were found to move right after the capture";
+  EXPECT_EQ(trainer.stats().rebuilds, 0)
+      << "planned once: the bias corrections were found to move right after the capture";
   EXPECT_EQ(trainer.stats().compiles, 1);
   const auto* g = trainer.compiled_step().compiled_graph();
   ASSERT_NE(g, nullptr);
   EXPECT_GT(g->scalar_inputs.size(), 0u);
   expect_same_params(ref, s);
   // The optimizer's own step count advanced with the compiled steps.
-  for (const auto& [key, st] : s.opt->state())
-    EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*st).step(), 8);
+  for (const auto& [key, st] : s.opt->state()) EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(*st).step(), 8);
 }
 
 // Ten AdamW steps through kiln's eager executor (ATen's own kernels, node by node) with the given
@@ -202,7 +208,8 @@ static void expect_adamw_bit_for_bit_eager(const std::vector<const char*>& switc
   auto ref = make(seed, true), s = make(seed, true);
   auto args = compile_args();
   args.torch_compile_backend = "eager";
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   auto x = at::randn({8, 12});
   auto y = at::randint(0, 5, {8});
   for (int i = 0; i < 10; ++i) {
@@ -257,7 +264,8 @@ TEST(Trainer, AutoPicksInductorOnThisCpuAndSaysWhy) {
   if (torch::cuda::is_available()) GTEST_SKIP() << "a CUDA machine: the rule's CPU branch is tested on CPU machines";
   auto s = make(fresh_seed());
   auto args = compile_args();
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   EXPECT_EQ(trainer.backend(), "inductor");
   ASSERT_FALSE(trainer.backend_reasons().empty());
   EXPECT_NE(trainer.backend_reasons().back().find("chose inductor"), std::string::npos)
@@ -275,7 +283,8 @@ TEST(Trainer, UnknownBackendFromTomlIsAnErrorWithFileLineAndSuggestion) {
   auto args = kiln::TrainingArguments::from_toml(path);
   auto s = make(fresh_seed());
   try {
-    kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+    kiln::Trainer trainer(
+        s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
     FAIL() << "expected an error";
   } catch (const kiln::ConfigError& e) {
     const std::string msg = e.what();
@@ -291,7 +300,8 @@ TEST(Trainer, NamedBackendThatCannotRunHereIsAnErrorWithThePluginsReason) {
   auto args = compile_args();
   args.torch_compile_backend = "cudagraphs";
   try {
-    kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+    kiln::Trainer trainer(
+        s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("needs a CUDA device; none found"), std::string::npos) << e.what();
@@ -306,7 +316,8 @@ TEST(CompiledStepMemory, WriteBacksAdoptTheNewStorageAndMatchEager) {
   auto ref = make(seed, /*adamw=*/true), s = make(seed, /*adamw=*/true);
   auto args = compile_args();
   args.torch_compile_backend = "inductor";
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   const auto params = s.net->parameters();
   std::vector<const void*> impls;
   for (const auto& p : params) impls.push_back(p.unsafeGetTensorImpl());
@@ -346,7 +357,8 @@ TEST(CompiledStepMemory, AnAliasTheUserKeepsSeesEveryUpdate) {
   auto ref = make(seed), s = make(seed);
   auto args = compile_args();
   args.torch_compile_backend = "inductor";
-  kiln::Trainer trainer(s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
   at::Tensor weight = s.net->parameters()[0];
   at::Tensor alias = weight.detach();
   const void* data = weight.data_ptr();

@@ -55,13 +55,12 @@ static const char* err_message(const KilnError* e) {
 static void err_destroy(KilnError* e) { free(e); }
 static void shutdown_ctx(void* ctx) { (void)ctx; }
 
-static const DescriptorV1 g_descriptor = {sizeof(DescriptorV1), "old_abi", "1.0.0", "kiln tests",
-                                          "a plugin built for kiln plugin ABI 1.2", 1u, 1u, 0u, 0u};
+static const DescriptorV1 g_descriptor = {
+    sizeof(DescriptorV1), "old_abi", "1.0.0", "kiln tests", "a plugin built for kiln plugin ABI 1.2", 1u, 1u, 0u, 0u};
 static PluginApiV1_2 g_api;
 
 __attribute__((visibility("default"))) KilnError* kiln_plugin_init(const void* host, uint32_t host_abi_major,
-                                                                   uint32_t host_abi_minor,
-                                                                   const PluginApiV1_2** out) {
+                                                                   uint32_t host_abi_minor, const PluginApiV1_2** out) {
   (void)host;
   (void)host_abi_major;
   (void)host_abi_minor;

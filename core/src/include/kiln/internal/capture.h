@@ -82,8 +82,8 @@ class StepRecorder {
 
 // One intercepted call of a probe run.
 struct ProbeCall {
-  std::string op;                   // "aten::addcdiv_"
-  std::vector<c10::IValue> args;    // every argument as passed
+  std::string op;                 // "aten::addcdiv_"
+  std::vector<c10::IValue> args;  // every argument as passed
 };
 
 // Runs `fn` with every ATen call below autograd intercepted and NOT executed: a call that writes
@@ -96,8 +96,7 @@ std::vector<ProbeCall> probe_calls(const std::function<void()>& fn);
 // Converts one recorded argument to an ir::Arg by its schema type. Tensors are looked up with
 // `tensor_value`. Returns false (with `why`) for arguments kiln cannot replay (a Generator, ...).
 bool ivalue_to_arg(const c10::IValue& v, const c10::Argument& schema_arg,
-                   const std::function<ir::ValueId(const at::Tensor&)>& tensor_value, ir::Arg& out,
-                   std::string& why);
+                   const std::function<ir::ValueId(const at::Tensor&)>& tensor_value, ir::Arg& out, std::string& why);
 
 // "aten::add_.Tensor" for an operator handle.
 std::string op_full_name(const c10::OperatorHandle& op);

@@ -56,8 +56,7 @@ class PreparedNode {
 const char* current_node_op();
 
 // Converts one ir::Arg to the IValue the op's schema expects (tensors looked up in env).
-c10::IValue arg_to_ivalue(const ir::Arg& arg, const c10::Argument& schema_arg,
-                          const std::vector<at::Tensor>& env);
+c10::IValue arg_to_ivalue(const ir::Arg& arg, const c10::Argument& schema_arg, const std::vector<at::Tensor>& env);
 
 // Runs a list of nodes of one graph, freeing each value after its last use within the list
 // unless it is listed in `keep` (graph outputs, values other executors read later).

@@ -11,10 +11,10 @@ class OperatorHandle;
 namespace kiln {
 
 struct OpInfo {
-  bool found = false;            // registered with the dispatcher
-  bool is_mutable = false;       // writes to an argument (in-place or out=)
-  bool is_view = false;          // a result aliases an argument without writing
-  bool nondeterministic = false; // draws from a random generator: never merged or removed
+  bool found = false;                           // registered with the dispatcher
+  bool is_mutable = false;                      // writes to an argument (in-place or out=)
+  bool is_view = false;                         // a result aliases an argument without writing
+  bool nondeterministic = false;                // draws from a random generator: never merged or removed
   const c10::OperatorHandle* handle = nullptr;  // stable for the life of the process
 };
 
@@ -22,9 +22,7 @@ struct OpInfo {
 const OpInfo& op_info(const std::string& op);
 
 // True when a node of this op can be removed when unused, or merged with an identical one.
-inline bool op_is_pure(const OpInfo& i) {
-  return i.found && !i.is_mutable && !i.nondeterministic;
-}
+inline bool op_is_pure(const OpInfo& i) { return i.found && !i.is_mutable && !i.nondeterministic; }
 
 namespace ir {
 struct Node;

@@ -40,14 +40,14 @@ class GraphView {
 };
 
 struct PartitionGroup {
-  std::vector<int32_t> nodes;          // indices into graph.nodes, in graph order
-  std::vector<ir::ValueId> inputs;     // read by the group, defined outside it
-  std::vector<ir::ValueId> outputs;    // defined in the group, read outside it or graph outputs
+  std::vector<int32_t> nodes;        // indices into graph.nodes, in graph order
+  std::vector<ir::ValueId> inputs;   // read by the group, defined outside it
+  std::vector<ir::ValueId> outputs;  // defined in the group, read outside it or graph outputs
 };
 
 struct Partition {
   std::vector<PartitionGroup> groups;
-  std::vector<int32_t> group_of;       // per node: its group, or -1 when it runs eagerly
+  std::vector<int32_t> group_of;  // per node: its group, or -1 when it runs eagerly
   // The order to run in: a node index (>= 0) runs eagerly; -(g + 1) runs group g.
   std::vector<int32_t> order;
 };

@@ -31,10 +31,10 @@ class PluginExecutable;
 
 struct PartitionStats {
   size_t nodes = 0;
-  size_t claimed = 0;           // what the plugin claimed
-  size_t claims_dropped = 0;    // claims the host does not hand out (see node_can_be_claimed)
+  size_t claimed = 0;         // what the plugin claimed
+  size_t claims_dropped = 0;  // claims the host does not hand out (see node_can_be_claimed)
   size_t groups = 0;
-  size_t groups_compiled = 0;   // run by the plugin
+  size_t groups_compiled = 0;  // run by the plugin
   size_t nodes_compiled = 0;
   std::vector<std::string> compile_errors;  // one per group that failed (not UNIMPLEMENTED)
 };
@@ -44,7 +44,7 @@ struct CompiledGroup {
   PartitionGroup group;
   std::unique_ptr<PluginExecutable> exe;  // null: its nodes run eagerly
   std::vector<ir::TensorMeta> output_meta;
-  std::vector<ir::Node> nodes;            // the group's nodes, for verify_groups
+  std::vector<ir::Node> nodes;  // the group's nodes, for verify_groups
 };
 
 // The partition stage of a plan: what the plugin claimed, the convex groups, and each group

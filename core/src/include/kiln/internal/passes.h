@@ -97,8 +97,7 @@ struct PipelineOptions {
 // decompose, DCE, CSE, constant folding, DCE. For tests and tools; the compiled step runs them, and
 // the passes after them, in plan_step.
 void run_graph_passes(PassRunner& runner, ir::Graph& graph, ConstantTensors& constants, bool functionalize = true);
-std::vector<PassRecord> run_pipeline(ir::Graph& graph, ConstantTensors& constants,
-                                     const PipelineOptions& options = {});
+std::vector<PassRecord> run_pipeline(ir::Graph& graph, ConstantTensors& constants, const PipelineOptions& options = {});
 
 // Writes `text` to <dir>/<name>, creating dir; logs and goes on when it cannot. Nothing when dir
 // is empty.

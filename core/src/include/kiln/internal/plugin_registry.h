@@ -217,7 +217,7 @@ struct PluginSearchOptions {
   // The configured plugin_dirs (args.runtime.plugin_dirs, where the configuration puts
   // KILN_PLUGIN_PATH's directories first), searched first.
   std::vector<std::string> dirs;
-  bool use_builtin = true;        // then the install's own plugin folder
+  bool use_builtin = true;          // then the install's own plugin folder
   bool search_current_dir = false;  // the working directory, last; never unless asked
 };
 
@@ -236,8 +236,7 @@ class PluginRegistry {
 
   // One file, whatever its name (kiln conformance). Throws PluginError(KILN_ERROR_UNAVAILABLE,
   // "<path>: <reason>").
-  static std::shared_ptr<LoadedPlugin> load_file(const std::string& path,
-                                                 std::shared_ptr<const HostServices> host);
+  static std::shared_ptr<LoadedPlugin> load_file(const std::string& path, std::shared_ptr<const HostServices> host);
 
   const std::vector<std::shared_ptr<LoadedPlugin>>& plugins() const { return plugins_; }
   const std::vector<PluginLoadFailure>& failures() const { return failures_; }

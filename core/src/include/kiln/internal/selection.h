@@ -56,8 +56,7 @@ std::vector<std::string> automatic_order(const std::vector<BackendCandidate>& pl
 //    with the plugin's reason. Not installed: BackendSelectionError listing the available
 //    backends, with "did you mean" when a name is close.
 // Logs the choice at info level with the runners-up, and each reason at debug level.
-BackendChoice select_backend(const std::vector<hw::Device>& devices,
-                             const std::vector<BackendCandidate>& plugins,
+BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::vector<BackendCandidate>& plugins,
                              const std::string& requested = "auto");
 
 // "8 × Intel Gaudi2, 1 × NVIDIA H100 80GB HBM3, CPU Intel(R) Xeon(R) ..." for messages.
@@ -71,8 +70,7 @@ class PluginRegistry;
 // The probe's devices in the form plugins receive (KilnDeviceInfo through PluginDevice).
 std::vector<PluginDevice> to_plugin_devices(const std::vector<hw::Device>& devices);
 // Asks every loaded plugin whether it can run on `devices`.
-std::vector<BackendCandidate> plugin_candidates(const PluginRegistry& registry,
-                                                const std::vector<hw::Device>& devices);
+std::vector<BackendCandidate> plugin_candidates(const PluginRegistry& registry, const std::vector<hw::Device>& devices);
 
 // ---- The `kiln probe` report ----
 
