@@ -8,9 +8,8 @@
 // check_verdicts.cmake asserts the verdict of each case.
 #include <set>
 #include <string>
-#include <vector>
 
-#include <kiln/plugin_api.hpp>
+#include "test_plugin_support.h"
 
 #ifndef PLUGIN_NAME
 #error "define PLUGIN_NAME"
@@ -18,7 +17,7 @@
 
 namespace {
 
-using namespace kiln::plugin;
+using namespace test_plugin;
 
 // Ops of the mlp step's forward, backward and SGD update, so that a step has groups to claim.
 const std::set<std::string>& claimed_ops() {
@@ -27,41 +26,14 @@ const std::set<std::string>& claimed_ops() {
   return ops;
 }
 
-bool plain_float(const Value& v) {
-  return is_float32(v.dtype()) && v.device().device_type == kDLCPU && v.is_contiguous();
-}
-
-bool takes(const Graph& g, const Node& n) {
-  if (!claimed_ops().count(n.op()) || n.outputs().size() != 1) return false;
-  for (size_t i = 0; i < n.num_args(); ++i)
-    if (n.arg(i).is_tensor() && !plain_float(g.value(n.arg(i).tensor_index()))) return false;
-  return plain_float(g.value(n.outputs()[0]));
-}
-
-class CompileFails : public Plugin {
+class CompileFails : public CpuPlugin {
  public:
-  using Plugin::Plugin;
+  using CpuPlugin::CpuPlugin;
   static Descriptor describe() {
-    Descriptor d;
-    d.name = PLUGIN_NAME;
-    d.version = "0.0.1";
-    d.vendor = "kiln conformance tests";
-    d.description = "claims float32 element-wise nodes and compiles none of them";
-    d.device_kinds = KILN_DEVICE_MASK_CPU;
-    return d;
-  }
-  Availability available(const Devices& devices) override {
-    if (!devices.first(KILN_DEVICE_CPU)) return Availability::no("needs a CPU");
-    return Availability::yes("CPU");
-  }
-  std::vector<int64_t> claim(const Graph& g) override {
-    std::vector<int64_t> out;
-    for (size_t i = 0; i < g.num_nodes(); ++i)
-      if (takes(g, g.node(static_cast<int64_t>(i)))) out.push_back(static_cast<int64_t>(i));
-    return out;
+    return cpu_descriptor(PLUGIN_NAME, "claims float32 element-wise nodes and compiles none of them");
   }
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
-    for (const auto& kv : options.options) throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + kv.first + "'");
+    reject_unknown_options(options);
     const size_t n = g.num_nodes();
     const std::string what = "a group of " + std::to_string(n) + (n == 1 ? " node" : " nodes") +
                              (n ? " from " + g.node(0).op() : std::string());
@@ -70,6 +42,14 @@ class CompileFails : public Plugin {
 #else
     throw Error(KILN_ERROR_INTERNAL, "code generator crashed on " + what);
 #endif
+  }
+
+ protected:
+  bool takes(const Graph& g, const Node& n) const override {
+    if (!claimed_ops().count(n.op()) || n.outputs().size() != 1) return false;
+    for (size_t i = 0; i < n.num_args(); ++i)
+      if (n.arg(i).is_tensor() && !plain_float(g.value(n.arg(i).tensor_index()))) return false;
+    return plain_float(g.value(n.outputs()[0]));
   }
 };
 

@@ -50,6 +50,34 @@ std::shared_ptr<HostServices> host() {
   return torch_host_services(args);
 }
 
+// How a plugin left every group it claimed to eager execution.
+struct EagerGroups {
+  std::string backend;
+  bool declined;            // declined (KILN_ERROR_UNIMPLEMENTED) rather than failed
+  std::string error;        // "compile failed (<error code>)"
+  std::string plugin_says;  // the plugin's own message
+};
+
+// Each of exec's groups (over kGraph) is recorded as `want` says, and running exec gives exactly
+// eager's results.
+void expect_groups_ran_eagerly(const ir::Graph& g, PartitionedExecutor& exec, const EagerGroups& want) {
+  SCOPED_TRACE(want.backend);
+  for (const auto& o : exec.groups()) {
+    EXPECT_EQ(o.backend, want.backend);
+    EXPECT_FALSE(o.compiled);
+    EXPECT_EQ(o.declined, want.declined);
+    EXPECT_NE(o.reason.find(want.error), std::string::npos) << o.reason;
+    EXPECT_NE(o.reason.find(want.plugin_says), std::string::npos) << o.reason;
+  }
+  std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
+  auto ref = run_eager(g, inputs);
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  exec.run(env);
+  EXPECT_TRUE(at::equal(env[9], ref[0]));
+  EXPECT_TRUE(at::equal(env[7], ref[1]));
+}
+
 }  // namespace
 
 TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEager) {
@@ -144,20 +172,8 @@ TEST(PartitionedExecutor, FailedCompileRunsEagerlyWithTheSameResults) {
   // Every group is recorded as a failure (not a decline), with the plugin's code and message.
   ASSERT_EQ(exec.groups().size(), exec.stats().groups);
   ASSERT_FALSE(exec.groups().empty());
-  for (const auto& o : exec.groups()) {
-    EXPECT_EQ(o.backend, "bad_compile_fails");
-    EXPECT_FALSE(o.compiled);
-    EXPECT_FALSE(o.declined);
-    EXPECT_NE(o.reason.find("compile failed (invalid argument)"), std::string::npos) << o.reason;
-    EXPECT_NE(o.reason.find("float64 is not supported"), std::string::npos) << o.reason;
-  }
-  std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
-  auto ref = run_eager(g, inputs);
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  exec.run(env);
-  EXPECT_TRUE(at::equal(env[9], ref[0]));
-  EXPECT_TRUE(at::equal(env[7], ref[1]));
+  expect_groups_ran_eagerly(
+      g, exec, {"bad_compile_fails", false, "compile failed (invalid argument)", "float64 is not supported"});
 }
 
 TEST(PartitionedExecutor, DeclinedGroupsAreRecordedAsDeclinesWithTheReason) {
@@ -169,18 +185,6 @@ TEST(PartitionedExecutor, DeclinedGroupsAreRecordedAsDeclinesWithTheReason) {
   ASSERT_EQ(exec.groups().size(), 2u);
   EXPECT_EQ(exec.groups()[0].nodes, 2u);
   EXPECT_EQ(exec.groups()[1].nodes, 2u);
-  for (const auto& o : exec.groups()) {
-    EXPECT_EQ(o.backend, "declines_everything");
-    EXPECT_FALSE(o.compiled);
-    EXPECT_TRUE(o.declined);
-    EXPECT_NE(o.reason.find("compile failed (unimplemented)"), std::string::npos) << o.reason;
-    EXPECT_NE(o.reason.find("no code generator yet"), std::string::npos) << o.reason;
-  }
-  std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
-  auto ref = run_eager(g, inputs);
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  exec.run(env);
-  EXPECT_TRUE(at::equal(env[9], ref[0]));
-  EXPECT_TRUE(at::equal(env[7], ref[1]));
+  expect_groups_ran_eagerly(g, exec,
+                            {"declines_everything", true, "compile failed (unimplemented)", "no code generator yet"});
 }
