@@ -21,8 +21,8 @@ using namespace test_plugin;
 
 // Ops of the mlp step's forward, backward and SGD update, so that a step has groups to claim.
 const std::set<std::string>& claimed_ops() {
-  static const std::set<std::string> ops = {"aten::relu", "aten::threshold_backward", "aten::add.Tensor",
-                                            "aten::mul.Tensor", "aten::mul.Scalar", "aten::neg"};
+  static const std::set<std::string> ops = {"aten::relu",       "aten::threshold_backward", "aten::add.Tensor",
+                                            "aten::mul.Tensor", "aten::mul.Scalar",         "aten::neg"};
   return ops;
 }
 

@@ -20,8 +20,10 @@ using namespace test_plugin;
 enum class Op { add, sub, mul, relu, neg };
 
 const std::map<std::string, Op>& ops() {
-  static const std::map<std::string, Op> m = {{"aten::add.Tensor", Op::add}, {"aten::sub.Tensor", Op::sub},
-                                              {"aten::mul.Tensor", Op::mul}, {"aten::relu", Op::relu},
+  static const std::map<std::string, Op> m = {{"aten::add.Tensor", Op::add},
+                                              {"aten::sub.Tensor", Op::sub},
+                                              {"aten::mul.Tensor", Op::mul},
+                                              {"aten::relu", Op::relu},
                                               {"aten::neg", Op::neg}};
   return m;
 }
