@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include <toml++/toml.h>
 
@@ -139,6 +140,7 @@ void check_not_empty(const std::string& value, const SettingOrigin& where, const
 // ---- the table ----------------------------------------------------------------------------------
 
 struct Setting {
+  Setting(std::string key, std::string env) : key(std::move(key)), env(std::move(env)) {}
   std::string key;
   std::string env;          // empty: no environment variable
   std::string default_doc;  // empty: the value of a default TrainingArguments, as TOML text
