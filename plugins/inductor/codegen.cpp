@@ -36,6 +36,7 @@ std::string fmt_const(double c, Ty ty) {
       std::snprintf(buf, sizeof buf, "((%s)%lldLL)", c_type(ty), static_cast<long long>(c));
       return buf;
     }
+    case Ty::bf16:  // never on the CPU (not claimed there)
     case Ty::f32:
     case Ty::f64: {
       const char* suffix = ty == Ty::f32 ? "f" : "";

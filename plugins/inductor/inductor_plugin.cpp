@@ -433,6 +433,7 @@ DLDataType dl_of_ty(Ty t) {
     case Ty::i64: return {kDLInt, 64, 1};
     case Ty::i32: return {kDLInt, 32, 1};
     case Ty::b8: return {KILN_DL_BOOL, 8, 1};
+    case Ty::bf16: return {kDLBfloat, 16, 1};
   }
   return {};
 }

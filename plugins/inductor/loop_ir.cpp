@@ -13,6 +13,7 @@ const char* c_type(Ty t) {
     case Ty::i64: return "int64_t";
     case Ty::i32: return "int32_t";
     case Ty::b8: return "bool";
+    case Ty::bf16: return "uint16_t";  // storage only: the C++ emitter never computes in it
   }
   return "?";
 }
@@ -24,16 +25,18 @@ size_t ty_size(Ty t) {
     case Ty::f64:
     case Ty::i64: return 8;
     case Ty::b8: return 1;
+    case Ty::bf16: return 2;
   }
   return 0;
 }
 
-bool is_float(Ty t) { return t == Ty::f32 || t == Ty::f64; }
+bool is_float(Ty t) { return t == Ty::f32 || t == Ty::f64 || t == Ty::bf16; }
 
 std::optional<Ty> ty_of(DLDataType t) {
   if (t.lanes != 1) return std::nullopt;
   if (t.code == kDLFloat && t.bits == 32) return Ty::f32;
   if (t.code == kDLFloat && t.bits == 64) return Ty::f64;
+  if (t.code == kDLBfloat && t.bits == 16) return Ty::bf16;
   if (t.code == kDLInt && t.bits == 64) return Ty::i64;
   if (t.code == kDLInt && t.bits == 32) return Ty::i32;
   if (t.code == KILN_DL_BOOL && t.bits == 8) return Ty::b8;

@@ -101,7 +101,9 @@ int Lowerer::param(const Arg& a) {
 
 int Lowerer::hidden(std::vector<int64_t> shape, Ty ty) {
   ValueInfo info;
-  info.ty = ty;
+  // A row statistic of bfloat16 data (softmax's maximum and sum, layer norm's variance) is kept in
+  // float, as ATen's kernels keep it in their accumulate type.
+  info.ty = ty == Ty::bf16 ? Ty::f32 : ty;
   info.strides = contiguous_strides(shape);
   info.shape = std::move(shape);
   info.users = 2;

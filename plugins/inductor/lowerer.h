@@ -55,7 +55,8 @@ class Lowerer {
   // A scalar argument as a parameter of the generated code (a run-time scalar stays one).
   int param(const plugin::Arg& a);
 
-  // A hidden intermediate (softmax's max, layer norm's variance): contiguous, always materialized.
+  // A hidden intermediate (softmax's max, layer norm's variance): contiguous, always materialized;
+  // float when `ty` is bfloat16.
   int hidden(std::vector<int64_t> shape, Ty ty);
 
   // Right-aligned broadcasting of `in` to an index of rank out_rank.

@@ -24,11 +24,18 @@ std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions
     if (rt_scalar(a) >= 0 && !opts.runtime_scalars) return "run-time scalar, and run-time scalars are off";
     if (rt_scalar(a) >= 0 && is_extern) return "run-time scalar in an extern kernel";
   }
+  const bool cuda = opts.target == Target::Cuda;
+  std::optional<DLDevice> device;
   auto check_value = [&](int64_t v) -> std::string {
     if (v < 0) return "undefined result";
     auto val = g.value(v);
-    if (val.device().device_type != kDLCPU) return "not on the CPU";
-    if (!ty_of(val.dtype())) return "dtype " + plugin::dtype_name(val.dtype());
+    const DLDevice d = val.device();
+    if (d.device_type != (cuda ? kDLCUDA : kDLCPU)) return cuda ? "not on a CUDA device" : "not on the CPU";
+    if (device && device->device_id != d.device_id) return "values on two devices";
+    device = d;
+    auto ty = ty_of(val.dtype());
+    // bfloat16 is computed in float by the CUDA kernels; the C++ kernels do not take it.
+    if (!ty || (*ty == Ty::bf16 && !cuda)) return "dtype " + plugin::dtype_name(val.dtype());
     return "";
   };
   for (int64_t v : n.inputs())
@@ -43,6 +50,25 @@ std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions
       if (g.value(v).numel() == 0) return "empty input";
   if (op->numeric_scalar && !is_number(n.arg(1))) return "non-numeric scalar";
   return "";
+}
+
+std::optional<Target> target_of(const Graph& g, const Node& n) {
+  std::optional<Target> t;
+  auto see = [&](int64_t v) {
+    if (v < 0) return true;
+    const int32_t type = g.value(v).device().device_type;
+    const std::optional<Target> here = type == kDLCPU    ? std::optional<Target>(Target::Cpu)
+                                       : type == kDLCUDA ? std::optional<Target>(Target::Cuda)
+                                                         : std::nullopt;
+    if (!here || (t && *t != *here)) return false;
+    t = here;
+    return true;
+  };
+  for (int64_t v : n.inputs())
+    if (!see(v)) return std::nullopt;
+  for (int64_t v : n.outputs())
+    if (!see(v)) return std::nullopt;
+  return t;
 }
 
 bool is_view_op(const std::string& op) {

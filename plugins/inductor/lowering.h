@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <kiln/plugin_api.hpp>
@@ -14,10 +15,18 @@
 
 namespace kiln::inductor {
 
+// The device a group's kernels are generated for: C++/OpenMP (codegen.h) or CUDA (codegen_cuda.h).
+enum class Target : uint8_t { Cpu, Cuda };
+
 struct LoweringOptions {
+  Target target = Target::Cpu;   // the nodes' values must all be on this kind of device
   bool extern_kernels = true;    // take matmul/convolution/attention and run them through call_eager
   bool runtime_scalars = false;  // execute is given run-time scalars (KILN_CAPABILITY_RUNTIME_SCALARS)
 };
+
+// The target of a node from the device of its values (empty when they are on no device the
+// inductor generates code for, or on several).
+std::optional<Target> target_of(const plugin::Graph& g, const plugin::Node& node);
 
 // Whether the inductor takes `node` (empty string) or why not.
 std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, const LoweringOptions& opts);

@@ -13,9 +13,14 @@ using plugin::Node;
 
 std::string takes_every_node(const Graph&, const Node&) { return ""; }
 
-std::string claim_to_copy(const Graph&, const Node& n) {
+std::string claim_to_copy(const Graph& g, const Node& n) {
   auto dev = n.find_arg("device");
-  if (dev && !dev->is_none() && dev->as_device().device_type != kDLCPU) return "copy to another device";
+  if (dev && !dev->is_none()) {
+    // A cast on the input's own device is a copy; a transfer is not.
+    const DLDevice to = dev->as_device(), from = g.value(n.arg(0).tensor_index()).device();
+    if (to.device_type != from.device_type || (to.device_type != kDLCPU && to.device_id != from.device_id))
+      return "copy to another device";
+  }
   auto lay = n.find_arg("layout");
   if (lay && !lay->is_none() && lay->raw()->i != KILN_LAYOUT_STRIDED) return "non-strided layout";
   return "";

@@ -61,9 +61,9 @@ Trial trial_eval(const LoweredGraph& L, int v, size_t outer_rank) {
   return t;
 }
 
-// Whether stage `v` may run inside a kernel whose outer space has `rank` dims and that already
-// computes `in_kernel`: it may only read those values at its own outer index.
-bool legal(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_kernel) {
+}  // namespace
+
+bool legal_in_kernel(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_kernel) {
   Trial t = trial_eval(L, v, rank);
   for (size_t e = 0; e < t.pool.size(); ++e) {
     const Expr& x = t.pool.at(static_cast<int>(e));
@@ -74,6 +74,8 @@ bool legal(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_ke
   }
   return true;
 }
+
+namespace {
 
 // A reduction whose loads walk memory along the last kept dim: vectorize across kept elements.
 bool is_column(const LoweredGraph& L, int v) {
@@ -97,10 +99,11 @@ bool pointwise_kind(const ValueInfo& v) {
   return v.kind == ValueInfo::Kind::Pointwise || v.kind == ValueInfo::Kind::View || v.kind == ValueInfo::Kind::Reshape;
 }
 
-// The dims of `shape` that the stages' every access (loads, stores, index values) walks as one
-// contiguous run: neighbouring live dims d, e merge when each index has coef(d) == coef(e) *
-// shape[e]; then i_d * coef(d) + i_e * coef(e) is (i_d * shape[e] + i_e) * coef(e), one variable.
-// Dims of extent 1 are left out (always index 0).
+}  // namespace
+
+// Neighbouring live dims d, e merge when each index has coef(d) == coef(e) * shape[e]; then
+// i_d * coef(d) + i_e * coef(e) is (i_d * shape[e] + i_e) * coef(e), one variable. Dims of extent 1
+// are left out (always index 0).
 std::vector<std::vector<int>> merged_dims(const LoweredGraph& L, const std::vector<int>& stages,
                                           const std::vector<int64_t>& shape) {
   ExprPool pool;
@@ -137,6 +140,8 @@ std::vector<std::vector<int>> merged_dims(const LoweredGraph& L, const std::vect
   return groups;
 }
 
+namespace {
+
 // Loops over merged dims for a kernel whose stages are all pointwise of one shape, when the stages
 // stay legal under them: a single stage always; several only when each reads the earlier ones at
 // its own outer index (its whole index when everything merged into one loop).
@@ -158,7 +163,7 @@ void merge_loops(const LoweredGraph& L, KernelPlan& K) {
     const size_t rank = flat ? shape.size() : static_cast<size_t>(groups.back().front());
     std::set<int> in_kernel;
     for (int v : K.stages) {
-      if (!legal(L, v, rank, in_kernel)) return;
+      if (!legal_in_kernel(L, v, rank, in_kernel)) return;
       in_kernel.insert(v);
     }
     if (flat) {
@@ -220,7 +225,7 @@ Program schedule(const LoweredGraph& L) {
       if (ok && cur.outer.empty() && shape != stage_shape(L.values[static_cast<size_t>(cur.stages[0])]) &&
           (work >= kParallelThreshold || cur.work >= kParallelThreshold))
         ok = false;
-      if (ok && !legal(L, v, p.size(), in_kernel)) ok = false;
+      if (ok && !legal_in_kernel(L, v, p.size(), in_kernel)) ok = false;
       if (ok) {
         cur.outer = p;
         cur.stages.push_back(v);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "loop_ir.h"
@@ -45,6 +46,17 @@ struct Program {
 };
 
 Program schedule(const LoweredGraph& L);
+
+// Whether stage `v` may run in a kernel whose outer space has `rank` dims and that already computes
+// `in_kernel`: it reads those values only at its own outer index (and through no reshape).
+bool legal_in_kernel(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_kernel);
+
+// The dims of `shape` that every access of the stages (loads, stores, index values) walks as one
+// contiguous run, as groups of neighbouring dims (outermost first; dims of extent 1 belong to
+// none): a loop over a group's elements with the group's last dim as its variable addresses them
+// all (codegen's merged loops).
+std::vector<std::vector<int>> merged_dims(const LoweredGraph& L, const std::vector<int>& stages,
+                                          const std::vector<int64_t>& shape);
 
 // Shape arithmetic the emitter shares with the scheduler, so both see the same loops.
 std::vector<int64_t> stripped(std::vector<int64_t> s);  // without trailing dims of extent 1

@@ -118,26 +118,32 @@ void mkdirs(const std::string& dir) {
   }
 }
 
-// Whether the entry's manifest matches its library; `why` says what is wrong.
-bool entry_valid(const std::string& base, const std::string& key, std::string* why) {
+std::string manifest_of(const std::string& key, const std::string& bin) {
+  return "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(bin.size()) + "\nhash " + hash_hex(bin) +
+         "\n";
+}
+
+// Whether the entry's manifest matches its binary (base + ext: the .so, the .cubin); `why` says what
+// is wrong. `bin` gets the binary's bytes.
+bool entry_valid(const std::string& base, const std::string& ext, const std::string& key, std::string* why,
+                 std::string* bin = nullptr) {
   bool ok = false;
   const std::string manifest = read_file(base + ".ok", &ok);
   if (!ok) {
     *why = "no manifest";
     return false;
   }
-  bool so_ok = false;
-  const std::string so = read_file(base + ".so", &so_ok);
-  if (!so_ok) {
-    *why = "manifest without library";
+  bool bin_ok = false;
+  const std::string so = read_file(base + ext, &bin_ok);
+  if (!bin_ok) {
+    *why = ext == ".so" ? "manifest without library" : "manifest without " + ext;
     return false;
   }
-  const std::string expect =
-      "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) + "\nhash " + hash_hex(so) + "\n";
-  if (manifest != expect) {
-    *why = "library does not match its manifest (truncated or corrupt)";
+  if (manifest != manifest_of(key, so)) {
+    *why = (ext == ".so" ? std::string("library") : ext) + " does not match its manifest (truncated or corrupt)";
     return false;
   }
+  if (bin) *bin = so;
   return true;
 }
 
@@ -209,7 +215,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
   mkdirs(cache_root);
   const std::string base = cache_root + "/" + key;
   std::string why;
-  bool valid = entry_valid(base, key, &why);
+  bool valid = entry_valid(base, ".so", key, &why);
   struct stat st;
   if (!valid && (stat((base + ".so").c_str(), &st) == 0 || stat((base + ".ok").c_str(), &st) == 0))
     host.warn("compile cache entry " + base + ".so is not usable (" + why + "); rebuilding it");
@@ -239,8 +245,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
       std::remove(tmp_so.c_str());
       throw Error(KILN_ERROR_UNAVAILABLE, "cannot move " + tmp_so + " into the cache: " + std::strerror(errno));
     }
-    write_atomic(base + ".ok", "kiln-inductor-cache 1\nkey " + key + "\nbytes " + std::to_string(so.size()) +
-                                   "\nhash " + hash_hex(so) + "\n");
+    write_atomic(base + ".ok", manifest_of(key, so));
     if (stats) stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void* h = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -249,6 +254,31 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
     throw Error(KILN_ERROR_INTERNAL, "cannot load " + base + ".so: " + (e ? e : "unknown dlopen error"));
   }
   return std::make_shared<Library>(h);
+}
+
+std::string cubin_cached(const std::string& source, const Nvrtc& nvrtc, int arch, const std::string& cache_root,
+                         const plugin::Host& host, std::string* key_out, CacheStats* stats) {
+  std::string fingerprint = "kiln-inductor-cuda 1\nnvrtc " + nvrtc.version() + "\nsm_" + std::to_string(arch) + "\n";
+  for (const auto& o : Nvrtc::base_options(arch)) fingerprint += o + " ";
+  const std::string key = hash_hex(fingerprint + "\n" + source);
+  if (key_out) *key_out = key;
+  mkdirs(cache_root);
+  const std::string base = cache_root + "/" + key;
+  std::string why, cubin;
+  const bool valid = entry_valid(base, ".cubin", key, &why, &cubin);
+  struct stat st;
+  if (!valid && (stat((base + ".cubin").c_str(), &st) == 0 || stat((base + ".ok").c_str(), &st) == 0))
+    host.warn("compile cache entry " + base + ".cubin is not usable (" + why + "); rebuilding it");
+  if (stats) stats->hit = valid;
+  if (valid) return cubin;
+  const auto t0 = std::chrono::steady_clock::now();
+  // The source under its final name first, for reading and for NVRTC's messages.
+  write_atomic(base + ".cu", source);
+  cubin = nvrtc.compile(source, arch, base + ".cu");
+  write_atomic(base + ".cubin", cubin);
+  write_atomic(base + ".ok", manifest_of(key, cubin));
+  if (stats) stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return cubin;
 }
 
 bool read_tune(const std::string& path, std::vector<std::pair<int, int>>* winners, size_t kernels) {

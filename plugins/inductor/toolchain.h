@@ -6,6 +6,7 @@
 //   <key>.ok     manifest written last: format version, key, byte size and FNV-1a hash of the .so;
 //                an entry without a manifest that matches its .so is never loaded
 //   <key>.tune   max-autotune winners for that source
+//   <key>.cu, <key>.cubin   a generated CUDA source and its cubin (NVRTC), with <key>.ok likewise
 // <key> hashes the source, the compiler's path and version, the flags and the CPU features. Every
 // file is written to a private temporary name and renamed into place, so concurrent processes only
 // ever see whole files; two that build the same key produce the same bytes.
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include <kiln/plugin_api.hpp>
+
+#include "cuda_nvrtc.h"
 
 namespace kiln::inductor {
 
@@ -57,6 +60,14 @@ struct CacheStats {
 // Throws plugin::Error with the compiler's message and the source's path when compilation fails.
 std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
                                         const plugin::Host& host, std::string* key_out, CacheStats* stats);
+
+// The cubin of a generated CUDA source for sm_<arch>: loaded from the cache when its entry is whole,
+// else compiled by NVRTC (and stored). Entries are <key>.cu (the source), <key>.cubin and the
+// manifest <key>.ok, as for the C++ libraries; <key> hashes the source, the architecture, NVRTC's
+// version and options, so a warm cache runs NVRTC zero times. Throws plugin::Error with NVRTC's
+// log and the source's path when compilation fails.
+std::string cubin_cached(const std::string& source, const Nvrtc& nvrtc, int arch, const std::string& cache_root,
+                         const plugin::Host& host, std::string* key_out, CacheStats* stats);
 
 // The directory the inductor caches in, under a cache_dir.
 std::string inductor_cache_dir(const std::string& cache_dir);

@@ -1,0 +1,730 @@
+#include "codegen_cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace kiln::inductor {
+
+namespace {
+
+// Index math is 32-bit below this many elements (and 64-bit from it on).
+constexpr int64_t kWideIndex = int64_t{1} << 30;
+constexpr int kFlatThreads = 256;
+
+// The type an expression of `t` computes in: bfloat16 computes in float.
+const char* reg_type(Ty t) {
+  switch (t) {
+    case Ty::f32:
+    case Ty::bf16: return "float";
+    case Ty::f64: return "double";
+    case Ty::i64: return "long long";
+    case Ty::i32: return "int";
+    case Ty::b8: return "bool";
+  }
+  return "?";
+}
+
+// A buffer's element type.
+const char* mem_type(Ty t) { return t == Ty::bf16 ? "kiln_bf16" : reg_type(t); }
+
+std::string cu_const(double c, Ty ty) {
+  char buf[64];
+  switch (ty) {
+    case Ty::b8: return c != 0 ? "true" : "false";
+    case Ty::i64: {
+      if (c <= -9223372036854775807.0) return "(-9223372036854775807LL - 1)";
+      std::snprintf(buf, sizeof buf, "(%lldLL)", static_cast<long long>(c));
+      return buf;
+    }
+    case Ty::i32: {
+      std::snprintf(buf, sizeof buf, "((int)%lld)", static_cast<long long>(c));
+      return buf;
+    }
+    case Ty::f32:
+    case Ty::bf16: {
+      if (std::isnan(c)) return "__int_as_float(0x7fc00000)";
+      if (std::isinf(c)) return c < 0 ? "(-__int_as_float(0x7f800000))" : "__int_as_float(0x7f800000)";
+      std::snprintf(buf, sizeof buf, "(%af)", static_cast<double>(static_cast<float>(c)));
+      return buf;
+    }
+    case Ty::f64: {
+      if (std::isnan(c)) return "__longlong_as_double(0x7ff8000000000000LL)";
+      if (std::isinf(c))
+        return c < 0 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "__longlong_as_double(0x7ff0000000000000LL)";
+      std::snprintf(buf, sizeof buf, "(%a)", c);
+      return buf;
+    }
+  }
+  return "0";
+}
+
+bool pointwise_kind(const ValueInfo& v) {
+  return v.kind == ValueInfo::Kind::Pointwise || v.kind == ValueInfo::Kind::View || v.kind == ValueInfo::Kind::Reshape;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? "," : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+const char* ty_name(Ty t) {
+  switch (t) {
+    case Ty::f32: return "f32";
+    case Ty::bf16: return "bf16";
+    case Ty::f64: return "f64";
+    case Ty::i64: return "i64";
+    case Ty::i32: return "i32";
+    case Ty::b8: return "bool";
+  }
+  return "?";
+}
+
+int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+int64_t pow2_at_most(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// One kernel: its text and how to launch it.
+class Emitter {
+ public:
+  Emitter(const LoweredGraph& L, const CudaOptions& o, bool wide) : L_(L), o_(o), wide_(wide) {}
+
+  bool empty() const { return empty_; }
+  int max_scalar() const { return max_scalar_; }
+
+  // Pointwise stages of one shape, each reading the others only at its own index: one thread per
+  // element (grid-stride), later stages reading earlier ones from registers.
+  CudaLaunch flat(const std::string& kernel, const std::vector<int>& stages) {
+    const std::vector<int64_t> shape = val(stages[0]).shape;
+    const int64_t n = prod(shape);
+    CudaLaunch launch;
+    launch.name = kernel;
+    launch.what = "flat " + std::string(ty_name(val(stages[0]).ty)) + shape_str(shape) + ", " +
+                  std::to_string(stages.size()) + (stages.size() == 1 ? " stage" : " stages");
+    if (n == 0) {
+      empty_ = true;
+      return launch;
+    }
+    for (int v : stages) in_kernel_.insert(v);
+    base_ = 1;
+    // One variable per group of dims that every access walks as one run (merged_dims), outermost
+    // first; dims of extent 1 index 0.
+    const auto groups = merged_dims(L_, stages, shape);
+    Idx idx(shape.size(), Index::constant(0));
+    std::vector<int> vars;
+    std::vector<int64_t> sizes;
+    for (const auto& g : groups) {
+      const int var = new_var(1);
+      vars.push_back(var);
+      sizes.push_back(group_size(shape, g));
+      idx[static_cast<size_t>(g.back())] = Index::var(var);
+    }
+    std::vector<int> roots;
+    std::vector<Index> stores;
+    std::set<int> top;
+    for (int v : stages) {
+      roots.push_back(L_.compute(pool_, v, idx));
+      stores.push_back(LoweredGraph::offset(val(v), idx));
+      collect(roots.back(), top);
+      collect_index(stores.back(), top);
+    }
+    flush(top, 0, 0);
+    body_ << "  for (kidx i = (kidx)blockIdx.x * blockDim.x + threadIdx.x; i < " << lit(n)
+          << "; i += (kidx)gridDim.x * blockDim.x) {\n";
+    decompose("i", vars, sizes, 1);
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const int v = stages[s];
+      std::set<int> pending;
+      collect(roots[s], pending);
+      collect_index(stores[s], pending);
+      flush(pending, 1, 1);
+      // Later stages of this element read the register, holding what the buffer holds.
+      std::string reg = name(roots[s]);
+      if (val(v).ty == Ty::bf16) {
+        reg = "rv" + std::to_string(v);
+        body_ << "    const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
+      }
+      store(v, stores[s], reg, 1);
+      regs_[v] = reg;
+    }
+    body_ << "  }\n";
+    launch.block = kFlatThreads;
+    launch.grid = static_cast<unsigned>(
+        std::min<int64_t>((n + kFlatThreads - 1) / kFlatThreads, int64_t{16} * std::max(o_.multiprocessors, 1)));
+    finish_launch(launch);
+    return launch;
+  }
+
+  // A row plan: one block (or warp) per outer index, the stages in order inside it.
+  CudaLaunch rows(const std::string& kernel, const KernelPlan& K) {
+    const size_t k = K.outer.size();
+    const int64_t n_rows = prod(K.outer);
+    CudaLaunch launch;
+    launch.name = kernel;
+    launch.what = "rows " + shape_str(K.outer) + ", " + std::to_string(K.stages.size()) + " stages, first " +
+                  ty_name(val(K.stages[0]).ty) + shape_str(val(K.stages[0]).shape);
+    if (n_rows == 0) {
+      empty_ = true;
+      return launch;
+    }
+    for (int v : K.stages) in_kernel_.insert(v);
+    base_ = 1;
+    // The outer variables, then each stage's own loops (vars made now: the pool's keys name them).
+    std::vector<int> ovars;
+    std::vector<int64_t> osizes;
+    Idx oidx;
+    for (size_t d = 0; d < k; ++d) {
+      if (K.outer[d] == 1) {
+        oidx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(1);
+      ovars.push_back(var);
+      osizes.push_back(K.outer[d]);
+      oidx.push_back(Index::var(var));
+    }
+    std::vector<Stage> stages;
+    int64_t row_work = 1;
+    std::set<int> top;
+    for (int v : K.stages) {
+      stages.push_back(plan_stage(v, oidx, k));
+      const Stage& st = stages.back();
+      row_work = std::max(row_work, st.red ? st.kept_n * st.red_n : st.inner_n);
+      collect(st.root, top);
+      collect_index(st.store, top);
+    }
+    flush(top, 0, 0);
+    // Short rows: a warp each, 8 per block. Long rows: a block each. No outer dims: one block.
+    const bool warp = k > 0 && row_work <= 1024;
+    int threads = 256;
+    if (k == 0) threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, pow2_at_least(row_work))));
+    else if (!warp) threads = row_work >= 16384 ? 1024 : row_work >= 4096 ? 512 : 256;
+    const int warps_per_block = 8;
+    if (warp) {
+      body_ << "  const kidx x = (kidx)blockIdx.x * " << warps_per_block << " + (kidx)(threadIdx.x >> 5);\n"
+            << "  if (x >= " << lit(n_rows) << ") return;\n"
+            << "  const int tid = threadIdx.x & 31;\n"
+            << "  const int nt = 32;\n";
+    } else {
+      body_ << "  const kidx x = (kidx)blockIdx.x;\n"
+            << "  const int tid = threadIdx.x;\n"
+            << "  const int nt = " << threads << ";\n";
+    }
+    decompose("x", ovars, osizes, 0);
+    const char* barrier = warp ? "__syncwarp();" : "__syncthreads();";
+    const char* reduce = warp ? "k_warp_reduce" : "k_block_reduce";
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const Stage& st = stages[s];
+      std::set<int> pending;
+      collect(st.root, pending);
+      collect_index(st.store, pending);
+      // What another thread of the row stored, read from memory: wait for it.
+      if (s > 0 && reads_kernel_memory(pending)) body_ << "  " << barrier << "\n";
+      flush(pending, 1, 0);
+      if (st.red) emit_reduction(st, pending, reduce);
+      else emit_pointwise(st, pending);
+    }
+    launch.block = static_cast<unsigned>(warp ? 32 * warps_per_block : threads);
+    const int64_t grid = warp ? (n_rows + warps_per_block - 1) / warps_per_block : n_rows;
+    if (grid > 0x7fffffff) throw std::logic_error("row kernel " + kernel + " needs more than 2^31 blocks");
+    launch.grid = static_cast<unsigned>(grid);
+    finish_launch(launch);
+    return launch;
+  }
+
+  // A column reduction: 32 kept elements per block across a warp's lanes, the reduced range split
+  // over the block's warps, combined through shared memory.
+  CudaLaunch column(const std::string& kernel, const KernelPlan& K) {
+    const int v = K.stages.at(0);
+    const ValueInfo& info = val(v);
+    const std::vector<int64_t> kept = stripped(info.shape);
+    const int64_t n_kept = prod(kept), n_red = prod(info.red.red_shape);
+    CudaLaunch launch;
+    launch.name = kernel;
+    launch.what =
+        "column " + std::string(ty_name(info.ty)) + shape_str(kept) + " over " + shape_str(info.red.red_shape);
+    if (n_kept == 0) {
+      empty_ = true;
+      return launch;
+    }
+    in_kernel_.insert(v);
+    base_ = 1;
+    const int64_t blocks = (n_kept + 31) / 32;
+    const int64_t warps =
+        std::min<int64_t>(pow2_at_most(std::max<int64_t>(n_red, 1)), blocks >= o_.multiprocessors ? 8 : 32);
+    std::vector<int> kvars;
+    std::vector<int64_t> ksizes;
+    Idx idx;
+    for (int64_t s : kept) {
+      if (s == 1) {
+        idx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(1);
+      kvars.push_back(var);
+      ksizes.push_back(s);
+      idx.push_back(Index::var(var));
+    }
+    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+    std::vector<int> rvars;
+    std::vector<int64_t> rsizes;
+    Idx red_idx;
+    for (int64_t s : info.red.red_shape) {
+      if (s == 1) {
+        red_idx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(2);
+      rvars.push_back(var);
+      rsizes.push_back(s);
+      red_idx.push_back(Index::var(var));
+    }
+    const int root = info.red.body(pool_, idx, red_idx);
+    const Index out = LoweredGraph::offset(info, idx);
+    if (!out.exprs.empty()) throw std::logic_error("column reduction stored at a data-dependent index");
+    std::set<int> pending;
+    collect(root, pending);
+    flush(pending, 0, 0);
+    const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
+    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
+          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
+          << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
+          << "  const bool active = col < " << lit(n_kept) << ";\n"
+          << "  // Threads past the end compute the last column again (in range) and store nothing.\n"
+          << "  const kidx x = active ? col : " << lit(n_kept - 1) << ";\n";
+    decompose("x", kvars, ksizes, 0);
+    flush(pending, 1, 0);
+    body_ << "  " << acc_t << " " << acc << " = " << acc_init(info) << ";\n";
+    if (n_red > 0) {
+      body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << warps << ") {\n";
+      decompose("r", rvars, rsizes, 1);
+      flush(pending, 2, 1);
+      body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
+    }
+    body_ << "  kiln_col[ty * 33 + tx] = " << acc << ";\n"
+          << "  __syncthreads();\n"
+          << "  if (ty == 0 && active) {\n"
+          << "    for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
+          << ", kiln_col[w * 33 + tx]);\n";
+    const std::string res = "rv" + std::to_string(v);
+    body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+    store(v, out, res, 1);
+    body_ << "  }\n";
+    launch.block = static_cast<unsigned>(32 * warps);
+    if (blocks > 0x7fffffff) throw std::logic_error("column kernel " + kernel + " needs more than 2^31 blocks");
+    launch.grid = static_cast<unsigned>(blocks);
+    finish_launch(launch);
+    return launch;
+  }
+
+  std::string text() const { return text_; }
+
+ private:
+  // A stage of a row kernel: its loops and its expression.
+  struct Stage {
+    int v = -1;
+    bool red = false;
+    std::vector<int> inner_vars, kept_vars, red_vars;  // pointwise: inner; reduction: kept-inner, reduced
+    std::vector<int64_t> inner_sizes, kept_sizes, red_sizes;
+    int64_t inner_n = 1, kept_n = 1, red_n = 1;
+    int root = -1;
+    Index store;
+  };
+
+  const ValueInfo& val(int v) const { return L_.values[static_cast<size_t>(v)]; }
+
+  int new_var(int level) {
+    const int v = pool_.new_var();
+    var_level_[v] = level;
+    return v;
+  }
+
+  // An integer literal of index math.
+  std::string lit(int64_t x) const { return std::to_string(x) + (wide_ ? "LL" : ""); }
+
+  std::string vname(int v) const { return "v" + std::to_string(v); }
+
+  std::string ind(int depth) const { return std::string(static_cast<size_t>(2 * depth + 2), ' '); }
+
+  // `flat` (a flattened index over `sizes`, row-major) into one variable per size.
+  void decompose(const std::string& flat, const std::vector<int>& vars, const std::vector<int64_t>& sizes, int depth) {
+    int64_t stride = prod(sizes);
+    for (size_t d = 0; d < vars.size(); ++d) {
+      stride /= sizes[d];
+      std::string e = flat;
+      if (stride != 1) e = "(" + e + " / " + lit(stride) + ")";
+      if (d > 0) e = "(" + e + " % " + lit(sizes[d]) + ")";
+      body_ << ind(depth) << "const kidx " << vname(vars[d]) << " = " << e << ";\n";
+    }
+  }
+
+  Stage plan_stage(int v, const Idx& oidx, size_t k) {
+    const ValueInfo& info = val(v);
+    Stage st;
+    st.v = v;
+    st.red = info.kind == ValueInfo::Kind::Reduction;
+    Idx idx = oidx;
+    if (!st.red) {
+      for (size_t d = k; d < info.shape.size(); ++d) {
+        if (info.shape[d] == 1) {
+          idx.push_back(Index::constant(0));
+          continue;
+        }
+        const int var = new_var(2);
+        st.inner_vars.push_back(var);
+        st.inner_sizes.push_back(info.shape[d]);
+        idx.push_back(Index::var(var));
+      }
+      st.inner_n = prod(st.inner_sizes);
+      st.root = L_.compute(pool_, v, idx);
+      st.store = LoweredGraph::offset(info, idx);
+      return st;
+    }
+    const auto kept = stripped(info.shape);
+    if (kept.size() < k) throw std::logic_error("reduction stage with fewer kept dims than its kernel's outer ones");
+    for (size_t d = k; d < kept.size(); ++d) {
+      if (kept[d] == 1) {
+        idx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(2);
+      st.kept_vars.push_back(var);
+      st.kept_sizes.push_back(kept[d]);
+      idx.push_back(Index::var(var));
+    }
+    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+    st.kept_n = prod(st.kept_sizes);
+    const int red_level = st.kept_vars.empty() ? 2 : 3;
+    Idx red_idx;
+    for (int64_t s : info.red.red_shape) {
+      if (s == 1) {
+        red_idx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(red_level);
+      st.red_vars.push_back(var);
+      st.red_sizes.push_back(s);
+      red_idx.push_back(Index::var(var));
+    }
+    st.red_n = prod(info.red.red_shape);
+    st.root = info.red.body(pool_, idx, red_idx);
+    st.store = LoweredGraph::offset(info, idx);
+    return st;
+  }
+
+  void emit_pointwise(const Stage& st, std::set<int>& pending) {
+    if (st.inner_n == 0) return;
+    body_ << "  for (kidx j = tid; j < " << lit(st.inner_n) << "; j += nt) {\n";
+    decompose("j", st.inner_vars, st.inner_sizes, 1);
+    flush(pending, 2, 1);
+    store(st.v, st.store, name(st.root), 1);
+    body_ << "  }\n";
+  }
+
+  void emit_reduction(const Stage& st, std::set<int>& pending, const char* reduce) {
+    const ValueInfo& info = val(st.v);
+    int d = 0;
+    if (!st.kept_vars.empty()) {
+      if (st.kept_n == 0) return;
+      body_ << "  for (kidx kk = 0; kk < " << lit(st.kept_n) << "; ++kk) {\n";
+      d = 1;
+      decompose("kk", st.kept_vars, st.kept_sizes, d);
+      flush(pending, 2, d);
+    }
+    const std::string acc = "acc" + std::to_string(st.v), res = "rv" + std::to_string(st.v);
+    body_ << ind(d) << acc_type(info) << " " << acc << " = " << acc_init(info) << ";\n";
+    if (st.red_n > 0) {
+      const int lvl = st.kept_vars.empty() ? 2 : 3;
+      body_ << ind(d) << "for (kidx r = tid; r < " << lit(st.red_n) << "; r += nt) {\n";
+      decompose("r", st.red_vars, st.red_sizes, d + 1);
+      flush(pending, lvl, d + 1);
+      body_ << ind(d + 1) << combine(info, acc, name(st.root)) << "\n" << ind(d) << "}\n";
+    }
+    body_ << ind(d) << acc << " = " << reduce << "<" << op_struct(info) << ">(" << acc << ");\n";
+    body_ << ind(d) << "const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+    body_ << ind(d) << "if (tid == 0) {\n";
+    store(st.v, st.store, res, d + 1);
+    body_ << ind(d) << "}\n";
+    if (!st.kept_vars.empty()) {
+      body_ << "  }\n";
+    } else {
+      regs_[st.v] = res;  // every thread of the row has it: later stages read the register
+    }
+  }
+
+  void store(int v, const Index& off, const std::string& value, int depth) {
+    const ValueInfo& info = val(v);
+    use_buf(info.buffer, info.ty);
+    const std::string b = "b" + std::to_string(info.buffer) + "[" + index_str(off) + "]";
+    if (info.ty == Ty::bf16) body_ << ind(depth) << b << " = k_f2bf(" << value << ");\n";
+    else body_ << ind(depth) << b << " = (" << mem_type(info.ty) << ")(" << value << ");\n";
+  }
+
+  void finish_launch(CudaLaunch& launch) {
+    std::ostringstream os;
+    os << "KILN_KERNEL(" << launch.block << ") " << launch.name << "(";
+    bool first = true;
+    for (const auto& [b, ty] : bufs_) {
+      os << (first ? "" : ", ") << mem_type(ty) << "* __restrict__ b" << b;
+      launch.buffers.push_back(b);
+      first = false;
+    }
+    if (max_scalar_ >= 0) {
+      os << (first ? "" : ", ") << "const double* __restrict__ P";
+      launch.scalars = true;
+    }
+    os << ") {\n  typedef " << (wide_ ? "long long" : "int") << " kidx;\n" << body_.str() << "}\n\n";
+    text_ = os.str();
+  }
+
+  // ---- Expressions ----
+
+  std::string index_str(const Index& ix) {
+    std::string s = lit(ix.c);
+    for (const auto& [v, k] : ix.vars) s += " + " + lit(k) + " * " + vname(v);
+    for (const auto& [e, k] : ix.exprs) s += " + " + lit(k) + " * (kidx)" + name(e);
+    return "(" + s + ")";
+  }
+
+  std::string name(int e) const {
+    auto it = names_.find(e);
+    if (it == names_.end()) throw std::logic_error("expression used before it was emitted");
+    return it->second;
+  }
+
+  void use_buf(int b, Ty ty) {
+    if (b < 0) throw std::logic_error("a value without a buffer is read or written");
+    auto [it, fresh] = bufs_.emplace(b, ty);
+    if (!fresh && it->second != ty) throw std::logic_error("buffer " + std::to_string(b) + " read as two types");
+  }
+
+  std::string text(int e) {
+    const Expr& x = pool_.at(e);
+    const std::string T = reg_type(x.ty);
+    auto a = [&](size_t i) { return name(x.args[i]); };
+    switch (x.k) {
+      case Expr::K::Const: return cu_const(x.c, x.ty);
+      case Expr::K::Param: {
+        const ScalarParam& p = L_.params.at(static_cast<size_t>(x.param));
+        if (p.runtime_scalar < 0) return cu_const(p.value, x.ty);
+        max_scalar_ = std::max(max_scalar_, p.runtime_scalar);
+        return "((" + T + ")P[" + std::to_string(p.runtime_scalar) + "])";
+      }
+      case Expr::K::IndexVal: return "((long long)" + index_str(x.idx) + ")";
+      case Expr::K::Load: {
+        auto r = regs_.find(x.value);
+        if (r != regs_.end() && x.logical_known && in_kernel_.count(x.value)) return r->second;
+        use_buf(x.buf, x.ty);
+        const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
+        return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
+      }
+      case Expr::K::Op: break;
+    }
+    const std::string& op = x.op;
+    if (op == "add") return "(" + a(0) + " + " + a(1) + ")";
+    if (op == "sub") return "(" + a(0) + " - " + a(1) + ")";
+    if (op == "mul") return "(" + a(0) + " * " + a(1) + ")";
+    if (op == "div") return "(" + a(0) + " / " + a(1) + ")";
+    if (op == "neg") return "(-" + a(0) + ")";
+    if (op == "relu") return "(" + a(0) + " < (" + T + ")0 ? (" + T + ")0 : " + a(0) + ")";
+    if (op == "sigmoid") return "((" + T + ")1 / ((" + T + ")1 + k_exp(-" + a(0) + ")))";
+    if (op == "exp" || op == "log" || op == "tanh" || op == "erf" || op == "ndtr" || op == "sqrt" || op == "abs" ||
+        op == "rsqrt")
+      return "k_" + op + "((" + T + ")" + a(0) + ")";
+    if (op == "reciprocal") return "((" + T + ")1 / " + a(0) + ")";
+    if (op == "pow") return "k_pow((" + T + ")" + a(0) + ", (" + T + ")" + a(1) + ")";
+    if (op == "maximum") return "k_max<" + T + ">(" + a(0) + ", " + a(1) + ")";
+    if (op == "minimum") return "k_min<" + T + ">(" + a(0) + ", " + a(1) + ")";
+    if (op == "where") return "(" + a(0) + " ? (" + T + ")" + a(1) + " : (" + T + ")" + a(2) + ")";
+    if (op == "cast") {
+      // A cast to bfloat16 rounds (the value is then kept in float); from it, float widens.
+      if (x.ty == Ty::bf16) return "k_round_bf16((float)" + a(0) + ")";
+      return "((" + T + ")" + a(0) + ")";
+    }
+    if (op == "and") return "(" + a(0) + " && " + a(1) + ")";
+    static const std::map<std::string, std::string> cmp = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
+                                                           {"le", "<="}, {"gt", ">"},  {"ge", ">="}};
+    if (auto it = cmp.find(op); it != cmp.end()) return "(" + a(0) + " " + it->second + " " + a(1) + ")";
+    throw std::logic_error("no CUDA for op '" + op + "'");
+  }
+
+  // The loop depth at which e can be computed: the deepest variable it reads; loads of values this
+  // kernel computes wait for the stage (base_).
+  int level(int e) {
+    auto it = level_.find(e);
+    if (it != level_.end()) return it->second;
+    const Expr& x = pool_.at(e);
+    int l = 0;
+    for (const auto& [v, k] : x.idx.vars) l = std::max(l, var_level_.at(v));
+    for (const auto& [ee, k] : x.idx.exprs) l = std::max(l, level(ee));
+    for (int c : x.args) l = std::max(l, level(c));
+    if (x.k == Expr::K::Load && in_kernel_.count(x.value)) l = std::max(l, base_);
+    level_[e] = l;
+    return l;
+  }
+
+  void collect(int e, std::set<int>& out) {
+    if (names_.count(e) || !out.insert(e).second) return;
+    const Expr& x = pool_.at(e);
+    for (int c : x.args) collect(c, out);
+    for (const auto& [ee, k] : x.idx.exprs) collect(ee, out);
+  }
+  void collect_index(const Index& ix, std::set<int>& out) {
+    for (const auto& [ee, k] : ix.exprs) collect(ee, out);
+  }
+
+  // Whether a pending expression reads a value of this kernel from memory (not a register).
+  bool reads_kernel_memory(const std::set<int>& pending) const {
+    for (int e : pending) {
+      const Expr& x = pool_.at(e);
+      if (x.k != Expr::K::Load || !in_kernel_.count(x.value)) continue;
+      if (!(regs_.count(x.value) && x.logical_known)) return true;
+    }
+    return false;
+  }
+
+  // Emits, in order, every pending expression whose level is at most `lvl`.
+  void flush(std::set<int>& pending, int lvl, int depth) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (level(*it) > lvl) {
+        ++it;
+        continue;
+      }
+      const int e = *it;
+      const Expr& x = pool_.at(e);
+      std::string nm = "t" + std::to_string(e);
+      if (x.k == Expr::K::Const || x.k == Expr::K::Param) {
+        nm = text(e);  // literals and table reads inline
+      } else {
+        body_ << ind(depth) << "const " << reg_type(x.ty) << " " << nm << " = " << text(e) << ";\n";
+      }
+      names_[e] = nm;
+      it = pending.erase(it);
+    }
+  }
+
+  // ---- Reductions ----
+
+  std::string acc_type(const ValueInfo& v) const {
+    if (v.red.combine == "sum") {
+      if (v.ty == Ty::f64) return "double";
+      return is_float(v.ty) ? "float" : "long long";
+    }
+    return reg_type(v.ty);
+  }
+  std::string acc_init(const ValueInfo& v) const {
+    const std::string t = acc_type(v);
+    if (v.red.combine == "sum") return "(" + t + ")0";
+    const bool fl = is_float(v.ty);
+    const Ty at = v.ty == Ty::f64 ? Ty::f64 : fl ? Ty::f32 : Ty::i64;
+    if (v.red.combine == "max")
+      return fl ? cu_const(-INFINITY, at) : v.ty == Ty::i32 ? "(-2147483647 - 1)" : "(-9223372036854775807LL - 1)";
+    return fl ? cu_const(INFINITY, at) : v.ty == Ty::i32 ? "2147483647" : "9223372036854775807LL";
+  }
+  std::string op_struct(const ValueInfo& v) const {
+    return v.red.combine == "sum" ? "KSum" : v.red.combine == "max" ? "KMax" : "KMin";
+  }
+  std::string combine(const ValueInfo& v, const std::string& acc, const std::string& e) const {
+    const std::string t = acc_type(v);
+    if (v.red.combine == "sum") return acc + " += (" + t + ")" + e + ";";
+    return acc + " = " + op_struct(v) + "()(" + acc + ", (" + t + ")" + e + ");";
+  }
+  std::string finish(const ValueInfo& v, const std::string& acc) const {
+    const std::string t = acc_type(v);
+    std::string r = acc;
+    if (v.red.scale != 1.0) r = "(" + acc + " * " + cu_const(v.red.scale, t == "float" ? Ty::f32 : Ty::f64) + ")";
+    // A bfloat16 result is rounded: a later stage reading the register sees what the buffer holds.
+    if (v.ty == Ty::bf16) return "k_round_bf16((float)" + r + ")";
+    return "(" + std::string(reg_type(v.ty)) + ")" + r;
+  }
+
+  const LoweredGraph& L_;
+  const CudaOptions& o_;
+  const bool wide_;
+  bool empty_ = false;
+  ExprPool pool_;
+  std::set<int> in_kernel_;
+  std::map<int, int> var_level_, level_;
+  std::map<int, std::string> names_, regs_;
+  std::map<int, Ty> bufs_;
+  int base_ = 1;
+  int max_scalar_ = -1;
+  std::ostringstream body_;
+  std::string text_;
+};
+
+}  // namespace
+
+CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options) {
+  CudaProgram out;
+  std::ostringstream os;
+  os << cuda_prelude() << "\n";
+  // 64-bit index math when any tensor of the group reaches 2^30 elements.
+  bool wide = false;
+  for (const auto& v : L.values) wide = wide || v.numel() >= kWideIndex || v.extent() >= kWideIndex;
+  int max_scalar = -1;
+  auto add = [&](Emitter& e, CudaLaunch launch) {
+    if (e.empty()) return;
+    os << e.text();
+    max_scalar = std::max(max_scalar, e.max_scalar());
+    out.steps.push_back(CudaStep{static_cast<int>(out.launches.size()), -1});
+    out.launches.push_back(std::move(launch));
+  };
+  for (const Step& step : P.steps) {
+    if (step.extern_node >= 0) {
+      out.steps.push_back(CudaStep{-1, step.extern_node});
+      continue;
+    }
+    const KernelPlan& K = P.kernels.at(static_cast<size_t>(step.kernel));
+    const std::string base = "kiln_k" + std::to_string(step.kernel);
+    bool all_pointwise = !K.column;
+    for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
+    if (K.column) {
+      Emitter e(L, options, wide);
+      CudaLaunch launch = e.column(base, K);
+      add(e, std::move(launch));
+    } else if (!all_pointwise) {
+      Emitter e(L, options, wide);
+      CudaLaunch launch = e.rows(base, K);
+      add(e, std::move(launch));
+    } else {
+      // Runs of stages of one shape that read each other only at their own index share a loop.
+      std::vector<std::vector<int>> runs;
+      std::set<int> in_run;
+      for (int v : K.stages) {
+        const auto& shape = L.values[static_cast<size_t>(v)].shape;
+        const bool joins = !runs.empty() && L.values[static_cast<size_t>(runs.back()[0])].shape == shape &&
+                           legal_in_kernel(L, v, shape.size(), in_run);
+        if (!joins) {
+          runs.emplace_back();
+          in_run.clear();
+        }
+        runs.back().push_back(v);
+        in_run.insert(v);
+      }
+      for (size_t r = 0; r < runs.size(); ++r) {
+        Emitter e(L, options, wide);
+        CudaLaunch launch = e.flat(runs.size() == 1 ? base : base + "_" + std::to_string(r), runs[r]);
+        add(e, std::move(launch));
+      }
+    }
+  }
+  out.scalar_table = max_scalar + 1;
+  out.source = os.str();
+  return out;
+}
+
+}  // namespace kiln::inductor

@@ -1,0 +1,62 @@
+// CUDA generation: the kernels of a scheduled program (schedule.h) as one CUDA C++ source for
+// NVRTC, after the CUDA prelude (cuda_prelude.h), with how to launch each.
+//
+// Each kernel plan of the scheduler becomes one or more launches:
+//  - pointwise plans: "flat" kernels, one thread per element in a grid-stride loop over the flat
+//    index (the loop IR's index math per dim, dims that every access walks as one run merged into
+//    one variable); stages of one shape that read each other only at their own index share one
+//    loop and pass values in registers (SGD's buffer and weight, Adam's moments and weight);
+//  - row plans (a reduction with its prologue and epilogue stages): one block, or one warp when
+//    rows are short, per outer index; the stages run in order inside it, reductions accumulate in
+//    float (double for float64) per thread and combine with warp shuffles (and shared memory across
+//    warps), every thread gets the result in a register, and a stage that reads what another thread
+//    of the row wrote waits at a barrier first. So a layer norm, softmax or log-softmax row is one
+//    kernel; a plan without outer dims (a full reduction) is one block;
+//  - column plans (bias gradients): 32 kept elements per block across the lanes of a warp
+//    (coalesced), the reduced range split over the block's warps, combined in shared memory.
+// bfloat16 is loaded into float, computed in float and rounded to nearest even on store. Index
+// math is 32-bit unless a buffer or a loop reaches 2^30 elements. Run-time scalars are read from a
+// device table (P[k] is run-time scalar k); constant scalars are literals.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "loop_ir.h"
+#include "schedule.h"
+
+namespace kiln::inductor {
+
+struct CudaOptions {
+  int multiprocessors = 132;  // grid-stride kernels get at most 16 blocks per multiprocessor
+};
+
+struct CudaLaunch {
+  std::string name;  // extern "C" kernel symbol: kiln_k<plan>_<part>
+  std::string what;  // "flat f32[64,300], 2 stages", for messages and the profile
+  unsigned grid = 1, block = 1;
+  std::vector<int> buffers;  // buffer slots, in parameter order
+  bool scalars = false;      // takes the run-time scalar table (const double*) after them
+};
+
+struct CudaStep {
+  int launch = -1;       // a generated kernel, or
+  int extern_node = -1;  // a node run through call_eager
+};
+
+struct CudaProgram {
+  std::string source;
+  std::vector<CudaLaunch> launches;
+  std::vector<CudaStep> steps;
+  int scalar_table = 0;  // entries of the run-time scalar table (highest index read + 1); 0: none
+};
+
+// Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).
+CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options);
+
+// The CUDA prelude's text (cuda_prelude.h), which every generated CUDA source begins with.
+std::string_view cuda_prelude();
+
+}  // namespace kiln::inductor
