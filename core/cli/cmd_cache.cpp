@@ -88,7 +88,7 @@ int cmd_cache(int argc, char** argv) {
       Entry& e = entries[key];
       e.bytes += f.file_size(ec);
       const std::string ext = f.path().extension().string();
-      e.has_lib |= ext == ".so";
+      e.has_lib |= ext == ".so" || ext == ".cubin";
       e.has_manifest |= ext == ".ok";
       e.has_tune |= ext == ".tune";
     }

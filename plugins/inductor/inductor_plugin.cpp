@@ -1,26 +1,34 @@
-// The inductor backend on the CPU: claims pointwise ops, reductions, views and the optimizer's
-// pointwise chains (lowering.h), fuses them into loop nests (codegen.h), compiles the generated C++
-// with the system compiler into a cached shared library (toolchain.h) and runs it. Matmul,
-// convolution and attention inside a group run through the host's call_eager ("extern kernels").
-// Links only the plugin API, libdl and pthreads; the generated code links OpenMP.
+// The inductor backend: claims pointwise ops, reductions, views and the optimizer's pointwise
+// chains (lowering.h) and fuses them into loop nests (schedule.h). On the CPU it compiles the
+// generated C++ (codegen.h) with the system compiler into a cached shared library (toolchain.h)
+// and runs it; on CUDA it generates CUDA kernels (codegen_cuda.h), compiles them with NVRTC into a
+// cached cubin and launches them through the driver API (cuda_nvrtc.h, cuda_driver.h: both
+// dlopened). Matmul, convolution and attention inside a group run through the host's call_eager
+// ("extern kernels"). Links only the plugin API, libdl and pthreads; the generated C++ links
+// OpenMP.
 #include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include <kiln/plugin_api.hpp>
 
 #include "codegen.h"
+#include "codegen_cuda.h"
+#include "cuda_driver.h"
+#include "cuda_nvrtc.h"
 #include "lowering.h"
 #include "toolchain.h"
 
@@ -38,6 +46,8 @@ struct Settings {
   std::vector<std::string> cflags;
   bool extern_kernels = true;
   bool profile = false;
+  std::string nvrtc;  // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
+  bool cuda = true;   // generate CUDA kernels; false: nodes on CUDA run on ATen
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -87,10 +97,15 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.extern_kernels = parse_bool(key, value);
     } else if (key == "profile") {
       s.profile = parse_bool(key, value);
+    } else if (key == "cuda") {
+      s.cuda = parse_bool(key, value);
+    } else if (key == "nvrtc") {
+      if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] nvrtc is empty");
+      s.nvrtc = value;
     } else {
-      throw Error(
-          KILN_ERROR_INVALID_ARGUMENT,
-          "unknown option '" + key + "' in [plugin.inductor] (known: threads, cxx, cflags, extern_kernels, profile)");
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
+                                                   "' in [plugin.inductor] (known: threads, cxx, cflags, "
+                                                   "extern_kernels, profile, cuda, nvrtc)");
     }
   }
   if (s.threads == 0) {
@@ -220,9 +235,124 @@ struct Placement {
   std::vector<int64_t> shape, strides;
 };
 
-class CompiledGroup : public Executable {
+// What a compiled group has on either device: where each value lives, its extern calls, and the
+// checks of execute's tensors against what was compiled.
+class GroupBase : public Executable {
  public:
   const KilnHostApi* host_api = nullptr;
+  DLDevice device{kDLCPU, 0};
+  Profile* profile = nullptr;           // the `profile` option
+  std::vector<std::string> step_names;  // for the profile
+  std::map<int, ExternCall> externs;    // by node
+  std::vector<Placement> place;         // by value
+  std::vector<ScalarParam> params;
+  size_t n_in = 0, n_out = 0;
+  std::vector<Placement> in_meta, out_meta;
+
+  void check_counts(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs) const {
+    if (num_inputs != n_in || num_outputs != n_out)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
+                                                   std::to_string(n_out) + " outputs, got " +
+                                                   std::to_string(num_inputs) + " and " + std::to_string(num_outputs));
+    if (n_in && !inputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "inputs is NULL");
+    if (n_out && !outputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "outputs is NULL");
+  }
+
+  static std::string type_str(DLDataType dt, int32_t ndim, const int64_t* shape) {
+    std::string r = dtype_name(dt) + "[";
+    for (int32_t d = 0; shape && d < ndim; ++d) r += (d ? "," : "") + std::to_string(shape[d]);
+    return r + "]";
+  }
+
+  // The kernels were generated for one dtype and shape per input and output, on one device;
+  // anything else would be read or written as if it were that one. Runs for every tensor of every
+  // execute: the messages are only built on failure.
+  void check_tensor(const DLTensor& t, const Placement& m, const char* what, size_t i) const {
+    auto fail = [&](const std::string& why) {
+      const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " + expected + ")");
+    };
+    if (device.device_type == kDLCPU && t.device.device_type != kDLCPU)
+      fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
+    if (device.device_type == kDLCUDA && (t.device.device_type != kDLCUDA || t.device.device_id != device.device_id))
+      fail("on device type " + std::to_string(t.device.device_type) + " index " + std::to_string(t.device.device_id) +
+           ", not CUDA device " + std::to_string(device.device_id));
+    if (t.ndim < 0 || (t.ndim > 0 && !t.shape)) fail("rank " + std::to_string(t.ndim) + " without a shape");
+    auto got = [&] { return type_str(t.dtype, t.ndim, t.shape); };
+    if (t.dtype.code != m.dtype.code || t.dtype.bits != m.dtype.bits || t.dtype.lanes != m.dtype.lanes)
+      fail("got " + got() + ", another dtype");
+    if (t.ndim != static_cast<int32_t>(m.shape.size())) fail("got " + got() + ", another rank");
+    for (int32_t d = 0; d < t.ndim; ++d)
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) fail("got " + got() + ", another shape");
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
+    if (numel > 0 && !t.data) fail("data is NULL");
+  }
+
+  static void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
+
+  static bool same_layout(const DLTensor& t, const Placement& m) {
+    if (t.ndim != static_cast<int32_t>(m.shape.size())) return false;
+    int64_t acc = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) return false;
+      const int64_t st = t.strides ? t.strides[d] : acc;
+      if (t.shape[d] != 1 && st != m.strides[static_cast<size_t>(d)]) return false;
+      acc *= t.shape[d];
+    }
+    return true;
+  }
+
+  DLTensor dl_of(int value, const std::vector<void*>& B) const {
+    const Placement& p = place.at(static_cast<size_t>(value));
+    DLTensor t{};
+    t.data = static_cast<char*>(B.at(static_cast<size_t>(p.slot))) + p.offset * (p.dtype.bits / 8);
+    t.device = device;
+    t.ndim = static_cast<int32_t>(p.shape.size());
+    t.dtype = p.dtype;
+    t.shape = const_cast<int64_t*>(p.shape.data());
+    t.strides = const_cast<int64_t*>(p.strides.data());
+    return t;
+  }
+
+  // Runs an extern kernel on the buffers `B` through the host (on CUDA: on ATen's current stream).
+  void call_extern(const ExternCall& call, const std::vector<void*>& B) const {
+    std::deque<DLTensor> tensors;
+    std::vector<const KilnArg*> ptrs;
+    std::deque<KilnArg> args;
+    for (const auto& oa : call.args) {
+      KilnArg a = oa.arg;
+      if (a.tag == KILN_ARG_TENSOR) {
+        tensors.push_back(dl_of(oa.value, B));
+        a.tensor = &tensors.back();
+      }
+      args.push_back(a);
+      ptrs.push_back(&args.back());
+    }
+    std::vector<DLTensor> outs;
+    for (int v : call.outputs) outs.push_back(dl_of(v, B));
+    KilnHostCallEagerArgs ca{};
+    ca.struct_size = KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE;
+    ca.host_ctx = host_api->host_ctx;
+    ca.op = call.op.c_str();
+    ca.args = ptrs.data();
+    ca.num_args = ptrs.size();
+    ca.outputs = outs.data();
+    ca.num_outputs = outs.size();
+    KilnError* e = host_api->call_eager(&ca);
+    if (e) {
+      const std::string msg = host_api->error_message(e);
+      const KilnErrorCode code = host_api->error_code(e);
+      host_api->error_destroy(e);
+      throw Error(code, "extern kernel " + call.op + ": " + msg);
+    }
+  }
+};
+
+// A group on the CPU: the C++ kernels of one shared library.
+class CompiledGroup : public GroupBase {
+ public:
   std::string host_name;
   std::shared_ptr<Library> lib;
   std::vector<KernelFn> kernels;
@@ -230,14 +360,7 @@ class CompiledGroup : public Executable {
   std::vector<char> kernel_threads_follow;  // threads = 0 and not tuned to one thread: runtime_threads()
   OmpMaxThreads omp_max_threads = nullptr;  // the generated library's view of the OpenMP runtime
   std::vector<Step> steps;
-  Profile* profile = nullptr;           // the `profile` option
-  std::vector<std::string> step_names;  // for the profile
-  std::map<int, ExternCall> externs;    // by node
-  std::vector<Placement> place;         // by value
-  std::vector<ScalarParam> params;
   std::vector<double> param_values;
-  size_t n_in = 0, n_out = 0;
-  std::vector<Placement> in_meta, out_meta;
   std::vector<AlignedBuf> scratch;   // one per scratch slot
   std::vector<AlignedBuf> relayout;  // inputs/outputs whose strides are not the expected ones
 
@@ -252,16 +375,11 @@ class CompiledGroup : public Executable {
   }
 
   void run(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs) {
-    if (num_inputs != n_in || num_outputs != n_out)
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, "expected " + std::to_string(n_in) + " inputs and " +
-                                                   std::to_string(n_out) + " outputs, got " +
-                                                   std::to_string(num_inputs) + " and " + std::to_string(num_outputs));
+    check_counts(inputs, num_inputs, outputs, num_outputs);
     Profile* prof = profile;
     const auto t_start = std::chrono::steady_clock::now();
     std::vector<void*> B(n_in + n_out + scratch.size());
     std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
-    if (n_in && !inputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "inputs is NULL");
-    if (n_out && !outputs) throw Error(KILN_ERROR_INVALID_ARGUMENT, "outputs is NULL");
     for (size_t i = 0; i < n_in; ++i) check_tensor(inputs[i], in_meta[i], "input", i);
     for (size_t j = 0; j < n_out; ++j) check_tensor(outputs[j], out_meta[j], "output", j);
     if (relayout.size() < n_in + n_out) relayout.resize(n_in + n_out);
@@ -291,49 +409,6 @@ class CompiledGroup : public Executable {
       prof->add("relayout", "", ms_since(t_back));
       prof->add("execute", "", ms_since(t_start));
     }
-  }
-
-  static std::string type_str(DLDataType dt, int32_t ndim, const int64_t* shape) {
-    std::string r = dtype_name(dt) + "[";
-    for (int32_t d = 0; shape && d < ndim; ++d) r += (d ? "," : "") + std::to_string(shape[d]);
-    return r + "]";
-  }
-
-  // The kernels were generated for one dtype and shape per input and output; anything else would
-  // be read or written as if it were that one. Runs for every tensor of every execute: the
-  // messages are only built on failure.
-  static void check_tensor(const DLTensor& t, const Placement& m, const char* what, size_t i) {
-    auto fail = [&](const std::string& why) {
-      const std::string expected = type_str(m.dtype, static_cast<int32_t>(m.shape.size()), m.shape.data());
-      throw Error(KILN_ERROR_INVALID_ARGUMENT,
-                  std::string(what) + " " + std::to_string(i) + ": " + why + " (compiled for " + expected + ")");
-    };
-    if (t.device.device_type != kDLCPU)
-      fail("on device type " + std::to_string(t.device.device_type) + ", not the CPU");
-    if (t.ndim < 0 || (t.ndim > 0 && !t.shape)) fail("rank " + std::to_string(t.ndim) + " without a shape");
-    auto got = [&] { return type_str(t.dtype, t.ndim, t.shape); };
-    if (t.dtype.code != m.dtype.code || t.dtype.bits != m.dtype.bits || t.dtype.lanes != m.dtype.lanes)
-      fail("got " + got() + ", another dtype");
-    if (t.ndim != static_cast<int32_t>(m.shape.size())) fail("got " + got() + ", another rank");
-    for (int32_t d = 0; d < t.ndim; ++d)
-      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) fail("got " + got() + ", another shape");
-    int64_t numel = 1;
-    for (int32_t d = 0; d < t.ndim; ++d) numel *= t.shape[d];
-    if (numel > 0 && !t.data) fail("data is NULL");
-  }
-
-  static void* data_of(const DLTensor& t) { return static_cast<char*>(t.data) + t.byte_offset; }
-
-  static bool same_layout(const DLTensor& t, const Placement& m) {
-    if (t.ndim != static_cast<int32_t>(m.shape.size())) return false;
-    int64_t acc = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      if (t.shape[d] != m.shape[static_cast<size_t>(d)]) return false;
-      const int64_t st = t.strides ? t.strides[d] : acc;
-      if (t.shape[d] != 1 && st != m.strides[static_cast<size_t>(d)]) return false;
-      acc *= t.shape[d];
-    }
-    return true;
   }
 
   // The pointer the kernels use for a tensor; a copy in the compiled layout when its strides differ.
@@ -380,49 +455,205 @@ class CompiledGroup : public Executable {
       }
     }
   }
+};
 
-  DLTensor dl_of(int value, const std::vector<void*>& B) const {
-    const Placement& p = place.at(static_cast<size_t>(value));
-    DLTensor t{};
-    t.data = static_cast<char*>(B.at(static_cast<size_t>(p.slot))) + p.offset * (p.dtype.bits / 8);
-    t.device = DLDevice{kDLCPU, 0};
-    t.ndim = static_cast<int32_t>(p.shape.size());
-    t.dtype = p.dtype;
-    t.shape = const_cast<int64_t*>(p.shape.data());
-    t.strides = const_cast<int64_t*>(p.strides.data());
-    return t;
+// The host side of the CUDA prelude's structs (cuda_prelude.h), byte for byte.
+struct KilnScalarChunk {
+  int32_t n;
+  int32_t index[16];
+  double value[16];
+};
+static_assert(sizeof(KilnScalarChunk) == 200 && offsetof(KilnScalarChunk, value) == 72, "KilnScalarChunk layout");
+struct KilnCopyDesc {
+  int32_t ndim;
+  int32_t elem_bytes;
+  int64_t numel;
+  int64_t size[8];
+  int64_t dst_stride[8];
+  int64_t src_stride[8];
+};
+static_assert(sizeof(KilnCopyDesc) == 208 && offsetof(KilnCopyDesc, size) == 16, "KilnCopyDesc layout");
+
+// A group on a CUDA device: the kernels of one cubin (codegen_cuda.h), launched on the stream
+// execute is given, in the device's primary context (LibTorch's). Scratch and relayout buffers
+// come from the host's device allocator (LibTorch's caching allocator) for one execute and are
+// given back as soon as the work is enqueued: the host allocates on its current stream, which is
+// the stream kiln's runtime passes to execute (LibTorch's current stream; the capture stream
+// inside a CUDA graph), so a later allocation that reuses the memory is ordered after these
+// kernels. Extern kernels run through call_eager on ATen's current stream: the same stream, for
+// the same reason.
+class CudaGroup : public GroupBase {
+ public:
+  std::shared_ptr<CudaDriver> driver;
+  std::unique_ptr<Host> host;
+  int multiprocessors = 1;
+  CudaDriver::CUmodule module = nullptr;
+  std::string key;  // the compile cache key, for messages
+  std::vector<CudaLaunch> launches;
+  std::vector<CudaDriver::CUfunction> fns;  // by launch
+  CudaDriver::CUfunction set_scalars = nullptr, copy = nullptr;
+  std::vector<CudaStep> steps;
+  std::vector<int64_t> scratch_bytes;  // per scratch slot
+  // The run-time scalar table: P[k] is run-time scalar k, in device memory for the life of the
+  // group. Each execute writes the scalars' current values into it with a kernel launch that
+  // carries them as arguments (kiln_set_scalars): ordered before the group's kernels on the same
+  // stream, no host buffer and no host sync. It is skipped when the values and the stream are
+  // those of the last write.
+  //
+  // CUDA graphs: a launch recorded into a graph keeps the arguments it was recorded with, so a
+  // replay would write this step's values again, not the next step's (a host write inside a
+  // captured region is not replayed either). There is no graph-safe way for the plugin to see a
+  // replay's values, so execute refuses run-time scalars while the stream is capturing.
+  // kiln's runtime never gets here: before it records a step as a CUDA graph it turns the
+  // run-time scalars into device tensors the step reads (lift_runtime_scalars), which it refills
+  // before every replay.
+  CudaDriver::CUdeviceptr table = 0;
+  std::vector<int32_t> table_entries;  // the run-time scalars the kernels read
+  std::vector<double> table_defaults;  // their values at capture time, for execute without scalars
+  std::vector<double> table_last;
+  void* table_last_stream = nullptr;
+  bool table_written = false;
+
+  ~CudaGroup() override {
+    if (!driver) return;
+    try {
+      CudaDriver::Scope scope(*driver, device.device_id);
+      driver->unload_module(module);
+      driver->free(table);
+    } catch (...) {
+      // Tearing down after the context is gone: nothing left to free.
+    }
   }
 
-  void call_extern(const ExternCall& call, const std::vector<void*>& B) const {
-    std::deque<DLTensor> tensors;
-    std::vector<const KilnArg*> ptrs;
-    std::deque<KilnArg> args;
-    for (const auto& oa : call.args) {
-      KilnArg a = oa.arg;
-      if (a.tag == KILN_ARG_TENSOR) {
-        tensors.push_back(dl_of(oa.value, B));
-        a.tensor = &tensors.back();
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               void* stream) override {
+    run(inputs, num_inputs, outputs, num_outputs, table_defaults, stream);
+  }
+  void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                            const Scalars& scalars, void* stream) override {
+    std::vector<double> values(table_entries.size());
+    for (size_t k = 0; k < table_entries.size(); ++k) values[k] = scalars.number(table_entries[k]);
+    run(inputs, num_inputs, outputs, num_outputs, values, stream);
+  }
+
+ private:
+  // Device memory for one execute, given back (stream-ordered) when it ends, also on an error.
+  struct Blocks {
+    const Host& host;
+    DLDevice device;
+    std::vector<void*> ptrs;
+    void* get(size_t bytes, void* stream) {
+      ptrs.push_back(host.alloc(device, std::max<size_t>(bytes, 1), stream));
+      return ptrs.back();
+    }
+    ~Blocks() {
+      for (void* p : ptrs) host.free(device, p);
+    }
+  };
+
+  void launch(size_t i, const std::vector<void*>& B, void* stream) {
+    const CudaLaunch& l = launches[i];
+    std::vector<void*> vals;
+    vals.reserve(l.buffers.size() + 1);
+    for (int b : l.buffers) vals.push_back(B.at(static_cast<size_t>(b)));
+    if (l.scalars) vals.push_back(reinterpret_cast<void*>(table));
+    std::vector<void*> args;
+    for (auto& v : vals) args.push_back(&v);
+    const unsigned grid[3] = {l.grid, 1, 1}, block[3] = {l.block, 1, 1};
+    driver->launch(fns[i], grid, block, 0, stream, args.data(), l.name + " (" + l.what + ", cache entry " + key + ")");
+  }
+
+  // Copies between a buffer in the compiled layout `m` and a tensor with its own strides.
+  void strided_copy(void* buf, const Placement& m, const DLTensor& t, bool into_buf, void* stream) {
+    if (t.ndim > 8)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "a tensor of rank " + std::to_string(t.ndim) +
+                                                   " with other strides than compiled (at most 8 dims are copied)");
+    KilnCopyDesc d{};
+    d.ndim = t.ndim;
+    d.elem_bytes = static_cast<int32_t>(m.dtype.bits / 8);
+    d.numel = 1;
+    int64_t acc = 1;
+    for (int k = t.ndim - 1; k >= 0; --k) {
+      d.size[k] = t.shape[k];
+      const int64_t ts = t.strides ? t.strides[k] : acc;
+      d.dst_stride[k] = into_buf ? m.strides[static_cast<size_t>(k)] : ts;
+      d.src_stride[k] = into_buf ? ts : m.strides[static_cast<size_t>(k)];
+      acc *= t.shape[k];
+      d.numel *= t.shape[k];
+    }
+    if (d.numel == 0) return;
+    void* dst = into_buf ? buf : data_of(t);
+    void* src = into_buf ? data_of(t) : buf;
+    void* args[] = {&dst, &src, &d};
+    const unsigned grid[3] = {
+        static_cast<unsigned>(std::min<int64_t>((d.numel + 255) / 256, int64_t{16} * multiprocessors)), 1, 1};
+    const unsigned block[3] = {256, 1, 1};
+    driver->launch(copy, grid, block, 0, stream, args, "kiln_strided_copy");
+  }
+
+  void write_scalars(const std::vector<double>& values, void* stream) {
+    if (table_written && stream == table_last_stream && values == table_last) return;
+    for (size_t first = 0; first < table_entries.size(); first += 16) {
+      KilnScalarChunk c{};
+      c.n = static_cast<int32_t>(std::min<size_t>(16, table_entries.size() - first));
+      for (int32_t i = 0; i < c.n; ++i) {
+        c.index[i] = table_entries[first + static_cast<size_t>(i)];
+        c.value[i] = values[first + static_cast<size_t>(i)];
       }
-      args.push_back(a);
-      ptrs.push_back(&args.back());
+      void* P = reinterpret_cast<void*>(table);
+      void* args[] = {&P, &c};
+      const unsigned grid[3] = {1, 1, 1}, block[3] = {16, 1, 1};
+      driver->launch(set_scalars, grid, block, 0, stream, args, "kiln_set_scalars");
     }
-    std::vector<DLTensor> outs;
-    for (int v : call.outputs) outs.push_back(dl_of(v, B));
-    KilnHostCallEagerArgs ca{};
-    ca.struct_size = KILN_HOST_CALL_EAGER_ARGS_STRUCT_SIZE;
-    ca.host_ctx = host_api->host_ctx;
-    ca.op = call.op.c_str();
-    ca.args = ptrs.data();
-    ca.num_args = ptrs.size();
-    ca.outputs = outs.data();
-    ca.num_outputs = outs.size();
-    KilnError* e = host_api->call_eager(&ca);
-    if (e) {
-      const std::string msg = host_api->error_message(e);
-      const KilnErrorCode code = host_api->error_code(e);
-      host_api->error_destroy(e);
-      throw Error(code, "extern kernel " + call.op + ": " + msg);
+    table_last = values;
+    table_last_stream = stream;
+    table_written = true;
+  }
+
+  void run(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+           const std::vector<double>& scalars, void* stream) {
+    check_counts(inputs, num_inputs, outputs, num_outputs);
+    for (size_t i = 0; i < n_in; ++i) check_tensor(inputs[i], in_meta[i], "input", i);
+    for (size_t j = 0; j < n_out; ++j) check_tensor(outputs[j], out_meta[j], "output", j);
+    CudaDriver::Scope scope(*driver, device.device_id);
+    if (!table_entries.empty() && driver->capturing(stream))
+      throw Error(KILN_ERROR_UNIMPLEMENTED,
+                  "a CUDA graph is being recorded on this stream, and this group reads run-time scalars: a replay "
+                  "would repeat this step's values (kiln's runtime turns run-time scalars into device tensors before "
+                  "it records a graph)");
+    Blocks mem{*host, device, {}};
+    std::vector<void*> B(n_in + n_out + scratch_bytes.size(), nullptr);
+    std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
+    auto bind = [&](const DLTensor& t, const Placement& m, bool is_input) -> void* {
+      if (same_layout(t, m)) return data_of(t);
+      int64_t extent = 1;
+      for (size_t d = 0; d < m.shape.size(); ++d) extent += (m.shape[d] - 1) * std::max<int64_t>(m.strides[d], 0);
+      void* buf = mem.get(static_cast<size_t>(std::max<int64_t>(extent, 1)) * (m.dtype.bits / 8), stream);
+      if (is_input) strided_copy(buf, m, t, true, stream);
+      return buf;
+    };
+    for (size_t i = 0; i < n_in; ++i) B[i] = bind(inputs[i], in_meta[i], true);
+    for (size_t j = 0; j < n_out; ++j) {
+      B[n_in + j] = bind(outputs[j], out_meta[j], false);
+      if (B[n_in + j] != data_of(outputs[j])) copy_back.push_back({j, B[n_in + j]});
     }
+    if (!scratch_bytes.empty()) {
+      // One block for every scratch buffer, each 256-byte aligned.
+      std::vector<size_t> at;
+      size_t total = 0;
+      for (int64_t bytes : scratch_bytes) {
+        at.push_back(total);
+        total += (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 255) / 256 * 256;
+      }
+      char* base = static_cast<char*>(mem.get(total, stream));
+      for (size_t k = 0; k < scratch_bytes.size(); ++k) B[n_in + n_out + k] = base + at[k];
+    }
+    if (!table_entries.empty()) write_scalars(scalars, stream);
+    for (const CudaStep& st : steps) {
+      if (st.launch >= 0) launch(static_cast<size_t>(st.launch), B, stream);
+      else call_extern(externs.at(st.extern_node), B);
+    }
+    for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false, stream);
   }
 };
 
@@ -438,6 +669,33 @@ DLDataType dl_of_ty(Ty t) {
   return {};
 }
 
+// NVRTC and the driver, loaded once per process (per `nvrtc` option), or why not.
+struct CudaRuntime {
+  std::shared_ptr<Nvrtc> nvrtc;
+  std::shared_ptr<CudaDriver> driver;
+  std::string why;  // empty when both loaded
+  bool ok() const { return why.empty(); }
+  // The reason's first line (NVRTC's lists every place it looked).
+  std::string short_why() const { return why.substr(0, why.find('\n')); }
+};
+
+const CudaRuntime& cuda_runtime(const std::string& nvrtc_option) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<CudaRuntime>> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& rt = loaded[nvrtc_option];
+  if (rt) return *rt;
+  rt = std::make_unique<CudaRuntime>();
+  try {
+    static const std::shared_ptr<CudaDriver> driver = CudaDriver::load();
+    rt->driver = driver;
+    rt->nvrtc = Nvrtc::load(nvrtc_option);
+  } catch (const Error& e) {
+    rt->why = e.what();
+  }
+  return *rt;
+}
+
 class InductorPlugin : public Plugin {
  public:
   using Plugin::Plugin;
@@ -447,7 +705,9 @@ class InductorPlugin : public Plugin {
     d.name = "inductor";
     d.version = "0.2.0";
     d.vendor = "kiln";
-    d.description = "fused C++/OpenMP kernels from the system compiler (CPU), like torch.compile's default";
+    d.description =
+        "fused C++/OpenMP kernels from the system compiler (CPU) and CUDA kernels from NVRTC (CUDA), like "
+        "torch.compile's default";
     d.device_kinds = KILN_DEVICE_MASK_CPU | KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_MASK_ALL;
     d.concurrent_execution_safe = false;
@@ -461,9 +721,15 @@ class InductorPlugin : public Plugin {
     if (!cpu && !gpu) return Availability::no("no CPU or CUDA device in the device list");
     std::string reason;
     if (gpu) {
+      const int arch = gpu->compute_capability_major * 10 + gpu->compute_capability_minor;
+      const CudaRuntime& rt = cuda_runtime(host().option("nvrtc").value_or(""));
+      std::string kernels;
+      if (!rt.ok()) kernels = "CPU nodes only: " + rt.short_why();
+      else if (!rt.nvrtc->supports(arch))
+        kernels = "CPU nodes only: NVRTC " + rt.nvrtc->version() + " cannot compile for sm_" + std::to_string(arch);
+      else kernels = "CUDA kernels by NVRTC " + rt.nvrtc->version() + ", driver " + rt.driver->version_string();
       reason = std::to_string(devices.count(KILN_DEVICE_CUDA)) + " CUDA device(s), first " + gpu->name + " (sm_" +
-               std::to_string(gpu->compute_capability_major) + std::to_string(gpu->compute_capability_minor) +
-               "; GPU kernels not built yet, CPU nodes only)";
+               std::to_string(arch) + "; " + kernels + ")";
     }
     if (cpu) reason += std::string(reason.empty() ? "" : "; ") + "CPU " + (*cpu->name ? cpu->name : "(unnamed)");
     // The general compiler: after a device's own (hpu_backend 400, neuron 300), before the
@@ -471,8 +737,9 @@ class InductorPlugin : public Plugin {
     return Availability::yes(reason, 200);
   }
 
-  LoweringOptions lowering_options() const {
+  LoweringOptions lowering_options(Target target) const {
     LoweringOptions o;
+    o.target = target;
     auto ext = host().option("extern_kernels");
     o.extern_kernels = ext ? parse_bool("extern_kernels", *ext) : true;
     o.extern_kernels = o.extern_kernels && host().has_call_eager();
@@ -482,8 +749,17 @@ class InductorPlugin : public Plugin {
 
   std::vector<int64_t> claim(const Graph& g) override {
     validate_graph(g);
-    const LoweringOptions opts = lowering_options();
+    const LoweringOptions cpu_opts = lowering_options(Target::Cpu), cuda_opts = lowering_options(Target::Cuda);
     const size_t nn = g.num_nodes();
+    // CUDA nodes are taken only where kernels can be built and run for their device.
+    std::map<int, std::string> cuda_why;  // by device ordinal
+    auto why_not_cuda = [&](const Node& n) -> const std::string& {
+      const int64_t v = !n.outputs().empty() && n.outputs()[0] >= 0 ? n.outputs()[0] : n.inputs().at(0);
+      const int dev = g.value(v).device().device_id;
+      auto it = cuda_why.find(dev);
+      if (it == cuda_why.end()) it = cuda_why.emplace(dev, cuda_unavailable(dev)).first;
+      return it->second;
+    };
     std::vector<char> take(nn, 0);
     std::vector<int64_t> producer(g.num_values(), -1);
     std::vector<std::vector<int64_t>> users(g.num_values());
@@ -491,7 +767,9 @@ class InductorPlugin : public Plugin {
     std::vector<char> kind(nn, Compute);
     for (size_t i = 0; i < nn; ++i) {
       Node n = g.node(static_cast<int64_t>(i));
-      take[i] = why_not_claimed(g, n, opts).empty();
+      const std::optional<Target> target = target_of(g, n);
+      if (!target || (*target == Target::Cuda && !why_not_cuda(n).empty())) take[i] = 0;
+      else take[i] = why_not_claimed(g, n, *target == Target::Cuda ? cuda_opts : cpu_opts).empty();
       kind[i] = is_view_op(n.op()) ? View : is_extern_op(n.op()) ? Extern : Compute;
       for (int64_t v : n.outputs())
         if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int64_t>(i);
@@ -556,12 +834,26 @@ class InductorPlugin : public Plugin {
     for (size_t i = 0; i < nn; ++i)
       if (take[i]) taken.push_back(static_cast<int64_t>(i));
     host().debug("claimed " + std::to_string(taken.size()) + " of " + std::to_string(nn) + " nodes");
+    for (const auto& [dev, why] : cuda_why)
+      if (!why.empty()) host().debug("nodes on CUDA device " + std::to_string(dev) + " run on ATen: " + why);
     return taken;
   }
 
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
     validate_graph(g);
     const Settings s = parse_settings(options.options);
+    // The group's device: every value on the CPU, or every value on one CUDA device.
+    std::optional<DLDevice> device;
+    for (size_t v = 0; v < g.num_values(); ++v) {
+      const DLDevice d = g.value(static_cast<int64_t>(v)).device();
+      if (d.device_type != kDLCPU && d.device_type != kDLCUDA)
+        throw Unimplemented("a value on device type " + std::to_string(d.device_type) + "; these nodes run eagerly");
+      if (device &&
+          (device->device_type != d.device_type || (d.device_type == kDLCUDA && device->device_id != d.device_id)))
+        throw Unimplemented("a group with values on two devices; these nodes run eagerly");
+      device = d;
+    }
+    if (device && device->device_type == kDLCUDA) return compile_cuda(g, options, s, device->device_id);
     if (options.mode == KILN_MODE_REDUCE_OVERHEAD) {
       static bool said = false;
       if (!said)
@@ -570,10 +862,7 @@ class InductorPlugin : public Plugin {
     }
     const bool autotune =
         options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
-    for (size_t v = 0; v < g.num_values(); ++v)
-      if (g.value(static_cast<int64_t>(v)).device().device_type != kDLCPU)
-        throw Unimplemented("GPU kernels are not built yet; these nodes run eagerly");
-    LoweringOptions lo = lowering_options();
+    LoweringOptions lo = lowering_options(Target::Cpu);
     lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
     std::unique_ptr<LoweredGraph> L = lower(g, lo);
     Program P = schedule(*L);
@@ -593,7 +882,7 @@ class InductorPlugin : public Plugin {
                    " kernels" + (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
       std::vector<std::pair<int, int>> winners(P.kernels.size(), {0, s.threads});
       if (autotune && !read_tune(root + "/" + key + ".tune", &winners, P.kernels.size())) {
-        prepare(*exe, g, *L, P);
+        prepare_cpu(*exe, g, *L, P);
         winners = tune(*exe, *L, P, variants, s.threads);
         write_tune(root + "/" + key + ".tune", winners);
       } else if (autotune) {
@@ -613,7 +902,7 @@ class InductorPlugin : public Plugin {
         exe->omp_max_threads = nullptr;  // runtime_threads() falls back
       }
     }
-    if (exe->place.empty()) prepare(*exe, g, *L, P);
+    if (exe->place.empty()) prepare_cpu(*exe, g, *L, P);
     exe->steps = P.steps;
     if (s.profile) {
       exe->profile = Profile::enable();
@@ -640,15 +929,98 @@ class InductorPlugin : public Plugin {
   }
 
  private:
-  // Buffers, placements and extern calls: everything but the kernels.
-  void prepare(CompiledGroup& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
-    exe.n_in = L.num_inputs;
-    exe.n_out = L.num_outputs;
-    exe.params = L.params;
+  // Why nodes on CUDA device `device` cannot be compiled here ("" when they can).
+  std::string cuda_unavailable(int device, const std::string* nvrtc_option = nullptr) const {
+    if (auto on = host().option("cuda"); on && !parse_bool("cuda", *on)) return "[plugin.inductor] cuda = false";
+    const CudaRuntime& rt = cuda_runtime(nvrtc_option ? *nvrtc_option : host().option("nvrtc").value_or(""));
+    if (!rt.ok()) return rt.why;
+    if (!host().has_device_memory()) return "the host offers no device memory (for scratch buffers)";
+    int arch = 0;
+    try {
+      arch = rt.driver->compute_capability(device);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    if (!rt.nvrtc->supports(arch))
+      return "NVRTC " + rt.nvrtc->version() + " (" + rt.nvrtc->library_path() + ") cannot compile for sm_" +
+             std::to_string(arch);
+    return "";
+  }
+
+  std::unique_ptr<Executable> compile_cuda(const Graph& g, const CompileOptions& options, const Settings& s,
+                                           int device) {
+    if (!s.cuda) throw Unimplemented("[plugin.inductor] cuda = false; these nodes run eagerly");
+    if (const std::string why = cuda_unavailable(device, &s.nvrtc); !why.empty())
+      throw Unimplemented("no CUDA kernels here (" + why + "); these nodes run eagerly");
+    if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
+      static bool said = false;
+      if (!said) host().info("max-autotune tunes the C++ kernels; CUDA kernels are generated with their defaults");
+      said = true;
+    }
+    if (s.profile) {
+      static bool said = false;
+      if (!said) host().info("profile times the C++ kernels; CUDA groups are not timed");
+      said = true;
+    }
+    const CudaRuntime& rt = cuda_runtime(s.nvrtc);
+    const int arch = rt.driver->compute_capability(device);
+    LoweringOptions lo = lowering_options(Target::Cuda);
+    lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
+    std::unique_ptr<LoweredGraph> L = lower(g, lo);
+    Program P = schedule(*L);
+    CudaOptions co;
+    co.multiprocessors = rt.driver->multiprocessors(device);
+    CudaProgram prog = generate_cuda(*L, P, co);
+
+    auto exe = std::make_unique<CudaGroup>();
+    exe->host_api = host().raw();
+    exe->device = DLDevice{kDLCUDA, device};
+    exe->host = std::make_unique<Host>(host());
+    exe->multiprocessors = co.multiprocessors;
+    const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
+    CacheStats stats;
+    const std::string cubin = cubin_cached(prog.source, *rt.nvrtc, arch, root, host(), &exe->key, &stats);
+    host().debug(std::string(stats.hit ? "cache hit " : "compiled ") + exe->key + ".cubin (" +
+                 std::to_string(prog.launches.size()) + " CUDA kernels, sm_" + std::to_string(arch) +
+                 (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
+    {
+      CudaDriver::Scope scope(*rt.driver, device);
+      exe->driver = rt.driver;  // from here on the destructor unloads what is loaded
+      exe->module = rt.driver->load_module(cubin, root + "/" + exe->key + ".cubin");
+      for (const CudaLaunch& l : prog.launches) exe->fns.push_back(rt.driver->function(exe->module, l.name));
+      exe->set_scalars = rt.driver->function(exe->module, "kiln_set_scalars");
+      exe->copy = rt.driver->function(exe->module, "kiln_strided_copy");
+      if (prog.scalar_table > 0)
+        exe->table = rt.driver->alloc(static_cast<size_t>(prog.scalar_table) * sizeof(double), "run-time scalars");
+    }
+    prepare(*exe, g, *L, P);
+    exe->launches = prog.launches;
+    exe->steps = prog.steps;
+    exe->scratch_bytes = L->scratch_bytes;
+    for (const ScalarParam& p : L->params) {
+      if (p.runtime_scalar < 0 || p.runtime_scalar >= prog.scalar_table) continue;
+      if (std::find(exe->table_entries.begin(), exe->table_entries.end(), p.runtime_scalar) != exe->table_entries.end())
+        continue;
+      exe->table_entries.push_back(p.runtime_scalar);
+      exe->table_defaults.push_back(p.value);
+    }
+    return exe;
+  }
+
+  // The CPU's buffers and parameters, then everything else but the kernels (prepare).
+  void prepare_cpu(CompiledGroup& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
     exe.param_values.clear();
     for (const auto& p : L.params) exe.param_values.push_back(p.value);
     exe.scratch.clear();
     for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64);
+    prepare(exe, g, L, P);
+  }
+
+  // Placements and extern calls.
+  void prepare(GroupBase& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
+    exe.n_in = L.num_inputs;
+    exe.n_out = L.num_outputs;
+    exe.params = L.params;
     exe.place.assign(L.values.size(), Placement{});
     for (size_t v = 0; v < L.values.size(); ++v) {
       const ValueInfo& info = L.values[v];

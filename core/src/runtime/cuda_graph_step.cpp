@@ -266,6 +266,11 @@ bool cuda_available() {
   }
 }
 
+void* current_stream(const c10::Device& device) {
+  if (!device.is_cuda()) return nullptr;
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
 }  // namespace kiln::cudagraph
 
 namespace kiln {
@@ -300,6 +305,7 @@ bool Step::recorded() const { return false; }
 bool Step::draws_random_numbers() const { return false; }
 void Step::replay() {}
 bool cuda_available() { return false; }
+void* current_stream(const c10::Device&) { return nullptr; }
 }  // namespace kiln::cudagraph
 
 namespace kiln {

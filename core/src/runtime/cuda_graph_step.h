@@ -79,5 +79,10 @@ class Step {
 // Whether CUDA is usable in this process (a device and a driver).
 bool cuda_available();
 
+// LibTorch's current stream on `device` as a cudaStream_t, what a plugin's execute is given so
+// that its kernels and the ATen ops around them (its own call_eager ones too) are ordered on one
+// stream; NULL for other devices, and where kiln is built without CUDA.
+void* current_stream(const c10::Device& device);
+
 }  // namespace cudagraph
 }  // namespace kiln

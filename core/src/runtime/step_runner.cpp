@@ -178,7 +178,8 @@ std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
     std::optional<ScopedCpuBlockCache> cache;
     if (!plan_->device.is_cuda() && options_.cpu_block_cache)
       cache.emplace(static_cast<size_t>(options_.cpu_block_cache_max_mb) << 20);
-    run_body(scalars, nullptr);
+    // On CUDA, LibTorch's current stream: a plugin's kernels run where the ATen ops around them do.
+    run_body(scalars, cudagraph::current_stream(plan_->device));
   }
   return finish(false);
 }
@@ -193,7 +194,7 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
   } catch (const std::exception& ex) {
     skip_graph(ex.what());
     bind(inputs);
-    run_body(scalars, nullptr);
+    run_body(scalars, cudagraph::current_stream(plan_->device));
     return finish(false);
   }
   bind(inputs);
