@@ -26,6 +26,7 @@
 #include <torch/cuda.h>
 
 #include "cubin_symbols.h"
+#include "cuda_driver.h"
 #include "cuda_corpus.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
@@ -36,6 +37,7 @@
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/plugin_registry.h"
 #include "kiln/workloads.h"
+#include "log_capture.h"
 
 // The plugin's own code (kiln_inductor_impl), for the generation steps.
 #include "codegen_cuda.h"
@@ -291,6 +293,44 @@ TEST(InductorCudaCodegen, AWarmCacheRunsNvrtcZeroTimesAndABrokenEntryIsRebuilt) 
   EXPECT_FALSE(s2.hit);
   EXPECT_EQ(inductor::Nvrtc::compiles(), mid + 1);
   EXPECT_EQ(again, cold);
+}
+
+// Where CUDA kernels cannot be built (no driver or no NVRTC here, an nvrtc option naming nothing,
+// cuda = false), the nodes on CUDA are not claimed and the debug log says why; the plugin's CPU
+// nodes are still taken.
+TEST(InductorCudaClaims, NodesOnCudaStayWithAtenWhenNoKernelsCanBeBuiltAndTheLogSaysWhy) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4,8]{8,1} on cuda:0 input "x"
+  input %1 : f32[4,8]{8,1} input "y"
+  %2 : f32[4,8]{8,1} on cuda:0 = aten::relu(%0)
+  %3 : f32[4,8]{8,1} = aten::relu(%1)
+  output %2 result "on_gpu"
+  output %3 result "on_cpu"
+}
+)");
+  bool driver = true;
+  try {
+    inductor::CudaDriver::load();
+  } catch (const plugin::Error&) {
+    driver = false;
+  }
+  const std::string bogus = "/nonexistent/kiln/libnvrtc.so.13";
+  const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{{"cuda", "false"}}, "[plugin.inductor] cuda = false"},
+      {{{"nvrtc", bogus}}, driver ? bogus : "libcuda.so.1"},
+  };
+  for (const auto& [options, why] : cases) {
+    TrainingArguments args;
+    args.runtime.cache_dir = fresh_dir("claims");
+    args.plugin_options["inductor"] = options;
+    auto plugin = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
+    kiln::test::start_log_capture();
+    GraphView view(g);
+    EXPECT_EQ(plugin->claim(view.view()), std::vector<int64_t>{1}) << why;
+    const std::string log = kiln::test::captured_log();
+    EXPECT_NE(log.find("nodes on CUDA device 0 run on ATen: "), std::string::npos) << log;
+    EXPECT_NE(log.find(why), std::string::npos) << log;
+  }
 }
 
 // ---- Without a GPU: the generated kernels on an emulated device ------------------------------
