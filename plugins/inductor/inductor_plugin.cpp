@@ -754,7 +754,11 @@ class InductorPlugin : public Plugin {
     // CUDA nodes are taken only where kernels can be built and run for their device.
     std::map<int, std::string> cuda_why;  // by device ordinal
     auto why_not_cuda = [&](const Node& n) -> const std::string& {
-      const int64_t v = !n.outputs().empty() && n.outputs()[0] >= 0 ? n.outputs()[0] : n.inputs().at(0);
+      int64_t v = -1;  // a value of the node (target_of found one on CUDA)
+      for (int64_t o : n.outputs())
+        if (v < 0 && o >= 0) v = o;
+      for (int64_t i : n.inputs())
+        if (v < 0 && i >= 0) v = i;
       const int dev = g.value(v).device().device_id;
       auto it = cuda_why.find(dev);
       if (it == cuda_why.end()) it = cuda_why.emplace(dev, cuda_unavailable(dev)).first;
