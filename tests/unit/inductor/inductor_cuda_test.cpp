@@ -560,8 +560,11 @@ TEST(InductorCacheCuda, ASecondCompileOfTheSameGroupIsACacheHit) {
   size_t cubins = 0;
   for (int run = 0; run < 2; ++run) {
     auto plugin = load_plugin(dir);
+    kiln::test::start_log_capture();
     PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
     EXPECT_EQ(exec.stats().groups_compiled, 1u);
+    const std::string log = kiln::test::captured_log();
+    EXPECT_NE(log.find(run == 0 ? "compiled " : "cache hit "), std::string::npos) << log;
   }
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) cubins += e.path().extension() == ".cubin";
   EXPECT_EQ(cubins, 1u);
