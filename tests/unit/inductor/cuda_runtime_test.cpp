@@ -1,13 +1,17 @@
 // NVRTC and the CUDA driver as the inductor loads them (dlopen, no CUDA library linked), without
 // LibTorch: NVRTC is found, compiles a kernel to a cubin that defines it, and reports a failing
 // compile with its log and the source's name; a bad `nvrtc` option and a missing driver are errors
-// that say what was tried. Skips (saying so) where no libnvrtc can be loaded.
+// that say what was tried; the CUDA prelude compiles on its own and is embedded byte for byte.
+// Skips (saying so) where no libnvrtc can be loaded.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <kiln/plugin_api.hpp>
 
+#include "codegen_cuda.h"
 #include "cubin_symbols.h"
 #include "cuda_driver.h"
 #include "cuda_nvrtc.h"
@@ -113,4 +117,17 @@ TEST(InductorCudaDriver, LoadsOrSaysWhyNot) {
     EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
     EXPECT_TRUE(msg.find("libcuda.so.1") != std::string::npos || msg.find("cuInit") != std::string::npos) << msg;
   }
+}
+
+TEST(InductorCudaPrelude, CompilesOnItsOwnAndIsEmbeddedByteForByte) {
+  std::ifstream f(KILN_CUDA_PRELUDE_HEADER, std::ios::binary);
+  ASSERT_TRUE(f) << KILN_CUDA_PRELUDE_HEADER;
+  const std::string header((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(std::string(kiln::inductor::cuda_prelude()), header);
+  std::string why;
+  auto n = nvrtc(&why);
+  if (!n) GTEST_SKIP() << "no NVRTC on this machine: " << why;
+  const auto fns = kiln::test::cubin_functions(n->compile(header, 90, "cuda_prelude.h"));
+  EXPECT_EQ(fns.count("kiln_set_scalars"), 1u);
+  EXPECT_EQ(fns.count("kiln_strided_copy"), 1u);
 }
