@@ -2,10 +2,10 @@
 // pointwise chains, broadcasting, GELU and its backward, layer norm forward and backward,
 // softmax/log-softmax and cross-entropy (nll) forward and backward, bias gradients (column
 // reductions), reductions, SGD with momentum, AdamW with run-time scalars, comparisons and fills,
-// views, casts, and a matmul with its epilogue (an extern kernel). "{T}" is the float dtype (f32 or
-// bf16) and "{D}" the device; the statistics layer norm returns are float32 on CUDA for either.
-// Input names pick the random data (inductor_cuda_test.cpp): "pos*" positive, "target*" class
-// indices (one of them -100 in "target_ignore").
+// views, casts, int64 and bool values, and a matmul with its epilogue (an extern kernel). "{T}" is
+// the float dtype (f32 or bf16) and "{D}" the device; the statistics layer norm returns are float32
+// on CUDA for either. Input names pick the random data (inductor_cuda_test.cpp): "pos*" positive,
+// "target*" class indices (one of them -100 in "target_ignore").
 #pragma once
 
 #include <string>
@@ -328,6 +328,24 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // int64 and bool through copies, selects, comparisons and fills (integer arithmetic stays
+      // with ATen, as on the CPU).
+      {"int64_and_bool", R"(graph {
+  input %0 : i64[6,10]{10,1} {D} input "target"
+  input %1 : bool[6,10]{10,1} {D} input "mask"
+  input %2 : {T}[6,10]{10,1} {D} input "x"
+  %3 : i64[6,10]{10,1} {D} = aten::full(i[6, 10], scalar(7), dtype(i64), None, device("cuda:0"), None)
+  %4 : i64[6,10]{10,1} {D} = aten::where.self(%1, %0, %3)
+  %5 : bool[6,10]{10,1} {D} = aten::eq.Scalar(%0, scalar(3))
+  %6 : {T}[6,10]{10,1} {D} = aten::_to_copy(%0, dtype({T}), None, None, None, false, None)
+  %7 : {T}[6,10]{10,1} {D} = aten::mul.Tensor(%6, %2)
+  %8 : i64[6,10]{10,1} {D} = aten::clone(%4, None)
+  output %8 result "picked"
+  output %5 result "is3"
+  output %7 result "scaled"
+}
+)",
+       1},
       // A matmul (an extern kernel, ATen's) with its epilogue generated.
       {"addmm_epilogue", R"(graph {
   input %0 : {T}[16,24]{24,1} {D} input "x"
