@@ -468,6 +468,7 @@ class Emitter {
   void store(int v, const Index& off, const std::string& value, int depth) {
     const ValueInfo& info = val(v);
     use_buf(info.buffer, info.ty);
+    written_.insert(info.buffer);
     const std::string b = "b" + std::to_string(info.buffer) + "[" + index_str(off) + "]";
     if (info.ty == Ty::bf16) body_ << ind(depth) << b << " = k_f2bf(" << value << ");\n";
     else body_ << ind(depth) << b << " = (" << mem_type(info.ty) << ")(" << value << ");\n";
@@ -478,7 +479,11 @@ class Emitter {
     os << "KILN_KERNEL(" << launch.block << ") " << launch.name << "(";
     bool first = true;
     for (const auto& [b, ty] : bufs_) {
-      os << (first ? "" : ", ") << mem_type(ty) << "* __restrict__ b" << b;
+      // A buffer the kernel both writes and reads (a row's statistic that other threads of the row
+      // read back after a barrier) is not __restrict__: with it, nvcc may read through the
+      // non-coherent read-only cache (LDG.CONSTANT) and see the value from before the barrier.
+      const bool restrict = !(written_.count(b) && read_.count(b));
+      os << (first ? "" : ", ") << mem_type(ty) << (restrict ? "* __restrict__ b" : "* b") << b;
       launch.buffers.push_back(b);
       first = false;
     }
@@ -528,6 +533,7 @@ class Emitter {
         auto r = regs_.find(x.value);
         if (r != regs_.end() && x.logical_known && in_kernel_.count(x.value)) return r->second;
         use_buf(x.buf, x.ty);
+        read_.insert(x.buf);
         const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
         return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
       }
@@ -660,6 +666,7 @@ class Emitter {
   std::map<int, int> var_level_, level_;
   std::map<int, std::string> names_, regs_;
   std::map<int, Ty> bufs_;
+  std::set<int> read_, written_;  // buffers the kernel loads from / stores to
   int base_ = 1;
   int max_scalar_ = -1;
   std::ostringstream body_;

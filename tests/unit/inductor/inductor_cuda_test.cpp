@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -214,6 +215,35 @@ TEST_P(InductorCudaCodegen, CompilesWithNvrtcForSm90IntoACubinWithEveryKernel) {
     EXPECT_NE(cuda.source.find("kiln_bf16* __restrict__"), std::string::npos);
     EXPECT_NE(cuda.source.find("k_f2bf("), std::string::npos);
   }
+}
+
+// A buffer that one kernel both stores to and loads from must not be __restrict__: nvcc may then
+// load it through the non-coherent read-only cache and miss what another thread of the block
+// stored before a barrier (a long layer-norm row read back a stale rstd on the H200). Checked on
+// the text of each generated kernel: parameters, then stores ("bN[...] =") and loads of each.
+TEST_P(InductorCudaCodegen, NoRestrictBufferIsBothStoredAndLoadedInOneKernel) {
+  const Case& c = GetParam();
+  const Generated gen = generate(ir::parse(kiln::test::instantiate(c.graph->text, c.dtype)));
+  const std::string& src = gen.cuda.source;
+  size_t checked = 0;
+  for (size_t at = src.find("KILN_KERNEL("); at != std::string::npos; at = src.find("KILN_KERNEL(", at + 1)) {
+    const size_t open = src.find('(', src.find(')', at) + 1), close = src.find(')', open);
+    const size_t end = src.find("\n}\n", close);
+    ASSERT_NE(end, std::string::npos);
+    const std::string params = src.substr(open + 1, close - open - 1), body = src.substr(close, end - close);
+    const std::regex restrict_param(R"(__restrict__ (b[0-9]+))");
+    for (std::sregex_iterator m(params.begin(), params.end(), restrict_param), e; m != e; ++m) {
+      const std::string b = (*m)[1].str();
+      const std::regex store("(^|[^0-9A-Za-z_])" + b + R"(\[[^\]]*\] = )"), any("(^|[^0-9A-Za-z_])" + b + R"(\[)");
+      const auto stores = std::distance(std::sregex_iterator(body.begin(), body.end(), store), {});
+      const auto uses = std::distance(std::sregex_iterator(body.begin(), body.end(), any), {});
+      EXPECT_FALSE(stores > 0 && uses > stores)
+          << b << " is __restrict__ but stored " << stores << " and loaded " << (uses - stores) << " times in\n"
+          << src.substr(at, end - at);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0u) << "no __restrict__ parameter found: the check looks at nothing";
 }
 
 INSTANTIATE_TEST_SUITE_P(Corpus, InductorCudaCodegen, ::testing::ValuesIn(all_cases()), case_name);
