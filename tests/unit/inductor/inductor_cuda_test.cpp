@@ -346,8 +346,9 @@ TEST(InductorCudaClaims, NodesOnCudaStayWithAtenWhenNoKernelsCanBeBuiltAndTheLog
   }
   const std::string bogus = "/nonexistent/kiln/libnvrtc.so.13";
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
+      {{}, "[plugin.inductor] cuda is off (the default"},
       {{{"cuda", "false"}}, "[plugin.inductor] cuda = false"},
-      {{{"nvrtc", bogus}}, driver ? bogus : "libcuda.so.1"},
+      {{{"cuda", "true"}, {"nvrtc", bogus}}, driver ? bogus : "libcuda.so.1"},
   };
   for (const auto& [options, why] : cases) {
     TrainingArguments args;
@@ -471,6 +472,7 @@ namespace {
 std::shared_ptr<LoadedPlugin> load_plugin(const std::string& cache_dir) {
   TrainingArguments args;
   args.runtime.cache_dir = cache_dir;
+  args.plugin_options["inductor"]["cuda"] = "true";
   return PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
 }
 
@@ -635,6 +637,7 @@ void expect_step_parity(const std::string& name, const std::string& mode, double
   args.torch_compile_mode = mode;
   args.runtime.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
   args.runtime.cache_dir = fresh_dir("step_" + name);
+  args.plugin_options["inductor"]["cuda"] = "true";
   auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
   double worst_loss = 0;
   for (int s = 0; s < steps; ++s) {
