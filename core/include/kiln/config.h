@@ -71,6 +71,18 @@ struct TrainingArguments {
   // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
   double max_grad_norm = 0.0;
   std::string log_level = "info";  // KILN_LOG_LEVEL
+  // Trainer::train, with Hugging Face's names, defaults and meanings (docs/config.md).
+  std::string output_dir;                    // the metrics file goes here; "" writes none
+  double num_train_epochs = 3.0;             // may be fractional
+  int64_t max_steps = -1;                    // > 0: the number of optimizer steps; wins over num_train_epochs
+  int64_t per_device_train_batch_size = 8;   // examples per micro-batch
+  int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
+  double learning_rate = 5e-5;               // the schedule's peak; replaces the optimizer's own lr in train()
+  std::string lr_scheduler_type = "linear";  // constant, constant_with_warmup, linear, cosine
+  int64_t warmup_steps = 0;                  // > 0 wins over warmup_ratio
+  double warmup_ratio = 0.0;                 // of the total optimizer steps
+  int64_t logging_steps = 500;               // a metrics line every this many optimizer steps
+  int64_t seed = 42;                         // torch::manual_seed at the start of train(), and the shuffling
   // [plugin.<name>] tables: free-form key/value options handed to that plugin as strings.
   // KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." overrides single options.
   std::map<std::string, std::map<std::string, std::string>> plugin_options;

@@ -8,10 +8,17 @@
 //   kiln::Trainer trainer(model, opt, loss_fn, args);
 //   auto loss = trainer.step(x, y);              // forward(Tensor)
 //   auto loss = trainer.step({ids, lengths}, y); // forward(Tensor, Tensor)
+//
+// Or a whole training, the way Hugging Face's Trainer runs it (args.num_train_epochs, max_steps,
+// per_device_train_batch_size, gradient_accumulation_steps, learning_rate, lr_scheduler_type,
+// warmup_steps, logging_steps, seed, output_dir):
+//   kiln::TensorDataset data({xs}, ys);          // examples along dim 0
+//   kiln::TrainOutput out = trainer.train(data);
 #pragma once
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -80,6 +87,43 @@ MultiForwardFn forward_of(const std::shared_ptr<Module>& model) {
 }
 }  // namespace trainer_detail
 
+// One example of a dataset: the tensors forward takes, and the target the loss reads.
+struct Example {
+  std::vector<at::Tensor> inputs;
+  at::Tensor target;
+};
+
+// What Trainer::train reads: examples by index. train() stacks per_device_train_batch_size of them
+// (along a new dim 0) into a micro-batch; every example has the same number of inputs and the same
+// shapes.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual size_t size() const = 0;
+  virtual Example get(size_t index) const = 0;
+};
+
+// Examples along dim 0 of tensors: example i is ({inputs[0][i], ...}, target[i]).
+class TensorDataset : public Dataset {
+ public:
+  TensorDataset(std::vector<at::Tensor> inputs, at::Tensor target);
+  size_t size() const override;
+  Example get(size_t index) const override;
+
+ private:
+  std::vector<at::Tensor> inputs_;
+  at::Tensor target_;
+};
+
+// What Trainer::train returns, as Hugging Face's TrainOutput: the optimizer steps made, the mean
+// training loss over them, and the run's metrics (train_runtime, train_samples_per_second,
+// train_steps_per_second, train_loss, epoch).
+struct TrainOutput {
+  int64_t global_step = 0;
+  double training_loss = 0;
+  std::map<std::string, double> metrics;
+};
+
 class Trainer {
  public:
   // `model`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Linear, a
@@ -108,6 +152,21 @@ class Trainer {
   at::Tensor step(const at::Tensor& input, const at::Tensor& target);
   at::Tensor step(const std::vector<at::Tensor>& inputs, const at::Tensor& target);
 
+  // A whole training over `dataset`, driven by args() with Hugging Face's meanings: max_steps
+  // optimizer steps when > 0, else ceil(num_train_epochs * steps per epoch), where an epoch is the
+  // dataset shuffled (a generator seeded with args.seed), cut into micro-batches of
+  // per_device_train_batch_size examples (the last may be smaller) and those grouped by
+  // gradient_accumulation_steps (the last group may be shorter). Before every optimizer step each
+  // parameter group's learning rate is set to the schedule's (learning_rate, lr_scheduler_type,
+  // warmup_steps or warmup_ratio); the optimizer's own lr is replaced. A group of one micro-batch
+  // runs through step(); a longer group runs through a second compiled step that adds the
+  // micro-batches' gradients (each loss divided by the group's size) before one optimizer update.
+  // Every logging_steps steps a line {"step", "epoch", "loss" (the mean since the last line),
+  // "learning_rate" (the scheduler's after the step, as Hugging Face logs it), "steps_per_second"}
+  // goes to <output_dir>/metrics.jsonl (truncated first; no file when output_dir is empty), and a
+  // last line holds the run's metrics.
+  TrainOutput train(const Dataset& dataset);
+
   // The backend chosen and the reasons, for display.
   const std::string& backend() const;
   const std::vector<std::string>& backend_reasons() const;
@@ -115,7 +174,8 @@ class Trainer {
   bool compiled() const;
   const TrainingArguments& args() const;
   // Counters (compiles, compiled and eager steps, compile time, last fallback reason) and the
-  // compiled step itself (its captured and compiled graphs).
+  // compiled step itself (its captured and compiled graphs): step()'s, or, after train() ran
+  // groups of several micro-batches, the accumulating step's.
   const StepStats& stats() const;
   const CompiledStep& compiled_step() const;
 

@@ -68,11 +68,14 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
+// The shortest text that reads back as `d` ("5e-05", not "5.0000000000000002e-05").
 std::string number_text(double d) {
-  std::ostringstream os;
-  os.precision(17);
-  os << d;
-  return os.str();
+  for (int precision = 1;; ++precision) {
+    std::ostringstream os;
+    os.precision(precision);
+    os << d;
+    if (precision >= 17 || std::strtod(os.str().c_str(), nullptr) == d) return os.str();
+  }
 }
 
 std::string scalar_to_string(const toml::node& n) {
@@ -245,6 +248,41 @@ Setting max_grad_norm_setting() {
   return s;
 }
 
+// A floating-point number within [lo, hi] (TOML integers are accepted too); `what` says the range in
+// the error message.
+template <class F>
+Setting real(std::string key, F field, double lo, double hi, std::string what) {
+  Setting s{key, ""};
+  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_number()) throw wrong_type(v, source, key, "a number");
+    field(a) = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+  };
+  s.from_env = [key, field](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    field(a) = env_number(value, where, key);
+  };
+  s.show = [field](const TrainingArguments& a) { return number_text(field(a)); };
+  s.check = [key, field, lo, hi, what](const TrainingArguments& a, const SettingOrigin& where) {
+    const double d = field(a);
+    if (!(d >= lo && d <= hi) || !std::isfinite(d))
+      throw ConfigError(where, key, "key '" + key + "' must be " + what + ", got " + number_text(d));
+  };
+  return s;
+}
+
+const std::vector<std::string>& lr_scheduler_types() {
+  static const std::vector<std::string> t = {"constant", "constant_with_warmup", "linear", "cosine"};
+  return t;
+}
+
+void check_lr_scheduler_type(const std::string& type, const SettingOrigin& where, const std::string& key) {
+  const auto& types = lr_scheduler_types();
+  if (std::find(types.begin(), types.end(), type) != types.end()) return;
+  std::string msg = "unknown lr_scheduler_type '" + type + "'";
+  if (auto near = nearest_name(type, types)) msg += "; did you mean '" + *near + "'? Valid types: ";
+  else msg += "; valid types: ";
+  throw ConfigError(where, key, msg + join(types));
+}
+
 // The file's list replaces the code's; KILN_PLUGIN_PATH's directories go before it. Entries that
 // repeat an earlier one are dropped, so applying the environment twice is applying it once.
 Setting plugin_dirs_setting() {
@@ -334,6 +372,31 @@ const std::vector<Setting>& table() {
     v.push_back(max_grad_norm_setting());
     v.push_back(text(
         "log_level", "KILN_LOG_LEVEL", [](auto& a) -> auto& { return a.log_level; }, check_log_level));
+    // Trainer::train.
+    v.push_back(text(
+        "output_dir", "", [](auto& a) -> auto& { return a.output_dir; }));
+    v.push_back(real(
+        "num_train_epochs", [](auto& a) -> auto& { return a.num_train_epochs; }, 0, 1e9, "a number from 0 to 1e9"));
+    v.push_back(integer(
+        "max_steps", "", [](auto& a) -> auto& { return a.max_steps; }, -1, int64_t{1} << 40));
+    v.push_back(integer(
+        "per_device_train_batch_size", "", [](auto& a) -> auto& { return a.per_device_train_batch_size; }, 1,
+        int64_t{1} << 30));
+    v.push_back(integer(
+        "gradient_accumulation_steps", "", [](auto& a) -> auto& { return a.gradient_accumulation_steps; }, 1,
+        int64_t{1} << 20));
+    v.push_back(real(
+        "learning_rate", [](auto& a) -> auto& { return a.learning_rate; }, 0, 1e9, "a finite number >= 0"));
+    v.push_back(text(
+        "lr_scheduler_type", "", [](auto& a) -> auto& { return a.lr_scheduler_type; }, check_lr_scheduler_type));
+    v.push_back(integer(
+        "warmup_steps", "", [](auto& a) -> auto& { return a.warmup_steps; }, 0, int64_t{1} << 40));
+    v.push_back(real(
+        "warmup_ratio", [](auto& a) -> auto& { return a.warmup_ratio; }, 0, 1, "a number from 0 to 1"));
+    v.push_back(integer(
+        "logging_steps", "", [](auto& a) -> auto& { return a.logging_steps; }, 1, int64_t{1} << 40));
+    v.push_back(integer(
+        "seed", "", [](auto& a) -> auto& { return a.seed; }, 0, (int64_t{1} << 62)));
     v.push_back(plugin_options_setting());
     // [runtime]
     v.push_back(plugin_dirs_setting());

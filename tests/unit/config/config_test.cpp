@@ -76,6 +76,18 @@ TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.torch_compile_mode, "default");
   EXPECT_EQ(a.max_grad_norm, 0.0);
   EXPECT_EQ(a.log_level, "info");
+  // Trainer::train's settings: Hugging Face's defaults, output_dir apart ("" writes no file).
+  EXPECT_EQ(a.output_dir, "");
+  EXPECT_EQ(a.num_train_epochs, 3.0);
+  EXPECT_EQ(a.max_steps, -1);
+  EXPECT_EQ(a.per_device_train_batch_size, 8);
+  EXPECT_EQ(a.gradient_accumulation_steps, 1);
+  EXPECT_EQ(a.learning_rate, 5e-5);
+  EXPECT_EQ(a.lr_scheduler_type, "linear");
+  EXPECT_EQ(a.warmup_steps, 0);
+  EXPECT_EQ(a.warmup_ratio, 0.0);
+  EXPECT_EQ(a.logging_steps, 500);
+  EXPECT_EQ(a.seed, 42);
   EXPECT_FALSE(a.runtime.fullgraph);
   EXPECT_EQ(a.runtime.recompile_limit, 8);
   EXPECT_TRUE(a.runtime.plugin_dirs.empty());
@@ -107,6 +119,17 @@ torch_compile_backend = "inductor"
 torch_compile_mode = "max-autotune"
 max_grad_norm = 0.5
 log_level = "debug"
+output_dir = "/tmp/run"
+num_train_epochs = 2.5
+max_steps = 100
+per_device_train_batch_size = 16
+gradient_accumulation_steps = 4
+learning_rate = 3e-4
+lr_scheduler_type = "cosine"
+warmup_steps = 10
+warmup_ratio = 0.1
+logging_steps = 5
+seed = 7
 
 [runtime]
 fullgraph = true
@@ -138,6 +161,17 @@ ratio = 0.5
   EXPECT_EQ(a.torch_compile_mode, "max-autotune");
   EXPECT_EQ(a.max_grad_norm, 0.5);
   EXPECT_EQ(a.log_level, "debug");
+  EXPECT_EQ(a.output_dir, "/tmp/run");
+  EXPECT_EQ(a.num_train_epochs, 2.5);
+  EXPECT_EQ(a.max_steps, 100);
+  EXPECT_EQ(a.per_device_train_batch_size, 16);
+  EXPECT_EQ(a.gradient_accumulation_steps, 4);
+  EXPECT_EQ(a.learning_rate, 3e-4);
+  EXPECT_EQ(a.lr_scheduler_type, "cosine");
+  EXPECT_EQ(a.warmup_steps, 10);
+  EXPECT_EQ(a.warmup_ratio, 0.1);
+  EXPECT_EQ(a.logging_steps, 5);
+  EXPECT_EQ(a.seed, 7);
   EXPECT_TRUE(a.runtime.fullgraph);
   EXPECT_EQ(a.runtime.recompile_limit, 3);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
@@ -155,9 +189,9 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("fast_math"), "false");
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":9:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":23:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":27:8");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":20:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":34:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":38:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -377,6 +411,17 @@ TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
   EXPECT_EQ(error_in_code(e),
             "code: unknown log level 'errror'; did you mean 'error'? Valid levels: trace, debug, "
             "info, warn, error, critical, off");
+  TrainingArguments f;
+  f.lr_scheduler_type = "cosin";
+  EXPECT_EQ(error_in_code(f),
+            "code: unknown lr_scheduler_type 'cosin'; did you mean 'cosine'? Valid types: constant, "
+            "constant_with_warmup, linear, cosine");
+  TrainingArguments g;
+  g.warmup_ratio = 1.5;
+  EXPECT_EQ(error_in_code(g), "code: key 'warmup_ratio' must be a number from 0 to 1, got 1.5");
+  TrainingArguments h;
+  h.gradient_accumulation_steps = 0;
+  EXPECT_EQ(error_in_code(h), "code: key 'gradient_accumulation_steps' must be between 1 and 1048576, got 0");
 }
 
 TEST_F(ConfigTest, UnknownBackendIsCheckedAgainstPluginsFound) {

@@ -1,0 +1,293 @@
+// kiln::Trainer::train: the Hugging Face loop (epochs, max_steps, schedules with warmup, gradient
+// accumulation, the metrics file) checked against a LibTorch loop written out here, with the
+// schedules' formulas as transformers.optimization writes them.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
+
+#include "kiln/compile.h"
+#include "kiln/trainer.h"
+
+namespace nn = torch::nn;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Setup {
+  nn::Sequential net;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+};
+
+Setup make(uint64_t seed, bool adamw) {
+  torch::manual_seed(seed);
+  Setup s{nn::Sequential(nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 5)), nullptr};
+  // The optimizers' own learning rates are replaced by train()'s schedule.
+  if (adamw) s.opt = std::make_unique<torch::optim::AdamW>(s.net->parameters(), torch::optim::AdamWOptions(1.0));
+  else s.opt = std::make_unique<torch::optim::SGD>(s.net->parameters(), torch::optim::SGDOptions(1.0).momentum(0.9));
+  return s;
+}
+
+at::Tensor ce(const at::Tensor& out, const at::Tensor& y) { return nn::functional::cross_entropy(out, y); }
+
+// transformers.optimization: get_linear_schedule_with_warmup's lr_lambda, times the peak.
+double hf_linear(double peak, int64_t step, int64_t warmup, int64_t total) {
+  if (step < warmup) return peak * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  return peak *
+         std::max(0.0, static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(1, total - warmup)));
+}
+
+// get_cosine_schedule_with_warmup (num_cycles 0.5).
+double hf_cosine(double peak, int64_t step, int64_t warmup, int64_t total) {
+  if (step < warmup) return peak * static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  const double progress =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  return peak * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * 0.5 * 2.0 * progress)));
+}
+
+double rel_err(double got, double want) { return std::abs(got - want) / std::max(std::abs(want), 1e-12); }
+
+// The metrics file's lines as key -> number.
+std::vector<std::map<std::string, double>> read_metrics(const std::string& dir) {
+  std::ifstream in(dir + "/metrics.jsonl");
+  EXPECT_TRUE(in.good()) << dir << "/metrics.jsonl";
+  std::vector<std::map<std::string, double>> out;
+  const std::regex field(R"re("([a-z_]+)": ([-+0-9.eE]+))re");
+  for (std::string line; std::getline(in, line);) {
+    EXPECT_EQ(line.front(), '{');
+    EXPECT_EQ(line.back(), '}');
+    std::map<std::string, double> m;
+    for (auto it = std::sregex_iterator(line.begin(), line.end(), field); it != std::sregex_iterator(); ++it)
+      m[(*it)[1].str()] = std::stod((*it)[2].str());
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("kiln_train_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d.string();
+}
+
+struct Data {
+  at::Tensor x, y;
+};
+
+Data make_data(int64_t n) {
+  torch::manual_seed(1234);
+  return {at::randn({n, 12}), at::randint(0, 5, {n})};
+}
+
+// Hugging Face's loop in plain LibTorch: each epoch the examples in the order of a generator seeded
+// with `seed`, micro-batches of `bs`, `ga` of them per optimizer step, the learning rate set before
+// each step. Returns each step's loss (the micro-batches' mean).
+std::vector<double> eager_loop(Setup& s, const Data& d, int64_t bs, int64_t ga, int64_t total, uint64_t seed,
+                               const std::function<double(int64_t)>& lr_at) {
+  torch::manual_seed(seed);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t n = d.x.size(0);
+  const int64_t batches = (n + bs - 1) / bs, steps_per_epoch = (batches + ga - 1) / ga;
+  std::vector<double> losses;
+  while (static_cast<int64_t>(losses.size()) < total) {
+    const at::Tensor perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+    for (int64_t st = 0; st < steps_per_epoch && static_cast<int64_t>(losses.size()) < total; ++st) {
+      const double lr = lr_at(static_cast<int64_t>(losses.size()));
+      for (auto& g : s.opt->param_groups()) g.options().set_lr(lr);
+      s.opt->zero_grad();
+      const int64_t first = st * ga, last = std::min(first + ga, batches);
+      double sum = 0;
+      for (int64_t b = first; b < last; ++b) {
+        const at::Tensor idx = perm.slice(0, b * bs, std::min((b + 1) * bs, n));
+        auto loss =
+            ce(s.net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx)) / static_cast<double>(last - first);
+        loss.backward();
+        sum += loss.item<double>();
+      }
+      s.opt->step();
+      losses.push_back(sum);
+    }
+  }
+  return losses;
+}
+
+void expect_same_params(Setup& a, Setup& b, double rtol) {
+  auto pa = a.net->parameters(), pb = b.net->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(at::allclose(pa[i], pb[i], rtol, 1e-6))
+        << "parameter " << i << " differs by " << (pa[i] - pb[i]).abs().max().item<double>();
+}
+
+kiln::TrainingArguments train_args(const std::string& dir) {
+  kiln::TrainingArguments a;
+  a.torch_compile = true;
+  a.output_dir = dir;
+  a.per_device_train_batch_size = 8;
+  a.learning_rate = 0.05;
+  a.seed = 17;
+  a.logging_steps = 1;
+  return a;
+}
+
+}  // namespace
+
+// Ten compiled optimizer steps with a linear schedule and three warmup steps, for SGD with momentum
+// and for AdamW: every step's loss and learning rate in the metrics file against the eager loop and
+// Hugging Face's formula, and the final parameters. The schedule changes the learning rate every
+// step, yet the step is captured and compiled once: the look-ahead right after the capture sees the
+// rate constant, so the first compiled step finds it moved (SGD's -lr, AdamW's 1 - lr * weight_decay)
+// and plans the step again once with it as a run-time scalar; no later step plans or compiles again.
+TEST(TrainerTrain, LinearWarmupFollowsHuggingFaceAndTheEagerLoop) {
+  for (bool adamw : {false, true}) {
+    SCOPED_TRACE(adamw ? "AdamW" : "SGD");
+    const auto d = make_data(32);  // 4 micro-batches of 8 an epoch
+    auto ref = make(5, adamw), s = make(5, adamw);
+    auto args = train_args(fresh_dir(adamw ? "linear_adamw" : "linear_sgd"));
+    args.max_steps = 10;
+    args.warmup_steps = 3;
+    args.lr_scheduler_type = "linear";
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+
+    auto lr_at = [&](int64_t step) { return hf_linear(0.05, step, 3, 10); };
+    const auto want = eager_loop(ref, d, 8, 1, 10, 17, lr_at);
+    EXPECT_EQ(out.global_step, 10);
+    const auto lines = read_metrics(args.output_dir);
+    ASSERT_EQ(lines.size(), 11u) << "a line a step (logging_steps 1), then the run's metrics";
+    double sum = 0;
+    for (int64_t i = 0; i < 10; ++i) {
+      const auto& l = lines[static_cast<size_t>(i)];
+      EXPECT_EQ(l.at("step"), static_cast<double>(i + 1));
+      EXPECT_NEAR(l.at("epoch"), (i + 1) / 4.0, 1e-12);
+      EXPECT_LT(rel_err(l.at("loss"), want[static_cast<size_t>(i)]), 1e-5)
+          << "step " << i + 1 << ": " << l.at("loss") << " vs " << want[static_cast<size_t>(i)];
+      // As Hugging Face logs it: the scheduler's rate after the step, i.e. the next step's.
+      EXPECT_DOUBLE_EQ(l.at("learning_rate"), lr_at(i + 1)) << "step " << i + 1;
+      EXPECT_GT(l.at("steps_per_second"), 0);
+      sum += want[static_cast<size_t>(i)];
+    }
+    EXPECT_EQ(lr_at(0), 0.0);
+    EXPECT_DOUBLE_EQ(lr_at(3), 0.05);
+    EXPECT_LT(rel_err(out.training_loss, sum / 10), 1e-5);
+    const auto& last = lines.back();
+    EXPECT_EQ(last.at("step"), 10.0);
+    EXPECT_LT(rel_err(last.at("train_loss"), sum / 10), 1e-5);
+    EXPECT_GT(last.at("train_runtime"), 0);
+    EXPECT_GT(last.at("train_steps_per_second"), 0);
+    EXPECT_EQ(out.metrics.at("epoch"), 2.5);
+    expect_same_params(ref, s, 1e-5);
+    // The optimizer's learning rate is the last step's.
+    EXPECT_DOUBLE_EQ(s.opt->param_groups()[0].options().get_lr(), lr_at(9));
+
+    const auto& st = trainer.stats();
+    EXPECT_EQ(st.compiles, 1) << "the schedule must not recompile the step";
+    EXPECT_EQ(st.recaptures, 0);
+    EXPECT_EQ(st.compiled_steps, 8) << "the first step runs eagerly, the second is captured, the others compiled";
+    EXPECT_EQ(st.rebuilds, 1) << "planned again once, when the rate is first seen to move";
+    std::printf("[ %s ] compiles %d, rebuilds %d, compiled steps %d\n", adamw ? "AdamW" : "SGD", st.compiles,
+                st.rebuilds, st.compiled_steps);
+    fs::remove_all(args.output_dir);
+  }
+}
+
+TEST(TrainerTrain, CosineWithWarmupRatio) {
+  const auto d = make_data(24);  // 3 micro-batches of 8 an epoch
+  auto ref = make(6, false), s = make(6, false);
+  auto args = train_args(fresh_dir("cosine"));
+  args.num_train_epochs = 3;  // 9 steps
+  args.warmup_ratio = 0.2;    // ceil(1.8) = 2 warmup steps
+  args.lr_scheduler_type = "cosine";
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+  auto lr_at = [&](int64_t step) { return hf_cosine(0.05, step, 2, 9); };
+  const auto want = eager_loop(ref, d, 8, 1, 9, 17, lr_at);
+  EXPECT_EQ(out.global_step, 9);
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 10u);
+  for (size_t i = 0; i < 9; ++i) {
+    EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-5) << "step " << i + 1;
+    EXPECT_DOUBLE_EQ(lines[i].at("learning_rate"), lr_at(static_cast<int64_t>(i) + 1)) << "step " << i + 1;
+  }
+  expect_same_params(ref, s, 1e-5);
+  fs::remove_all(args.output_dir);
+}
+
+// max_steps wins over num_train_epochs (Hugging Face); without it the epochs decide, fractional
+// ones too. Eager steps here: the counting is the point.
+TEST(TrainerTrain, MaxStepsWinsOverEpochs) {
+  const auto d = make_data(32);  // 4 steps an epoch
+  struct Case {
+    double epochs;
+    int64_t max_steps;
+    int64_t want_steps;
+    double want_epoch;
+  };
+  for (const Case c : {Case{1, 6, 6, 1.5}, Case{5, 3, 3, 0.75}, Case{2, -1, 8, 2.0}, Case{0.5, -1, 2, 0.5}}) {
+    SCOPED_TRACE("epochs " + std::to_string(c.epochs) + ", max_steps " + std::to_string(c.max_steps));
+    auto s = make(7, false);
+    auto args = train_args(fresh_dir("counts"));
+    args.torch_compile = false;
+    args.num_train_epochs = c.epochs;
+    args.max_steps = c.max_steps;
+    args.logging_steps = 2;
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+    EXPECT_EQ(out.global_step, c.want_steps);
+    EXPECT_EQ(out.metrics.at("epoch"), c.want_epoch);
+    EXPECT_EQ(trainer.stats().steps, c.want_steps);
+    const auto lines = read_metrics(args.output_dir);
+    ASSERT_EQ(lines.size(), static_cast<size_t>(c.want_steps / 2 + 1)) << "a line every 2 steps, then the run's";
+    for (size_t i = 0; i + 1 < lines.size(); ++i) EXPECT_EQ(lines[i].at("step"), 2.0 * (i + 1));
+    EXPECT_EQ(lines.back().at("step"), static_cast<double>(c.want_steps));
+    fs::remove_all(args.output_dir);
+  }
+}
+
+// Two micro-batches of 4 accumulated in one compiled step update the parameters as one batch of 8
+// does (the same examples: the same seed shuffles both alike), and as the eager loop does.
+TEST(TrainerTrain, GradientAccumulationEqualsOneBigBatch) {
+  const auto d = make_data(32);
+  auto big = make(8, true), acc = make(8, true), ref = make(8, true);
+  auto a_args = train_args("");
+  a_args.max_steps = 6;
+  a_args.lr_scheduler_type = "constant";
+  a_args.logging_steps = 100;
+  auto b_args = a_args;
+  a_args.per_device_train_batch_size = 4;
+  a_args.gradient_accumulation_steps = 2;
+  kiln::Trainer big_trainer(big.net, *big.opt, ce, b_args);
+  kiln::Trainer acc_trainer(acc.net, *acc.opt, ce, a_args);
+  const auto big_out = big_trainer.train(kiln::TensorDataset({d.x}, d.y));
+  const auto acc_out = acc_trainer.train(kiln::TensorDataset({d.x}, d.y));
+  EXPECT_EQ(acc_out.global_step, 6);
+  EXPECT_LT(rel_err(acc_out.training_loss, big_out.training_loss), 1e-5);
+  expect_same_params(big, acc, 1e-5);
+  const auto want = eager_loop(ref, d, 4, 2, 6, 17, [](int64_t) { return 0.05; });
+  double sum = 0;
+  for (double l : want) sum += l;
+  EXPECT_LT(rel_err(acc_out.training_loss, sum / 6), 1e-5);
+  expect_same_params(ref, acc, 1e-5);
+  const auto& st = acc_trainer.stats();
+  EXPECT_EQ(st.compiles, 1) << "the accumulating step is compiled once";
+  EXPECT_EQ(st.compiled_steps, 4) << "warm-up and capture run eagerly, the other four compiled";
+  EXPECT_EQ(st.recaptures, 0);
+}
