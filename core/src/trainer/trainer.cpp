@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -30,6 +31,16 @@ struct Trainer::Impl {
   std::unique_ptr<CompiledStep> accumulate;
   size_t per_micro = 0;
   CompiledStep* last = nullptr;  // the step that ran last, for stats()
+  // During train(): the next optimizer step's learning rate, which the step function sets right
+  // after the update. Host state only, so a compiled step never runs it; but the capture runs the
+  // function, and the optimizer probe's look-ahead right after the capture then replays step()
+  // with the next rate: a scheduled rate is a run-time scalar of the first plan, and the step is
+  // not planned again when the rate first moves.
+  std::optional<double> next_lr;
+  void set_next_lr() {
+    if (next_lr)
+      for (auto& group : optimizer->param_groups()) group.options().set_lr(*next_lr);
+  }
 };
 
 namespace {
@@ -120,6 +131,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
         loss.backward();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
+        im->set_next_lr();
         return std::vector<at::Tensor>{loss.detach()};
       },
       StepState{{impl_->model}, {impl_->optimizer}}, std::move(args));
@@ -169,6 +181,10 @@ TrainOutput Trainer::train(const Dataset& dataset) {
     if (!metrics) throw std::runtime_error("kiln::Trainer::train: cannot write " + path);
   }
 
+  struct ResetNextLr {
+    Impl* im;
+    ~ResetNextLr() { im->next_lr.reset(); }
+  } reset_next_lr{im};
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.seed));
   im->per_micro = dataset.get(0).inputs.size() + 1;
@@ -206,8 +222,8 @@ TrainOutput Trainer::train(const Dataset& dataset) {
         auto mb = micro_batch(order, b * bs, std::min((b + 1) * bs, n));
         inputs.insert(inputs.end(), mb.begin(), mb.end());
       }
-      const double lr = lr_at(result.global_step);
-      for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr);
+      for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(result.global_step));
+      im->next_lr = lr_at(result.global_step + 1);
       at::Tensor loss;
       if (last - first == 1) {
         loss = step(std::vector<at::Tensor>(inputs.begin(), inputs.end() - 1), inputs.back());
@@ -229,6 +245,7 @@ TrainOutput Trainer::train(const Dataset& dataset) {
                 if (im->max_grad_norm > 0)
                   torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
                 im->optimizer->step();
+                im->set_next_lr();
                 return std::vector<at::Tensor>{sum};
               },
               StepState{{im->model}, {im->optimizer}}, a);
@@ -257,6 +274,8 @@ TrainOutput Trainer::train(const Dataset& dataset) {
       }
     }
   }
+  // As after Hugging Face's last scheduler step: the rate the schedule gives the step after the last.
+  for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(result.global_step));
   const double runtime = seconds_between(start, Clock::now());
   result.training_loss = total_loss.item<double>() / static_cast<double>(result.global_step);
   const double samples = static_cast<double>(std::min(n * epochs, total_steps * ga * bs));
