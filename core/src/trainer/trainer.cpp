@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -61,12 +62,15 @@ double schedule_factor(const std::string& type, int64_t step, int64_t warmup, in
   throw std::invalid_argument("kiln::Trainer: unknown lr_scheduler_type '" + type + "'");
 }
 
+// The shortest text that reads back as `d` (0.1, not 0.10000000000000001).
 std::string json_number(double d) {
   if (!std::isfinite(d)) return "null";
-  std::ostringstream os;
-  os.precision(17);
-  os << d;
-  return os.str();
+  for (int precision = 1;; ++precision) {
+    std::ostringstream os;
+    os.precision(precision);
+    os << d;
+    if (precision >= 17 || std::strtod(os.str().c_str(), nullptr) == d) return os.str();
+  }
 }
 
 // {"k": v, ...} in the given order.

@@ -292,3 +292,57 @@ TEST(TrainerTrain, GradientAccumulationEqualsOneBigBatch) {
   EXPECT_EQ(st.compiled_steps, 4) << "warm-up and capture run eagerly, the other four compiled";
   EXPECT_EQ(st.recaptures, 0);
 }
+
+// A dataset of the user's own, whose examples are two tensors the forward adds, 20 of them: micro-
+// batches of 8, 8 and 4, grouped two by two (an accumulating step of 16 examples, then a step of 4
+// through step()), every step's loss and the parameters as in the eager loop.
+TEST(TrainerTrain, OwnDatasetWithAShortLastBatchAndAShortLastGroup) {
+  struct Pairs : kiln::Dataset {
+    at::Tensor a, b, y;
+    size_t size() const override { return static_cast<size_t>(y.size(0)); }
+    kiln::Example get(size_t i) const override {
+      const auto k = static_cast<int64_t>(i);
+      return {{a[k], b[k]}, y[k]};
+    }
+  };
+  struct AddImpl : nn::Module {
+    nn::Sequential net{nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 5)};
+    AddImpl() { register_module("net", net); }
+    at::Tensor forward(const at::Tensor& a, const at::Tensor& b) { return net->forward(a + b); }
+  };
+  torch::manual_seed(99);
+  Pairs data;
+  data.a = at::randn({20, 12});
+  data.b = at::randn({20, 12});
+  data.y = at::randint(0, 5, {20});
+  torch::manual_seed(9);
+  auto model = std::make_shared<AddImpl>();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1.0).momentum(0.9));
+  auto ref = make(9, false);  // the same network on a+b, started from the model's parameters
+  {
+    torch::NoGradGuard no_grad;
+    auto pa = ref.net->parameters(), pb = model->net->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) pa[i].copy_(pb[i]);
+  }
+  auto args = train_args(fresh_dir("own"));
+  args.gradient_accumulation_steps = 2;  // 2 optimizer steps an epoch
+  args.num_train_epochs = 3;
+  args.warmup_steps = 2;
+  kiln::Trainer trainer(model, opt, ce, args);
+  const auto out = trainer.train(data);
+  EXPECT_EQ(out.global_step, 6);
+  auto lr_at = [&](int64_t step) { return hf_linear(0.05, step, 2, 6); };
+  const auto want = eager_loop(ref, Data{data.a + data.b, data.y}, 8, 2, 6, 17, lr_at);
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 7u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-5) << "step " << i + 1;
+    EXPECT_NEAR(lines[i].at("epoch"), static_cast<double>(i + 1) / 2, 1e-12);
+  }
+  auto pa = ref.net->parameters(), pb = model->net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
+  // The last group ran through step() (one micro-batch of 4): warm-up, capture, then compiled.
+  EXPECT_EQ(trainer.stats().compiled_steps, 1);
+  EXPECT_EQ(trainer.stats().rebuilds, 0);
+  fs::remove_all(args.output_dir);
+}
