@@ -182,15 +182,19 @@ void lower_gelu(Lowerer& l, const Node& n, bool backward) {
       int pdf = mul(cst(p, 0.3989422804014327), p.op("exp", ty, {mul(cst(p, -0.5), mul(a, a))}));
       return mul(g(p, idx), add(cdf, mul(a, pdf)));
     }
+    // tanh's form as ATen writes it, 0.5*x*(1 + tanh(u)), cancels for negative x (1 + tanh(u) is
+    // the difference of two numbers near 1: one ulp of tanh is 2.5e-5 of the result at x = -3).
+    // 0.5*(1 + tanh(u)) is sigmoid(2u), and 1 - tanh(u)^2 is 4*sigmoid(2u)*sigmoid(-2u): the same
+    // function with no subtraction, accurate in relative terms on both sides.
     const double k0 = M_SQRT2 * M_2_SQRTPI * 0.5, k1 = 0.044715;
     int x3 = mul(a, mul(a, a));
-    int inner = mul(cst(p, k0), add(a, mul(cst(p, k1), x3)));
-    int th = p.op("tanh", ty, {inner});
-    if (!bwd) return mul(mul(cst(p, 0.5), a), add(cst(p, 1.0), th));
-    int left = mul(cst(p, 0.5), add(cst(p, 1.0), th));
+    int two_u = mul(cst(p, 2 * k0), add(a, mul(cst(p, k1), x3)));
+    int s = p.op("sigmoid", ty, {two_u});
+    if (!bwd) return mul(a, s);
+    int s_neg = p.op("sigmoid", ty, {p.op("neg", ty, {two_u})});
     int dinner = mul(cst(p, k0), add(cst(p, 1.0), mul(cst(p, 3 * k1), mul(a, a))));
-    int right = mul(mul(cst(p, 0.5), a), mul(p.op("sub", ty, {cst(p, 1.0), mul(th, th)}), dinner));
-    return mul(g(p, idx), add(left, right));
+    int right = mul(mul(cst(p, 2.0), a), mul(mul(s, s_neg), dinner));
+    return mul(g(p, idx), add(s, right));
   });
 }
 
