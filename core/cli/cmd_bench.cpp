@@ -45,7 +45,7 @@ void usage(FILE* out) {
   std::fprintf(
       out,
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
-      "[--steps N] [--batch N] [--optimizer O] [--check] [--check-grads] [--tolerance X] [--trace] "
+      "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--trace] "
       "[--interleave] [--json]\n\n"
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
@@ -58,6 +58,8 @@ void usage(FILE* out) {
       "  --batch N       batch size (default: the workload's size for the device)\n"
       "  --optimizer O   sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
       "                  optimizer's)\n"
+      "  --dtype D       f32 (no autocast) or bf16 (bf16 autocast on the device; parameters and optimizer\n"
+      "                  stay float32) instead of the workload's own (gpt on CUDA: bf16; else f32)\n"
       "  --check         also compare losses and final parameters; exit 1 beyond tolerance, or when a step\n"
       "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
       "  --check-grads   --check, and the last step's gradients too\n"
@@ -81,6 +83,7 @@ struct BenchOptions {
   std::string backend;  // "" = TrainingArguments' own (auto, or KILN_BACKEND)
   std::string mode = "default";
   std::string optimizer;
+  std::string dtype;
   std::vector<std::string> plugin_dirs;
   int steps = 20;
   int64_t batch = 0;      // 0 = the workload's size for the device
@@ -121,6 +124,7 @@ bool parse(int argc, char** argv, BenchOptions& o) {
     else if (a == "--steps") o.steps = static_cast<int>(parse_integer(a, value(), 4));
     else if (a == "--batch") o.batch = parse_integer(a, value(), 1);
     else if (a == "--optimizer") o.optimizer = value();
+    else if (a == "--dtype") o.dtype = value();
     else if (a == "--tolerance") o.tolerance = parse_non_negative(a, value());
     else if (a == "--check") o.check = true;
     else if (a == "--check-grads") o.check = o.check_grads = true;
@@ -138,6 +142,8 @@ bool parse(int argc, char** argv, BenchOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device '" + o.device + "': use cpu or cuda");
   if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
     throw UsageError("--optimizer '" + o.optimizer + "': use sgd or adamw");
+  if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16")
+    throw UsageError("--dtype '" + o.dtype + "': use f32 or bf16");
   return true;
 }
 
@@ -264,8 +270,8 @@ BenchRun run(const BenchOptions& o) {
   BenchRun r;
   r.requested = args.torch_compile_backend;
   const uint64_t seed = 1234;
-  r.eager_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer}));
-  r.kiln_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer}));
+  r.eager_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
+  r.kiln_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
   auto eager_step = workload_step(*r.eager_w);
   auto compiled = compile_step(workload_step(*r.kiln_w), {{r.kiln_w->model}, {r.kiln_w->optimizer.get()}}, args);
   r.chosen = compiled.backend();
@@ -436,17 +442,17 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   const Timing t = timing(r);
   const auto& st = r.stats;
   std::printf(
-      "{\"workload\": %s, \"device\": %s, \"steps\": %d, \"backend_requested\": %s, "
+      "{\"workload\": %s, \"device\": %s, \"autocast_bf16\": %s, \"steps\": %d, \"backend_requested\": %s, "
       "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
       "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
       "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
       "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
       "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
-      json_quote(o.workload).c_str(), json_quote(o.device).c_str(), o.steps, json_quote(r.requested).c_str(),
-      json_quote(r.chosen).c_str(), json_quote(r.why).c_str(), json_quote(u.runs_on).c_str(),
-      json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms, t.first_s, st.compiled_steps,
-      st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes, u.nodes_run,
-      u.groups_run, u.groups);
+      json_quote(o.workload).c_str(), json_quote(o.device).c_str(), r.kiln_w->autocast_bf16 ? "true" : "false", o.steps,
+      json_quote(r.requested).c_str(), json_quote(r.chosen).c_str(), json_quote(r.why).c_str(),
+      json_quote(u.runs_on).c_str(), json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms,
+      t.first_s, st.compiled_steps, st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2],
+      r.compiled_nodes, u.nodes_run, u.groups_run, u.groups);
   std::printf("\"fallback_groups\": [");
   for (size_t i = 0; i < u.fell_back.size(); ++i) {
     const auto& g = u.fell_back[i];
@@ -472,8 +478,9 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
 void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
   const Timing t = timing(r);
   const auto& st = r.stats;
-  std::printf("kiln bench %s on %s, %d steps; backend: %s, mode %s; runs on: %s\n", o.workload.c_str(),
-              o.device.c_str(), o.steps, r.chosen.c_str(), o.mode.c_str(), u.runs_on.c_str());
+  std::printf("kiln bench %s on %s%s, %d steps; backend: %s, mode %s; runs on: %s\n", o.workload.c_str(),
+              o.device.c_str(), r.kiln_w->autocast_bf16 ? " (bf16 autocast)" : "", o.steps, r.chosen.c_str(),
+              o.mode.c_str(), u.runs_on.c_str());
   if (!r.why.empty()) std::printf("  why: %s\n", r.why.c_str());
   std::printf("  captured nodes: forward %d, backward %d, optimizer %d; compiled graph %zu nodes\n", r.phase_nodes[0],
               r.phase_nodes[1], r.phase_nodes[2], r.compiled_nodes);

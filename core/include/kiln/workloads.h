@@ -21,7 +21,9 @@ struct Workload {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   at::Tensor input;
   at::Tensor target;
-  bool autocast_bf16 = false;  // gpt on CUDA
+  // The forward and loss run under bf16 autocast on the workload's device: gpt on CUDA by default,
+  // any workload with WorkloadOptions::dtype "bf16".
+  bool autocast_bf16 = false;
 };
 
 struct WorkloadOptions {
@@ -32,11 +34,15 @@ struct WorkloadOptions {
   // "" = the workload's own optimizer; "sgd" (lr 0.01, momentum 0.9) or "adamw"
   // (lr 1e-3) swaps it, to tell a model's effect from an optimizer's.
   std::string optimizer = "";
+  // "" = the workload's own precision (gpt on CUDA under bf16 autocast, everything else float32);
+  // "f32" = no autocast; "bf16" = bf16 autocast on the workload's device (CUDA or CPU). The
+  // parameters and the optimizer stay float32 either way, as under LibTorch's autocast.
+  std::string dtype = "";
 };
 
 // The workload's training step as LibTorch runs it, the one every benchmark and test uses:
-// zero_grad; forward and loss (under bf16 autocast on CUDA when w.autocast_bf16, or on the CPU
-// when cpu_autocast); backward; optimizer step. Takes {input, target}, returns {loss.detach()}
+// zero_grad; forward and loss (under bf16 autocast on the input's device when w.autocast_bf16, or
+// on the CPU when cpu_autocast); backward; optimizer step. Takes {input, target}, returns {loss.detach()}
 // (the shape of kiln::StepFn). `w` must outlive it.
 using WorkloadStep = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
 WorkloadStep workload_step(Workload& w, bool cpu_autocast = false);

@@ -94,7 +94,7 @@ WorkloadStep workload_step(Workload& w, bool cpu_autocast) {
     w.optimizer->zero_grad();
     at::Tensor loss;
     if (w.autocast_bf16 || cpu_autocast) {
-      const auto dev = cpu_autocast ? at::kCPU : at::kCUDA;
+      const auto dev = cpu_autocast || !w.input.is_cuda() ? at::kCPU : at::kCUDA;
       at::autocast::set_autocast_enabled(dev, true);
       at::autocast::set_autocast_dtype(dev, at::kBFloat16);
       loss = w.loss_fn(w.forward(in.at(0)), in.at(1));
@@ -163,6 +163,13 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     w.autocast_bf16 = cuda;
   } else {
     throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
+  }
+  if (opts.dtype == "f32") {
+    w.autocast_bf16 = false;
+  } else if (opts.dtype == "bf16") {
+    w.autocast_bf16 = true;
+  } else if (!opts.dtype.empty()) {
+    throw std::invalid_argument("unknown dtype '" + opts.dtype + "'; use f32 or bf16");
   }
   if (opts.optimizer == "sgd") {
     w.optimizer =
