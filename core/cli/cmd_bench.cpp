@@ -60,7 +60,8 @@ void usage(FILE* out) {
       "                  optimizer's)\n"
       "  --dtype D       f32 (no autocast) or bf16 (bf16 autocast on the device; parameters and optimizer\n"
       "                  stay float32) instead of the workload's own (gpt on CUDA: bf16; else f32)\n"
-      "  --check         also compare losses and final parameters; exit 1 beyond tolerance, or when a step\n"
+      "  --check         also compare losses and final parameters; exit 1 beyond tolerance (and beyond ten\n"
+      "                  times LibTorch eager's own spread from weights one ulp away), or when a step\n"
       "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
       "  --check-grads   --check, and the last step's gradients too\n"
       "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
@@ -240,7 +241,10 @@ struct BenchRun {
   std::string why;        // the selection's reasons
   // The workloads stay alive for compare(): the final parameters and gradients of both sides.
   std::unique_ptr<Workload> eager_w, kiln_w;
-  Run eager, kiln;
+  // --check: LibTorch eager again from weights one unit in the last place away, the trajectory's
+  // own conditioning (the noise floor compare() judges against).
+  std::unique_ptr<Workload> noisy_w;
+  Run eager, kiln, noisy;
   StepStats stats;
   int phase_nodes[3] = {0, 0, 0};  // captured forward, backward, optimizer
   size_t compiled_nodes = 0;       // the compiled (pure) graph's nodes
@@ -287,6 +291,15 @@ BenchRun run(const BenchOptions& o) {
     mem.start();
     r.kiln = run_steps(compiled, *r.kiln_w, o.steps);
     r.kiln.peak_mb = mem.peak_mb();
+  }
+  if (o.check) {
+    r.noisy_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : r.noisy_w->model->parameters())
+        if (at::isFloatingType(p.scalar_type())) p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
+    }
+    r.noisy = run_steps(workload_step(*r.noisy_w), *r.noisy_w, o.steps);
   }
   r.stats = compiled.stats();
   if (const auto* graph = compiled.captured_graph())
@@ -368,6 +381,8 @@ struct Comparison {
   std::string failure;  // why --check failed ("" when it passed)
   double tolerance = 0;
   double worst_loss = 0, worst_param = 0;
+  // The noise floor (LibTorch eager from weights one ulp away) at the worst loss and parameter.
+  double worst_loss_floor = 0, worst_param_floor = 0;
   std::string worst_param_name;
   int first_loss_diff = -1;  // the first step whose losses are not bit-identical (1-based)
 };
@@ -379,16 +394,36 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   // to 1e-5.
   const bool generated_code = u.runs_on == "inductor";
   c.tolerance = o.tolerance >= 0 ? o.tolerance : r.kiln_w->autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;
+  // A loss or parameter whose trajectory is ill-conditioned is judged against the noise floor:
+  // ten times how far LibTorch eager itself moves from weights one ulp away. A parameter whose
+  // gradient is zero in exact arithmetic (the key bias of attention: softmax ignores a shift
+  // common to every key) has a gradient of pure rounding noise, which AdamW scales up to full
+  // updates, so any reordering moves it as far as the learning rate; the conformance suite's
+  // workload cases judge the same way. With --tolerance given, the tolerance alone decides.
+  const bool floor_applies = o.tolerance < 0 && r.noisy_w != nullptr;
+  double worst_excess = 0;  // the largest error / allowed error
+  auto judge = [&](double err, double floor, double* worst, double* worst_floor, std::string* name,
+                   const std::string& what) {
+    const double allowed = floor_applies ? std::max(c.tolerance, 10 * floor) : c.tolerance;
+    if (err > *worst) *worst = err, *worst_floor = floor, *name = what;
+    worst_excess = std::max(worst_excess, std::isnan(err) ? INFINITY : err / allowed);
+  };
+  std::string unused;
   for (int s = 0; s < o.steps; ++s) {
-    const double e = r.eager.losses[static_cast<size_t>(s)], k = r.kiln.losses[static_cast<size_t>(s)];
-    const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
-    c.worst_loss = std::max(c.worst_loss, err);
+    const size_t i = static_cast<size_t>(s);
+    const double e = r.eager.losses[i], k = r.kiln.losses[i];
+    auto rel = [e](double v) { return std::isnan(v) ? INFINITY : std::fabs(v - e) / std::max(std::fabs(e), 1e-12); };
+    judge(rel(k), r.noisy_w ? rel(r.noisy.losses[i]) : 0.0, &c.worst_loss, &c.worst_loss_floor, &unused, "");
     if (c.first_loss_diff < 0 && e != k) c.first_loss_diff = s + 1;
   }
   auto pe = r.eager_w->model->named_parameters(), pk = r.kiln_w->model->named_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> pn;
+  if (r.noisy_w)
+    for (const auto& p : r.noisy_w->model->named_parameters()) pn.emplace_back(p.key(), p.value());
   for (size_t i = 0; i < pe.size(); ++i) {
-    const double err = rel_err(pk[i].value(), pe[i].value());
-    if (err > c.worst_param) c.worst_param = err, c.worst_param_name = pe[i].key();
+    const double floor = pn.empty() ? 0.0 : rel_err(pn[i].second, pe[i].value());
+    judge(rel_err(pk[i].value(), pe[i].value()), floor, &c.worst_param, &c.worst_param_floor, &c.worst_param_name,
+          pe[i].key());
     // --check-grads: the last step's gradients too (kiln puts them in .grad like an eager step).
     // Not by default: a last-step gradient can be ill-conditioned (cnn's after ~14 steps on one
     // batch: LibTorch eager on 1 thread against 2 threads differs by 5e-3 there), while the
@@ -397,13 +432,15 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
     const at::Tensor ge = pe[i].value().grad(), gk = pk[i].value().grad();
     if (ge.defined() != gk.defined()) {
       c.worst_param = INFINITY, c.worst_param_name = pe[i].key() + ".grad (defined on one side only)";
+      worst_excess = INFINITY;
     } else if (ge.defined()) {
-      const double gerr = rel_err(gk, ge);
-      if (gerr > c.worst_param) c.worst_param = gerr, c.worst_param_name = pe[i].key() + ".grad";
+      const at::Tensor gn = pn.empty() ? at::Tensor() : pn[i].second.grad();
+      judge(rel_err(gk, ge), gn.defined() ? rel_err(gn, ge) : 0.0, &c.worst_param, &c.worst_param_floor,
+            &c.worst_param_name, pe[i].key() + ".grad");
     }
   }
   // The numbers prove something of the backend only when its code computed them.
-  if (c.worst_loss > c.tolerance || c.worst_param > c.tolerance) c.failure = "beyond tolerance";
+  if (worst_excess > 1) c.failure = floor_applies ? "beyond tolerance and noise floor" : "beyond tolerance";
   else if (r.stats.compiled_steps != o.steps - 2) c.failure = "steps ran eagerly";
   else if (u.groups_failed > 0) c.failure = std::to_string(u.groups_failed) + " claimed groups failed to compile";
   else if (u.groups > 0 && u.groups_run == 0)
@@ -418,7 +455,13 @@ void print_trace(const BenchOptions& o, const BenchRun& r) {
   for (int s = 0; s < o.steps; ++s) {
     const double e = r.eager.losses[static_cast<size_t>(s)], k = r.kiln.losses[static_cast<size_t>(s)];
     const double err = std::isnan(k) ? INFINITY : std::fabs(k - e) / std::max(std::fabs(e), 1e-12);
-    std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e\n", s + 1, e, k, err);
+    if (r.noisy_w) {
+      const double n = r.noisy.losses[static_cast<size_t>(s)];
+      std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e  (eager one ulp away: rel %.3e)\n",
+                   s + 1, e, k, err, std::fabs(n - e) / std::max(std::fabs(e), 1e-12));
+    } else {
+      std::fprintf(stderr, "kiln bench: step %3d  eager %.9g  kiln %.9g  rel %.3e\n", s + 1, e, k, err);
+    }
   }
 }
 
@@ -469,9 +512,10 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   if (c)
     std::printf(
         ", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
-        "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d}",
+        "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d, "
+        "\"loss_noise_floor\": %.3e, \"param_noise_floor\": %.3e}",
         c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
-        json_quote(c->worst_param_name).c_str(), c->first_loss_diff);
+        json_quote(c->worst_param_name).c_str(), c->first_loss_diff, c->worst_loss_floor, c->worst_param_floor);
   std::printf("}\n");
 }
 
@@ -508,6 +552,11 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
                 c->ok ? "PASS" : "FAIL", c->worst_loss, o.check_grads ? " or gradient" : "", c->worst_param,
                 c->worst_param_name.empty() ? "" : " at ", c->worst_param_name.c_str(), c->tolerance, c->ok ? "" : ": ",
                 c->failure.c_str());
+    if (r.noisy_w)
+      std::printf(
+          "  noise floor (eager from weights one ulp away; 10x it is allowed%s): loss %.3e at the worst step, "
+          "%.3e at the worst parameter\n",
+          o.tolerance >= 0 ? ", not applied: --tolerance given" : "", c->worst_loss_floor, c->worst_param_floor);
     if (c->first_loss_diff > 0)
       std::printf("  losses first differ (not bit-identical) at step %d of %d\n", c->first_loss_diff, o.steps);
   }

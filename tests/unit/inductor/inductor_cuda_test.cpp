@@ -624,13 +624,21 @@ struct Deterministic {
 };
 
 // `steps` steps of a workload compiled with inductor on CUDA against LibTorch eager from the same
-// weights and batch: losses and final parameters within `tol`, groups compiled on CUDA, none failed.
-void expect_step_parity(const std::string& name, const std::string& mode, double tol, int steps = 20) {
+// weights and batch: losses and final parameters within `tol`, or, where the trajectory is
+// ill-conditioned, within ten times the noise floor (LibTorch eager again from weights one ulp
+// away, as `kiln bench --check` and the conformance suite judge); groups compiled on CUDA, none
+// failed. `dtype`: "" for the workload's own (gpt: bf16 autocast), "f32" without autocast.
+void expect_step_parity(const std::string& name, const std::string& mode, double tol, const std::string& dtype = "",
+                        int steps = 20) {
   Deterministic deterministic;
   const uint64_t seed = 97531;
-  auto ref = make_workload(name, {"cuda", seed, 0});
-  auto w = make_workload(name, {"cuda", seed, 0});
-  auto ref_step = workload_step(ref);
+  const WorkloadOptions opts{"cuda", seed, 0, "", dtype};
+  auto ref = make_workload(name, opts), w = make_workload(name, opts), noisy = make_workload(name, opts);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : noisy.model->parameters()) p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
+  }
+  auto ref_step = workload_step(ref), noisy_step = workload_step(noisy);
   TrainingArguments args;
   args.torch_compile = true;
   args.torch_compile_backend = "inductor";
@@ -639,14 +647,16 @@ void expect_step_parity(const std::string& name, const std::string& mode, double
   args.runtime.cache_dir = fresh_dir("step_" + name);
   args.plugin_options["inductor"]["cuda"] = "true";
   auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
-  double worst_loss = 0;
+  double worst_loss = 0, worst_loss_floor = 0;
   for (int s = 0; s < steps; ++s) {
     auto want = ref_step({ref.input, ref.target})[0];
+    auto floor_loss = noisy_step({noisy.input, noisy.target})[0];
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s;
-    const double e = rel_error(got, want);
-    worst_loss = std::max(worst_loss, e);
-    EXPECT_LE(e, tol) << name << " loss at step " << s << ": " << got.item<float>() << " vs " << want.item<float>();
+    const double e = rel_error(got, want), floor = rel_error(floor_loss, want);
+    if (e > worst_loss) worst_loss = e, worst_loss_floor = floor;
+    EXPECT_LE(e, std::max(tol, 10 * floor)) << name << " loss at step " << s << ": " << got.item<float>() << " vs "
+                                            << want.item<float>() << " (eager one ulp away: " << floor << ")";
   }
   const StepStats& st = step.stats();
   EXPECT_GE(st.compiled_steps, steps - 2) << st.last_fallback;
@@ -657,19 +667,21 @@ void expect_step_parity(const std::string& name, const std::string& mode, double
     if (o.declined) std::printf("  declined: %zu nodes from %s: %s\n", o.nodes, o.first_op.c_str(), o.reason.c_str());
   }
   EXPECT_GT(compiled, 0u) << "no group ran inductor's CUDA kernels";
-  double worst = 0;
+  double worst = 0, worst_floor = 0;
   std::string at_name;
-  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters(), pn = noisy.model->named_parameters();
   ASSERT_EQ(pr.size(), pw.size());
   for (size_t i = 0; i < pr.size(); ++i) {
-    const double e = rel_error(pw[i].value(), pr[i].value());
-    if (e > worst) worst = e, at_name = pr[i].key();
-    EXPECT_LE(e, tol) << name << " parameter " << pr[i].key();
+    const double e = rel_error(pw[i].value(), pr[i].value()), floor = rel_error(pn[i].value(), pr[i].value());
+    if (e > worst) worst = e, worst_floor = floor, at_name = pr[i].key();
+    EXPECT_LE(e, std::max(tol, 10 * floor))
+        << name << " parameter " << pr[i].key() << " (eager one ulp away: " << floor << ")";
   }
   std::printf(
-      "%s inductor/%s on CUDA: %zu groups compiled (%zu nodes), %d compiled steps, worst loss rel err %.2e, "
-      "worst parameter rel err %.2e at %s\n",
-      name.c_str(), mode.c_str(), compiled, nodes, st.compiled_steps, worst_loss, worst, at_name.c_str());
+      "%s%s inductor/%s on CUDA: %zu groups compiled (%zu nodes), %d compiled steps, worst loss rel err %.2e (floor "
+      "%.2e), worst parameter rel err %.2e at %s (floor %.2e)\n",
+      name.c_str(), dtype.empty() ? "" : (" " + dtype).c_str(), mode.c_str(), compiled, nodes, st.compiled_steps,
+      worst_loss, worst_loss_floor, worst, at_name.c_str(), worst_floor);
 }
 
 }  // namespace
@@ -691,4 +703,23 @@ TEST(InductorStepCuda, GptBf16Autocast20StepsMatchEager) {
 TEST(InductorStepCuda, MlpReduceOverheadGraphsTheGeneratedKernels) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   expect_step_parity("mlp", "reduce-overhead", 1e-4);
+}
+
+// Without autocast every generated kernel is float32: 1e-4 over 20 steps, in both modes (the
+// graphed step reads AdamW's lifted bias corrections from device tensors).
+TEST(InductorStepCuda, GptFloat32MatchesEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_step_parity("gpt", "default", 1e-4, "f32");
+}
+TEST(InductorStepCuda, GptFloat32ReduceOverheadMatchesEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_step_parity("gpt", "reduce-overhead", 1e-4, "f32");
+}
+TEST(InductorStepCuda, GptBf16AutocastReduceOverheadMatchesEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_step_parity("gpt", "reduce-overhead", 1e-2, "", 30);
+}
+TEST(InductorStepCuda, Cnn20StepsMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_step_parity("cnn", "default", 1e-4);
 }
