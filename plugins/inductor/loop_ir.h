@@ -107,8 +107,8 @@ struct ValueInfo {
   bool materialized = false;
   int buffer = -1;    // slot, once materialized
   int src = -1;       // View/Reshape: the viewed value
-  int alias_of = -1;  // an output whose buffer the extern result `alias_of` is written
-                      // into directly (the views between change nothing): no stage
+  int alias_of = -1;  // an output whose buffer the extern or computed result `alias_of` is
+                      // written into directly (the views between are the same memory): no stage
   int users = 0;
   int order = 0;                                   // topological position of the producing node
   std::function<int(ExprPool&, const Idx&)> body;  // Pointwise, View: the value at an index

@@ -42,6 +42,37 @@ void alias_extern_output(LoweredGraph* L, int64_t out) {
   o.alias_of = root;
 }
 
+// An output that is a view of a value computed in the group (a reshape of a GELU's result that the
+// backward keeps, a layer norm's output seen as [rows, features] for the next matmul) takes the
+// value's place in memory when the two are the same memory: the value is computed straight into
+// the output's buffer instead of into scratch and copied. Same memory means the same dtype, both
+// dense (as many elements as their buffers span) and every index of the output addressing the
+// element the view reads.
+void alias_computed_output(LoweredGraph* L, int64_t out) {
+  auto val = [L](int64_t v) -> ValueInfo& { return L->values[static_cast<size_t>(v)]; };
+  ValueInfo& o = val(out);
+  if (o.kind != ValueInfo::Kind::View && o.kind != ValueInfo::Kind::Reshape) return;
+  int root = o.src;
+  while (val(root).kind == ValueInfo::Kind::View && !val(root).materialized) root = val(root).src;
+  ValueInfo& r = val(root);
+  if (r.kind != ValueInfo::Kind::Pointwise && r.kind != ValueInfo::Kind::Reduction) return;
+  if (r.buffer >= 0 || r.ty != o.ty || r.storage_offset != 0 || o.storage_offset != 0) return;
+  if (r.numel() == 0 || r.numel() != o.numel() || r.extent() != r.numel() || o.extent() != o.numel()) return;
+  const bool was_materialized = r.materialized;
+  r.materialized = true;  // so that the view reads it from memory: the load's offset is the test
+  ExprPool trial;
+  Idx idx;
+  for (size_t d = 0; d < o.shape.size(); ++d)
+    idx.push_back(o.shape[d] == 1 ? Index::constant(0) : Index::var(trial.new_var()));
+  const Expr& x = trial.at(L->compute(trial, static_cast<int>(out), idx));
+  if (x.k != Expr::K::Load || x.value != root || x.idx.key() != LoweredGraph::offset(o, idx).key()) {
+    r.materialized = was_materialized;
+    return;
+  }
+  r.buffer = o.buffer;
+  o.alias_of = root;
+}
+
 }  // namespace
 
 // Buffers: inputs and outputs are the execute() tensors; every other materialized value gets a
@@ -63,6 +94,7 @@ void materialize(const Graph& g, LoweredGraph* L) {
   // detach of a matmul's weight gradient, a transpose of a transpose) gets the kernel's result
   // written straight into its buffer; otherwise the result would go to scratch and be copied.
   for (size_t j = 0; j < outs.size(); ++j) alias_extern_output(L, outs[j]);
+  for (size_t j = 0; j < outs.size(); ++j) alias_computed_output(L, outs[j]);
   // Extern arguments must be tensors in memory.
   for (size_t i = 0; i < g.num_nodes(); ++i) {
     Node n = g.node(static_cast<int64_t>(i));

@@ -88,7 +88,9 @@ bool is_column(const LoweredGraph& L, int v) {
   bool along_kept = false;
   for (size_t e = 0; e < t.pool.size(); ++e) {
     const Expr& x = t.pool.at(static_cast<int>(e));
-    if (x.k != Expr::K::Load) continue;
+    // A load that does not move with the kept dim (a layer norm's per-row mean and rstd in its
+    // weight gradient) is the same for every column: it says nothing about the layout.
+    if (x.k != Expr::K::Load || x.idx.coef(last) == 0) continue;
     if (x.idx.coef(inner_red) == 1) return false;  // rows are contiguous: a row reduction is better
     if (x.idx.coef(last) == 1) along_kept = true;
   }

@@ -315,6 +315,23 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // Results the step keeps only through views (a GELU's output seen as [rows, features] for
+      // the next matmul's backward, a row sum flattened): computed straight into the output's
+      // memory. The permuted view is the same memory too, but the value already went to the
+      // first output: it is copied.
+      {"results_through_views", R"(graph {
+  input %0 : {T}[4,6,8]{48,8,1} {D} input "x"
+  %1 : {T}[4,6,8]{48,8,1} {D} = aten::gelu(%0, "none")
+  %2 : {T}[24,8]{8,1} {D} = aten::view(%1, i[24, 8])
+  %3 : {T}[8,6,4]{1,8,48} {D} = aten::permute(%1, i[2, 1, 0])
+  %4 : {T}[4,6]{6,1} {D} = aten::sum.dim_IntList(%0, i[2], false, None)
+  %5 : {T}[24]{1} {D} = aten::view(%4, i[24])
+  output %2 result "rows"
+  output %3 result "permuted"
+  output %5 result "sums"
+}
+)",
+       -1},
       // Casts to and from bfloat16 (autocast's), rounding where eager rounds.
       {"casts", R"(graph {
   input %0 : {T}[8,40]{40,1} {D} input "x"
