@@ -246,8 +246,12 @@ class Emitter {
   }
 
   // A column reduction: 32 kept elements per block across a warp's lanes, the reduced range split
-  // over the block's warps, combined through shared memory.
-  CudaLaunch column(const std::string& kernel, const KernelPlan& K) {
+  // over the block's warps, combined through shared memory. With few columns (a bias gradient of
+  // 384 features is 12 blocks on a GPU of 132 multiprocessors) the reduced range is also split
+  // across `splits` blocks per column strip, each storing its partial result into a scratch
+  // buffer (`partial_slot`, splits x columns of the accumulator's type) that column_finish()
+  // combines in a fixed order: the result does not depend on which block ran first.
+  CudaLaunch column(const std::string& kernel, const KernelPlan& K, int64_t splits = 1, int partial_slot = -1) {
     const int v = K.stages.at(0);
     const ValueInfo& info = val(v);
     const std::vector<int64_t> kept = stripped(info.shape);
@@ -256,29 +260,18 @@ class Emitter {
     launch.name = kernel;
     launch.what =
         "column " + std::string(ty_name(info.ty)) + shape_str(kept) + " over " + shape_str(info.red.red_shape);
+    if (splits > 1) launch.what += " in " + std::to_string(splits) + " parts";
     if (n_kept == 0) {
       empty_ = true;
       return launch;
     }
     in_kernel_.insert(v);
     base_ = 1;
-    const int64_t blocks = (n_kept + 31) / 32;
+    const int64_t strips = (n_kept + 31) / 32, blocks = strips * splits;
+    const int64_t chunk = (n_red + splits - 1) / splits;
     const int64_t warps =
-        std::min<int64_t>(pow2_at_most(std::max<int64_t>(n_red, 1)), blocks >= o_.multiprocessors ? 8 : 32);
-    std::vector<int> kvars;
-    std::vector<int64_t> ksizes;
-    Idx idx;
-    for (int64_t s : kept) {
-      if (s == 1) {
-        idx.push_back(Index::constant(0));
-        continue;
-      }
-      const int var = new_var(1);
-      kvars.push_back(var);
-      ksizes.push_back(s);
-      idx.push_back(Index::var(var));
-    }
-    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+        std::min<int64_t>(pow2_at_most(std::max<int64_t>(chunk, 1)), blocks >= o_.multiprocessors ? 8 : 32);
+    Idx idx = kept_index(info, kept);
     std::vector<int> rvars;
     std::vector<int64_t> rsizes;
     Idx red_idx;
@@ -300,16 +293,26 @@ class Emitter {
     flush(pending, 0, 0);
     const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
     body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
-          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
-          << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
+          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
+    if (splits > 1)
+      body_ << "  const kidx strip = (kidx)blockIdx.x % " << lit(strips) << ", part = (kidx)blockIdx.x / "
+            << lit(strips) << ";\n";
+    else body_ << "  const kidx strip = (kidx)blockIdx.x;\n";
+    body_ << "  const kidx col = strip * 32 + tx;\n"
           << "  const bool active = col < " << lit(n_kept) << ";\n"
           << "  // Threads past the end compute the last column again (in range) and store nothing.\n"
           << "  const kidx x = active ? col : " << lit(n_kept - 1) << ";\n";
-    decompose("x", kvars, ksizes, 0);
+    decompose("x", kvars_, ksizes_, 0);
     flush(pending, 1, 0);
     body_ << "  " << acc_t << " " << acc << " = " << acc_init(info) << ";\n";
     if (n_red > 0) {
-      body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << warps << ") {\n";
+      if (splits > 1) {
+        body_ << "  const kidx r_end = part * " << lit(chunk) << " + " << lit(chunk) << " < " << lit(n_red)
+              << " ? part * " << lit(chunk) << " + " << lit(chunk) << " : " << lit(n_red) << ";\n"
+              << "  for (kidx r = part * " << lit(chunk) << " + ty; r < r_end; r += " << warps << ") {\n";
+      } else {
+        body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << warps << ") {\n";
+      }
       decompose("r", rvars, rsizes, 1);
       flush(pending, 2, 1);
       body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
@@ -319,15 +322,71 @@ class Emitter {
           << "  if (ty == 0 && active) {\n"
           << "    for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
           << ", kiln_col[w * 33 + tx]);\n";
-    const std::string res = "rv" + std::to_string(v);
-    body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
-    store(v, out, res, 1);
+    if (splits > 1) {
+      use_buf(partial_slot, acc_ty(info));
+      written_.insert(partial_slot);
+      body_ << "    b" << partial_slot << "[part * " << lit(n_kept) << " + col] = " << acc << ";\n";
+    } else {
+      const std::string res = "rv" + std::to_string(v);
+      body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+      store(v, out, res, 1);
+    }
     body_ << "  }\n";
     launch.block = static_cast<unsigned>(32 * warps);
     if (blocks > 0x7fffffff) throw std::logic_error("column kernel " + kernel + " needs more than 2^31 blocks");
     launch.grid = static_cast<unsigned>(blocks);
     finish_launch(launch);
     return launch;
+  }
+
+  // The second half of a split column reduction: one thread per column combines the `splits`
+  // partial results in order, finishes (scale, rounding) and stores.
+  CudaLaunch column_finish(const std::string& kernel, const KernelPlan& K, int64_t splits, int partial_slot) {
+    const int v = K.stages.at(0);
+    const ValueInfo& info = val(v);
+    const std::vector<int64_t> kept = stripped(info.shape);
+    const int64_t n_kept = prod(kept);
+    CudaLaunch launch;
+    launch.name = kernel;
+    launch.what =
+        "column " + std::string(ty_name(info.ty)) + shape_str(kept) + ", " + std::to_string(splits) + " parts combined";
+    if (n_kept == 0) {
+      empty_ = true;
+      return launch;
+    }
+    in_kernel_.insert(v);
+    base_ = 1;
+    Idx idx = kept_index(info, kept);
+    const Index out = LoweredGraph::offset(info, idx);
+    const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v), res = "rv" + std::to_string(v);
+    use_buf(partial_slot, acc_ty(info));
+    read_.insert(partial_slot);
+    body_ << "  const kidx x = (kidx)blockIdx.x * blockDim.x + threadIdx.x;\n"
+          << "  if (x >= " << lit(n_kept) << ") return;\n";
+    decompose("x", kvars_, ksizes_, 0);
+    body_ << "  " << acc_t << " " << acc << " = b" << partial_slot << "[x];\n"
+          << "  for (int p = 1; p < " << splits << "; ++p) " << acc << " = " << op_struct(info) << "()(" << acc << ", b"
+          << partial_slot << "[p * " << lit(n_kept) << " + x]);\n"
+          << "  const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+    store(v, out, res, 0);
+    launch.block = kFlatThreads;
+    launch.grid = static_cast<unsigned>((n_kept + kFlatThreads - 1) / kFlatThreads);
+    finish_launch(launch);
+    return launch;
+  }
+
+  // How many blocks to split a column reduction's reduced range over, and whether to: only when
+  // its column strips alone leave most multiprocessors idle and each part still has rows enough
+  // (64 per warp of a 256-thread block).
+  static int64_t column_splits(const ValueInfo& info, int multiprocessors) {
+    const int64_t strips = (prod(stripped(info.shape)) + 31) / 32, n_red = prod(info.red.red_shape);
+    if (strips == 0 || strips * 2 > multiprocessors) return 1;
+    const int64_t want = (2 * multiprocessors + strips - 1) / strips;
+    return std::max<int64_t>(1, std::min<int64_t>(want, n_red / 512));
+  }
+  static Ty acc_ty(const ValueInfo& v) {
+    if (v.red.combine == "sum") return v.ty == Ty::f64 ? Ty::f64 : is_float(v.ty) ? Ty::f32 : Ty::i64;
+    return v.ty == Ty::bf16 ? Ty::f32 : v.ty;
   }
 
   std::string text() const { return text_; }
@@ -345,6 +404,26 @@ class Emitter {
   };
 
   const ValueInfo& val(int v) const { return L_.values[static_cast<size_t>(v)]; }
+
+  // A column kernel's index over the kept dims (one variable each, extent-1 dims index 0, into
+  // kvars_ / ksizes_), padded with zeros for the reduced dims.
+  Idx kept_index(const ValueInfo& info, const std::vector<int64_t>& kept) {
+    Idx idx;
+    kvars_.clear();
+    ksizes_.clear();
+    for (int64_t s : kept) {
+      if (s == 1) {
+        idx.push_back(Index::constant(0));
+        continue;
+      }
+      const int var = new_var(1);
+      kvars_.push_back(var);
+      ksizes_.push_back(s);
+      idx.push_back(Index::var(var));
+    }
+    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+    return idx;
+  }
 
   int new_var(int level) {
     const int v = pool_.new_var();
@@ -667,6 +746,8 @@ class Emitter {
   std::map<int, std::string> names_, regs_;
   std::map<int, Ty> bufs_;
   std::set<int> read_, written_;  // buffers the kernel loads from / stores to
+  std::vector<int> kvars_;        // a column kernel's kept-dim variables
+  std::vector<int64_t> ksizes_;
   int base_ = 1;
   int max_scalar_ = -1;
   std::ostringstream body_;
@@ -700,9 +781,25 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
     bool all_pointwise = !K.column;
     for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
     if (K.column) {
-      Emitter e(L, options, wide);
-      CudaLaunch launch = e.column(base, K);
-      add(e, std::move(launch));
+      const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
+      const int64_t splits = Emitter::column_splits(info, options.multiprocessors);
+      if (splits > 1) {
+        // The partial results: a scratch slot of this program's own, after the lowering's.
+        const int slot =
+            static_cast<int>(L.num_inputs + L.num_outputs + L.scratch_bytes.size() + out.extra_scratch_bytes.size());
+        out.extra_scratch_bytes.push_back(splits * prod(stripped(info.shape)) *
+                                          static_cast<int64_t>(ty_size(Emitter::acc_ty(info))));
+        Emitter e(L, options, wide);
+        CudaLaunch launch = e.column(base + "_0", K, splits, slot);
+        add(e, std::move(launch));
+        Emitter f(L, options, wide);
+        CudaLaunch finish = f.column_finish(base + "_1", K, splits, slot);
+        add(f, std::move(finish));
+      } else {
+        Emitter e(L, options, wide);
+        CudaLaunch launch = e.column(base, K);
+        add(e, std::move(launch));
+      }
     } else if (!all_pointwise) {
       Emitter e(L, options, wide);
       CudaLaunch launch = e.rows(base, K);

@@ -13,7 +13,9 @@
 //    of the row wrote waits at a barrier first. So a layer norm, softmax or log-softmax row is one
 //    kernel; a plan without outer dims (a full reduction) is one block;
 //  - column plans (bias gradients): 32 kept elements per block across the lanes of a warp
-//    (coalesced), the reduced range split over the block's warps, combined in shared memory.
+//    (coalesced), the reduced range split over the block's warps, combined in shared memory; with
+//    few columns also split across blocks into partial results that a second kernel combines in
+//    a fixed order.
 // bfloat16 is loaded into float, computed in float and rounded to nearest even on store. Index
 // math is 32-bit unless a buffer or a loop reaches 2^30 elements. Run-time scalars are read from a
 // device table (P[k] is run-time scalar k); constant scalars are literals.
@@ -51,6 +53,9 @@ struct CudaProgram {
   std::vector<CudaLaunch> launches;
   std::vector<CudaStep> steps;
   int scalar_table = 0;  // entries of the run-time scalar table (highest index read + 1); 0: none
+  // Scratch the kernels need beyond the lowering's (LoweredGraph::scratch_bytes), in bytes per
+  // slot, numbered after those: the partial results of split column reductions.
+  std::vector<int64_t> extra_scratch_bytes;
 };
 
 // Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).

@@ -1005,6 +1005,8 @@ class InductorPlugin : public Plugin {
     exe->launches = prog.launches;
     exe->steps = prog.steps;
     exe->scratch_bytes = L->scratch_bytes;
+    exe->scratch_bytes.insert(exe->scratch_bytes.end(), prog.extra_scratch_bytes.begin(),
+                              prog.extra_scratch_bytes.end());
     for (const ScalarParam& p : L->params) {
       if (p.runtime_scalar < 0 || p.runtime_scalar >= prog.scalar_table) continue;
       if (std::find(exe->table_entries.begin(), exe->table_entries.end(), p.runtime_scalar) != exe->table_entries.end())

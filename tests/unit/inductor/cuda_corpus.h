@@ -212,6 +212,22 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        3},
+      // Few columns over many rows (a layer norm's weight and bias gradients: each row's
+      // statistic shared by every column): the rows are split across blocks into partial sums
+      // that a second kernel combines (on the 2-multiprocessor emulated device too).
+      {"column_split", R"(graph {
+  input %0 : {T}[64,40,24]{960,24,1} {D} input "dy"
+  input %1 : {T}[64,40,24]{960,24,1} {D} input "x"
+  input %2 : f32[64,40,1]{40,1,1} {D} input "rstd"
+  %3 : {T}[64,40,24]{960,24,1} {D} = aten::mul.Tensor(%1, %2)
+  %4 : {T}[64,40,24]{960,24,1} {D} = aten::mul.Tensor(%0, %3)
+  %5 : {T}[24]{1} {D} = aten::sum.dim_IntList(%4, i[0, 1], false, None)
+  %6 : {T}[24]{1} {D} = aten::sum.dim_IntList(%0, i[0, 1], false, None)
+  output %5 result "dw"
+  output %6 result "db"
+}
+)",
+       -1},
       {"reductions", R"(graph {
   input %0 : {T}[37,53]{53,1} {D} input "x"
   input %1 : {T}[3,11,7]{77,7,1} {D} input "z"

@@ -274,6 +274,31 @@ TEST(InductorCudaCodegen, RowPatternsShareOneKernelAndBiasGradientsAreColumnKern
   EXPECT_NE(sgd.cuda.source.find("= k_round_bf16("), std::string::npos) << sgd.cuda.source;
 }
 
+// A bias gradient of 384 features over 16384 rows is 12 column strips: on 132 multiprocessors its
+// rows are split over blocks into partial sums, combined by a second kernel in a fixed order.
+TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
+  const Generated g = generate(ir::parse(R"(graph {
+  input %0 : bf16[16384,384]{384,1} on cuda:0 input "dy"
+  %1 : bf16[384]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
+  output %1 result "db"
+}
+)"));
+  ASSERT_EQ(g.cuda.launches.size(), 2u) << g.cuda.source;
+  EXPECT_EQ(g.cuda.launches[0].what, "column bf16[384] over [16384] in 22 parts");
+  EXPECT_EQ(g.cuda.launches[0].grid, 12u * 22u);
+  EXPECT_EQ(g.cuda.launches[1].what, "column bf16[384], 22 parts combined");
+  ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{22 * 384 * 4}));  // float partial sums
+  // Enough strips to fill the GPU: one kernel, as before.
+  const Generated wide = generate(ir::parse(R"(graph {
+  input %0 : f32[512,8192]{8192,1} on cuda:0 input "dy"
+  %1 : f32[8192]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
+  output %1 result "db"
+}
+)"));
+  ASSERT_EQ(wide.cuda.launches.size(), 1u) << wide.cuda.source;
+  EXPECT_TRUE(wide.cuda.extra_scratch_bytes.empty());
+}
+
 // A value the group returns only through a view of the same memory is computed into the
 // output's buffer: no scratch copy and no second kernel that copies it.
 TEST(InductorCudaCodegen, ResultSeenThroughAViewIsComputedIntoTheOutput) {
@@ -464,6 +489,7 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
     for (const auto& t : outputs) B.push_back(t.data_ptr());
     std::vector<std::vector<char>> scratch;
     for (int64_t bytes : gen.lowered->scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
+    for (int64_t bytes : gen.cuda.extra_scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
     for (auto& s : scratch) B.push_back(s.data());
     std::vector<double> table(static_cast<size_t>(gen.cuda.scalar_table));
     for (size_t k = 0; k < table.size(); ++k) table[k] = scalars[k].toDouble();
