@@ -122,7 +122,14 @@ class Emitter {
     base_ = 1;
     // One variable per group of dims that every access walks as one run (merged_dims), outermost
     // first; dims of extent 1 index 0.
-    const auto groups = merged_dims(L_, stages, shape);
+    auto groups = merged_dims(L_, stages, shape);
+    // Consecutive threads walk the first stage's output in memory order: the group with the
+    // smallest stride innermost (a transposed weight cast to bfloat16 stores and loads coalesced,
+    // not 384 elements apart).
+    const auto& out_strides = val(stages[0]).strides;
+    std::stable_sort(groups.begin(), groups.end(), [&](const std::vector<int>& a, const std::vector<int>& b) {
+      return out_strides[static_cast<size_t>(a.back())] > out_strides[static_cast<size_t>(b.back())];
+    });
     Idx idx(shape.size(), Index::constant(0));
     std::vector<int> vars;
     std::vector<int64_t> sizes;

@@ -299,6 +299,29 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
   EXPECT_TRUE(wide.cuda.extra_scratch_bytes.empty());
 }
 
+// A flat kernel's consecutive threads walk the output in memory order: for a transposed weight
+// cast to bfloat16, the innermost variable (the flat index modulo the row length) is the one with
+// stride 1, in the store and in the load.
+TEST(InductorCudaCodegen, FlatKernelsWalkTheOutputInMemoryOrder) {
+  const Generated g = generate(ir::parse(R"(graph {
+  input %0 : f32[1536,384]{384,1} on cuda:0 input "w"
+  %1 : f32[384,1536]{1,384} on cuda:0 = aten::permute(%0, i[1, 0])
+  %2 : bf16[384,1536]{1,384} on cuda:0 = aten::_to_copy(%1, dtype(bf16), None, None, None, false, None)
+  output %2 result "w_bf16"
+}
+)"));
+  ASSERT_EQ(g.cuda.launches.size(), 1u) << g.cuda.source;
+  std::smatch inner;
+  ASSERT_TRUE(std::regex_search(g.cuda.source, inner, std::regex(R"(const kidx (v[0-9]+) = \(i % 384\);)")))
+      << g.cuda.source;
+  const std::string v = inner[1].str();
+  // The store and the load address the stride-1 dim with that variable (terms in either order).
+  const std::string unit = R"((\+ 1 \* )" + v + R"([ )]))";
+  EXPECT_TRUE(std::regex_search(g.cuda.source, std::regex(R"(b1\[\(0 [^\]]*)" + unit + R"([^\]]*\] = )")))
+      << g.cuda.source;
+  EXPECT_TRUE(std::regex_search(g.cuda.source, std::regex(R"(= b0\[\(0 [^\]]*)" + unit))) << g.cuda.source;
+}
+
 // A value the group returns only through a view of the same memory is computed into the
 // output's buffer: no scratch copy and no second kernel that copies it.
 TEST(InductorCudaCodegen, ResultSeenThroughAViewIsComputedIntoTheOutput) {
