@@ -218,7 +218,7 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
       {"column_split", R"(graph {
   input %0 : {T}[64,40,24]{960,24,1} {D} input "dy"
   input %1 : {T}[64,40,24]{960,24,1} {D} input "x"
-  input %2 : f32[64,40,1]{40,1,1} {D} input "rstd"
+  input %2 : {T}[64,40,1]{40,1,1} {D} input "rstd"
   %3 : {T}[64,40,24]{960,24,1} {D} = aten::mul.Tensor(%1, %2)
   %4 : {T}[64,40,24]{960,24,1} {D} = aten::mul.Tensor(%0, %3)
   %5 : {T}[24]{1} {D} = aten::sum.dim_IntList(%4, i[0, 1], false, None)
@@ -342,9 +342,15 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
   %3 : {T}[8,6,4]{1,8,48} {D} = aten::permute(%1, i[2, 1, 0])
   %4 : {T}[4,6]{6,1} {D} = aten::sum.dim_IntList(%0, i[2], false, None)
   %5 : {T}[24]{1} {D} = aten::view(%4, i[24])
+  %6 : {T}[24,8]{8,1} {D} = aten::neg(%2)
+  %7 : {T}[8,6,4]{24,4,1} {D} = aten::exp(%3)
+  %8 : {T}[24]{1} {D} = aten::mul.Scalar(%5, scalar(2))
   output %2 result "rows"
   output %3 result "permuted"
   output %5 result "sums"
+  output %6 result "neg_rows"
+  output %7 result "exp_permuted"
+  output %8 result "twice_sums"
 }
 )",
        -1},
