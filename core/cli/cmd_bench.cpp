@@ -10,6 +10,9 @@
 // decline, compiled. On CUDA it also reports each side's peak allocated memory, and --check makes
 // CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and flash
 // attention's backward are not, and eager would not even match itself). Time without --check.
+// --kernels then profiles a few more steady-state steps of each side with LibTorch's profiler
+// (bench_kernels.h): on CUDA the kernels a step runs, their GPU time and the generated kernels'
+// share; on the CPU the ATen operator calls a step makes.
 //
 // One pass per stage: parse the flags, run both sides, compare them, print the report.
 #include <sys/resource.h>
@@ -30,6 +33,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 
+#include "bench_kernels.h"
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
@@ -46,7 +50,7 @@ void usage(FILE* out) {
       out,
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
       "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--trace] "
-      "[--interleave] [--json]\n\n"
+      "[--interleave] [--kernels] [--json]\n\n"
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
       "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
@@ -68,6 +72,16 @@ void usage(FILE* out) {
       "                  backend runs generated kernels (inductor); bf16 autocast 1e-2)\n"
       "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
       "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
+      "  --kernels       after the timed steps (and --check), profile 5 more steady-state steps of each side\n"
+      "                  with LibTorch's profiler (Kineto) and report, on CUDA: kernels per step, eager and\n"
+      "                  kiln, with memcpy/memset and the host's launch calls (one cudaGraphLaunch per\n"
+      "                  replayed CUDA graph; its kernels are counted one by one), GPU busy time per step,\n"
+      "                  the share of the kernels' time in kiln's generated kernels (named kiln_k<N>) and\n"
+      "                  the longest kernels. On the CPU kiln's generated kernels are plain functions the\n"
+      "                  profiler does not see: it reports ATen operator calls per step (outermost) and\n"
+      "                  their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
+      "                  CUDA) it says so and the rest of the report stands. Profiling slows the steps:\n"
+      "                  its times are not the ms/step above\n"
       "  --json          one JSON object on stdout\n");
 }
 
@@ -89,7 +103,7 @@ struct BenchOptions {
   int steps = 20;
   int64_t batch = 0;      // 0 = the workload's size for the device
   double tolerance = -1;  // < 0: the default for the precision
-  bool check = false, check_grads = false, json = false, interleave = false, trace = false;
+  bool check = false, check_grads = false, json = false, interleave = false, trace = false, kernels = false;
 };
 
 int64_t parse_integer(const std::string& flag, const std::string& text, int64_t at_least) {
@@ -131,6 +145,7 @@ bool parse(int argc, char** argv, BenchOptions& o) {
     else if (a == "--check-grads") o.check = o.check_grads = true;
     else if (a == "--trace") o.trace = true;
     else if (a == "--interleave") o.interleave = true;
+    else if (a == "--kernels") o.kernels = true;
     else if (a == "--json") o.json = true;
     else if (a == "--help" || a == "-h") return false;
     else if (!a.empty() && a[0] != '-' && o.workload.empty()) o.workload = a;
@@ -244,6 +259,9 @@ struct BenchRun {
   // --check: LibTorch eager again from weights one unit in the last place away, the trajectory's
   // own conditioning (the noise floor compare() judges against).
   std::unique_ptr<Workload> noisy_w;
+  // Both steps stay alive for --kernels, which runs more of them after the report's numbers.
+  WorkloadStep eager_step;
+  std::unique_ptr<CompiledStep> compiled;
   Run eager, kiln, noisy;
   StepStats stats;
   int phase_nodes[3] = {0, 0, 0};  // captured forward, backward, optimizer
@@ -276,8 +294,11 @@ BenchRun run(const BenchOptions& o) {
   const uint64_t seed = 1234;
   r.eager_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
   r.kiln_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
-  auto eager_step = workload_step(*r.eager_w);
-  auto compiled = compile_step(workload_step(*r.kiln_w), {{r.kiln_w->model}, {r.kiln_w->optimizer.get()}}, args);
+  r.eager_step = workload_step(*r.eager_w);
+  r.compiled = std::make_unique<CompiledStep>(
+      compile_step(workload_step(*r.kiln_w), {{r.kiln_w->model}, {r.kiln_w->optimizer.get()}}, args));
+  auto& eager_step = r.eager_step;
+  auto& compiled = *r.compiled;
   r.chosen = compiled.backend();
   for (const auto& reason : compiled.backend_reasons()) r.why += (r.why.empty() ? "" : "; ") + reason;
 
@@ -449,6 +470,46 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   return c;
 }
 
+// ---- Profile (--kernels) ----
+
+constexpr int kKernelSteps = 5;    // profiled steps per side, after one lead-in step
+constexpr size_t kTopKernels = 8;  // the longest kernels (CPU: operators) printed per side
+
+struct KernelReport {
+  bool cuda = false;
+  bool ok = false;
+  std::string reason;  // why there are no numbers (ok == false)
+  KernelSummary eager, kiln;
+  int kiln_eager_steps = 0;  // profiled kiln steps (lead-in included) that did not run the compiled step
+};
+
+KernelReport profile_kernels(const BenchOptions& o, BenchRun& r) {
+  KernelReport k;
+  k.cuda = o.device == "cuda";
+  Workload& ew = *r.eager_w;
+  Workload& kw = *r.kiln_w;
+  const auto eager_one = [&] { (void)r.eager_step(std::vector<at::Tensor>{ew.input, ew.target}); };
+  const auto kiln_one = [&] {
+    (void)(*r.compiled)(std::vector<at::Tensor>{kw.input, kw.target});
+    if (!r.compiled->last_step_compiled()) ++k.kiln_eager_steps;
+  };
+  const ProfileCapture ce = profile_steps(eager_one, k.cuda, 1, kKernelSteps);
+  const ProfileCapture ck = ce.ok ? profile_steps(kiln_one, k.cuda, 1, kKernelSteps) : ce;
+  k.eager = k.cuda ? summarize_cuda(ce, kTopKernels) : summarize_cpu(ce, kTopKernels);
+  k.kiln = k.cuda ? summarize_cuda(ck, kTopKernels) : summarize_cpu(ck, kTopKernels);
+  if (!ce.ok) k.reason = ce.error;
+  else if (!ck.ok) k.reason = ck.error;
+  else if (!k.eager.ok) k.reason = k.eager.note;
+  else if (!k.kiln.ok)
+    k.reason =
+        "the profiler recorded eager's steps but nothing of kiln's" +
+        std::string(r.stats.graphs_recorded > 0 ? ", which replay a CUDA graph: CUPTI reported none of its kernels"
+                                                : "") +
+        (k.kiln.note.empty() ? "" : " (" + k.kiln.note + ")");
+  k.ok = k.reason.empty();
+  return k;
+}
+
 // ---- Print ----
 
 void print_trace(const BenchOptions& o, const BenchRun& r) {
@@ -481,7 +542,8 @@ Timing timing(const BenchRun& r) {
   return t;
 }
 
-void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
+void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c,
+                const KernelReport* k) {
   const Timing t = timing(r);
   const auto& st = r.stats;
   std::printf(
@@ -516,10 +578,69 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
         "\"loss_noise_floor\": %.3e, \"param_noise_floor\": %.3e}",
         c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
         json_quote(c->worst_param_name).c_str(), c->first_loss_diff, c->worst_loss_floor, c->worst_param_floor);
+  if (k)
+    std::printf(
+        ", \"kernels\": {\"ok\": %s, \"reason\": %s, \"unit\": %s, \"profiled_steps\": %d, "
+        "\"kiln_eager_steps\": %d, \"eager\": %s, \"kiln\": %s}",
+        k->ok ? "true" : "false", json_quote(k->reason).c_str(), k->cuda ? "\"cuda_kernels\"" : "\"aten_ops\"",
+        kKernelSteps, k->kiln_eager_steps, summary_json(k->eager, k->cuda).c_str(),
+        summary_json(k->kiln, k->cuda).c_str());
   std::printf("}\n");
 }
 
-void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c) {
+std::string shorten(const std::string& name, size_t n = 100) {
+  return name.size() <= n ? name : name.substr(0, n - 3) + "...";
+}
+
+void print_top(const char* side, const KernelSummary& s, bool cuda) {
+  if (s.top.empty()) return;
+  std::printf("    longest %s of %s (per step):\n", cuda ? "kernels" : "operators", side);
+  for (const auto& t : s.top)
+    std::printf("      %10.1f us %7.2f x  %-12s %s\n", t.us_per_step, t.per_step, cuda ? origin_name(t.origin) : "",
+                shorten(t.name).c_str());
+}
+
+void print_kernels(const KernelReport& k) {
+  if (!k.ok) {
+    std::printf("  kernels: not measured: %s\n", k.reason.c_str());
+    return;
+  }
+  const KernelSummary &e = k.eager, &g = k.kiln;
+  const char* how = e.windowed && g.windowed ? "" : " (see the notes)";
+  if (!k.cuda) {
+    std::printf(
+        "  operators (LibTorch profiler, %d steady-state steps each side%s; the CPU has no kernel launches to count:\n"
+        "  kiln's generated kernels are functions the profiler does not see):\n"
+        "    ATen operator calls per step (outermost): eager %.1f, kiln %.1f\n"
+        "    host time in them per step: eager %.3f ms, kiln %.3f ms\n",
+        kKernelSteps, how, e.kernels_per_step, g.kernels_per_step, e.kernel_us_per_step / 1e3,
+        g.kernel_us_per_step / 1e3);
+  } else {
+    std::printf(
+        "  kernels (LibTorch profiler, %d steady-state steps each side%s; profiling slows the steps):\n"
+        "                                 eager        kiln\n"
+        "    kernels per step         %10.1f  %10.1f   (kiln: %.1f generated, %.1f kiln runtime)\n"
+        "    memcpy/memset per step   %10.1f  %10.1f\n"
+        "    launch calls per step    %10.1f  %10.1f   (graph launches: eager %.1f, kiln %.1f)\n"
+        "    GPU busy per step        %10.3f  %10.3f ms\n"
+        "    kernel time per step     %10.3f  %10.3f ms\n"
+        "    generated kernels' share of kiln's kernel time: %.1f %% (%.3f ms per step)\n",
+        kKernelSteps, how, e.kernels_per_step, g.kernels_per_step, g.generated_per_step, g.kiln_runtime_per_step,
+        e.copies_per_step, g.copies_per_step, e.launch_calls_per_step, g.launch_calls_per_step,
+        e.graph_launches_per_step, g.graph_launches_per_step, e.busy_us_per_step / 1e3, g.busy_us_per_step / 1e3,
+        e.kernel_us_per_step / 1e3, g.kernel_us_per_step / 1e3, 100 * g.generated_share, g.generated_us_per_step / 1e3);
+  }
+  if (k.kiln_eager_steps > 0)
+    std::printf("    note: %d of kiln's %d profiled steps did not run the compiled step\n", k.kiln_eager_steps,
+                kKernelSteps + 1);
+  if (!e.note.empty()) std::printf("    note (eager): %s\n", e.note.c_str());
+  if (!g.note.empty()) std::printf("    note (kiln): %s\n", g.note.c_str());
+  print_top("kiln", g, k.cuda);
+  print_top("eager", e, k.cuda);
+}
+
+void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, const Comparison* c,
+                const KernelReport* k) {
   const Timing t = timing(r);
   const auto& st = r.stats;
   std::printf("kiln bench %s on %s%s, %d steps; backend: %s, mode %s; runs on: %s\n", o.workload.c_str(),
@@ -560,6 +681,7 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
     if (c->first_loss_diff > 0)
       std::printf("  losses first differ (not bit-identical) at step %d of %d\n", c->first_loss_diff, o.steps);
   }
+  if (k) print_kernels(*k);
 }
 
 }  // namespace
@@ -579,13 +701,16 @@ int cmd_bench(int argc, char** argv) {
     std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
     return 1;
   }
-  const BenchRun r = run(o);
+  BenchRun r = run(o);
   const BackendUse u = backend_use(o, r);
   Comparison c;
   if (o.check) c = compare(o, r, u);
+  // After the comparison: the profiled steps train both sides further.
+  KernelReport k;
+  if (o.kernels) k = profile_kernels(o, r);
   if (o.trace) print_trace(o, r);
-  if (o.json) print_json(o, r, u, o.check ? &c : nullptr);
-  else print_text(o, r, u, o.check ? &c : nullptr);
+  if (o.json) print_json(o, r, u, o.check ? &c : nullptr, o.kernels ? &k : nullptr);
+  else print_text(o, r, u, o.check ? &c : nullptr, o.kernels ? &k : nullptr);
   return o.check && !c.ok ? 1 : 0;
 }
 

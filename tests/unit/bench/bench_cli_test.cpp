@@ -1,0 +1,294 @@
+// `kiln bench --kernels`: the classification of kernel names, the per-step arithmetic over made-up
+// profiles (no GPU needed), LibTorch's profiler around real CPU steps, and the command end to end.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+
+#include "../selection/mini_json.h"
+#include "bench_kernels.h"
+
+namespace {
+
+using kiln::cli::classify_kernel;
+using kiln::cli::KernelOrigin;
+using kiln::cli::ProfileCapture;
+using kiln::cli::ProfiledActivity;
+using kiln::testing::Json;
+
+TEST(BenchKernels, GeneratedKernelsAreNamedKilnKAndANumber) {
+  EXPECT_EQ(classify_kernel("kiln_k0"), KernelOrigin::Generated);
+  EXPECT_EQ(classify_kernel("kiln_k12"), KernelOrigin::Generated);
+  EXPECT_EQ(classify_kernel("kiln_k7_3"), KernelOrigin::Generated);  // one loop of a split kernel
+  EXPECT_EQ(classify_kernel("kiln_set_scalars"), KernelOrigin::KilnRuntime);
+  EXPECT_EQ(classify_kernel("kiln_strided_copy"), KernelOrigin::KilnRuntime);
+  EXPECT_EQ(classify_kernel("kiln_kernel"), KernelOrigin::KilnRuntime);  // kiln_k, then no number
+  EXPECT_EQ(classify_kernel("kiln_k"), KernelOrigin::KilnRuntime);
+  EXPECT_EQ(classify_kernel("void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>(int)"),
+            KernelOrigin::Library);
+  EXPECT_EQ(classify_kernel("sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32"), KernelOrigin::Library);
+  EXPECT_EQ(classify_kernel("Memcpy DtoD (Device -> Device)"), KernelOrigin::Library);
+  EXPECT_EQ(classify_kernel("my_kiln_k1"), KernelOrigin::Library);  // a prefix, not a substring
+  EXPECT_EQ(classify_kernel(""), KernelOrigin::Library);
+  EXPECT_STREQ(kiln::cli::origin_name(KernelOrigin::Generated), "generated");
+  EXPECT_STREQ(kiln::cli::origin_name(KernelOrigin::KilnRuntime), "kiln_runtime");
+  EXPECT_STREQ(kiln::cli::origin_name(KernelOrigin::Library), "library");
+}
+
+TEST(BenchKernels, LaunchCallsAreKernelOrGraphLaunches) {
+  using kiln::cli::launch_kind;
+  EXPECT_STREQ(launch_kind("cudaLaunchKernel"), "kernel");
+  EXPECT_STREQ(launch_kind("cudaLaunchKernel_v7000"), "kernel");
+  EXPECT_STREQ(launch_kind("cuLaunchKernel"), "kernel");  // kiln's NVRTC kernels, through the driver
+  EXPECT_STREQ(launch_kind("cuLaunchKernelEx"), "kernel");
+  EXPECT_STREQ(launch_kind("cudaLaunchKernelExC"), "kernel");
+  EXPECT_STREQ(launch_kind("cudaGraphLaunch"), "graph");
+  EXPECT_STREQ(launch_kind("cuGraphLaunch"), "graph");
+  EXPECT_STREQ(launch_kind("cudaMemcpyAsync"), "");
+  EXPECT_STREQ(launch_kind("cudaStreamSynchronize"), "");
+  EXPECT_STREQ(launch_kind("cudaGraphInstantiate"), "");
+}
+
+ProfiledActivity act(const std::string& name, uint64_t start, uint64_t end, bool kernel = true, uint64_t thread = 0) {
+  return ProfiledActivity{name, start, end, thread, kernel};
+}
+
+// Two profiled steps in [1000, 10000] after a lead-in step before it.
+ProfileCapture two_steps() {
+  ProfileCapture c;
+  c.ok = true;
+  c.steps = 2;
+  c.session_steps = 3;
+  c.window_start = 1000;
+  c.window_end = 10000;
+  c.device = {
+      act("sgemm_lead_in", 100, 900),   // the lead-in step: outside the window
+      act("kiln_k0", 1100, 1300),       // step 1
+      act("ampere_sgemm", 1200, 2000),  // overlaps kiln_k0 (another stream): busy counts it once
+      act("Memcpy DtoD (Device -> Device)", 2000, 2100, /*kernel=*/false),
+      act("kiln_set_scalars", 2100, 2110),
+      act("kiln_k0", 5100, 5300),  // step 2
+      act("ampere_sgemm", 5300, 6100),
+      act("Memcpy DtoD (Device -> Device)", 6100, 6200, /*kernel=*/false),
+      act("kiln_set_scalars", 6200, 6210),
+  };
+  c.launches = {act("cudaLaunchKernel", 150, 160, false), act("cudaGraphLaunch", 1010, 1050, false),
+                act("cudaGraphLaunch", 5010, 5050, false), act("cuLaunchKernel", 5060, 5070, false),
+                act("cudaMemcpyAsync", 5080, 5090, false)};
+  return c;
+}
+
+TEST(BenchKernels, CudaSummaryCountsTheProfiledStepsOnly) {
+  const auto s = kiln::cli::summarize_cuda(two_steps(), 8);
+  ASSERT_TRUE(s.ok) << s.note;
+  EXPECT_TRUE(s.windowed);
+  EXPECT_TRUE(s.note.empty()) << s.note;
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_DOUBLE_EQ(s.kernels_per_step, 3.0);  // kiln_k0, ampere_sgemm, kiln_set_scalars
+  EXPECT_DOUBLE_EQ(s.copies_per_step, 1.0);
+  EXPECT_DOUBLE_EQ(s.generated_per_step, 1.0);
+  EXPECT_DOUBLE_EQ(s.kiln_runtime_per_step, 1.0);
+  // Step 1 busy: [1100, 2110) = 1010 ns; step 2: [5100, 6210) = 1110 ns; per step 1.06 us.
+  EXPECT_NEAR(s.busy_us_per_step, 1.06, 1e-9);
+  // Kernel time per step: (200 + 800 + 10 + 200 + 800 + 10) / 2 ns = 1.01 us; generated 0.2 us.
+  EXPECT_NEAR(s.kernel_us_per_step, 1.01, 1e-9);
+  EXPECT_NEAR(s.generated_us_per_step, 0.2, 1e-9);
+  EXPECT_NEAR(s.kiln_runtime_us_per_step, 0.01, 1e-9);
+  EXPECT_NEAR(s.generated_share, 400.0 / 2020.0, 1e-12);
+  EXPECT_DOUBLE_EQ(s.graph_launches_per_step, 1.0);
+  EXPECT_DOUBLE_EQ(s.launch_calls_per_step, 0.5);  // one cuLaunchKernel in two steps; the lead-in's is out
+  ASSERT_EQ(s.top.size(), 4u);
+  EXPECT_EQ(s.top[0].name, "ampere_sgemm");
+  EXPECT_NEAR(s.top[0].us_per_step, 0.8, 1e-9);
+  EXPECT_DOUBLE_EQ(s.top[0].per_step, 1.0);
+  EXPECT_EQ(s.top[1].name, "kiln_k0");
+  EXPECT_EQ(s.top[1].origin, KernelOrigin::Generated);
+  EXPECT_EQ(kiln::cli::summarize_cuda(two_steps(), 2).top.size(), 2u);
+}
+
+TEST(BenchKernels, WithoutARangeTheWholeSessionIsCountedAndSaidSo) {
+  ProfileCapture c = two_steps();
+  c.window_start = c.window_end = 0;
+  const auto s = kiln::cli::summarize_cuda(c, 8);
+  ASSERT_TRUE(s.ok);
+  EXPECT_FALSE(s.windowed);
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_DOUBLE_EQ(s.kernels_per_step, 7.0 / 3.0);
+  EXPECT_NE(s.note.find("whole session"), std::string::npos) << s.note;
+
+  // A range that holds nothing while the session does (clocks apart): the same, with another note.
+  c.window_start = 100000, c.window_end = 200000;
+  const auto t = kiln::cli::summarize_cuda(c, 8);
+  EXPECT_FALSE(t.windowed);
+  EXPECT_DOUBLE_EQ(t.kernels_per_step, 7.0 / 3.0);
+  EXPECT_NE(t.note.find("clocks"), std::string::npos) << t.note;
+}
+
+TEST(BenchKernels, NoKernelOrNoProfilerIsNotANumber) {
+  ProfileCapture c = two_steps();
+  c.device.clear();
+  const auto s = kiln::cli::summarize_cuda(c, 8);
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.note.find("CUPTI"), std::string::npos) << s.note;
+
+  ProfileCapture failed;
+  failed.error = "LibTorch's profiler could not start: no Kineto";
+  const auto f = kiln::cli::summarize_cuda(failed, 8);
+  EXPECT_FALSE(f.ok);
+  EXPECT_EQ(f.note, failed.error);
+  EXPECT_FALSE(kiln::cli::summarize_cpu(failed, 8).ok);
+}
+
+TEST(BenchKernels, OutermostCallsPerThread) {
+  const auto out = kiln::cli::outermost({
+      act("aten::linear", 100, 500, true, 1), act("aten::t", 110, 120, true, 1),  // inside linear
+      act("aten::addmm", 130, 490, true, 1),                                      // inside linear
+      act("aten::relu", 500, 600, true, 1),                                       // starts as linear ends
+      act("aten::clamp_min", 510, 590, true, 1),
+      act("aten::mm", 150, 400, true, 2),     // another thread: its own outermost call
+      act("aten::empty", 100, 100, true, 1),  // zero length, at linear's start
+  });
+  std::vector<std::string> names;
+  for (const auto& a : out) names.push_back(a.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::linear", "aten::relu", "aten::mm"}));
+}
+
+TEST(BenchKernels, SummaryJsonHasTheDocumentedFields) {
+  const auto s = kiln::cli::summarize_cuda(two_steps(), 8);
+  const Json j = Json::parse(kiln::cli::summary_json(s, /*cuda=*/true));
+  for (const char* f :
+       {"kernels_per_step", "copies_per_step", "generated_kernels_per_step", "kiln_runtime_kernels_per_step",
+        "gpu_busy_us_per_step", "kernel_us_per_step", "generated_us_per_step", "kiln_runtime_us_per_step",
+        "generated_share", "launch_calls_per_step", "graph_launches_per_step"})
+    EXPECT_EQ(j[f].type, Json::number) << f;
+  EXPECT_TRUE(j["ok"].b);
+  EXPECT_TRUE(j["windowed"].b);
+  EXPECT_EQ(j["steps"].n, 2);
+  EXPECT_EQ(j["kernels_per_step"].n, 3);
+  EXPECT_NEAR(j["generated_share"].n, 0.198, 1e-4);
+  ASSERT_EQ(j["top"].items.size(), 4u);
+  EXPECT_EQ(j["top"][1]["name"].s, "kiln_k0");
+  EXPECT_EQ(j["top"][1]["origin"].s, "generated");
+
+  ProfileCapture c = two_steps();
+  c.cpu_ops = {act("aten::add\"quoted\"", 1100, 1200)};
+  const Json k = Json::parse(kiln::cli::summary_json(kiln::cli::summarize_cpu(c, 8), /*cuda=*/false));
+  EXPECT_EQ(k["op_calls_per_step"].n, 0.5);
+  EXPECT_EQ(k["top"][0]["name"].s, "aten::add\"quoted\"");
+}
+
+TEST(BenchKernels, ProfilesRealCpuStepsInsideTheirRange) {
+  const at::Tensor a = at::ones({64, 64});
+  int calls = 0;
+  const auto capture = kiln::cli::profile_steps(
+      [&] {
+        ++calls;
+        (void)at::mm(at::relu(a), a);
+      },
+      /*cuda=*/false, /*lead_in=*/1, /*steps=*/3);
+  ASSERT_TRUE(capture.ok) << capture.error;
+  EXPECT_EQ(calls, 4);
+  EXPECT_GT(capture.window_end, capture.window_start);
+  const auto s = kiln::cli::summarize_cpu(capture, 8);
+  ASSERT_TRUE(s.ok) << s.note;
+  EXPECT_TRUE(s.windowed) << s.note;
+  EXPECT_EQ(s.steps, 3);
+  EXPECT_DOUBLE_EQ(s.kernels_per_step, 2.0);  // relu and mm (mm's own calls inside it are not outermost)
+  std::vector<std::string> names;
+  for (const auto& t : s.top) names.push_back(t.name);
+  EXPECT_NE(std::find(names.begin(), names.end(), "aten::mm"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "aten::relu"), names.end());
+}
+
+// ---- The command ----
+
+struct CliRun {
+  int status = -1;
+  std::string out, err;
+};
+
+CliRun kiln_cli(const std::string& args) {
+  static int calls = 0;
+  const std::string err_file =
+      ::testing::TempDir() + "kiln_bench_stderr." + std::to_string(::getpid()) + "." + std::to_string(++calls) + ".txt";
+  const std::string cmd = "env -u KILN_BACKEND " + std::string(KILN_CLI) + " " + args + " 2>" + err_file;
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(err_file);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  std::remove(err_file.c_str());
+  return r;
+}
+
+TEST(BenchCli, HelpNamesKernelsAndATypoIsAUsageError) {
+  const CliRun h = kiln_cli("bench --help");
+  EXPECT_EQ(h.status, 0);
+  EXPECT_NE(h.out.find("--kernels"), std::string::npos);
+  EXPECT_NE(h.out.find("kiln_k<N>"), std::string::npos);
+  const CliRun t = kiln_cli("bench mlp --kernel");
+  EXPECT_EQ(t.status, 2);
+  EXPECT_NE(t.err.find("unknown option '--kernel'"), std::string::npos) << t.err;
+}
+
+TEST(BenchCli, KernelsOnTheCpuCountOperatorCallsInTheJson) {
+  const CliRun r = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --kernels --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  const Json& k = j["kernels"];
+  EXPECT_TRUE(k["ok"].b) << k["reason"].s;
+  EXPECT_EQ(k["unit"].s, "aten_ops");
+  EXPECT_EQ(k["profiled_steps"].n, 5);
+  EXPECT_EQ(k["kiln_eager_steps"].n, 0);
+  for (const char* side : {"eager", "kiln"}) {
+    EXPECT_TRUE(k[side]["ok"].b) << side << ": " << k[side]["note"].s;
+    EXPECT_TRUE(k[side]["windowed"].b) << side;
+    EXPECT_EQ(k[side]["steps"].n, 5) << side;
+    EXPECT_GT(k[side]["op_calls_per_step"].n, 5) << side;  // mlp: three linears, two relus, the loss, SGD
+    EXPECT_GT(k[side]["op_us_per_step"].n, 0) << side;
+    EXPECT_FALSE(k[side]["top"].items.empty()) << side;
+  }
+  // The timed numbers are still there, and without --kernels there is no "kernels" field.
+  EXPECT_GT(j["kiln_ms"].n, 0);
+  const CliRun plain = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --json");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_THROW((void)Json::parse(plain.out)["kernels"], std::runtime_error);
+}
+
+TEST(BenchCli, KernelsOnTheCpuInText) {
+  const CliRun r = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --kernels");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("ATen operator calls per step (outermost): eager "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("longest operators of kiln"), std::string::npos) << r.out;
+}
+
+TEST(BenchCliCuda, KernelsCountsCudaKernels) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const CliRun r = kiln_cli("bench mlp --device cuda --mode reduce-overhead --steps 6 --kernels --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Json k = Json::parse(r.out)["kernels"];
+  EXPECT_EQ(k["unit"].s, "cuda_kernels");
+  ASSERT_TRUE(k["ok"].b) << k["reason"].s;
+  EXPECT_GT(k["eager"]["kernels_per_step"].n, 10);  // forward, backward and SGD's updates
+  EXPECT_GT(k["kiln"]["kernels_per_step"].n, 10);   // the same kernels, inside one graph
+  EXPECT_GT(k["kiln"]["graph_launches_per_step"].n, 0.9);
+  EXPECT_GT(k["eager"]["gpu_busy_us_per_step"].n, 0);
+}
+
+}  // namespace
