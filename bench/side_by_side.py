@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Runs kiln's and PyTorch's benchmarks one after the other on this machine and prints one table
-(see scripts/bench). All numbers come from this run; ratios are eager/other (above 1: faster than
-eager)."""
+(see scripts/bench): per workload, LibTorch eager and kiln (`kiln bench`, run twice: cold and warm
+compile cache) and every PyTorch configuration of bench/reference.py, each with its speed-up over
+its own side's eager and kiln's speed-up over it. All numbers come from this run."""
 import argparse
 import json
 import os
@@ -24,6 +25,64 @@ def run_json(cmd, env=None, timeout=1800):
     return rows
 
 
+def fmt(x, f="{:.2f}"):
+    return f.format(x) if isinstance(x, (int, float)) else "—"
+
+
+def ratio(num, den):
+    return num / den if isinstance(num, (int, float)) and isinstance(den, (int, float)) and den > 0 else None
+
+
+def table_rows(r, backend, mode):
+    """One row per configuration of one workload: kiln bench's two sides, then every PyTorch one.
+    Columns: configuration, ms/step, speed-up over the same side's eager, kiln's speed-up over it
+    (its ms / kiln's ms: above 1, kiln is faster), first step, peak memory above the start."""
+    k, kw = r["kiln_cold"] or {}, r["kiln_warm"] or {}
+    kiln_ms = kw.get("kiln_ms", k.get("kiln_ms"))
+    eager_ms = kw.get("eager_ms", k.get("eager_ms"))
+    mib = lambda x: fmt(x, "{:.1f} MiB") if x else "—"
+    runs_on = kw.get("runs_on", k.get("runs_on", "?"))
+    rows = [
+        ["LibTorch eager (kiln bench)", fmt(eager_ms, "{:.3f}"), "1.00x", fmt(ratio(eager_ms, kiln_ms), "{:.2f}x"), "—",
+         mib(kw.get("eager_peak_mb"))],
+        [f"**kiln** ({backend}, mode {mode}; runs on {runs_on})", fmt(kiln_ms, "{:.3f}"),
+         fmt(ratio(eager_ms, kiln_ms), "{:.2f}x"), "—",
+         fmt(k.get("kiln_first_step_s"), "{:.2f} s") + " cold / " + fmt(kw.get("kiln_first_step_s"), "{:.2f} s") + " warm",
+         mib(kw.get("kiln_peak_mb"))],
+    ]
+    torch_rows = [t for t in r["torch"] if "ms_per_step" in t]
+    eager_py = next((t["ms_per_step"] for t in torch_rows if t["config"] == "eager"), None)
+    for t in torch_rows:
+        above = t.get("peak_mem_above_start_bytes")
+        rows.append([f"PyTorch {t['config']}", fmt(t["ms_per_step"], "{:.3f}"),
+                     fmt(ratio(eager_py, t["ms_per_step"]), "{:.2f}x"),
+                     fmt(ratio(t["ms_per_step"], kiln_ms), "{:.2f}x"), fmt(t["first_step_s"], "{:.2f} s"),
+                     mib(above / 2**20 if above else None)])
+    for t in r["torch"]:
+        if "error" in t:
+            rows.append([f"PyTorch {t['config']}", "did not run: " + t["error"], "", "", "", ""])
+    return rows
+
+
+def kernel_lines(r):
+    """kiln bench --kernels of the warm run, one line per workload (CUDA: kernels; CPU: operators)."""
+    kw = r["kiln_warm"] or {}
+    kr = kw.get("kernels")
+    if not kr:
+        return []
+    if not kr.get("ok"):
+        return [f"  {r['workload']}: not measured: {kr.get('reason')}"]
+    e, g = kr["eager"], kr["kiln"]
+    if kr["unit"] == "cuda_kernels":
+        return [f"  {r['workload']}: kernels per step eager {e['kernels_per_step']:.1f}, kiln {g['kernels_per_step']:.1f} "
+                f"({g['generated_kernels_per_step']:.1f} generated: {100 * g['generated_share']:.1f} % of kiln's kernel "
+                f"time); GPU busy per step eager {e['gpu_busy_us_per_step'] / 1e3:.3f} ms, kiln "
+                f"{g['gpu_busy_us_per_step'] / 1e3:.3f} ms; launch calls per step eager {e['launch_calls_per_step']:.1f}, "
+                f"kiln {g['launch_calls_per_step']:.1f} (+{g['graph_launches_per_step']:.1f} graph launches)"]
+    return [f"  {r['workload']}: ATen operator calls per step (outermost) eager {e['op_calls_per_step']:.1f}, "
+            f"kiln {g['op_calls_per_step']:.1f}"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workloads", nargs="*", default=["mlp", "cnn", "gpt"])
@@ -32,7 +91,12 @@ def main():
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--mode", default="default")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--configs", default=None, help="torch.compile configurations for bench/reference.py")
+    ap.add_argument("--configs", default=None, help="PyTorch configurations for bench/reference.py (comma-separated; "
+                    "default: reference.py's for the device)")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per PyTorch configuration (reference.py's "
+                    "--timeout)")
+    ap.add_argument("--kernels", action="store_true", help="also run kiln bench --kernels (on the warm run, after "
+                    "its timed steps): kernels per step, GPU busy time and the generated kernels' share")
     ap.add_argument("--json", default=None, help="also write every row to this file")
     a = ap.parse_args()
 
@@ -47,51 +111,41 @@ def main():
             # during the run slows both alike (on CUDA the blocks of kiln bench are kept).
             base.append("--interleave")
         cold = run_json(base, env)
-        warm = run_json(base, env)  # same cache directory: compiled kernels are found
+        warm = run_json(base + (["--kernels"] if a.kernels else []), env)  # same cache: compiled kernels are found
         ref_cmd = [sys.executable, os.path.join(HERE, "reference.py"), w, "--device", a.device,
                    "--steps", str(a.steps)]
         if a.configs:
             ref_cmd += ["--configs", a.configs]
+        if a.timeout:
+            ref_cmd += ["--timeout", str(a.timeout)]
         ref = run_json(ref_cmd)
         rows.append({"workload": w, "kiln_cold": cold[0] if cold else None,
                      "kiln_warm": warm[0] if warm else None, "torch": ref})
 
     threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
-    print(f"\nside by side on {a.device} ({threads} threads), backend {a.backend}, mode {a.mode}, "
-          f"{a.steps} steps; ms/step (median), ratios = eager/x\n")
-    head = ["workload", "LibTorch eager", "kiln", "kiln/eager", "PyTorch eager", "torch.compile (best)",
-            "kiln vs compile", "kiln 1st step cold", "kiln 1st step warm", "compile 1st step"]
-    print(" | ".join(head))
-    print(" | ".join("---" for _ in head))
+    print(f"\nside by side on {a.device} ({threads} threads), kiln backend {a.backend}, mode {a.mode}, {a.steps} steps; "
+          f"ms/step is the median of five timed blocks; \"vs its eager\" = that side's eager ms / its ms "
+          f"(LibTorch eager for kiln, PyTorch eager for PyTorch); \"kiln vs it\" = its ms / kiln's ms (above 1: "
+          f"kiln is faster); peak = allocated above the start (CUDA)\n")
+    head = ["workload", "configuration", "ms/step", "vs its eager", "kiln vs it", "first step", "peak"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for r in rows:
+        for row in table_rows(r, a.backend, a.mode):
+            print("| " + " | ".join([r["workload"]] + row) + " |")
+    print()
     for r in rows:
         k, kw = r["kiln_cold"] or {}, r["kiln_warm"] or {}
-        torch_rows = [t for t in r["torch"] if "ms_per_step" in t]
-        eager_py = next((t for t in torch_rows if t["config"] == "eager"), None)
-        compiled = [t for t in torch_rows if t["config"] != "eager"]
-        best = min(compiled, key=lambda t: t["ms_per_step"]) if compiled else None
         kiln_ms = kw.get("kiln_ms", k.get("kiln_ms"))
-        eager_ms = kw.get("eager_ms", k.get("eager_ms"))
-        fmt = lambda x, f="{:.2f}": f.format(x) if isinstance(x, (int, float)) else "—"
-        print(" | ".join([
-            r["workload"], fmt(eager_ms), fmt(kiln_ms),
-            fmt(eager_ms / kiln_ms if eager_ms and kiln_ms else None, "{:.2f}x"),
-            fmt(eager_py["ms_per_step"] if eager_py else None),
-            (fmt(best["ms_per_step"]) + f" ({best['config']})") if best else "—",
-            fmt(best["ms_per_step"] / kiln_ms if best and kiln_ms else None, "{:.2f}x"),
-            fmt(k.get("kiln_first_step_s"), "{:.2f} s"), fmt(kw.get("kiln_first_step_s"), "{:.2f} s"),
-            fmt(best["first_step_s"] if best else None, "{:.1f} s"),
-        ]))
-    print("\nevery PyTorch configuration (ms/step, first step, peak memory):")
-    for r in rows:
-        for t in r["torch"]:
-            if "ms_per_step" in t:
-                mem = t.get("peak_mem_bytes")
-                print(f"  {r['workload']:4} {t['config']:28} {t['ms_per_step']:9.3f} ms  {t['first_step_s']:6.2f} s"
-                      + (f"  {mem / 2**20:8.1f} MiB" if mem else ""))
-    for r in rows:
-        for t in r["torch"]:
-            if "error" in t:
-                print(f"note: PyTorch {t['config']} on {r['workload']}: {t['error']}")
+        compiled = [t for t in r["torch"] if "ms_per_step" in t and t["config"] != "eager"]
+        if compiled and kiln_ms:
+            best = min(compiled, key=lambda t: t["ms_per_step"])
+            print(f"{r['workload']}: ratio kiln vs PyTorch's fastest here ({best['config']}, "
+                  f"{best['ms_per_step']:.3f} ms/step): {best['ms_per_step'] / kiln_ms:.2f}x (kiln {kiln_ms:.3f} ms/step)")
+    lines = [line for r in rows for line in kernel_lines(r)]
+    if lines:
+        print("\nkiln bench --kernels (profiled steps, slower than the timed ones):")
+        print("\n".join(lines))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
