@@ -12,6 +12,7 @@
 #include "bench_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -50,6 +51,12 @@ constexpr const char* kWindowName = "kiln_bench::profiled_steps";
 
 bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
 // Time covered by at least one of the intervals.
 uint64_t union_ns(std::vector<std::pair<uint64_t, uint64_t>> iv) {
   std::sort(iv.begin(), iv.end());
@@ -79,6 +86,13 @@ std::vector<const ProfiledActivity*> in_window(const ProfileCapture& c, const st
   if (!out.empty() || all.empty()) {
     s.windowed = c.window_end > c.window_start;
     s.steps = c.steps;
+    // Steady-state steps are alike, so the range should hold its steps' share of the session's
+    // records; when it does not, say so (host and device clocks apart, or records dropped).
+    const double expected = static_cast<double>(all.size()) * c.steps / std::max(c.session_steps, 1);
+    if (s.windowed && std::abs(static_cast<double>(out.size()) - expected) > 0.05 * expected + 1)
+      s.note = std::to_string(out.size()) + " of the session's " + std::to_string(all.size()) +
+               " records fell inside the range of the " + std::to_string(c.steps) + " profiled steps, where alike " +
+               "steps would put " + fmt("%.0f", expected) + ": the clocks may be apart, or records were dropped";
     return out;
   }
   for (const auto& a : all) out.push_back(&a);
@@ -107,12 +121,6 @@ std::vector<KernelTotal> top_by_time(const std::vector<const ProfiledActivity*>&
   });
   if (out.size() > top_n) out.resize(top_n);
   return out;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 }  // namespace

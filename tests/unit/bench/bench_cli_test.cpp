@@ -71,7 +71,10 @@ ProfileCapture two_steps() {
   c.window_start = 1000;
   c.window_end = 10000;
   c.device = {
-      act("sgemm_lead_in", 100, 900),   // the lead-in step: outside the window
+      act("kiln_k0", 100, 300),  // the lead-in step, alike: outside the window
+      act("ampere_sgemm", 300, 700),
+      act("Memcpy DtoD (Device -> Device)", 700, 800, /*kernel=*/false),
+      act("kiln_set_scalars", 800, 810),
       act("kiln_k0", 1100, 1300),       // step 1
       act("ampere_sgemm", 1200, 2000),  // overlaps kiln_k0 (another stream): busy counts it once
       act("Memcpy DtoD (Device -> Device)", 2000, 2100, /*kernel=*/false),
@@ -122,15 +125,25 @@ TEST(BenchKernels, WithoutARangeTheWholeSessionIsCountedAndSaidSo) {
   ASSERT_TRUE(s.ok);
   EXPECT_FALSE(s.windowed);
   EXPECT_EQ(s.steps, 3);
-  EXPECT_DOUBLE_EQ(s.kernels_per_step, 7.0 / 3.0);
+  EXPECT_DOUBLE_EQ(s.kernels_per_step, 3.0);
+  EXPECT_NEAR(s.kernel_us_per_step, (610.0 + 2020.0) / 3 / 1e3, 1e-9);
   EXPECT_NE(s.note.find("whole session"), std::string::npos) << s.note;
 
   // A range that holds nothing while the session does (clocks apart): the same, with another note.
   c.window_start = 100000, c.window_end = 200000;
   const auto t = kiln::cli::summarize_cuda(c, 8);
   EXPECT_FALSE(t.windowed);
-  EXPECT_DOUBLE_EQ(t.kernels_per_step, 7.0 / 3.0);
+  EXPECT_DOUBLE_EQ(t.kernels_per_step, 3.0);
   EXPECT_NE(t.note.find("clocks"), std::string::npos) << t.note;
+}
+
+TEST(BenchKernels, ARangeThatHoldsLessThanItsShareIsNoted) {
+  ProfileCapture c = two_steps();
+  c.window_end = 5000;  // step 2's records fall outside: 4 of 12 inside, where 8 were due
+  const auto s = kiln::cli::summarize_cuda(c, 8);
+  EXPECT_TRUE(s.windowed);
+  EXPECT_DOUBLE_EQ(s.kernels_per_step, 1.5);
+  EXPECT_NE(s.note.find("4 of the session's 12 records"), std::string::npos) << s.note;
 }
 
 TEST(BenchKernels, NoKernelOrNoProfilerIsNotANumber) {
