@@ -7,7 +7,7 @@
 // from the host; kernels launched through the driver API (cuLaunchKernel: kiln's NVRTC-compiled
 // kernels) are recorded like the runtime's. The host side shows one cudaGraphLaunch per replay.
 // CUPTI before CUDA 13.1 Update 1 gives wrong correlation ids to cudaGraphLaunch calls and their
-// kernels in every session after the first; nothing here uses correlation ids: device records are
+// kernels in every profiling run after the first; nothing here uses correlation ids: device records are
 // counted by the time they started, inside the range of the profiled steps.
 #include "bench_kernels.h"
 
@@ -76,7 +76,7 @@ uint64_t union_ns(std::vector<std::pair<uint64_t, uint64_t>> iv) {
 }
 
 // The activities to count: those that started inside the window, or all when there is no usable
-// window (then `s.note` says so and `s.steps` is the session's).
+// window (then `s.note` says so and `s.steps` is the whole profile's).
 std::vector<const ProfiledActivity*> in_window(const ProfileCapture& c, const std::vector<ProfiledActivity>& all,
                                                KernelSummary& s) {
   std::vector<const ProfiledActivity*> out;
@@ -86,22 +86,22 @@ std::vector<const ProfiledActivity*> in_window(const ProfileCapture& c, const st
   if (!out.empty() || all.empty()) {
     s.windowed = c.window_end > c.window_start;
     s.steps = c.steps;
-    // Steady-state steps are alike, so the range should hold its steps' share of the session's
+    // Steady-state steps are alike, so the range should hold its steps' share of the whole profile's
     // records; when it does not, say so (host and device clocks apart, or records dropped).
-    const double expected = static_cast<double>(all.size()) * c.steps / std::max(c.session_steps, 1);
+    const double expected = static_cast<double>(all.size()) * c.steps / std::max(c.total_steps, 1);
     if (s.windowed && std::abs(static_cast<double>(out.size()) - expected) > 0.05 * expected + 1)
-      s.note = std::to_string(out.size()) + " of the session's " + std::to_string(all.size()) +
+      s.note = std::to_string(out.size()) + " of the profile's " + std::to_string(all.size()) +
                " records fell inside the range of the " + std::to_string(c.steps) + " profiled steps, where alike " +
                "steps would put " + fmt("%.0f", expected) + ": the clocks may be apart, or records were dropped";
     return out;
   }
   for (const auto& a : all) out.push_back(&a);
   s.windowed = false;
-  s.steps = c.session_steps;
+  s.steps = c.total_steps;
   s.note = c.window_end > c.window_start ? "no activity started inside the profiled steps' range (clocks apart?): "
-                                           "counted over the whole session, the lead-in step included"
+                                           "counted over the whole profile, the lead-in step included"
                                          : "the profiled steps' range was not recorded: counted over the whole "
-                                           "session, the lead-in step included";
+                                           "profile, the lead-in step included";
   return out;
 }
 
@@ -283,7 +283,7 @@ ProfileCapture profile_steps(const std::function<void()>& step, bool cuda, int l
   namespace prof = torch::autograd::profiler;
   ProfileCapture c;
   c.steps = steps;
-  c.session_steps = lead_in + steps;
+  c.total_steps = lead_in + steps;
   std::unique_ptr<prof::ProfilerResult> result;
   try {
     const prof::ProfilerConfig config(prof::ProfilerState::KINETO);

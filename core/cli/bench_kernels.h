@@ -22,7 +22,7 @@ namespace kiln::cli {
 // Where a kernel comes from, by its name.
 enum class KernelOrigin {
   Generated,    // kiln's generated kernels: kiln_k<N>, kiln_k<N>_<M> (plugins/inductor/codegen_cuda.cpp)
-  KilnRuntime,  // the plugin's own helper kernels, from its prelude: kiln_set_scalars, kiln_strided_copy, ...
+  KilnRuntime,  // the plugin's own support kernels, from its prelude: kiln_set_scalars, kiln_strided_copy, ...
   Library,      // everything else: ATen, cuBLAS, cuDNN, flash attention, memcpy and memset
 };
 KernelOrigin classify_kernel(const std::string& name);
@@ -46,7 +46,7 @@ struct ProfileCapture {
   std::vector<ProfiledActivity> cpu_ops;      // CPU operator calls (every one, nested ones included)
   uint64_t window_start = 0, window_end = 0;  // the profiled steps' range (0, 0: not found)
   int steps = 0;                              // steps in the window
-  int session_steps = 0;                      // steps in the whole session (the lead-in step included)
+  int total_steps = 0;                        // steps in the whole profile (the lead-in step included)
 };
 
 // Runs `lead_in` steps and then `steps` steps under the profiler (CPU, and CUDA when `cuda`), the
@@ -65,7 +65,7 @@ struct KernelTotal {
 struct KernelSummary {
   bool ok = false;
   std::string note;             // how the numbers were taken when not from the marked steps, or why none
-  bool windowed = false;        // counted inside the profiled steps' range (else over the whole session)
+  bool windowed = false;        // counted inside the profiled steps' range (else over the whole profile)
   int steps = 0;                // steps the numbers are divided by
   double kernels_per_step = 0;  // CUDA: kernels; CPU: outermost operator calls
   double copies_per_step = 0;   // CUDA: memcpy and memset on the device
@@ -79,8 +79,8 @@ struct KernelSummary {
   std::vector<KernelTotal> top;        // by time, longest first
 };
 
-// Activities of `capture` that started inside its window; the whole session when the window was not
-// recorded or holds nothing while the session does (the summary's note then says so).
+// Activities of `capture` that started inside its window; the whole profile when the window was not
+// recorded or holds nothing while the profile does (the summary's note then says so).
 KernelSummary summarize_cuda(const ProfileCapture& capture, size_t top_n);
 KernelSummary summarize_cpu(const ProfileCapture& capture, size_t top_n);
 

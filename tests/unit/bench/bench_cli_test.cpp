@@ -67,7 +67,7 @@ ProfileCapture two_steps() {
   ProfileCapture c;
   c.ok = true;
   c.steps = 2;
-  c.session_steps = 3;
+  c.total_steps = 3;
   c.window_start = 1000;
   c.window_end = 10000;
   c.device = {
@@ -127,9 +127,9 @@ TEST(BenchKernels, WithoutARangeTheWholeSessionIsCountedAndSaidSo) {
   EXPECT_EQ(s.steps, 3);
   EXPECT_DOUBLE_EQ(s.kernels_per_step, 3.0);
   EXPECT_NEAR(s.kernel_us_per_step, (610.0 + 2020.0) / 3 / 1e3, 1e-9);
-  EXPECT_NE(s.note.find("whole session"), std::string::npos) << s.note;
+  EXPECT_NE(s.note.find("whole profile"), std::string::npos) << s.note;
 
-  // A range that holds nothing while the session does (clocks apart): the same, with another note.
+  // A range that holds nothing while the profile does (clocks apart): the same, with another note.
   c.window_start = 100000, c.window_end = 200000;
   const auto t = kiln::cli::summarize_cuda(c, 8);
   EXPECT_FALSE(t.windowed);
@@ -143,7 +143,7 @@ TEST(BenchKernels, ARangeThatHoldsLessThanItsShareIsNoted) {
   const auto s = kiln::cli::summarize_cuda(c, 8);
   EXPECT_TRUE(s.windowed);
   EXPECT_DOUBLE_EQ(s.kernels_per_step, 1.5);
-  EXPECT_NE(s.note.find("4 of the session's 12 records"), std::string::npos) << s.note;
+  EXPECT_NE(s.note.find("4 of the profile's 12 records"), std::string::npos) << s.note;
 }
 
 TEST(BenchKernels, NoKernelOrNoProfilerIsNotANumber) {
