@@ -37,3 +37,30 @@ find_package(Threads REQUIRED)
 if(KILN_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# oneDNN 3.2 with the Graph API and an OpenMP (GNU) CPU runtime, for the ipex backend: PyPI's
+# onednn-cpu-gomp/onednn-devel-cpu-gomp 2023.2.0, installed by scripts/setup into its own prefix
+# (docs/dependencies.md says why this build). Optional: without it the ipex plugin is skipped. The
+# plugin compiles against the headers and loads libdnnl.so.3 at run time (dlopen), so that it loads,
+# and says why it is unavailable, where the library is missing; KILN_ONEDNN_LIBRARY is the file it
+# tries first.
+set(KILN_ONEDNN_ROOT "/opt/kiln/onednn" CACHE PATH "Prefix of oneDNN 3.x with a CPU OpenMP runtime (ipex backend)")
+find_package(dnnl 3.2 CONFIG QUIET PATHS ${KILN_ONEDNN_ROOT} NO_DEFAULT_PATH)
+set(KILN_HAVE_ONEDNN OFF)
+if(dnnl_FOUND AND TARGET DNNL::dnnl)
+  if(NOT DNNL_CPU_RUNTIME STREQUAL "OMP" OR NOT DNNL_GPU_RUNTIME STREQUAL "NONE")
+    message(STATUS "kiln: oneDNN ${dnnl_VERSION} at ${KILN_ONEDNN_ROOT} has CPU runtime ${DNNL_CPU_RUNTIME} and GPU "
+                   "runtime ${DNNL_GPU_RUNTIME}, not OMP and NONE; the ipex backend is skipped (run scripts/setup)")
+  else()
+    get_target_property(KILN_ONEDNN_INCLUDE_DIR DNNL::dnnl INTERFACE_INCLUDE_DIRECTORIES)
+    get_target_property(KILN_ONEDNN_LIBRARY DNNL::dnnl IMPORTED_LOCATION_RELEASE)
+    if(NOT KILN_ONEDNN_LIBRARY)
+      get_target_property(KILN_ONEDNN_LIBRARY DNNL::dnnl LOCATION)
+    endif()
+    set(KILN_HAVE_ONEDNN ON)
+    message(STATUS "kiln: oneDNN ${dnnl_VERSION} (CPU, OpenMP) found at ${KILN_ONEDNN_ROOT}; the ipex backend is built")
+  endif()
+else()
+  message(STATUS "kiln: no oneDNN 3.2+ CMake package under KILN_ONEDNN_ROOT=${KILN_ONEDNN_ROOT}; the ipex backend "
+                 "is skipped (run scripts/setup, or pass -DKILN_ONEDNN_ROOT=<prefix with lib/cmake/dnnl>)")
+endif()

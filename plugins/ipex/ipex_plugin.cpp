@@ -1,13 +1,22 @@
-// The ipex backend: linear/matmul/convolution on oneDNN with fused post-ops, bf16 where the CPU
-// has AVX-512-BF16 or AMX. This file is its ABI surface; the oneDNN lowering is not written
-// yet, and until then compile answers "unimplemented" so kiln runs the nodes eagerly.
+// The ipex backend: what Intel Extension for PyTorch did for training on x86 CPUs, on oneDNN
+// directly. It claims matmul (mm, addmm, bmm) with bias and the relu, gelu or add that follows
+// fused in as post-ops, relu and gelu forward and backward, softmax and log-softmax forward and
+// backward, layer norm forward and backward and 2-d convolution forward and backward (lowering.h),
+// in float32 and, where the CPU has AVX-512-BF16 or AMX, in bfloat16. oneDNN is loaded at run
+// time (dnnl_loader.h); no LibTorch.
 #include <cstring>
 
 #include <kiln/plugin_api.hpp>
 
+#include "dnnl_loader.h"
+#include "lowering.h"
+
 namespace {
 
 using namespace kiln::plugin;
+using kiln::ipex::dnnl_library;
+
+constexpr uint64_t kBf16Isa = KILN_CPU_ISA_AVX512_BF16 | KILN_CPU_ISA_AMX_BF16;
 
 class IpexPlugin : public Plugin {
  public:
@@ -25,7 +34,7 @@ class IpexPlugin : public Plugin {
     return d;
   }
 
-  // oneDNN's x86 kernels need an Intel or AMD CPU.
+  // oneDNN's x86 kernels need an Intel or AMD CPU, and the oneDNN library has to load.
   Availability available(const Devices& devices) override {
     const KilnDeviceInfo* cpu = devices.first(KILN_DEVICE_CPU);
     if (!cpu) return Availability::no("needs an x86 CPU; the device list has no CPU");
@@ -34,7 +43,11 @@ class IpexPlugin : public Plugin {
     if (!intel && !amd)
       return Availability::no(std::string("needs an x86 CPU (GenuineIntel or AuthenticAMD); this CPU's vendor is '") +
                               cpu->vendor + "'");
-    const bool bf16 = (cpu->cpu_isa & (KILN_CPU_ISA_AVX512_BF16 | KILN_CPU_ISA_AMX_BF16)) != 0;
+    const auto& lib = dnnl_library();
+    if (!lib.loaded) return Availability::no(lib.error);
+    const bool bf16 = (cpu->cpu_isa & kBf16Isa) != 0;
+    support_.bf16 = bf16;
+    probed_ = true;
     const std::string reason = std::string(cpu->vendor) + " CPU, bf16 kernels " +
                                (bf16 ? "on (AVX-512-BF16/AMX)" : "off (no AVX-512-BF16 or AMX)");
     // A fallback below inductor (200) on a machine that trains on the CPU. Where a CUDA GPU is, the
@@ -44,11 +57,38 @@ class IpexPlugin : public Plugin {
     return Availability::yes(reason, 100);
   }
 
-  std::vector<int64_t> claim(const Graph&) override { return {}; }
-
-  std::unique_ptr<Executable> compile(const Graph&, const CompileOptions&) override {
-    throw Unimplemented("the oneDNN lowering is not built yet; kiln runs these nodes eagerly");
+  std::vector<int64_t> claim(const Graph& g) override {
+    if (!dnnl_library().loaded) return {};
+    const kiln::ipex::Support s = support();
+    std::vector<int64_t> taken;
+    for (int64_t i = 0; i < static_cast<int64_t>(g.num_nodes()); ++i)
+      if (kiln::ipex::why_not(g, i, s).empty()) taken.push_back(i);
+    return taken;
   }
+
+  std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
+    if (options.mode != KILN_MODE_DEFAULT && options.mode != KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  std::string("mode ") + mode_name(options.mode) + " is not one the ipex backend lists");
+    if (!options.options.empty())
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  "unknown option '" + options.options.begin()->first + "' in [plugin.ipex] (it takes none)");
+    return kiln::ipex::compile_group(g, support());
+  }
+
+ private:
+  // bf16 from the hardware probe's CPU features (available); before any probe, from what oneDNN
+  // itself dispatches to on this CPU.
+  kiln::ipex::Support support() {
+    if (!probed_) {
+      support_.bf16 = kiln::ipex::cpu_has_bf16();
+      probed_ = true;
+    }
+    return support_;
+  }
+
+  kiln::ipex::Support support_;
+  bool probed_ = false;
 };
 
 }  // namespace

@@ -1,0 +1,878 @@
+#include "lowering.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <unordered_map>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "dnnl_loader.h"
+
+namespace kiln::ipex {
+
+namespace {
+
+using namespace kiln::plugin;
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::prop_kind;
+
+bool is_bf16(DLDataType t) { return t.code == kDLBfloat && t.bits == 16 && t.lanes == 1; }
+
+std::string dims_text(const std::vector<int64_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+// "f32[4,5]", "bf16[5,4]{1,5}" (strides only when not contiguous).
+std::string value_text(const Value& v) {
+  std::string s = is_float32(v.dtype()) ? "f32" : is_bf16(v.dtype()) ? "bf16" : dtype_name(v.dtype());
+  s += dims_text(v.shape());
+  if (!v.is_contiguous()) {
+    std::string st = dims_text(v.strides());
+    s += "{" + st.substr(1, st.size() - 2) + "}";
+  }
+  return s;
+}
+
+// "aten::mm(f32[4,5], f32[5,3])": names the node in every message.
+std::string node_text(const Graph& g, const Node& n) {
+  std::string s = n.op() + "(";
+  const std::vector<int64_t> ins = n.inputs();
+  for (size_t i = 0; i < ins.size(); ++i) s += (i ? ", " : "") + value_text(g.value(ins[i]));
+  return s + ")";
+}
+
+const char* status_name(dnnl_status_t s) { return dnnl_status2str(s); }
+
+[[noreturn]] void fail(const std::string& where, const dnnl::error& e) {
+  throw Error(KILN_ERROR_INTERNAL,
+              where + ": oneDNN " + std::string(e.what()) + " (status dnnl_" + status_name(e.status) + ")");
+}
+
+// ---- What is taken ----------------------------------------------------------------------------
+
+// Every tensor of a node: float32, or bfloat16 where bf16 is on; one dtype; on the CPU; not empty.
+std::string check_tensors(const Graph& g, const Node& n, const Support& support, bool same_dtype_everywhere = true) {
+  std::vector<int64_t> all = n.inputs();
+  for (int64_t o : n.outputs())
+    if (o >= 0) all.push_back(o);
+  if (all.empty()) return "no tensors";
+  const DLDataType first = g.value(all[0]).dtype();
+  for (int64_t vi : all) {
+    const Value v = g.value(vi);
+    if (v.device().device_type != kDLCPU) return "a tensor is not on the CPU";
+    if (is_bf16(v.dtype())) {
+      if (!support.bf16) return "bf16 needs AVX-512-BF16 or AMX, which this CPU lacks";
+    } else if (!is_float32(v.dtype())) {
+      return "dtype " + dtype_name(v.dtype()) + " (float32 and bf16 only)";
+    }
+    if (same_dtype_everywhere && !same_dtype(v.dtype(), first)) return "mixed dtypes";
+    if (v.ndim() == 0) return "a 0-d tensor";
+    if (v.numel() == 0) return "an empty tensor";
+  }
+  return "";
+}
+
+// A matrix operand oneDNN's matmul reads in place: the last two dims have a unit stride (row- or
+// column-major), batch strides any.
+bool matrix_layout(const Value& v) {
+  const auto st = v.strides();
+  const auto sh = v.shape();
+  const size_t r = st.size();
+  if (r < 2) return false;
+  for (int64_t s : st)
+    if (s < 0) return false;
+  const bool row = st[r - 1] == 1 || sh[r - 1] == 1;
+  const bool col = st[r - 2] == 1 || sh[r - 2] == 1;
+  return row || col;
+}
+
+std::optional<double> constant_number(const Node& n, const char* name) {
+  const std::optional<Arg> a = n.find_arg(name);
+  if (!a || a->runtime_scalar() >= 0) return std::nullopt;
+  if (a->tag() != KILN_ARG_INT && a->tag() != KILN_ARG_DOUBLE) return std::nullopt;
+  return a->as_double();
+}
+
+std::optional<int64_t> tensor_arg(const Node& n, const char* name) {
+  const std::optional<Arg> a = n.find_arg(name);
+  if (!a || !a->is_tensor()) return std::nullopt;
+  return a->tensor_index();
+}
+
+bool none_arg(const Node& n, const char* name) {
+  const std::optional<Arg> a = n.find_arg(name);
+  return a && a->is_none();
+}
+
+std::optional<std::string> string_arg(const Node& n, const char* name) {
+  const std::optional<Arg> a = n.find_arg(name);
+  if (!a || a->tag() != KILN_ARG_STRING) return std::nullopt;
+  return a->as_string();
+}
+
+int64_t normalize_dim(int64_t d, int rank) { return d < 0 ? d + rank : d; }
+
+// The bias of addmm (or the other operand of a fused add) as oneDNN reads it against an [M,N]
+// result: [N], [1,N] (per column) or the full [M,N].
+bool bias_like(const Value& b, const std::vector<int64_t>& out) {
+  const auto s = b.shape();
+  if (s.size() == 1) return s[0] == out.back() && b.is_contiguous();
+  if (s.size() != out.size()) return false;
+  if (s == out) return b.strides().back() == 1 || s.back() == 1;
+  for (size_t d = 0; d + 1 < s.size(); ++d)
+    if (s[d] != 1) return false;
+  return s.back() == out.back() && b.is_contiguous();
+}
+
+std::string why_not_node(const Graph& g, const Node& n, const Support& support) {
+  const std::string op = n.op();
+  auto outs = n.outputs();
+  auto v = [&](int64_t i) { return g.value(i); };
+  if (op == "aten::mm" || op == "aten::bmm" || op == "aten::addmm") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    const bool addmm = op == "aten::addmm";
+    const auto a = tensor_arg(n, addmm ? "mat1" : "self"), b = tensor_arg(n, addmm ? "mat2" : "mat2");
+    if (!a || !b || outs.size() != 1) return "unexpected arguments";
+    const size_t rank = op == "aten::bmm" ? 3 : 2;
+    if (static_cast<size_t>(v(*a).ndim()) != rank || static_cast<size_t>(v(*b).ndim()) != rank) return "rank";
+    if (!matrix_layout(v(*a)) || !matrix_layout(v(*b)) || !matrix_layout(v(outs[0])))
+      return "an operand whose matrix dims have no unit stride";
+    if (addmm) {
+      const auto bias = tensor_arg(n, "self");
+      const auto beta = constant_number(n, "beta"), alpha = constant_number(n, "alpha");
+      if (!bias || !beta || !alpha) return "beta/alpha not constant numbers";
+      if (!bias_like(v(*bias), v(outs[0]).shape())) return "a bias that is not [N], [1,N] or [M,N]";
+    }
+    return "";
+  }
+  if (op == "aten::relu" || op == "aten::gelu") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    if (op == "aten::gelu") {
+      const auto approx = string_arg(n, "approximate");
+      if (!approx || (*approx != "none" && *approx != "tanh")) return "approximate is neither 'none' nor 'tanh'";
+    }
+    if (!v(n.inputs()[0]).is_contiguous() || !v(outs[0]).is_contiguous()) return "not contiguous";
+    return "";
+  }
+  if (op == "aten::threshold_backward" || op == "aten::gelu_backward") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    const auto grad = tensor_arg(n, "grad_output"), self = tensor_arg(n, "self");
+    if (!grad || !self || outs.size() != 1) return "unexpected arguments";
+    if (v(*grad).shape() != v(*self).shape() || v(*grad).shape() != v(outs[0]).shape()) return "broadcasting";
+    if (!v(*grad).is_contiguous() || !v(*self).is_contiguous() || !v(outs[0]).is_contiguous()) return "not contiguous";
+    if (op == "aten::threshold_backward") {
+      const auto t = constant_number(n, "threshold");
+      if (!t || *t != 0.0) return "a threshold other than 0 (ReLU's)";
+    } else {
+      const auto approx = string_arg(n, "approximate");
+      if (!approx || (*approx != "none" && *approx != "tanh")) return "approximate is neither 'none' nor 'tanh'";
+    }
+    return "";
+  }
+  if (op == "aten::_softmax" || op == "aten::_log_softmax") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    const auto h = n.find_arg("half_to_float");
+    if (!h || h->tag() != KILN_ARG_BOOL || h->as_bool()) return "half_to_float";
+    if (!v(n.inputs()[0]).is_contiguous() || !v(outs[0]).is_contiguous()) return "not contiguous";
+    return "";
+  }
+  if (op == "aten::_softmax_backward_data" || op == "aten::_log_softmax_backward_data") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    const auto grad = tensor_arg(n, "grad_output"), out = tensor_arg(n, "output");
+    const auto idt = n.find_arg("input_dtype");
+    if (!grad || !out || !idt || idt->tag() != KILN_ARG_SCALAR_TYPE) return "unexpected arguments";
+    if (!same_dtype(idt->as_dtype(), v(*grad).dtype())) return "input_dtype differs from the gradient's";
+    if (v(*grad).shape() != v(*out).shape()) return "broadcasting";
+    if (!v(*grad).is_contiguous() || !v(*out).is_contiguous() || !v(outs[0]).is_contiguous()) return "not contiguous";
+    return "";
+  }
+  if (op == "aten::native_layer_norm" || op == "aten::native_layer_norm_backward") {
+    // float32 only: oneDNN keeps the statistics in float32, LibTorch keeps bf16 ones in bf16.
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    for (int64_t o : outs)
+      if (o >= 0 && !is_float32(v(o).dtype())) return "bf16 layer norm (float32 only)";
+    const auto input = tensor_arg(n, "input");
+    const auto ns = n.find_arg("normalized_shape");
+    if (!input || !ns || ns->tag() != KILN_ARG_INT_LIST) return "unexpected arguments";
+    const auto shape = v(*input).shape();
+    const auto norm = ns->as_ints();
+    if (norm.empty() || norm.size() > shape.size() ||
+        !std::equal(norm.begin(), norm.end(), shape.end() - static_cast<long>(norm.size())))
+      return "normalized_shape is not the input's trailing dims";
+    for (int64_t i : n.inputs())
+      if (!v(i).is_contiguous()) return "not contiguous";
+    for (int64_t o : outs)
+      if (o >= 0 && !v(o).is_contiguous()) return "not contiguous";
+    const bool backward = op == "aten::native_layer_norm_backward";
+    const char* w = "weight";
+    if (backward) {
+      const auto mask = n.find_arg("output_mask");
+      if (!mask || mask->tag() != KILN_ARG_BOOL_LIST) return "unexpected arguments";
+      const auto m = mask->as_ints();
+      if (m.size() != 3 || !m[0] || outs.size() != 3 || outs[0] < 0) return "no grad_input asked for";
+      if (none_arg(n, w) && ((m[1] && outs[1] >= 0) || (m[2] && outs[2] >= 0)))
+        return "weight or bias gradients without a weight";
+    } else if (outs.size() != 3 || outs[0] < 0 || outs[1] < 0 || outs[2] < 0) {
+      return "unexpected results";
+    }
+    return "";
+  }
+  if (op == "aten::convolution" || op == "aten::convolution_backward") {
+    if (std::string e = check_tensors(g, n, support); !e.empty()) return e;
+    const auto input = tensor_arg(n, "input");
+    const auto weight = tensor_arg(n, "weight");
+    if (!input || !weight) return "unexpected arguments";
+    if (v(*input).ndim() != 4 || v(*weight).ndim() != 4) return "not a 2-d convolution (NCHW)";
+    const auto tr = n.find_arg("transposed");
+    const auto groups = n.find_arg("groups");
+    if (!tr || tr->tag() != KILN_ARG_BOOL || tr->as_bool()) return "transposed convolution";
+    if (!groups || groups->tag() != KILN_ARG_INT || groups->as_int() != 1) return "grouped convolution";
+    for (const char* list : {"stride", "padding", "dilation"}) {
+      const auto a = n.find_arg(list);
+      if (!a || a->tag() != KILN_ARG_INT_LIST || a->as_ints().size() != 2) return std::string("unexpected ") + list;
+    }
+    for (int64_t i : n.inputs())
+      if (!v(i).is_contiguous()) return "not contiguous (NCHW only)";
+    for (int64_t o : outs)
+      if (o >= 0 && !v(o).is_contiguous()) return "not contiguous (NCHW only)";
+    if (op == "aten::convolution_backward") {
+      const auto mask = n.find_arg("output_mask");
+      if (!mask || mask->tag() != KILN_ARG_BOOL_LIST || mask->as_ints().size() != 3 || outs.size() != 3)
+        return "unexpected arguments";
+    }
+    return "";
+  }
+  return "not an op the ipex backend lowers";
+}
+
+bool is_matmul(const std::string& op) { return op == "aten::mm" || op == "aten::addmm" || op == "aten::bmm"; }
+
+// add.Tensor is taken only as a post-op of the matmul whose result it adds to (alpha 1, the other
+// operand [N], [1,N] or the full result), where that result has no other use.
+std::string why_not_add(const Graph& g, const Node& n, const Support& support) {
+  const auto self = tensor_arg(n, "self"), other = tensor_arg(n, "other");
+  const auto alpha = constant_number(n, "alpha");
+  if (!self || !other || !alpha || *alpha != 1.0 || *self == *other || n.outputs().size() != 1)
+    return "add.Tensor is taken only after a matmul, with alpha 1";
+  for (int64_t i = 0; i < static_cast<int64_t>(g.num_nodes()); ++i) {
+    const Node p = g.node(i);
+    if (!is_matmul(p.op()) || p.outputs().size() != 1) continue;
+    const int64_t r = p.outputs()[0];
+    if (r != *self && r != *other) continue;
+    if (!why_not_node(g, p, support).empty()) continue;
+    int uses = 0;
+    for (int64_t k = 0; k < static_cast<int64_t>(g.num_nodes()); ++k)
+      for (int64_t in : g.node(k).inputs()) uses += in == r;
+    for (int64_t o : g.outputs()) uses += o == r;
+    const Value res = g.value(r), o = g.value(r == *self ? *other : *self), out = g.value(n.outputs()[0]);
+    if (uses == 1 && same_dtype(o.dtype(), res.dtype()) && same_dtype(out.dtype(), res.dtype()) &&
+        o.device().device_type == kDLCPU && o.numel() > 0 && bias_like(o, res.shape()) && out.shape() == res.shape() &&
+        matrix_layout(out))
+      return "";
+  }
+  return "add.Tensor is taken only as a post-op of the matmul whose only use it is";
+}
+
+// ---- The compiled group -------------------------------------------------------------------------
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+memory::data_type dnnl_type(DLDataType t) { return is_bf16(t) ? memory::data_type::bf16 : memory::data_type::f32; }
+
+size_t element_size(DLDataType t) { return (t.bits * t.lanes + 7) / 8; }
+
+// One value the group touches: a subgraph input, a subgraph output, or a buffer of its own.
+struct Slot {
+  DLDataType dtype{};
+  std::vector<int64_t> shape, strides;
+  size_t bytes = 0;          // the extent the strides reach, in bytes
+  int64_t temp_offset = -1;  // >= 0: a temporary at this offset of the group's buffer
+};
+
+struct Step {
+  std::string what;
+  dnnl::primitive prim;
+  std::unordered_map<int, memory> args;
+  std::vector<std::pair<memory, size_t>> binds;  // memory object, slot whose pointer it gets
+  std::function<void(const std::vector<char*>&)> host;
+};
+
+class Program : public Executable {
+ public:
+  Program(std::vector<Slot> slots, size_t n_in, size_t n_out, std::vector<Step> steps, size_t temp_bytes)
+      : slots_(std::move(slots)), n_in_(n_in), n_out_(n_out), steps_(std::move(steps)), stream_(engine()) {
+    if (temp_bytes > 0) {
+      void* p = std::aligned_alloc(64, (temp_bytes + 63) / 64 * 64);
+      if (!p) throw std::bad_alloc();
+      temps_.reset(static_cast<char*>(p));
+    }
+  }
+
+  void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void*) override {
+    if (n_in != n_in_ || n_out != n_out_)
+      throw Error(KILN_ERROR_INVALID_ARGUMENT, "ipex: expected " + std::to_string(n_in_) + " inputs and " +
+                                                   std::to_string(n_out_) + " outputs, got " + std::to_string(n_in) +
+                                                   " and " + std::to_string(n_out));
+    std::vector<char*> ptr(slots_.size(), nullptr);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (s.temp_offset >= 0) {
+        ptr[i] = temps_.get() + s.temp_offset;
+        continue;
+      }
+      const bool is_in = i < n_in_;
+      const DLTensor* t = is_in ? &in[i] : &out[i - n_in_];
+      const std::string which = is_in ? "input " + std::to_string(i) : "output " + std::to_string(i - n_in_);
+      if (!t->data && s.bytes > 0) throw Error(KILN_ERROR_INVALID_ARGUMENT, "ipex: " + which + " has no data");
+      Tensor view(t);
+      if (!same_dtype(view.dtype(), s.dtype) || view.shape() != s.shape || view.strides() != s.strides)
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "ipex: " + which + " is " + dtype_name(view.dtype()) +
+                                                     dims_text(view.shape()) + " strides " + dims_text(view.strides()) +
+                                                     ", compiled for " + dtype_name(s.dtype) + dims_text(s.shape) +
+                                                     " strides " + dims_text(s.strides));
+      if (view.device().device_type != kDLCPU)
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "ipex: " + which + " is not on the CPU");
+      ptr[i] = view.data<char>();
+    }
+    for (Step& st : steps_) {
+      try {
+        for (auto& [mem, slot] : st.binds) mem.set_data_handle(ptr[slot]);
+        if (st.host) st.host(ptr);
+        else st.prim.execute(stream_, st.args);
+      } catch (const dnnl::error& e) {
+        fail(st.what, e);
+      }
+    }
+    stream_.wait();
+  }
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::vector<Slot> slots_;
+  size_t n_in_, n_out_;
+  std::vector<Step> steps_;
+  dnnl::stream stream_;
+  std::unique_ptr<char, Free> temps_;
+};
+
+class Builder {
+ public:
+  Builder(const Graph& g) : g_(g) {}
+
+  // The slot of value `v`, made on first use (a temporary unless it is an input or output).
+  size_t slot(int64_t v) {
+    auto it = slot_of_.find(v);
+    if (it != slot_of_.end()) return it->second;
+    const Value val = g_.value(v);
+    Slot s;
+    s.dtype = val.dtype();
+    s.shape = val.shape();
+    s.strides = val.strides();
+    s.bytes = extent(s.shape, s.strides) * element_size(s.dtype);
+    slots_.push_back(s);
+    slot_of_[v] = slots_.size() - 1;
+    if (!io_done_) return slots_.size() - 1;
+    slots_.back().temp_offset = reserve(s.bytes);
+    return slots_.size() - 1;
+  }
+  // A scratch buffer of the group (not a value): float32 [n].
+  size_t scratch(int64_t n) {
+    Slot s;
+    s.dtype = dtype_float32();
+    s.shape = {n};
+    s.strides = {1};
+    s.bytes = static_cast<size_t>(n) * 4;
+    s.temp_offset = reserve(s.bytes);
+    slots_.push_back(s);
+    return slots_.size() - 1;
+  }
+  void inputs_and_outputs_done() { io_done_ = true; }
+
+  memory::desc md(size_t slot) const {
+    const Slot& s = slots_[slot];
+    return memory::desc(memory::dims(s.shape.begin(), s.shape.end()), dnnl_type(s.dtype),
+                        memory::dims(s.strides.begin(), s.strides.end()));
+  }
+  // Slot `slot` seen with other dims (a contiguous reshape).
+  memory::desc md_as(size_t slot, const memory::dims& dims) const {
+    return memory::desc(dims, dnnl_type(slots_[slot].dtype), contiguous(dims));
+  }
+  static memory::dims contiguous(const memory::dims& dims) {
+    memory::dims st(dims.size());
+    int64_t acc = 1;
+    for (size_t d = dims.size(); d-- > 0;) {
+      st[d] = acc;
+      acc *= dims[d];
+    }
+    return st;
+  }
+
+  // Binds `arg` of `step` to the memory of `slot` with descriptor `desc`.
+  void bind(Step& step, int arg, const memory::desc& desc, size_t slot) {
+    memory m(desc, engine(), DNNL_MEMORY_NONE);
+    step.args[arg] = m;
+    step.binds.emplace_back(m, slot);
+  }
+
+  const Slot& slot_info(size_t s) const { return slots_[s]; }
+  std::vector<Slot> take_slots() { return std::move(slots_); }
+  size_t temp_bytes() const { return temp_bytes_; }
+  const Graph& graph() const { return g_; }
+
+ private:
+  static size_t extent(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
+    size_t e = 1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 0) return 0;
+      e += static_cast<size_t>((shape[d] - 1) * strides[d]);
+    }
+    return e;
+  }
+  int64_t reserve(size_t bytes) {
+    const int64_t at = static_cast<int64_t>(temp_bytes_);
+    temp_bytes_ += (bytes + 63) / 64 * 64;
+    return at;
+  }
+
+  const Graph& g_;
+  std::vector<Slot> slots_;
+  std::map<int64_t, size_t> slot_of_;
+  bool io_done_ = false;
+  size_t temp_bytes_ = 0;
+};
+
+// ---- Lowerings ----------------------------------------------------------------------------------
+
+algorithm gelu_algorithm(const Node& n) {
+  return *string_arg(n, "approximate") == "tanh" ? algorithm::eltwise_gelu_tanh : algorithm::eltwise_gelu_erf;
+}
+
+// A matmul node and the element-wise nodes fused after it: relu, gelu, add of a tensor.
+void lower_matmul(Builder& b, const std::vector<Node>& chain, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  const Node& n = chain[0];
+  const bool addmm = n.op() == "aten::addmm";
+  Step st;
+  st.what = node_text(g, n);
+  for (size_t i = 1; i < chain.size(); ++i) st.what += " + " + chain[i].op();
+  const size_t src = b.slot(*tensor_arg(n, addmm ? "mat1" : "self"));
+  const size_t wei = b.slot(*tensor_arg(n, "mat2"));
+  const size_t dst = b.slot(chain.back().outputs()[0]);
+  const memory::desc dst_md = b.md(dst);
+  const memory::dims out_dims = dst_md.get_dims();
+  dnnl::post_ops po;
+  int post = 0;
+  std::vector<std::pair<int, size_t>> post_srcs;  // post-op index, slot
+  auto binary_md = [&](size_t slot) {
+    const Slot& s = b.slot_info(slot);
+    memory::dims dims(s.shape.begin(), s.shape.end()), strides(s.strides.begin(), s.strides.end());
+    while (dims.size() < out_dims.size()) {
+      strides.insert(strides.begin(), dims.empty() ? 1 : dims[0] * strides[0]);
+      dims.insert(dims.begin(), 1);
+    }
+    return memory::desc(dims, dnnl_type(s.dtype), strides);
+  };
+  std::optional<size_t> bias;
+  memory::desc bias_md;
+  if (addmm) {
+    const size_t bs = b.slot(*tensor_arg(n, "self"));
+    const double beta = *constant_number(n, "beta"), alpha = *constant_number(n, "alpha");
+    const Slot& bsl = b.slot_info(bs);
+    const bool row_bias = bsl.shape.size() == 1 || bsl.shape[0] == 1;
+    if (beta == 1.0 && alpha == 1.0 && row_bias) {
+      bias = bs;
+      bias_md = memory::desc({1, out_dims.back()}, dnnl_type(bsl.dtype), {out_dims.back(), 1});
+    } else if (beta == 0.0) {
+      // beta 0: the bias is not read at all (LibTorch ignores even NaN there).
+      if (alpha != 1.0) po.append_eltwise(algorithm::eltwise_linear, static_cast<float>(alpha), 0.f), ++post;
+    } else {
+      // beta * bias + alpha * (a @ b) = beta * (alpha / beta * (a @ b) + bias).
+      if (alpha / beta != 1.0)
+        po.append_eltwise(algorithm::eltwise_linear, static_cast<float>(alpha / beta), 0.f), ++post;
+      po.append_binary(algorithm::binary_add, binary_md(bs));
+      post_srcs.emplace_back(post++, bs);
+      if (beta != 1.0) po.append_eltwise(algorithm::eltwise_linear, static_cast<float>(beta), 0.f), ++post;
+    }
+  }
+  int64_t tail = n.outputs()[0];
+  for (size_t i = 1; i < chain.size(); ++i) {
+    const Node& p = chain[i];
+    const std::string op = p.op();
+    if (op == "aten::relu") {
+      po.append_eltwise(algorithm::eltwise_relu, 0.f, 0.f);
+    } else if (op == "aten::gelu") {
+      po.append_eltwise(gelu_algorithm(p), 0.f, 0.f);
+    } else {  // add.Tensor, alpha 1: the other operand
+      const int64_t self = *tensor_arg(p, "self"), other = *tensor_arg(p, "other");
+      const size_t os = b.slot(self == tail ? other : self);
+      po.append_binary(algorithm::binary_add, binary_md(os));
+      post_srcs.emplace_back(post, os);
+    }
+    ++post;
+    tail = p.outputs()[0];
+  }
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(po);
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = bias ? dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), bias_md, dst_md, attr)
+              : dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), dst_md, attr);
+  } catch (const dnnl::error& e) {
+    throw Unimplemented(st.what + ": oneDNN has no matmul for these layouts (status dnnl_" + status_name(e.status) +
+                        ")");
+  }
+  st.prim = dnnl::matmul(pd);
+  b.bind(st, DNNL_ARG_SRC, b.md(src), src);
+  b.bind(st, DNNL_ARG_WEIGHTS, b.md(wei), wei);
+  if (bias) b.bind(st, DNNL_ARG_BIAS, bias_md, *bias);
+  b.bind(st, DNNL_ARG_DST, dst_md, dst);
+  for (auto [idx, slot] : post_srcs)
+    b.bind(st, DNNL_ARG_ATTR_MULTIPLE_POST_OP(idx) | DNNL_ARG_SRC_1, binary_md(slot), slot);
+  steps.push_back(std::move(st));
+}
+
+void lower_eltwise(Builder& b, const Node& n, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  Step st;
+  st.what = node_text(g, n);
+  const std::string op = n.op();
+  const bool backward = op == "aten::threshold_backward" || op == "aten::gelu_backward";
+  const algorithm alg =
+      (op == "aten::relu" || op == "aten::threshold_backward") ? algorithm::eltwise_relu : gelu_algorithm(n);
+  const size_t src = b.slot(*tensor_arg(n, "self"));
+  const size_t out = b.slot(n.outputs()[0]);
+  const memory::desc md = b.md(src);
+  auto fwd = dnnl::eltwise_forward::primitive_desc(engine(), prop_kind::forward_training, alg, md, md, 0.f, 0.f);
+  if (!backward) {
+    st.prim = dnnl::eltwise_forward(fwd);
+    b.bind(st, DNNL_ARG_SRC, md, src);
+    b.bind(st, DNNL_ARG_DST, md, out);
+  } else {
+    const size_t grad = b.slot(*tensor_arg(n, "grad_output"));
+    auto bwd = dnnl::eltwise_backward::primitive_desc(engine(), alg, md, md, md, 0.f, 0.f, fwd);
+    st.prim = dnnl::eltwise_backward(bwd);
+    b.bind(st, DNNL_ARG_SRC, md, src);
+    b.bind(st, DNNL_ARG_DIFF_DST, md, grad);
+    b.bind(st, DNNL_ARG_DIFF_SRC, md, out);
+  }
+  steps.push_back(std::move(st));
+}
+
+void lower_softmax(Builder& b, const Node& n, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  Step st;
+  st.what = node_text(g, n);
+  const std::string op = n.op();
+  const bool log = op.find("log_softmax") != std::string::npos;
+  const algorithm alg = log ? algorithm::softmax_log : algorithm::softmax_accurate;
+  const size_t out = b.slot(n.outputs()[0]);
+  const memory::desc md = b.md(out);
+  const int axis = static_cast<int>(normalize_dim(n.find_arg("dim")->as_int(), md.get_ndims()));
+  auto fwd = dnnl::softmax_forward::primitive_desc(engine(), prop_kind::forward_training, alg, md, md, axis);
+  if (op == "aten::_softmax" || op == "aten::_log_softmax") {
+    st.prim = dnnl::softmax_forward(fwd);
+    b.bind(st, DNNL_ARG_SRC, md, b.slot(*tensor_arg(n, "self")));
+    b.bind(st, DNNL_ARG_DST, md, out);
+  } else {
+    auto bwd = dnnl::softmax_backward::primitive_desc(engine(), alg, md, md, md, axis, fwd);
+    st.prim = dnnl::softmax_backward(bwd);
+    b.bind(st, DNNL_ARG_DST, md, b.slot(*tensor_arg(n, "output")));
+    b.bind(st, DNNL_ARG_DIFF_DST, md, b.slot(*tensor_arg(n, "grad_output")));
+    b.bind(st, DNNL_ARG_DIFF_SRC, md, out);
+  }
+  steps.push_back(std::move(st));
+}
+
+// native_layer_norm keeps rstd = 1/sqrt(var + eps); oneDNN keeps the variance. Forward writes rstd
+// from oneDNN's variance, backward gives oneDNN the variance back from rstd (both float32 loops).
+void lower_layer_norm(Builder& b, const Node& n, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  const std::string what = node_text(g, n);
+  const bool backward = n.op() == "aten::native_layer_norm_backward";
+  const size_t input = b.slot(*tensor_arg(n, "input"));
+  const auto shape = b.slot_info(input).shape;
+  const auto norm = n.find_arg("normalized_shape")->as_ints();
+  int64_t cols = 1, rows = 1;
+  for (size_t d = 0; d < shape.size(); ++d) (d + norm.size() < shape.size() ? rows : cols) *= shape[d];
+  const memory::dims dims = {rows, cols};
+  const memory::desc data_md = b.md_as(input, dims);
+  const memory::desc stat_md({rows}, memory::data_type::f32, memory::dims{1});
+  const memory::desc vec_md({cols}, memory::data_type::f32, memory::dims{1});
+  const auto weight = tensor_arg(n, "weight"), bias = tensor_arg(n, "bias");
+  const auto outs = n.outputs();
+  const size_t variance = b.scratch(rows);
+  if (!backward) {
+    const float eps = static_cast<float>(n.find_arg("eps")->as_double());
+    auto flags = dnnl::normalization_flags::none;
+    if (weight) flags |= dnnl::normalization_flags::use_scale;
+    if (bias) flags |= dnnl::normalization_flags::use_shift;
+    auto pd = dnnl::layer_normalization_forward::primitive_desc(engine(), prop_kind::forward_training, data_md, data_md,
+                                                                stat_md, eps, flags);
+    Step st;
+    st.what = what;
+    st.prim = dnnl::layer_normalization_forward(pd);
+    b.bind(st, DNNL_ARG_SRC, data_md, input);
+    b.bind(st, DNNL_ARG_DST, data_md, b.slot(outs[0]));
+    const size_t mean = b.slot(outs[1]);
+    b.bind(st, DNNL_ARG_MEAN, stat_md, mean);
+    b.bind(st, DNNL_ARG_VARIANCE, stat_md, variance);
+    if (weight) b.bind(st, DNNL_ARG_SCALE, vec_md, b.slot(*weight));
+    if (bias) b.bind(st, DNNL_ARG_SHIFT, vec_md, b.slot(*bias));
+    steps.push_back(std::move(st));
+    Step rstd;
+    rstd.what = what + " (rstd)";
+    const size_t r = b.slot(outs[2]);
+    rstd.host = [variance, r, rows, eps](const std::vector<char*>& p) {
+      const float* var = reinterpret_cast<const float*>(p[variance]);
+      float* out = reinterpret_cast<float*>(p[r]);
+      for (int64_t i = 0; i < rows; ++i) out[i] = 1.f / std::sqrt(var[i] + eps);
+    };
+    steps.push_back(std::move(rstd));
+    return;
+  }
+  // The backward has no eps argument: any eps gives the same result, as oneDNN adds back what is
+  // taken off here. 1e-5 keeps var + eps well away from zero.
+  const float eps = 1e-5f;
+  const size_t mean = b.slot(*tensor_arg(n, "mean")), rstd = b.slot(*tensor_arg(n, "rstd"));
+  Step to_var;
+  to_var.what = what + " (variance)";
+  to_var.host = [variance, rstd, rows, eps](const std::vector<char*>& p) {
+    const float* rs = reinterpret_cast<const float*>(p[rstd]);
+    float* var = reinterpret_cast<float*>(p[variance]);
+    for (int64_t i = 0; i < rows; ++i) var[i] = 1.f / (rs[i] * rs[i]) - eps;
+  };
+  steps.push_back(std::move(to_var));
+  auto flags = dnnl::normalization_flags::none;
+  if (weight) flags |= dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+  auto fwd = dnnl::layer_normalization_forward::primitive_desc(engine(), prop_kind::forward_training, data_md, data_md,
+                                                               stat_md, eps, flags);
+  auto pd = dnnl::layer_normalization_backward::primitive_desc(engine(), prop_kind::backward, data_md, data_md, data_md,
+                                                               stat_md, eps, flags, fwd);
+  Step st;
+  st.what = what;
+  st.prim = dnnl::layer_normalization_backward(pd);
+  b.bind(st, DNNL_ARG_SRC, data_md, input);
+  b.bind(st, DNNL_ARG_DIFF_DST, data_md, b.slot(*tensor_arg(n, "grad_out")));
+  b.bind(st, DNNL_ARG_MEAN, stat_md, mean);
+  b.bind(st, DNNL_ARG_VARIANCE, stat_md, variance);
+  b.bind(st, DNNL_ARG_DIFF_SRC, data_md, b.slot(outs[0]));
+  if (weight) {
+    b.bind(st, DNNL_ARG_SCALE, vec_md, b.slot(*weight));
+    // oneDNN asks for the shift with use_shift, although the backward does not read it.
+    b.bind(st, DNNL_ARG_SHIFT, vec_md, bias ? b.slot(*bias) : b.scratch(cols));
+    b.bind(st, DNNL_ARG_DIFF_SCALE, vec_md, outs[1] >= 0 ? b.slot(outs[1]) : b.scratch(cols));
+    b.bind(st, DNNL_ARG_DIFF_SHIFT, vec_md, outs[2] >= 0 ? b.slot(outs[2]) : b.scratch(cols));
+  }
+  steps.push_back(std::move(st));
+}
+
+memory::dims int_list(const Node& n, const char* name) {
+  const auto v = n.find_arg(name)->as_ints();
+  return memory::dims(v.begin(), v.end());
+}
+
+// 2-d convolution, NCHW, in oneDNN's plain layouts (no reorders).
+void lower_convolution(Builder& b, const Node& n, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  const std::string what = node_text(g, n);
+  const bool backward = n.op() == "aten::convolution_backward";
+  const memory::dims stride = int_list(n, "stride"), pad = int_list(n, "padding");
+  memory::dims dilation = int_list(n, "dilation");
+  for (auto& d : dilation) d -= 1;  // oneDNN counts the gaps
+  const size_t input = b.slot(*tensor_arg(n, "input")), weight = b.slot(*tensor_arg(n, "weight"));
+  const auto outs = n.outputs();
+  const memory::desc src_md = b.md(input), wei_md = b.md(weight);
+  const memory::dim oc = wei_md.get_dims()[0];
+  const memory::desc bias_md({oc}, wei_md.get_data_type(), memory::dims{1});
+  if (!backward) {
+    const size_t out = b.slot(outs[0]);
+    const auto bias = tensor_arg(n, "bias");
+    const memory::desc dst_md = b.md(out);
+    auto pd = bias ? dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
+                                                               algorithm::convolution_direct, src_md, wei_md, bias_md,
+                                                               dst_md, stride, dilation, pad, pad)
+                   : dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
+                                                               algorithm::convolution_direct, src_md, wei_md, dst_md,
+                                                               stride, dilation, pad, pad);
+    Step st;
+    st.what = what;
+    st.prim = dnnl::convolution_forward(pd);
+    b.bind(st, DNNL_ARG_SRC, src_md, input);
+    b.bind(st, DNNL_ARG_WEIGHTS, wei_md, weight);
+    if (bias) b.bind(st, DNNL_ARG_BIAS, bias_md, b.slot(*bias));
+    b.bind(st, DNNL_ARG_DST, dst_md, out);
+    steps.push_back(std::move(st));
+    return;
+  }
+  const size_t grad = b.slot(*tensor_arg(n, "grad_output"));
+  const memory::desc dst_md = b.md(grad);
+  const auto mask = n.find_arg("output_mask")->as_ints();
+  const bool want_bias = mask[2] && outs[2] >= 0;
+  auto fwd = want_bias ? dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
+                                                                   algorithm::convolution_direct, src_md, wei_md,
+                                                                   bias_md, dst_md, stride, dilation, pad, pad)
+                       : dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
+                                                                   algorithm::convolution_direct, src_md, wei_md,
+                                                                   dst_md, stride, dilation, pad, pad);
+  if (mask[0] && outs[0] >= 0) {
+    auto pd = dnnl::convolution_backward_data::primitive_desc(engine(), algorithm::convolution_direct, src_md, wei_md,
+                                                              dst_md, stride, dilation, pad, pad, fwd);
+    Step st;
+    st.what = what + " (data)";
+    st.prim = dnnl::convolution_backward_data(pd);
+    b.bind(st, DNNL_ARG_DIFF_DST, dst_md, grad);
+    b.bind(st, DNNL_ARG_WEIGHTS, wei_md, weight);
+    b.bind(st, DNNL_ARG_DIFF_SRC, src_md, b.slot(outs[0]));
+    steps.push_back(std::move(st));
+  }
+  if ((mask[1] && outs[1] >= 0) || want_bias) {
+    auto pd = want_bias
+                  ? dnnl::convolution_backward_weights::primitive_desc(engine(), algorithm::convolution_direct, src_md,
+                                                                       wei_md, bias_md, dst_md, stride, dilation, pad,
+                                                                       pad, fwd)
+                  : dnnl::convolution_backward_weights::primitive_desc(engine(), algorithm::convolution_direct, src_md,
+                                                                       wei_md, dst_md, stride, dilation, pad, pad, fwd);
+    Step st;
+    st.what = what + " (weights)";
+    st.prim = dnnl::convolution_backward_weights(pd);
+    b.bind(st, DNNL_ARG_SRC, src_md, input);
+    b.bind(st, DNNL_ARG_DIFF_DST, dst_md, grad);
+    const size_t gw =
+        mask[1] && outs[1] >= 0 ? b.slot(outs[1]) : b.scratch(static_cast<int64_t>(wei_md.get_size() / 4));
+    b.bind(st, DNNL_ARG_DIFF_WEIGHTS, wei_md, gw);
+    if (want_bias) b.bind(st, DNNL_ARG_DIFF_BIAS, bias_md, b.slot(outs[2]));
+    steps.push_back(std::move(st));
+  }
+}
+
+}  // namespace
+
+bool cpu_has_bf16() {
+  if (!dnnl_library().loaded) return false;
+  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16;
+}
+
+std::string why_not(const Graph& g, int64_t i, const Support& support) {
+  const Node n = g.node(i);
+  for (int64_t o : n.outputs())
+    if (o >= 0) g.value(o);  // throws for an index outside the graph
+  for (int64_t in : n.inputs()) g.value(in);
+  if (n.op() == "aten::add.Tensor") return why_not_add(g, n, support);
+  return why_not_node(g, n, support);
+}
+
+std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support) {
+  const DnnlLibrary& lib = dnnl_library();
+  if (!lib.loaded) throw Error(KILN_ERROR_UNAVAILABLE, lib.error);
+  const int64_t num_nodes = static_cast<int64_t>(g.num_nodes());
+  for (int64_t i = 0; i < num_nodes; ++i)
+    if (std::string why = why_not(g, i, support); !why.empty())
+      throw Unimplemented("node " + std::to_string(i) + " " + node_text(g, g.node(i)) + ": " + why);
+
+  Builder b(g);
+  for (int64_t v : g.inputs()) b.slot(v);
+  const size_t n_in = g.inputs().size();
+  for (int64_t v : g.outputs()) b.slot(v);
+  // An output that is also an input, or one value under two output positions, would need a copy.
+  {
+    std::map<int64_t, int> seen;
+    for (int64_t v : g.inputs()) seen[v]++;
+    for (int64_t v : g.outputs())
+      if (seen[v]++)
+        throw Unimplemented("value " + std::to_string(v) + " is both an input and an output, or two outputs");
+  }
+  b.inputs_and_outputs_done();
+
+  // Uses of every value inside the group, and which values leave it.
+  std::map<int64_t, int> uses;
+  std::map<int64_t, std::vector<int64_t>> consumers;
+  for (int64_t i = 0; i < num_nodes; ++i)
+    for (int64_t v : g.node(i).inputs()) {
+      uses[v]++;
+      consumers[v].push_back(i);
+    }
+  std::map<int64_t, bool> leaves;
+  for (int64_t v : g.outputs()) leaves[v] = true;
+
+  // Fusion: a matmul absorbs the relu, gelu or add (alpha 1) that is the only user of its result,
+  // then the one after that, while the result goes nowhere else. The fused primitive runs where the
+  // last absorbed node stood, so the other operand of an add is ready by then.
+  std::map<int64_t, std::vector<int64_t>> chain_at;  // position -> nodes (matmul first)
+  std::vector<bool> absorbed(static_cast<size_t>(num_nodes), false);
+  for (int64_t i = 0; i < num_nodes; ++i) {
+    const Node n = g.node(i);
+    if (!is_matmul(n.op())) continue;
+    std::vector<int64_t> chain = {i};
+    int64_t tail = n.outputs()[0];
+    const DLDataType dt = g.value(tail).dtype();
+    const auto out_shape = g.value(tail).shape();
+    while (!leaves[tail] && uses[tail] == 1) {
+      const int64_t c = consumers[tail][0];
+      const Node p = g.node(c);
+      const std::string op = p.op();
+      bool ok = false;
+      if (op == "aten::relu" || op == "aten::gelu") {
+        ok = true;
+      } else if (op == "aten::add.Tensor" && p.outputs().size() == 1) {
+        const auto self = tensor_arg(p, "self"), other = tensor_arg(p, "other");
+        const auto alpha = constant_number(p, "alpha");
+        if (self && other && alpha && *alpha == 1.0 && *self != *other) {
+          const Value o = g.value(*self == tail ? *other : *self);
+          ok = same_dtype(o.dtype(), dt) && o.device().device_type == kDLCPU && o.numel() > 0 &&
+               bias_like(o, out_shape) && g.value(p.outputs()[0]).shape() == out_shape &&
+               same_dtype(g.value(p.outputs()[0]).dtype(), dt);
+        }
+      }
+      if (!ok) break;
+      // The fused result is written with the strides of the last node's output.
+      if (!matrix_layout(g.value(p.outputs()[0]))) break;
+      chain.push_back(c);
+      absorbed[static_cast<size_t>(c)] = true;
+      tail = p.outputs()[0];
+    }
+    chain_at[chain.back()] = chain;
+  }
+
+  std::vector<Step> steps;
+  for (int64_t i = 0; i < num_nodes; ++i) {
+    const Node n = g.node(i);
+    const std::string op = n.op();
+    try {
+      if (auto it = chain_at.find(i); it != chain_at.end()) {
+        std::vector<Node> chain;
+        for (int64_t k : it->second) chain.push_back(g.node(k));
+        lower_matmul(b, chain, steps);
+        continue;
+      }
+      if (absorbed[static_cast<size_t>(i)] || is_matmul(op)) continue;  // runs in a fused step
+      if (op == "aten::add.Tensor")
+        throw Unimplemented("node " + std::to_string(i) + " " + node_text(g, n) + ": add only fused after a matmul");
+      if (op == "aten::relu" || op == "aten::gelu" || op == "aten::threshold_backward" || op == "aten::gelu_backward")
+        lower_eltwise(b, n, steps);
+      else if (op.find("softmax") != std::string::npos) lower_softmax(b, n, steps);
+      else if (op.find("layer_norm") != std::string::npos) lower_layer_norm(b, n, steps);
+      else lower_convolution(b, n, steps);
+    } catch (const dnnl::error& e) {
+      throw Unimplemented(node_text(g, n) + ": oneDNN has no primitive for it (status dnnl_" + status_name(e.status) +
+                          ": " + e.what() + ")");
+    }
+  }
+  const size_t temp_bytes = b.temp_bytes();
+  return std::make_unique<Program>(b.take_slots(), n_in, g.outputs().size(), std::move(steps), temp_bytes);
+}
+
+}  // namespace kiln::ipex
