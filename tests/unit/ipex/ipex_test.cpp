@@ -1,0 +1,357 @@
+// The ipex backend through the real host: each op it lowers onto oneDNN (matmul with fused bias
+// and post-ops, relu and gelu forward and backward, softmax and log-softmax forward and backward,
+// layer norm forward and backward, convolution forward and backward) against the eager executor
+// on fresh random inputs, float32 within 1e-5 and bf16 within 1e-2; what it leaves to eager; and
+// its oneDNN in one process with LibTorch's own, both in use.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "kiln/config.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/plugin_registry.h"
+
+using namespace kiln;
+
+namespace {
+
+std::shared_ptr<LoadedPlugin> load() {
+  TrainingArguments args;
+  return PluginRegistry::load_file(KILN_IPEX_PLUGIN, torch_host_services(args));
+}
+
+bool has_bf16() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+  return false;
+}
+
+// Random inputs with the graph's shapes, strides and dtypes; names starting with "pos" positive.
+std::vector<at::Tensor> make_inputs(const ir::Graph& g) {
+  std::vector<at::Tensor> ins;
+  for (const auto& in : g.inputs) {
+    const auto& m = g.value(in.value).meta;
+    at::Tensor t = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype));
+    t.copy_(at::randn(m.shape, at::TensorOptions(m.dtype)));
+    if (in.name.rfind("pos", 0) == 0) t.abs_().add_(0.1);
+    ins.push_back(t);
+  }
+  return ins;
+}
+
+std::vector<at::Tensor> outputs_of(const ir::Graph& g, std::vector<at::Tensor>& env) {
+  std::vector<at::Tensor> outs;
+  for (const auto& o : g.outputs) outs.push_back(env[o.value]);
+  return outs;
+}
+
+std::vector<at::Tensor> run_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  EagerExecutor(g).run(env);
+  return outputs_of(g, env);
+}
+
+double rel_error(const at::Tensor& out, const at::Tensor& ref) {
+  at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
+  return (o - r).norm().item<double>() / std::max(r.norm().item<double>(), 1e-30);
+}
+
+struct Checked {
+  PartitionStats stats;
+  double worst = 0;
+};
+
+// Compiles `text` with the ipex backend and runs it three times on fresh inputs against eager.
+Checked check(const std::string& text, double tol) {
+  ir::Graph g = ir::parse(text);
+  auto plugin = load();
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  Checked c;
+  c.stats = exec.stats();
+  for (int trial = 0; trial < 3; ++trial) {
+    auto inputs = make_inputs(g);
+    auto ref = run_eager(g, inputs);
+    std::vector<at::Tensor> env(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+    exec.run(env);
+    const auto outs = outputs_of(g, env);
+    for (size_t k = 0; k < g.outputs.size(); ++k) {
+      EXPECT_TRUE(outs[k].defined()) << "output " << k;
+      if (!outs[k].defined()) continue;
+      EXPECT_EQ(outs[k].sizes(), ref[k].sizes()) << "output " << k;
+      EXPECT_EQ(outs[k].scalar_type(), ref[k].scalar_type()) << "output " << k;
+      const double rel = rel_error(outs[k], ref[k]);
+      EXPECT_LE(rel, tol) << "output " << k << " (" << g.outputs[k].name << ")";
+      EXPECT_FALSE(std::isnan(rel)) << "output " << k;
+      c.worst = std::max(c.worst, rel);
+    }
+  }
+  return c;
+}
+
+void expect_all_compiled(const Checked& c) {
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.nodes);
+  EXPECT_TRUE(c.stats.compile_errors.empty()) << (c.stats.compile_errors.empty() ? "" : c.stats.compile_errors[0]);
+}
+
+// The mlp's layers and their backward: addmm with bias then relu (fused), the backward's mm of
+// transposed operands, threshold_backward, log-softmax and its backward.
+const char* kMlp = R"(graph {
+  input %0 : {dt}[33,65]{65,1} input "x"
+  input %1 : {dt}[65,40]{1,65} input "w1t"
+  input %2 : {dt}[40]{1} input "b1"
+  input %3 : {dt}[40,10]{10,1} input "w2"
+  input %4 : {dt}[10]{1} input "b2"
+  input %5 : {dt}[33,10]{10,1} input "g"
+  %6 : {dt}[33,40]{40,1} = aten::addmm(%2, %0, %1, scalar(1), scalar(1))
+  %7 : {dt}[33,40]{40,1} = aten::relu(%6)
+  %8 : {dt}[33,10]{10,1} = aten::addmm(%4, %7, %3, scalar(1), scalar(1))
+  %9 : {dt}[33,10]{10,1} = aten::_log_softmax(%8, 1, false)
+  %10 : {dt}[33,10]{10,1} = aten::_log_softmax_backward_data(%5, %9, 1, dtype({dt}))
+  %11 : {dt}[40,33]{1,40} = aten::t(%7)
+  %12 : {dt}[40,10]{10,1} = aten::mm(%11, %10)
+  %13 : {dt}[10,40]{1,10} = aten::t(%3)
+  %14 : {dt}[33,40]{40,1} = aten::mm(%10, %13)
+  %15 : {dt}[33,40]{40,1} = aten::threshold_backward(%14, %7, scalar(0))
+  output %9 result "logp"
+  output %12 result "gw2"
+  output %15 result "gh"
+}
+)";
+
+std::string with_dtype(std::string text, const std::string& dt) {
+  for (size_t p; (p = text.find("{dt}")) != std::string::npos;) text.replace(p, 4, dt);
+  return text;
+}
+
+}  // namespace
+
+TEST(IpexNumerics, MlpLayersForwardAndBackwardFloat32) {
+  auto c = check(with_dtype(kMlp, "f32"), 1e-5);
+  // Everything but the two transposes (views, left to eager).
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 2);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+  EXPECT_TRUE(c.stats.compile_errors.empty());
+}
+
+TEST(IpexNumerics, MlpLayersForwardAndBackwardBf16) {
+  if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
+  auto c = check(with_dtype(kMlp, "bf16"), 1e-2);
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 2);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+}
+
+TEST(IpexNumerics, AddmmWithAlphaBetaAndFullBiasBmmAndFusedAdd) {
+  auto c = check(R"(graph {
+  input %0 : f32[17,9]{1,17} input "a"
+  input %1 : f32[9,23]{23,1} input "b"
+  input %2 : f32[17,23]{23,1} input "c"
+  input %3 : f32[23]{1} input "bias"
+  input %4 : f32[4,7,5]{35,5,1} input "p"
+  input %5 : f32[4,5,6]{30,1,5} input "q"
+  input %6 : f32[17,23]{23,1} input "residual"
+  %7 : f32[17,23]{23,1} = aten::addmm(%2, %0, %1, scalar(0.5), scalar(2))
+  %8 : f32[17,23]{23,1} = aten::addmm(%3, %0, %1, scalar(0), scalar(-1.5))
+  %9 : f32[4,7,6]{42,6,1} = aten::bmm(%4, %5)
+  %10 : f32[17,23]{23,1} = aten::mm(%0, %1)
+  %11 : f32[17,23]{23,1} = aten::add.Tensor(%10, %6, scalar(1))
+  %12 : f32[17,23]{23,1} = aten::gelu(%11, "tanh")
+  %13 : f32[17,23]{23,1} = aten::addmm(%3, %0, %1, scalar(1), scalar(1))
+  %14 : f32[17,23]{23,1} = aten::add.Tensor(%3, %13, scalar(1))
+  %15 : f32[17,23]{23,1} = aten::relu(%14)
+  output %7 result "ab"
+  output %8 result "beta0"
+  output %9 result "bmm"
+  output %12 result "mm_add_gelu"
+  output %15 result "addmm_add_relu"
+}
+)",
+                 1e-5);
+  expect_all_compiled(c);
+}
+
+TEST(IpexNumerics, GeluForwardAndBackwardBothApproximations) {
+  auto c = check(R"(graph {
+  input %0 : f32[6,130]{130,1} input "x"
+  input %1 : f32[6,130]{130,1} input "g"
+  %2 : f32[6,130]{130,1} = aten::gelu(%0, "none")
+  %3 : f32[6,130]{130,1} = aten::gelu(%0, "tanh")
+  %4 : f32[6,130]{130,1} = aten::gelu_backward(%1, %0, "none")
+  %5 : f32[6,130]{130,1} = aten::gelu_backward(%1, %0, "tanh")
+  %6 : f32[6,130]{130,1} = aten::relu(%0)
+  output %2 result "gelu"
+  output %3 result "gelu_tanh"
+  output %4 result "dgelu"
+  output %5 result "dgelu_tanh"
+  output %6 result "relu"
+}
+)",
+                 1e-5);
+  expect_all_compiled(c);
+}
+
+TEST(IpexNumerics, SoftmaxOverEveryDimAndItsBackward) {
+  auto c = check(R"(graph {
+  input %0 : f32[3,5,70]{350,70,1} input "x"
+  input %1 : f32[3,5,70]{350,70,1} input "g"
+  %2 : f32[3,5,70]{350,70,1} = aten::_softmax(%0, -1, false)
+  %3 : f32[3,5,70]{350,70,1} = aten::_softmax(%0, 1, false)
+  %4 : f32[3,5,70]{350,70,1} = aten::_log_softmax(%0, 0, false)
+  %5 : f32[3,5,70]{350,70,1} = aten::_softmax_backward_data(%1, %2, 2, dtype(f32))
+  %6 : f32[3,5,70]{350,70,1} = aten::_log_softmax_backward_data(%1, %4, 0, dtype(f32))
+  output %2 result "sm_last"
+  output %3 result "sm_mid"
+  output %4 result "lsm_first"
+  output %5 result "dsm"
+  output %6 result "dlsm"
+}
+)",
+                 1e-5);
+  expect_all_compiled(c);
+}
+
+TEST(IpexNumerics, LayerNormForwardAndBackward) {
+  auto c = check(R"(graph {
+  input %0 : f32[2,9,96]{864,96,1} input "x"
+  input %1 : f32[96]{1} input "w"
+  input %2 : f32[96]{1} input "b"
+  input %3 : f32[2,9,96]{864,96,1} input "g"
+  %4 : f32[2,9,96]{864,96,1}, %5 : f32[2,9,1]{9,1,1}, %6 : f32[2,9,1]{9,1,1} = aten::native_layer_norm(%0, i[96], %1, %2, 1e-05)
+  %7 : f32[2,9,96]{864,96,1}, %8 : f32[96]{1}, %9 : f32[96]{1} = aten::native_layer_norm_backward(%3, %0, i[96], %5, %6, %1, %2, b[true, true, true])
+  %10 : f32[2,9,96]{864,96,1}, %11 : f32[2,1,1]{1,1,1}, %12 : f32[2,1,1]{1,1,1} = aten::native_layer_norm(%0, i[9, 96], None, None, 1e-05)
+  output %4 result "y"
+  output %5 result "mean"
+  output %6 result "rstd"
+  output %7 result "dx"
+  output %8 result "dw"
+  output %9 result "db"
+  output %10 result "y_plain"
+  output %12 result "rstd_plain"
+}
+)",
+                 1e-5);
+  expect_all_compiled(c);
+}
+
+TEST(IpexNumerics, ConvolutionForwardBackwardDataAndWeights) {
+  auto c = check(R"(graph {
+  input %0 : f32[2,3,11,11]{363,121,11,1} input "x"
+  input %1 : f32[8,3,3,3]{27,9,3,1} input "w"
+  input %2 : f32[8]{1} input "b"
+  input %3 : f32[2,8,6,6]{288,36,6,1} input "g"
+  %4 : f32[2,8,6,6]{288,36,6,1} = aten::convolution(%0, %1, %2, i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %5 : f32[2,3,11,11]{363,121,11,1}, %6 : f32[8,3,3,3]{27,9,3,1}, %7 : f32[8]{1} = aten::convolution_backward(%3, %0, %1, i[8], i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])
+  output %4 result "y"
+  output %5 result "dx"
+  output %6 result "dw"
+  output %7 result "db"
+}
+)",
+                 1e-5);
+  expect_all_compiled(c);
+}
+
+TEST(IpexNumerics, Bf16MatmulSoftmaxAndConvolution) {
+  if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
+  auto c = check(R"(graph {
+  input %0 : bf16[4,7,64]{448,64,1} input "p"
+  input %1 : bf16[4,64,33]{2112,33,1} input "q"
+  input %2 : bf16[2,3,10,10]{300,100,10,1} input "x"
+  input %3 : bf16[5,3,3,3]{27,9,3,1} input "w"
+  input %4 : bf16[2,5,10,10]{500,100,10,1} input "g"
+  %5 : bf16[4,7,33]{231,33,1} = aten::bmm(%0, %1)
+  %6 : bf16[4,7,33]{231,33,1} = aten::_softmax(%5, -1, false)
+  %7 : bf16[2,5,10,10]{500,100,10,1} = aten::convolution(%2, %3, None, i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %8 : bf16[2,3,10,10]{300,100,10,1}, %9 : bf16[5,3,3,3]{27,9,3,1}, %10 : bf16[5]{1} = aten::convolution_backward(%4, %2, %3, i[5], i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])
+  %11 : bf16[2,3,10,10]{300,100,10,1} = aten::gelu(%2, "none")
+  output %6 result "attn"
+  output %7 result "conv"
+  output %8 result "dx"
+  output %9 result "dw"
+  output %10 result "db"
+  output %11 result "gelu"
+}
+)",
+                 1e-2);
+  expect_all_compiled(c);
+}
+
+TEST(IpexClaims, LeavesWhatItDoesNotLowerToEager) {
+  // float64, a non-zero threshold, an add with alpha, a bf16 layer norm, a mean: none claimed.
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f64[4,5]{5,1} input "x64"
+  input %1 : f32[4,5]{5,1} input "x"
+  input %2 : f32[4,5]{5,1} input "y"
+  input %3 : bf16[4,5]{5,1} input "h"
+  %4 : f64[4,5]{5,1} = aten::relu(%0)
+  %5 : f32[4,5]{5,1} = aten::threshold_backward(%1, %2, scalar(0.5))
+  %6 : f32[4,5]{5,1} = aten::add.Tensor(%1, %2, scalar(2))
+  %7 : bf16[4,5]{5,1}, %8 : bf16[4,1]{1,1}, %9 : bf16[4,1]{1,1} = aten::native_layer_norm(%3, i[5], None, None, 1e-05)
+  %10 : f32[4]{1} = aten::mean.dim(%1, i[1], false, None)
+  output %4 result "a"
+  output %5 result "b"
+  output %6 result "c"
+  output %7 result "d"
+  output %10 result "e"
+}
+)");
+  PartitionedExecutor exec(g, load(), KILN_MODE_DEFAULT);
+  EXPECT_EQ(exec.stats().claimed, 0u);
+}
+
+// LibTorch links its own oneDNN (3.x, symbols hidden); the plugin loads PyPI's 3.2 with RTLD_LOCAL.
+// Both are used in one process, interleaved, and both stay right; /proc/self/maps shows the
+// plugin's libdnnl really is loaded next to libtorch_cpu.
+TEST(IpexNoClash, LibTorchOneDnnAndThePluginsInOneProcess) {
+  ASSERT_TRUE(at::hasMKLDNN()) << "this LibTorch has no oneDNN to clash with";
+  at::manual_seed(7);
+  const at::Tensor x = at::randn({4, 3, 16, 16}), w = at::randn({8, 3, 3, 3}), b = at::randn({8});
+  auto libtorch_conv = [&] {
+    // mkldnn_convolution is LibTorch's own oneDNN kernel; the float64 conv is the reference.
+    at::Tensor got = at::mkldnn_convolution(x, w, b, {1, 1}, {1, 1}, {1, 1}, 1);
+    at::Tensor ref = at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), 1, 1);
+    return rel_error(got, ref);
+  };
+  EXPECT_LE(libtorch_conv(), 1e-5) << "before the plugin";
+  // bf16 matmul runs on LibTorch's oneDNN too, where the CPU has bf16.
+  const at::Tensor a16 = at::randn({64, 48}).to(at::kBFloat16), b16 = at::randn({48, 32}).to(at::kBFloat16);
+  EXPECT_LE(rel_error(at::mm(a16, b16), at::mm(a16.to(at::kDouble), b16.to(at::kDouble))), 1e-2);
+
+  for (int round = 0; round < 3; ++round) {
+    auto c = check(with_dtype(kMlp, "f32"), 1e-5);
+    EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+    EXPECT_GT(c.stats.nodes_compiled, 0u);
+    auto k = check(R"(graph {
+  input %0 : f32[4,3,16,16]{768,256,16,1} input "x"
+  input %1 : f32[8,3,3,3]{27,9,3,1} input "w"
+  input %2 : f32[8]{1} input "b"
+  %3 : f32[4,8,16,16]{2048,256,16,1} = aten::convolution(%0, %1, %2, i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  output %3 result "y"
+}
+)",
+                   1e-5);
+    expect_all_compiled(k);
+    EXPECT_LE(libtorch_conv(), 1e-5) << "after the plugin ran, round " << round;
+  }
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  bool dnnl = false, torch = false;
+  while (std::getline(maps, line)) {
+    dnnl |= line.find("libdnnl.so.3") != std::string::npos;
+    torch |= line.find("libtorch_cpu.so") != std::string::npos;
+  }
+  EXPECT_TRUE(dnnl) << "the plugin's libdnnl.so.3 is not mapped";
+  EXPECT_TRUE(torch);
+}
