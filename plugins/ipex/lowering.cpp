@@ -388,6 +388,17 @@ class Builder {
     slots_.back().temp_offset = reserve(s.bytes);
     return slots_.size() - 1;
   }
+  // A scratch buffer of `bytes` (a primitive's own layout of a value).
+  size_t scratch_bytes(size_t bytes) {
+    Slot s;
+    s.dtype = DLDataType{kDLUInt, 8, 1};
+    s.shape = {static_cast<int64_t>(bytes)};
+    s.strides = {1};
+    s.bytes = bytes;
+    s.temp_offset = reserve(bytes);
+    slots_.push_back(s);
+    return slots_.size() - 1;
+  }
   // A scratch buffer of the group (not a value): float32 [n].
   size_t scratch(int64_t n) {
     Slot s;
@@ -684,7 +695,46 @@ memory::dims int_list(const Node& n, const char* name) {
   return memory::dims(v.begin(), v.end());
 }
 
-// 2-d convolution, NCHW, in oneDNN's plain layouts (no reorders).
+memory::desc any_layout(const memory::desc& md) {
+  return memory::desc(md.get_dims(), md.get_data_type(), memory::format_tag::any);
+}
+
+// The slot holding `slot` (plain layout `plain`) in the layout `want` a primitive chose: the slot
+// itself when they agree, else a temporary filled by a reorder step added now.
+size_t reorder_in(Builder& b, std::vector<Step>& steps, const std::string& what, size_t slot, const memory::desc& plain,
+                  const memory::desc& want) {
+  if (want == plain) return slot;
+  const size_t to = b.scratch_bytes(want.get_size());
+  Step st;
+  st.what = what;
+  st.prim = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), plain, engine(), want));
+  b.bind(st, DNNL_ARG_FROM, plain, slot);
+  b.bind(st, DNNL_ARG_TO, want, to);
+  steps.push_back(std::move(st));
+  return to;
+}
+
+// The other way: where a primitive writes `slot` in layout `have`, a temporary, and the step that
+// reorders it into the slot's plain layout (to be added after the primitive).
+struct Out {
+  size_t written;
+  std::optional<Step> copy;
+};
+Out reorder_out(Builder& b, const std::string& what, size_t slot, const memory::desc& plain, const memory::desc& have) {
+  if (have == plain) return {slot, std::nullopt};
+  const size_t from = b.scratch_bytes(have.get_size());
+  Step st;
+  st.what = what;
+  st.prim = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), have, engine(), plain));
+  b.bind(st, DNNL_ARG_FROM, have, from);
+  b.bind(st, DNNL_ARG_TO, plain, slot);
+  return {from, std::move(st)};
+}
+
+// 2-d convolution, NCHW tensors. oneDNN picks its own (blocked) layouts for the data and the
+// weights, as LibTorch's and IPEX's convolutions do: its direct AVX-512/AMX kernels need them, and
+// the plain-layout path is a slower im2col + GEMM. The group reorders into and out of them around
+// each primitive, the weights once per step.
 void lower_convolution(Builder& b, const Node& n, std::vector<Step>& steps) {
   const Graph& g = b.graph();
   const std::string what = node_text(g, n);
@@ -697,64 +747,71 @@ void lower_convolution(Builder& b, const Node& n, std::vector<Step>& steps) {
   const memory::desc src_md = b.md(input), wei_md = b.md(weight);
   const memory::dim oc = wei_md.get_dims()[0];
   const memory::desc bias_md({oc}, wei_md.get_data_type(), memory::dims{1});
+  const size_t dst_slot = backward ? b.slot(*tensor_arg(n, "grad_output")) : b.slot(outs[0]);
+  const memory::desc dst_md = b.md(dst_slot);
+  const auto bias = backward ? std::nullopt : tensor_arg(n, "bias");
+  const auto mask = backward ? n.find_arg("output_mask")->as_ints() : std::vector<int64_t>{};
+  const bool want_bias = backward && mask[2] && outs[2] >= 0;
+  const auto fwd_kind = prop_kind::forward_training;
+  const algorithm direct = algorithm::convolution_direct;
+  auto fwd = (bias || want_bias)
+                 ? dnnl::convolution_forward::primitive_desc(engine(), fwd_kind, direct, any_layout(src_md),
+                                                             any_layout(wei_md), bias_md, any_layout(dst_md), stride,
+                                                             dilation, pad, pad)
+                 : dnnl::convolution_forward::primitive_desc(engine(), fwd_kind, direct, any_layout(src_md),
+                                                             any_layout(wei_md), any_layout(dst_md), stride, dilation,
+                                                             pad, pad);
   if (!backward) {
-    const size_t out = b.slot(outs[0]);
-    const auto bias = tensor_arg(n, "bias");
-    const memory::desc dst_md = b.md(out);
-    auto pd = bias ? dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
-                                                               algorithm::convolution_direct, src_md, wei_md, bias_md,
-                                                               dst_md, stride, dilation, pad, pad)
-                   : dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
-                                                               algorithm::convolution_direct, src_md, wei_md, dst_md,
-                                                               stride, dilation, pad, pad);
+    const size_t src = reorder_in(b, steps, what + " (input layout)", input, src_md, fwd.src_desc());
+    const size_t wei = reorder_in(b, steps, what + " (weight layout)", weight, wei_md, fwd.weights_desc());
+    Out dst = reorder_out(b, what + " (output layout)", dst_slot, dst_md, fwd.dst_desc());
     Step st;
     st.what = what;
-    st.prim = dnnl::convolution_forward(pd);
-    b.bind(st, DNNL_ARG_SRC, src_md, input);
-    b.bind(st, DNNL_ARG_WEIGHTS, wei_md, weight);
+    st.prim = dnnl::convolution_forward(fwd);
+    b.bind(st, DNNL_ARG_SRC, fwd.src_desc(), src);
+    b.bind(st, DNNL_ARG_WEIGHTS, fwd.weights_desc(), wei);
     if (bias) b.bind(st, DNNL_ARG_BIAS, bias_md, b.slot(*bias));
-    b.bind(st, DNNL_ARG_DST, dst_md, out);
+    b.bind(st, DNNL_ARG_DST, fwd.dst_desc(), dst.written);
     steps.push_back(std::move(st));
+    if (dst.copy) steps.push_back(std::move(*dst.copy));
     return;
   }
-  const size_t grad = b.slot(*tensor_arg(n, "grad_output"));
-  const memory::desc dst_md = b.md(grad);
-  const auto mask = n.find_arg("output_mask")->as_ints();
-  const bool want_bias = mask[2] && outs[2] >= 0;
-  auto fwd = want_bias ? dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
-                                                                   algorithm::convolution_direct, src_md, wei_md,
-                                                                   bias_md, dst_md, stride, dilation, pad, pad)
-                       : dnnl::convolution_forward::primitive_desc(engine(), prop_kind::forward_training,
-                                                                   algorithm::convolution_direct, src_md, wei_md,
-                                                                   dst_md, stride, dilation, pad, pad);
   if (mask[0] && outs[0] >= 0) {
-    auto pd = dnnl::convolution_backward_data::primitive_desc(engine(), algorithm::convolution_direct, src_md, wei_md,
-                                                              dst_md, stride, dilation, pad, pad, fwd);
+    auto pd = dnnl::convolution_backward_data::primitive_desc(engine(), direct, any_layout(src_md), any_layout(wei_md),
+                                                              any_layout(dst_md), stride, dilation, pad, pad, fwd);
+    const size_t dd = reorder_in(b, steps, what + " (gradient layout)", dst_slot, dst_md, pd.diff_dst_desc());
+    const size_t wei = reorder_in(b, steps, what + " (weight layout)", weight, wei_md, pd.weights_desc());
+    Out ds = reorder_out(b, what + " (input gradient layout)", b.slot(outs[0]), src_md, pd.diff_src_desc());
     Step st;
     st.what = what + " (data)";
     st.prim = dnnl::convolution_backward_data(pd);
-    b.bind(st, DNNL_ARG_DIFF_DST, dst_md, grad);
-    b.bind(st, DNNL_ARG_WEIGHTS, wei_md, weight);
-    b.bind(st, DNNL_ARG_DIFF_SRC, src_md, b.slot(outs[0]));
+    b.bind(st, DNNL_ARG_DIFF_DST, pd.diff_dst_desc(), dd);
+    b.bind(st, DNNL_ARG_WEIGHTS, pd.weights_desc(), wei);
+    b.bind(st, DNNL_ARG_DIFF_SRC, pd.diff_src_desc(), ds.written);
     steps.push_back(std::move(st));
+    if (ds.copy) steps.push_back(std::move(*ds.copy));
   }
-  if ((mask[1] && outs[1] >= 0) || want_bias) {
-    auto pd = want_bias
-                  ? dnnl::convolution_backward_weights::primitive_desc(engine(), algorithm::convolution_direct, src_md,
-                                                                       wei_md, bias_md, dst_md, stride, dilation, pad,
-                                                                       pad, fwd)
-                  : dnnl::convolution_backward_weights::primitive_desc(engine(), algorithm::convolution_direct, src_md,
-                                                                       wei_md, dst_md, stride, dilation, pad, pad, fwd);
+  const bool want_weights = mask[1] && outs[1] >= 0;
+  if (want_weights || want_bias) {
+    auto pd = want_bias ? dnnl::convolution_backward_weights::primitive_desc(
+                              engine(), direct, any_layout(src_md), any_layout(wei_md), bias_md, any_layout(dst_md),
+                              stride, dilation, pad, pad, fwd)
+                        : dnnl::convolution_backward_weights::primitive_desc(engine(), direct, any_layout(src_md),
+                                                                             any_layout(wei_md), any_layout(dst_md),
+                                                                             stride, dilation, pad, pad, fwd);
+    const size_t src = reorder_in(b, steps, what + " (input layout)", input, src_md, pd.src_desc());
+    const size_t dd = reorder_in(b, steps, what + " (gradient layout)", dst_slot, dst_md, pd.diff_dst_desc());
+    const size_t gw_slot = want_weights ? b.slot(outs[1]) : b.scratch_bytes(wei_md.get_size());
+    Out dw = reorder_out(b, what + " (weight gradient layout)", gw_slot, wei_md, pd.diff_weights_desc());
     Step st;
     st.what = what + " (weights)";
     st.prim = dnnl::convolution_backward_weights(pd);
-    b.bind(st, DNNL_ARG_SRC, src_md, input);
-    b.bind(st, DNNL_ARG_DIFF_DST, dst_md, grad);
-    const size_t gw =
-        mask[1] && outs[1] >= 0 ? b.slot(outs[1]) : b.scratch(static_cast<int64_t>(wei_md.get_size() / 4));
-    b.bind(st, DNNL_ARG_DIFF_WEIGHTS, wei_md, gw);
+    b.bind(st, DNNL_ARG_SRC, pd.src_desc(), src);
+    b.bind(st, DNNL_ARG_DIFF_DST, pd.diff_dst_desc(), dd);
+    b.bind(st, DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc(), dw.written);
     if (want_bias) b.bind(st, DNNL_ARG_DIFF_BIAS, bias_md, b.slot(outs[2]));
     steps.push_back(std::move(st));
+    if (dw.copy) steps.push_back(std::move(*dw.copy));
   }
 }
 

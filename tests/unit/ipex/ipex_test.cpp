@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -348,10 +349,13 @@ TEST(IpexNoClash, LibTorchOneDnnAndThePluginsInOneProcess) {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   bool dnnl = false, torch = false;
+  std::set<std::string> gomp;  // one OpenMP runtime: libdnnl binds to the libgomp LibTorch loaded
   while (std::getline(maps, line)) {
     dnnl |= line.find("libdnnl.so.3") != std::string::npos;
     torch |= line.find("libtorch_cpu.so") != std::string::npos;
+    if (line.find("libgomp") != std::string::npos) gomp.insert(line.substr(line.find('/')));
   }
   EXPECT_TRUE(dnnl) << "the plugin's libdnnl.so.3 is not mapped";
   EXPECT_TRUE(torch);
+  EXPECT_EQ(gomp.size(), 1u) << "OpenMP runtimes mapped: " << gomp.size();
 }
