@@ -312,6 +312,23 @@ TEST(IpexClaims, LeavesWhatItDoesNotLowerToEager) {
   EXPECT_EQ(exec.stats().claimed, 0u);
 }
 
+// On a CPU the probe reports without AVX-512-BF16 or AMX the backend says so and claims nothing in
+// bf16, and still takes float32.
+TEST(IpexClaims, NoBf16WithoutAvx512Bf16OrAmx) {
+  auto plugin = load();
+  PluginDevice cpu;
+  cpu.kind = KILN_DEVICE_CPU;
+  cpu.name = "AMD EPYC 7763";
+  cpu.vendor = "AuthenticAMD";
+  cpu.cpu_isa = KILN_CPU_ISA_AVX2 | KILN_CPU_ISA_AVX512F;
+  const PluginAvailability a = plugin->available({cpu});
+  EXPECT_TRUE(a.available);
+  EXPECT_NE(a.reason.find("bf16 kernels off (no AVX-512-BF16 or AMX)"), std::string::npos) << a.reason;
+  ir::Graph bf16 = ir::parse(with_dtype(kMlp, "bf16")), f32 = ir::parse(with_dtype(kMlp, "f32"));
+  EXPECT_EQ(PartitionedExecutor(bf16, plugin, KILN_MODE_DEFAULT).stats().claimed, 0u);
+  EXPECT_EQ(PartitionedExecutor(f32, plugin, KILN_MODE_DEFAULT).stats().claimed, f32.nodes.size() - 2);
+}
+
 // LibTorch links its own oneDNN (3.x, symbols hidden); the plugin loads PyPI's 3.2 with RTLD_LOCAL.
 // Both are used in one process, interleaved, and both stay right; /proc/self/maps shows the
 // plugin's libdnnl really is loaded next to libtorch_cpu.
