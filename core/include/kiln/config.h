@@ -83,6 +83,24 @@ struct TrainingArguments {
   double warmup_ratio = 0.0;                 // of the total optimizer steps
   int64_t logging_steps = 500;               // a metrics line every this many optimizer steps
   int64_t seed = 42;                         // torch::manual_seed at the start of train(), and the shuffling
+  // Checkpoints: <output_dir>/checkpoint-<global_step>/ (the model, the optimizer, the schedule, the
+  // random generators, the position in the data; trainer_state.json), written atomically.
+  std::string save_strategy = "steps";  // no, steps (every save_steps, and at the end), epoch
+  int64_t save_steps = 500;
+  int64_t save_total_limit = 0;  // > 0: keep this many checkpoints, deleting the oldest; 0 keeps all
+  // A checkpoint folder to continue from, or "true"/"last": the newest checkpoint-<step> in
+  // output_dir. "" starts afresh. A TOML boolean works too (true is "true", false is "").
+  std::string resume_from_checkpoint;
+  // Evaluation on the dataset given to train(train, eval) or evaluate(): no, steps, epoch.
+  std::string eval_strategy = "no";
+  int64_t eval_steps = 0;                  // 0: logging_steps (Hugging Face's default)
+  int64_t per_device_eval_batch_size = 8;  // examples per evaluation batch
+  // Where the metrics go: "all" (every integration kiln has), "jsonl" (<output_dir>/metrics.jsonl)
+  // or "none". A TOML string or array of strings.
+  std::vector<std::string> report_to = {"all"};
+  // No progress bar on a terminal: plain log lines every logging_steps instead, as when stderr is
+  // not a terminal.
+  bool disable_tqdm = false;
   // [plugin.<name>] tables: free-form key/value options handed to that plugin as strings.
   // KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." overrides single options.
   std::map<std::string, std::map<std::string, std::string>> plugin_options;

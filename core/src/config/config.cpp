@@ -283,6 +283,70 @@ void check_lr_scheduler_type(const std::string& type, const SettingOrigin& where
   throw ConfigError(where, key, msg + join(types));
 }
 
+// A check that the value is one of `valid` (`what` names the setting's values in the message).
+std::function<void(const std::string&, const SettingOrigin&, const std::string&)> one_of(std::vector<std::string> valid,
+                                                                                         std::string what) {
+  return [valid, what](const std::string& value, const SettingOrigin& where, const std::string& key) {
+    if (std::find(valid.begin(), valid.end(), value) != valid.end()) return;
+    std::string msg = "unknown " + what + " '" + value + "'";
+    if (auto near = nearest_name(value, valid)) msg += "; did you mean '" + *near + "'? Valid values: ";
+    else msg += "; valid values: ";
+    throw ConfigError(where, key, msg + join(valid));
+  };
+}
+
+const std::vector<std::string>& report_to_values() {
+  static const std::vector<std::string> v = {"all", "jsonl", "none"};
+  return v;
+}
+
+// report_to: a string or an array of strings, each one of report_to_values(); "none" stands alone.
+Setting report_to_setting() {
+  const std::string key = "report_to";
+  Setting s{key, ""};
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (v.is_string()) {
+      a.report_to = {v.as_string()->get()};
+      return;
+    }
+    if (!v.is_array()) throw wrong_type(v, source, key, "a string or an array of strings");
+    std::vector<std::string> values;
+    for (const auto& e : *v.as_array()) {
+      if (!e.is_string())
+        throw ConfigError(origin_of(e, source), key, "every entry of '" + key + "' must be a string, not " + a_type(e));
+      values.push_back(e.as_string()->get());
+    }
+    a.report_to = std::move(values);
+  };
+  s.show = [](const TrainingArguments& a) {
+    std::vector<std::string> q;
+    for (const auto& d : a.report_to) q.push_back(quoted(d));
+    return "[" + join(q) + "]";
+  };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    const auto check = one_of(report_to_values(), "report_to value");
+    for (const auto& r : a.report_to) check(r, where, key);
+    if (a.report_to.size() > 1 && std::find(a.report_to.begin(), a.report_to.end(), "none") != a.report_to.end())
+      throw ConfigError(where, key,
+                        "report_to 'none' cannot be combined with other values, got [" + join(a.report_to) + "]");
+  };
+  return s;
+}
+
+// resume_from_checkpoint: a path, "true"/"last", or "" (none); in a file also a boolean.
+Setting resume_setting() {
+  Setting s = text(
+      "resume_from_checkpoint", "", [](auto& a) -> auto& { return a.resume_from_checkpoint; });
+  const std::string key = s.key;
+  auto from_string = s.from_toml;
+  s.from_toml = [key, from_string](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (v.is_boolean()) a.resume_from_checkpoint = v.as_boolean()->get() ? "true" : "";
+    else if (v.is_string()) from_string(a, v, source);
+    else throw wrong_type(v, source, key, "a string (a checkpoint folder, \"true\" or \"last\") or a boolean");
+  };
+  return s;
+}
+
 // The file's list replaces the code's; KILN_PLUGIN_PATH's directories go before it. Entries that
 // repeat an earlier one are dropped, so applying the environment twice is applying it once.
 Setting plugin_dirs_setting() {
@@ -397,6 +461,25 @@ const std::vector<Setting>& table() {
         "logging_steps", "", [](auto& a) -> auto& { return a.logging_steps; }, 1, int64_t{1} << 40));
     v.push_back(integer(
         "seed", "", [](auto& a) -> auto& { return a.seed; }, 0, (int64_t{1} << 62)));
+    v.push_back(text(
+        "save_strategy", "", [](auto& a) -> auto& { return a.save_strategy; },
+        one_of({"no", "steps", "epoch"}, "save_strategy")));
+    v.push_back(integer(
+        "save_steps", "", [](auto& a) -> auto& { return a.save_steps; }, 1, int64_t{1} << 40));
+    v.push_back(integer(
+        "save_total_limit", "", [](auto& a) -> auto& { return a.save_total_limit; }, 0, int64_t{1} << 30));
+    v.push_back(resume_setting());
+    v.push_back(text(
+        "eval_strategy", "", [](auto& a) -> auto& { return a.eval_strategy; },
+        one_of({"no", "steps", "epoch"}, "eval_strategy")));
+    v.push_back(integer(
+        "eval_steps", "", [](auto& a) -> auto& { return a.eval_steps; }, 0, int64_t{1} << 40));
+    v.push_back(integer(
+        "per_device_eval_batch_size", "", [](auto& a) -> auto& { return a.per_device_eval_batch_size; }, 1,
+        int64_t{1} << 30));
+    v.push_back(report_to_setting());
+    v.push_back(flag(
+        "disable_tqdm", "", [](auto& a) -> auto& { return a.disable_tqdm; }));
     v.push_back(plugin_options_setting());
     // [runtime]
     v.push_back(plugin_dirs_setting());

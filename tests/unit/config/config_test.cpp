@@ -130,6 +130,15 @@ warmup_steps = 10
 warmup_ratio = 0.1
 logging_steps = 5
 seed = 7
+save_strategy = "epoch"
+save_steps = 50
+save_total_limit = 2
+resume_from_checkpoint = "/tmp/run/checkpoint-50"
+eval_strategy = "steps"
+eval_steps = 25
+per_device_eval_batch_size = 32
+report_to = ["jsonl"]
+disable_tqdm = true
 
 [runtime]
 fullgraph = true
@@ -172,6 +181,15 @@ ratio = 0.5
   EXPECT_EQ(a.warmup_ratio, 0.1);
   EXPECT_EQ(a.logging_steps, 5);
   EXPECT_EQ(a.seed, 7);
+  EXPECT_EQ(a.save_strategy, "epoch");
+  EXPECT_EQ(a.save_steps, 50);
+  EXPECT_EQ(a.save_total_limit, 2);
+  EXPECT_EQ(a.resume_from_checkpoint, "/tmp/run/checkpoint-50");
+  EXPECT_EQ(a.eval_strategy, "steps");
+  EXPECT_EQ(a.eval_steps, 25);
+  EXPECT_EQ(a.per_device_eval_batch_size, 32);
+  EXPECT_EQ(a.report_to, std::vector<std::string>{"jsonl"});
+  EXPECT_TRUE(a.disable_tqdm);
   EXPECT_TRUE(a.runtime.fullgraph);
   EXPECT_EQ(a.runtime.recompile_limit, 3);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
@@ -189,9 +207,9 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("fast_math"), "false");
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":20:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":34:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":38:8");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":29:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":43:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":47:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
