@@ -11,9 +11,12 @@
 //
 // Or a whole training, the way Hugging Face's Trainer runs it (args.num_train_epochs, max_steps,
 // per_device_train_batch_size, gradient_accumulation_steps, learning_rate, lr_scheduler_type,
-// warmup_steps, logging_steps, seed, output_dir):
+// warmup_steps, logging_steps, seed, output_dir; checkpoints with save_strategy, save_steps,
+// save_total_limit and resume_from_checkpoint; evaluation with eval_strategy and eval_steps):
 //   kiln::TensorDataset data({xs}, ys);          // examples along dim 0
 //   kiln::TrainOutput out = trainer.train(data);
+//   trainer.set_compute_metrics(accuracy);       // optional: metrics of the evaluation
+//   out = trainer.train(data, eval_data);        // with evaluation
 #pragma once
 
 #include <cstddef>
@@ -115,6 +118,28 @@ class TensorDataset : public Dataset {
   at::Tensor target_;
 };
 
+// What an evaluation hands the metrics function (Hugging Face's EvalPrediction): the model's outputs
+// for every example of the evaluation dataset and their targets, each batch's concatenated along
+// dim 0 (so the outputs must agree in every other dim).
+struct EvalPrediction {
+  at::Tensor predictions;
+  at::Tensor label_ids;
+};
+// Returns metrics by name ("accuracy"); the evaluation logs them as "eval_accuracy".
+using ComputeMetricsFn = std::function<std::map<std::string, double>(const EvalPrediction&)>;
+
+// A checkpoint that cannot be resumed from: a folder or file missing, a file truncated or not
+// kiln's, a checkpoint of another model (parameter names or shapes differ) or another optimizer.
+// what() is "<file>: <what is wrong>"; the model and the optimizer are left as they were.
+class CheckpointError : public std::runtime_error {
+ public:
+  CheckpointError(std::string file, const std::string& what);
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string file_;
+};
+
 // What Trainer::train returns, as Hugging Face's TrainOutput: the optimizer steps made, the mean
 // training loss over them, and the run's metrics (train_runtime, train_samples_per_second,
 // train_steps_per_second, train_loss, epoch).
@@ -161,11 +186,56 @@ class Trainer {
   // warmup_steps or warmup_ratio); the optimizer's own lr is replaced. A group of one micro-batch
   // runs through step(); a longer group runs through a second compiled step that adds the
   // micro-batches' gradients (each loss divided by the group's size) before one optimizer update.
-  // Every logging_steps steps a line {"step", "epoch", "loss" (the mean since the last line),
-  // "learning_rate" (the scheduler's after the step, as Hugging Face logs it), "steps_per_second"}
-  // goes to <output_dir>/metrics.jsonl (truncated first; no file when output_dir is empty), and a
-  // last line holds the run's metrics.
+  //
+  // Metrics. Every logging_steps steps a line {"step", "epoch", "loss" (the mean since the last
+  // line), "learning_rate" (the scheduler's after the step, as Hugging Face logs it),
+  // "steps_per_second"} goes to <output_dir>/metrics.jsonl when report_to names it ("all" or
+  // "jsonl"; no file when output_dir is empty). The file is started afresh, or, when resuming,
+  // with the lines the checkpoint holds; a last line holds the run's metrics.
+  //
+  // Progress. When stderr is a terminal, one line redrawn in place (step/total, loss, steps per
+  // second, time left; "compiling the step… 0.8 s" for the step that compiles), standing in for
+  // kiln's own info lines while it is up. Otherwise, or with disable_tqdm, the same as plain log
+  // lines every logging_steps. log_level "warn" silences both.
+  //
+  // Checkpoints (output_dir set, save_strategy "steps": every save_steps steps and after the last;
+  // "epoch": after every epoch; "no"): <output_dir>/checkpoint-<global_step>/ holds the model's
+  // parameters and buffers (model.pt, as torch::save(model) writes it), the optimizer
+  // (optimizer.pt, torch::save), the schedule (scheduler.pt), the CPU, CUDA and data-order
+  // generators (rng_state.pt), the position in the data and the loss sums (trainer_state.pt), and
+  // trainer_state.json for people and tools. A checkpoint is written into a tmp-checkpoint-<step>
+  // folder and renamed into place, so a checkpoint-<step> folder is always complete. With
+  // save_total_limit > 0 the oldest beyond it are deleted.
+  //
+  // Resuming: resume_from_checkpoint names a checkpoint folder, or "true"/"last" the newest in
+  // output_dir. train() then loads it into the model (in place), the optimizer and the generators
+  // and continues exactly as the uninterrupted training would have: the same examples in the same
+  // order from the same place in the epoch, the same learning rates, the same random numbers, the
+  // same metrics lines. The steps after it go through this Trainer's compiled step, compiled as a
+  // fresh Trainer compiles it (the first step eager, the second captured). A checkpoint that does
+  // not fit (missing, truncated, of another model or optimizer) throws CheckpointError before
+  // anything — the model, the optimizer, the metrics file — is changed.
+  //
+  // Evaluation (the two-dataset form): with eval_strategy "steps" every eval_steps steps
+  // (logging_steps when 0), with "epoch" after every epoch, the model runs over eval_dataset as
+  // evaluate() does and a line {"step", "epoch", "eval_loss", "eval_<metric>"...,
+  // "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"} is logged. At one step the
+  // order is Hugging Face's: the metrics line, the evaluation, the checkpoint.
   TrainOutput train(const Dataset& dataset);
+  TrainOutput train(const Dataset& train_dataset, const Dataset& eval_dataset);
+
+  // The model over `eval_dataset` in batches of per_device_eval_batch_size, in order, in eval mode
+  // (train() mode is put back after) and without gradients: the forward and the loss, run eagerly
+  // (not compiled; the compiled training step is not touched and stays compiled). Returns
+  // "eval_loss" (the mean over the examples), "eval_runtime", "eval_samples_per_second",
+  // "eval_steps_per_second", and what the metrics function returns, each name prefixed "eval_".
+  std::map<std::string, double> evaluate(const Dataset& eval_dataset);
+  // The metrics function of every evaluation (none by default: eval_loss only).
+  void set_compute_metrics(ComputeMetricsFn compute_metrics);
+
+  // The newest complete checkpoint-<step> folder in output_dir (by step), or "" when there is none:
+  // what resume_from_checkpoint "last" resumes from (Hugging Face's get_last_checkpoint).
+  static std::string last_checkpoint(const std::string& output_dir);
 
   // The backend chosen and the reasons, for display.
   const std::string& backend() const;
@@ -180,6 +250,8 @@ class Trainer {
   const CompiledStep& compiled_step() const;
 
  private:
+  TrainOutput run(const Dataset& dataset, const Dataset* eval_dataset);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,8 +1,10 @@
 #include "kiln/trainer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -10,13 +12,23 @@
 #include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include "checkpoint.h"
 #include "kiln/compile.h"
+#include "kiln/internal/json_text.h"
 #include "kiln/log.h"
+#include "progress.h"
 
 namespace kiln {
 
@@ -42,7 +54,38 @@ struct Trainer::Impl {
     if (next_lr)
       for (auto& group : optimizer->param_groups()) group.options().set_lr(*next_lr);
   }
+  ComputeMetricsFn compute_metrics;
+
+  void make_accumulate(const TrainingArguments& args);
+  // `lr`, `lr_next`: the rates of the step the run continues with and of the one after.
+  void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr, double lr_next,
+                              const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step);
+  // evaluate()'s metrics, in the order the metrics line writes them.
+  std::vector<std::pair<std::string, double>> evaluate(const Dataset& dataset, int64_t batch_size);
 };
+
+void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
+  auto* im = this;
+  accumulate = std::make_unique<CompiledStep>(
+      [im](const std::vector<at::Tensor>& in) {
+        const size_t k = in.size() / im->per_micro;
+        im->optimizer->zero_grad();
+        at::Tensor sum;
+        for (size_t m = 0; m < k; ++m) {
+          const auto begin = in.begin() + static_cast<std::ptrdiff_t>(m * im->per_micro);
+          const std::vector<at::Tensor> x(begin, begin + static_cast<std::ptrdiff_t>(im->per_micro - 1));
+          auto l = im->loss_fn(im->forward(x), *(begin + static_cast<std::ptrdiff_t>(im->per_micro - 1))) /
+                   static_cast<double>(k);
+          l.backward();
+          sum = m == 0 ? l.detach() : sum + l.detach();
+        }
+        if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
+        im->optimizer->step();
+        im->set_next_lr();
+        return std::vector<at::Tensor>{sum};
+      },
+      StepState{{model}, {optimizer}}, args);
+}
 
 namespace {
 
@@ -65,6 +108,7 @@ double schedule_factor(const std::string& type, int64_t step, int64_t warmup, in
 // The shortest text that reads back as `d` (0.1, not 0.10000000000000001).
 std::string json_number(double d) {
   if (!std::isfinite(d)) return "null";
+  if (d == std::trunc(d) && std::abs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));  // 10, not 1e+01
   for (int precision = 1;; ++precision) {
     std::ostringstream os;
     os.precision(precision);
@@ -73,11 +117,18 @@ std::string json_number(double d) {
   }
 }
 
+// Seconds for people: 0.38, 12.4, 301.
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, s < 10 ? "%.2f" : s < 100 ? "%.1f" : "%.0f", s);
+  return buf;
+}
+
 // {"k": v, ...} in the given order.
 std::string json_line(const std::vector<std::pair<std::string, double>>& fields) {
   std::string out = "{";
   for (size_t i = 0; i < fields.size(); ++i)
-    out += (i ? ", \"" : "\"") + fields[i].first + "\": " + json_number(fields[i].second);
+    out += (i ? ", " : "") + json_quote(fields[i].first) + ": " + json_number(fields[i].second);
   return out + "}";
 }
 
@@ -85,7 +136,107 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The examples order[begin, end) of `dataset`, stacked along a new dim 0: its inputs, then its
+// target (`per_example` tensors).
+std::vector<at::Tensor> stack_examples(const Dataset& dataset, const std::vector<int64_t>& order, int64_t begin,
+                                       int64_t end, size_t per_example, const char* who) {
+  std::vector<std::vector<at::Tensor>> slots(per_example);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t index = order[static_cast<size_t>(i)];
+    Example e = dataset.get(static_cast<size_t>(index));
+    if (e.inputs.size() + 1 != per_example)
+      throw std::invalid_argument(std::string(who) + ": example " + std::to_string(index) + " has " +
+                                  std::to_string(e.inputs.size()) + " inputs, the first has " +
+                                  std::to_string(per_example - 1));
+    for (size_t s = 0; s + 1 < per_example; ++s) slots[s].push_back(std::move(e.inputs[s]));
+    slots.back().push_back(std::move(e.target));
+  }
+  std::vector<at::Tensor> out;
+  for (auto& s : slots) out.push_back(at::stack(s));
+  return out;
+}
+
+// The checkpoint folder resume_from_checkpoint names: "" for none ("" or "false"), the newest
+// checkpoint-<step> of output_dir for "true" or "last" (Hugging Face's get_last_checkpoint).
+std::string resume_folder(const TrainingArguments& a) {
+  std::string r = a.resume_from_checkpoint;
+  std::string lower = r;
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.empty() || lower == "false") return "";
+  if (lower != "true" && lower != "last") return r;
+  if (a.output_dir.empty())
+    throw CheckpointError("resume_from_checkpoint",
+                          "'" + r + "' means the newest checkpoint in output_dir, and output_dir is not set");
+  std::string found = checkpoint::last(a.output_dir);
+  if (found.empty())
+    throw CheckpointError(a.output_dir,
+                          "no checkpoint-<step> folder to resume from (resume_from_checkpoint '" + r + "')");
+  return found;
+}
+
+// "step 8" for a group of one micro-batch of 8 examples, "accumulate 8 8 4" for several.
+std::string layout_text(const std::vector<int64_t>& sizes) {
+  std::string out = sizes.size() == 1 ? "step" : "accumulate";
+  for (int64_t m : sizes) out += " " + std::to_string(m);
+  return out;
+}
+
+std::vector<int64_t> layout_sizes(const std::string& text) {
+  std::istringstream in(text.rfind("warm-up ", 0) == 0 ? text.substr(8) : text);
+  std::string kind;
+  in >> kind;
+  std::vector<int64_t> sizes;
+  for (int64_t m; in >> m;) sizes.push_back(m);
+  return sizes;
+}
+
+// The state tensors of LibTorch's optimizers; false for an optimizer of another kind.
+bool optimizer_state_tensors(const torch::optim::OptimizerParamState& st, std::vector<at::Tensor>& out) {
+  if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(&st)) {
+    out = {s->momentum_buffer()};
+  } else if (auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(&st)) {
+    out = {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  } else if (auto* s = dynamic_cast<const torch::optim::AdamParamState*>(&st)) {
+    out = {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  } else if (auto* s = dynamic_cast<const torch::optim::RMSpropParamState*>(&st)) {
+    out = {s->square_avg(), s->momentum_buffer(), s->grad_avg()};
+  } else if (auto* s = dynamic_cast<const torch::optim::AdagradParamState*>(&st)) {
+    out = {s->sum()};
+  } else {
+    return false;
+  }
+  out.erase(std::remove_if(out.begin(), out.end(), [](const at::Tensor& t) { return !t.defined(); }), out.end());
+  return true;
+}
+
+// trainer_state.json: Hugging Face's TrainerState fields, and where in the data kiln's loop is.
+std::string trainer_state_json(const checkpoint::LoopState& loop, const TrainingArguments& a, int64_t max_steps,
+                               int64_t epochs, int64_t eval_steps, int64_t steps_per_epoch) {
+  std::ostringstream o;
+  o << "{\n"
+    << "  \"global_step\": " << loop.global_step << ",\n"
+    << "  \"epoch\": " << json_number(loop.epoch_progress) << ",\n"
+    << "  \"max_steps\": " << max_steps << ",\n"
+    << "  \"num_train_epochs\": " << epochs << ",\n"
+    << "  \"logging_steps\": " << a.logging_steps << ",\n"
+    << "  \"eval_steps\": " << eval_steps << ",\n"
+    << "  \"save_steps\": " << a.save_steps << ",\n"
+    << "  \"train_batch_size\": " << a.per_device_train_batch_size << ",\n"
+    << "  \"is_world_process_zero\": true,\n"
+    << "  \"log_history\": [";
+  for (size_t i = 0; i < loop.log_history.size(); ++i) o << (i ? ",\n    " : "\n    ") << loop.log_history[i];
+  o << (loop.log_history.empty() ? "],\n" : "\n  ],\n") << "  \"kiln\": {\"epoch_index\": " << loop.epoch
+    << ", \"step_in_epoch\": " << loop.step_in_epoch << ", \"steps_per_epoch\": " << steps_per_epoch
+    << ", \"gradient_accumulation_steps\": " << loop.gradient_accumulation_steps << ", \"seed\": " << loop.seed
+    << ", \"dataset_size\": " << loop.dataset_size << "}\n"
+    << "}\n";
+  return o.str();
+}
+
 }  // namespace
+
+CheckpointError::CheckpointError(std::string file, const std::string& what)
+    : std::runtime_error(file + ": " + what), file_(std::move(file)) {}
 
 TensorDataset::TensorDataset(std::vector<at::Tensor> inputs, at::Tensor target)
     : inputs_(std::move(inputs)), target_(std::move(target)) {
@@ -158,12 +309,151 @@ at::Tensor Trainer::step(const std::vector<at::Tensor>& inputs, const at::Tensor
   return (*impl_->step)(all).at(0);
 }
 
-TrainOutput Trainer::train(const Dataset& dataset) {
+TrainOutput Trainer::train(const Dataset& dataset) { return run(dataset, nullptr); }
+
+TrainOutput Trainer::train(const Dataset& train_dataset, const Dataset& eval_dataset) {
+  return run(train_dataset, &eval_dataset);
+}
+
+std::string Trainer::last_checkpoint(const std::string& output_dir) { return checkpoint::last(output_dir); }
+
+void Trainer::set_compute_metrics(ComputeMetricsFn compute_metrics) {
+  impl_->compute_metrics = std::move(compute_metrics);
+}
+
+std::map<std::string, double> Trainer::evaluate(const Dataset& eval_dataset) {
+  const auto m = impl_->evaluate(eval_dataset, args().per_device_eval_batch_size);
+  return std::map<std::string, double>(m.begin(), m.end());
+}
+
+std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Dataset& dataset, int64_t batch_size) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto n = static_cast<int64_t>(dataset.size());
+  if (n == 0) throw std::invalid_argument("kiln::Trainer::evaluate: the evaluation dataset is empty");
+  const size_t per = dataset.get(0).inputs.size() + 1;
+  struct Mode {
+    torch::nn::Module& m;
+    bool training;
+    ~Mode() { m.train(training); }
+  } mode{*model, model->is_training()};
+  model->eval();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  double loss_sum = 0;
+  int64_t batches = 0;
+  std::vector<at::Tensor> predictions, labels;
+  for (int64_t b = 0; b < n; b += batch_size) {
+    const int64_t end = std::min(b + batch_size, n);
+    const auto batch = stack_examples(dataset, order, b, end, per, "kiln::Trainer::evaluate");
+    const auto output = forward(std::vector<at::Tensor>(batch.begin(), batch.end() - 1));
+    loss_sum += loss_fn(output, batch.back()).item<double>() * static_cast<double>(end - b);
+    if (compute_metrics) {
+      predictions.push_back(output.detach());
+      labels.push_back(batch.back());
+    }
+    ++batches;
+  }
+  std::vector<std::pair<std::string, double>> out{{"eval_loss", loss_sum / static_cast<double>(n)}};
+  if (compute_metrics) {
+    EvalPrediction p;
+    try {
+      p.predictions = at::cat(predictions);
+    } catch (const c10::Error& e) {
+      throw std::invalid_argument(
+          "kiln::Trainer::evaluate: the model's outputs of the evaluation batches cannot be concatenated along dim 0 "
+          "for the metrics function (they differ in another dim): " +
+          e.msg());
+    }
+    p.label_ids = at::cat(labels);
+    for (const auto& [name, value] : compute_metrics(p))
+      out.emplace_back(name.rfind("eval_", 0) == 0 ? name : "eval_" + name, value);
+  }
+  const double runtime = std::chrono::duration<double>(Clock::now() - start).count();
+  out.emplace_back("eval_runtime", runtime);
+  out.emplace_back("eval_samples_per_second", static_cast<double>(n) / runtime);
+  out.emplace_back("eval_steps_per_second", static_cast<double>(batches) / runtime);
+  return out;
+}
+
+// A resumed run's compiled steps made ready before it continues: the uninterrupted training had run
+// every layout of the checkpoint's, so its next steps run compiled (and a backend's kernels need
+// not round as LibTorch's eager kernels do). Each compiled step runs its warm-up and captures each
+// layout on examples of the dataset; then the parameters and buffers (in place), the optimizer's
+// state (the same tensors, their values and counters) and the generators are put back to the
+// checkpoint's. Only for LibTorch's own optimizers, whose state tensors are known.
+void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr,
+                                           double lr_next,
+                                           const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step) {
+  if (resumed.layouts.empty() || !step->args().compile_enabled()) return;
+  struct Entry {
+    void* key;
+    std::unique_ptr<torch::optim::OptimizerParamState> state;
+    std::vector<at::Tensor> live, values;
+  };
+  std::vector<Entry> entries;
+  for (auto& [key, st] : optimizer->state()) {
+    Entry e{key, st->clone(), {}, {}};
+    if (!optimizer_state_tensors(*st, e.live)) {
+      log_info(
+          "kiln::Trainer::train: resuming without preparing the compiled step first (an optimizer whose "
+          "state kiln cannot put back): the first steps run eagerly, as for a fresh Trainer");
+      return;
+    }
+    for (const auto& t : e.live) e.values.push_back(t.clone());
+    entries.push_back(std::move(e));
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> tensors;
+  for (const auto& p : model->parameters()) tensors.emplace_back(p, p.detach().clone());
+  for (const auto& b : model->buffers()) tensors.emplace_back(b, b.clone());
+  auto restore = [&] {
+    torch::NoGradGuard no_grad;
+    for (auto& [t, v] : tensors) t.copy_(v);
+    auto& state = optimizer->state();
+    state.clear();
+    for (auto& e : entries) {
+      for (size_t i = 0; i < e.live.size(); ++i) e.live[i].copy_(e.values[i]);
+      state[e.key] = e.state->clone();
+    }
+    checkpoint::apply_rng(resumed);
+  };
+  std::vector<int64_t> order(dataset.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  try {
+    // The calls that made each compiled step what it was: its warm-up, then a capture per layout.
+    for (const auto& l : resumed.layouts) {
+      {
+        std::vector<at::Tensor> inputs;
+        for (int64_t m : layout_sizes(l)) {
+          auto mb = stack_examples(dataset, order, 0, std::min<int64_t>(m, static_cast<int64_t>(order.size())),
+                                   per_micro, "kiln::Trainer::train");
+          inputs.insert(inputs.end(), mb.begin(), mb.end());
+        }
+        // As the step the run continues with: the look-ahead after a capture sees the rate move.
+        for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+        next_lr = lr_next;
+        run_step(inputs);
+      }
+    }
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
+TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   using Clock = std::chrono::steady_clock;
   const TrainingArguments& a = args();
   auto* im = impl_.get();
   const auto n = static_cast<int64_t>(dataset.size());
   if (n == 0) throw std::invalid_argument("kiln::Trainer::train: the dataset is empty");
+  if (a.eval_strategy != "no" && !eval_dataset)
+    throw std::invalid_argument("kiln::Trainer::train: eval_strategy is '" + a.eval_strategy +
+                                "' but there is no evaluation dataset: call train(train_dataset, eval_dataset)");
+  if (eval_dataset && eval_dataset->size() == 0)
+    throw std::invalid_argument("kiln::Trainer::train: the evaluation dataset is empty");
   const int64_t bs = a.per_device_train_batch_size, ga = a.gradient_accumulation_steps;
   const int64_t batches_per_epoch = (n + bs - 1) / bs;
   const int64_t steps_per_epoch = (batches_per_epoch + ga - 1) / ga;
@@ -176,14 +466,14 @@ TrainOutput Trainer::train(const Dataset& dataset) {
   auto lr_at = [&](int64_t step) {
     return a.learning_rate * schedule_factor(a.lr_scheduler_type, step, warmup, total_steps);
   };
-
-  std::ofstream metrics;
-  if (!a.output_dir.empty()) {
-    std::filesystem::create_directories(a.output_dir);
-    const std::string path = a.output_dir + "/metrics.jsonl";
-    metrics.open(path, std::ios::trunc);
-    if (!metrics) throw std::runtime_error("kiln::Trainer::train: cannot write " + path);
-  }
+  const int64_t eval_steps = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
+  const bool evaluate_steps = eval_dataset && a.eval_strategy == "steps";
+  const bool evaluate_epochs = eval_dataset && a.eval_strategy == "epoch";
+  const bool save_steps = !a.output_dir.empty() && a.save_strategy == "steps";
+  const bool save_epochs = !a.output_dir.empty() && a.save_strategy == "epoch";
+  const bool to_jsonl =
+      !a.output_dir.empty() && std::any_of(a.report_to.begin(), a.report_to.end(),
+                                           [](const std::string& r) { return r == "all" || r == "jsonl"; });
 
   struct ResetNextLr {
     Impl* im;
@@ -193,107 +483,218 @@ TrainOutput Trainer::train(const Dataset& dataset) {
   auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.seed));
   im->per_micro = dataset.get(0).inputs.size() + 1;
 
-  // The micro-batch of the examples order[begin, end), stacked, its target last.
-  auto micro_batch = [&](const std::vector<int64_t>& order, int64_t begin, int64_t end) {
-    std::vector<std::vector<at::Tensor>> slots(im->per_micro);
-    for (int64_t i = begin; i < end; ++i) {
-      Example e = dataset.get(static_cast<size_t>(order[static_cast<size_t>(i)]));
-      if (e.inputs.size() + 1 != im->per_micro)
-        throw std::invalid_argument("kiln::Trainer::train: example " + std::to_string(order[static_cast<size_t>(i)]) +
-                                    " has " + std::to_string(e.inputs.size()) + " inputs, the first has " +
-                                    std::to_string(im->per_micro - 1));
-      for (size_t s = 0; s + 1 < im->per_micro; ++s) slots[s].push_back(std::move(e.inputs[s]));
-      slots.back().push_back(std::move(e.target));
+  // What a checkpoint holds of the loop; the loss sums and the position are kept here.
+  checkpoint::LoopState loop;
+  loop.dataset_size = n;
+  loop.per_device_train_batch_size = bs;
+  loop.gradient_accumulation_steps = ga;
+  loop.seed = a.seed;
+  loop.schedule = {a.lr_scheduler_type, a.learning_rate, warmup, total_steps};
+
+  // Resuming: everything is read and checked before anything of this run is written.
+  int64_t start_epoch = 0, start_in_epoch = 0;
+  bool resumed_epoch_end = false;
+  std::string resumed_from;
+  checkpoint::LoopState r;
+  if (const std::string dir = resume_folder(a); !dir.empty()) {
+    r = checkpoint::load(dir, *im->model, *im->optimizer);
+    checkpoint::apply_rng(r);
+    resumed_from = dir;
+    loop.layouts = r.layouts;
+    loop.global_step = r.global_step;
+    loop.epoch_progress = r.epoch_progress;
+    loop.total_loss = r.total_loss;
+    loop.interval_loss = r.interval_loss;
+    loop.interval_steps = r.interval_steps;
+    loop.log_history = std::move(r.log_history);
+    const bool same_data = r.dataset_size == n && r.per_device_train_batch_size == bs &&
+                           r.gradient_accumulation_steps == ga && r.seed == a.seed;
+    if (same_data) {
+      start_epoch = r.epoch;
+      start_in_epoch = r.step_in_epoch;
+      // The epoch's end still to run, unless this run's max_steps goes on past it within the epoch.
+      resumed_epoch_end = r.epoch_end_pending && (r.step_in_epoch >= steps_per_epoch || r.global_step >= total_steps);
+      shuffle.set_state(r.data_order_state);
+    } else {
+      // Hugging Face's way: the position from the global step, the order of a fresh generator.
+      log_warn(c10::str("kiln::Trainer::train: the checkpoint ", dir, " was written with ", r.dataset_size,
+                        " examples, per_device_train_batch_size ", r.per_device_train_batch_size,
+                        ", gradient_accumulation_steps ", r.gradient_accumulation_steps, " and seed ", r.seed,
+                        "; this run has ", n, ", ", bs, ", ", ga, " and ", a.seed, ": it continues from step ",
+                        r.global_step, " in another order of the examples"));
+      start_epoch = r.global_step / steps_per_epoch;
+      start_in_epoch = r.global_step % steps_per_epoch;
+      for (int64_t e = 0; e < start_epoch; ++e) at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
     }
-    std::vector<at::Tensor> out;
-    for (auto& s : slots) out.push_back(at::stack(s));
-    return out;
+    const auto& s = r.schedule;
+    if (s.type != a.lr_scheduler_type || s.learning_rate != a.learning_rate || s.warmup_steps != warmup ||
+        s.total_steps != total_steps)
+      log_warn(c10::str("kiln::Trainer::train: the checkpoint ", dir, " followed the schedule ", s.type, " (peak ",
+                        s.learning_rate, ", ", s.warmup_steps, " warmup steps of ", s.total_steps,
+                        "); this run follows ", a.lr_scheduler_type, " (peak ", a.learning_rate, ", ", warmup,
+                        " warmup steps of ", total_steps, ") from step ", r.global_step));
+  }
+
+  Progress progress(a.disable_tqdm, total_steps, loop.global_step);
+  if (!resumed_from.empty())
+    progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",
+                           json_number(loop.epoch_progress)));
+
+  // One optimizer step on `inputs` (micro-batches one after the other, each its inputs then its
+  // target): through step()'s compiled step for one micro-batch, the accumulating one for more.
+  auto run_step = [&](const std::vector<at::Tensor>& inputs) {
+    const bool accumulate = inputs.size() > im->per_micro;
+    if (accumulate && !im->accumulate) im->make_accumulate(a);
+    CompiledStep& cs = accumulate ? *im->accumulate : *im->step;
+    const int compiles_before = cs.stats().compiles;
+    const bool will_compile =
+        a.compile_enabled() && cs.stats().steps >= 1 && compiles_before == 0 && cs.stats().last_fallback.empty();
+    if (will_compile) progress.compiling();
+    im->last = &cs;
+    at::Tensor loss = cs(inputs).at(0);
+    if (cs.stats().compiles > compiles_before) progress.compiled(cs.stats().last_compile_seconds);
+    else if (will_compile) progress.not_compiled();
+    return loss;
+  };
+  if (!resumed_from.empty())
+    im->prepare_compiled_steps(dataset, r, lr_at(loop.global_step), lr_at(loop.global_step + 1), run_step);
+
+  std::ofstream metrics;
+  if (to_jsonl) {
+    std::filesystem::create_directories(a.output_dir);
+    const std::string path = a.output_dir + "/metrics.jsonl";
+    metrics.open(path, std::ios::trunc);
+    if (!metrics) throw std::runtime_error("kiln::Trainer::train: cannot write " + path);
+    for (const auto& line : loop.log_history) metrics << line << "\n";
+    metrics << std::flush;
+  }
+  auto log_line = [&](const std::string& line) {
+    loop.log_history.push_back(line);
+    if (metrics.is_open()) metrics << line << "\n" << std::flush;
+  };
+
+  auto evaluate_now = [&] {
+    const auto m = im->evaluate(*eval_dataset, a.per_device_eval_batch_size);
+    std::vector<std::pair<std::string, double>> fields{{"step", static_cast<double>(loop.global_step)},
+                                                       {"epoch", loop.epoch_progress}};
+    fields.insert(fields.end(), m.begin(), m.end());
+    log_line(json_line(fields));
+    std::string text = c10::str("step ", loop.global_step, "/", total_steps, ":");
+    for (const auto& [k, v] : m)
+      if (k.find("runtime") == std::string::npos && k.find("per_second") == std::string::npos)
+        text += c10::str(" ", k, " ", json_number(v));
+    progress.line(text);
+  };
+  auto save_now = [&](int64_t epoch, int64_t in_epoch, bool epoch_end_pending, const at::Tensor& order_state) {
+    loop.epoch = epoch;
+    loop.step_in_epoch = in_epoch;
+    loop.epoch_end_pending = epoch_end_pending;
+    loop.data_order_state = order_state;
+    // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
+    for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
+    const std::string path =
+        checkpoint::save(a.output_dir, *im->model, *im->optimizer, loop,
+                         trainer_state_json(loop, a, total_steps, epochs, eval_steps, steps_per_epoch));
+    progress.line("saved " + path);
+    for (const auto& removed : checkpoint::rotate(a.output_dir, a.save_total_limit, path))
+      progress.line("deleted " + removed + " (save_total_limit " + std::to_string(a.save_total_limit) + ")");
   };
 
   TrainOutput result;
-  at::Tensor total_loss, interval_loss;
-  int64_t interval_steps = 0;
+  const int64_t first_step = loop.global_step;
   const auto start = Clock::now();
   auto interval_start = start;
-  double epoch_progress = 0;
-  for (int64_t epoch = 0; epoch < epochs && result.global_step < total_steps; ++epoch) {
+  for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
+    const bool first = epoch == start_epoch;
+    if (loop.global_step >= total_steps && !(first && resumed_epoch_end)) break;
+    const at::Tensor order_state = shuffle.get_state();  // what a checkpoint of this epoch holds
     const at::Tensor perm = at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
     const std::vector<int64_t> order(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
-    for (int64_t s = 0; s < steps_per_epoch && result.global_step < total_steps; ++s) {
-      const int64_t first = s * ga, last = std::min(first + ga, batches_per_epoch);
+    bool epoch_ran = first && resumed_epoch_end;
+    int64_t s = first ? start_in_epoch : 0;
+    for (; s < steps_per_epoch && loop.global_step < total_steps; ++s) {
+      const int64_t first_batch = s * ga, last_batch = std::min(first_batch + ga, batches_per_epoch);
       std::vector<at::Tensor> inputs;
-      for (int64_t b = first; b < last; ++b) {
-        auto mb = micro_batch(order, b * bs, std::min((b + 1) * bs, n));
+      std::vector<int64_t> sizes;
+      for (int64_t b = first_batch; b < last_batch; ++b) {
+        const int64_t end = std::min((b + 1) * bs, n);
+        auto mb = stack_examples(dataset, order, b * bs, end, im->per_micro, "kiln::Trainer::train");
         inputs.insert(inputs.end(), mb.begin(), mb.end());
+        sizes.push_back(end - b * bs);
       }
-      for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(result.global_step));
-      im->next_lr = lr_at(result.global_step + 1);
-      at::Tensor loss;
-      if (last - first == 1) {
-        loss = step(std::vector<at::Tensor>(inputs.begin(), inputs.end() - 1), inputs.back());
-      } else {
-        if (!im->accumulate) {
-          im->accumulate = std::make_unique<CompiledStep>(
-              [im](const std::vector<at::Tensor>& in) {
-                const size_t k = in.size() / im->per_micro;
-                im->optimizer->zero_grad();
-                at::Tensor sum;
-                for (size_t m = 0; m < k; ++m) {
-                  const auto begin = in.begin() + static_cast<std::ptrdiff_t>(m * im->per_micro);
-                  const std::vector<at::Tensor> x(begin, begin + static_cast<std::ptrdiff_t>(im->per_micro - 1));
-                  auto l = im->loss_fn(im->forward(x), *(begin + static_cast<std::ptrdiff_t>(im->per_micro - 1))) /
-                           static_cast<double>(k);
-                  l.backward();
-                  sum = m == 0 ? l.detach() : sum + l.detach();
-                }
-                if (im->max_grad_norm > 0)
-                  torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
-                im->optimizer->step();
-                im->set_next_lr();
-                return std::vector<at::Tensor>{sum};
-              },
-              StepState{{im->model}, {im->optimizer}}, a);
-        }
-        im->last = im->accumulate.get();
-        loss = (*im->accumulate)(inputs).at(0);
+      {
+        // The compiled steps' history: each one's warm-up call, then each layout it captured.
+        CompiledStep* cs = sizes.size() > 1 ? im->accumulate.get() : im->step.get();
+        const std::string l = layout_text(sizes);
+        if (!cs || cs->stats().steps == 0) loop.layouts.push_back("warm-up " + l);
+        else if (std::find(loop.layouts.begin(), loop.layouts.end(), l) == loop.layouts.end())
+          loop.layouts.push_back(l);
       }
-      ++result.global_step;
-      ++interval_steps;
-      total_loss = total_loss.defined() ? total_loss + loss : loss;
-      interval_loss = interval_loss.defined() ? interval_loss + loss : loss;
-      epoch_progress = static_cast<double>(epoch) + static_cast<double>(s + 1) / static_cast<double>(steps_per_epoch);
-      if (result.global_step % a.logging_steps == 0) {
+      for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
+      im->next_lr = lr_at(loop.global_step + 1);
+      const at::Tensor loss = run_step(inputs);
+
+      ++loop.global_step;
+      ++loop.interval_steps;
+      loop.total_loss = loop.total_loss.defined() ? loop.total_loss.to(loss.device()) + loss : loss;
+      loop.interval_loss = loop.interval_loss.defined() ? loop.interval_loss.to(loss.device()) + loss : loss;
+      loop.epoch_progress =
+          static_cast<double>(epoch) + static_cast<double>(s + 1) / static_cast<double>(steps_per_epoch);
+      epoch_ran = true;
+      std::optional<double> logged;
+      if (loop.global_step % a.logging_steps == 0) {
         const auto now = Clock::now();
-        if (metrics.is_open())
-          metrics << json_line({{"step", static_cast<double>(result.global_step)},
-                                {"epoch", epoch_progress},
-                                {"loss", interval_loss.item<double>() / static_cast<double>(interval_steps)},
-                                {"learning_rate", lr_at(result.global_step)},
-                                {"steps_per_second", interval_steps / seconds_between(interval_start, now)}})
-                  << "\n"
-                  << std::flush;
-        interval_loss = at::Tensor();
-        interval_steps = 0;
+        logged = loop.interval_loss.item<double>() / static_cast<double>(loop.interval_steps);
+        log_line(json_line({{"step", static_cast<double>(loop.global_step)},
+                            {"epoch", loop.epoch_progress},
+                            {"loss", *logged},
+                            {"learning_rate", lr_at(loop.global_step)},
+                            {"steps_per_second", loop.interval_steps / seconds_between(interval_start, now)}}));
+        loop.interval_loss = at::Tensor();
+        loop.interval_steps = 0;
         interval_start = now;
       }
+      progress.step(loop.global_step, logged);
+      if (logged) {
+        std::string text =
+            c10::str("step ", loop.global_step, "/", total_steps, " (epoch ", json_number(loop.epoch_progress),
+                     "): loss ", json_number(*logged), ", learning_rate ", json_number(lr_at(loop.global_step)));
+        if (auto sp = progress.speed(); !sp.empty()) text += ", " + sp;
+        progress.line(text);
+      }
+      if (evaluate_steps && loop.global_step % eval_steps == 0) evaluate_now();
+      if (save_steps && (loop.global_step % a.save_steps == 0 || loop.global_step == total_steps)) {
+        const bool loop_ends = s + 1 == steps_per_epoch || loop.global_step == total_steps;
+        save_now(epoch, s + 1, loop_ends && (evaluate_epochs || save_epochs), order_state);
+      }
+    }
+    // The epoch's end (the last epoch's too, when max_steps ends it early), as Hugging Face's.
+    if (epoch_ran) {
+      if (evaluate_epochs) evaluate_now();
+      if (save_epochs) save_now(epoch, s, false, order_state);
     }
   }
   // As after Hugging Face's last scheduler step: the rate the schedule gives the step after the last.
-  for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(result.global_step));
+  for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
   const double runtime = seconds_between(start, Clock::now());
-  result.training_loss = total_loss.item<double>() / static_cast<double>(result.global_step);
-  const double samples = static_cast<double>(std::min(n * epochs, total_steps * ga * bs));
+  result.global_step = loop.global_step;
+  result.training_loss = loop.total_loss.defined() ? loop.total_loss.item<double>() /
+                                                         static_cast<double>(std::max<int64_t>(1, loop.global_step))
+                                                   : 0.0;
+  const int64_t steps_run = loop.global_step - first_step;
+  const double samples = static_cast<double>(std::min(n * epochs, total_steps * ga * bs)) *
+                         static_cast<double>(steps_run) / static_cast<double>(total_steps);
   result.metrics = {{"train_runtime", runtime},
                     {"train_samples_per_second", samples / runtime},
-                    {"train_steps_per_second", static_cast<double>(result.global_step) / runtime},
+                    {"train_steps_per_second", static_cast<double>(steps_run) / runtime},
                     {"train_loss", result.training_loss},
-                    {"epoch", epoch_progress}};
-  if (metrics.is_open()) {
-    std::vector<std::pair<std::string, double>> last{{"step", static_cast<double>(result.global_step)}};
-    for (const char* k : {"epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"})
-      last.emplace_back(k, result.metrics.at(k));
-    metrics << json_line(last) << "\n";
-  }
+                    {"epoch", loop.epoch_progress}};
+  std::vector<std::pair<std::string, double>> last{{"step", static_cast<double>(result.global_step)}};
+  for (const char* k : {"epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"})
+    last.emplace_back(k, result.metrics.at(k));
+  log_line(json_line(last));
+  progress.line(c10::str("done: step ", loop.global_step, "/", total_steps, " in ", seconds_text(runtime),
+                         " s, train_loss ", json_number(result.training_loss)));
   return result;
 }
 

@@ -1,0 +1,431 @@
+#include "checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <system_error>
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "kiln/log.h"
+#include "kiln/trainer.h"
+
+namespace fs = std::filesystem;
+
+namespace kiln::checkpoint {
+namespace {
+
+constexpr const char* kModel = "model.pt";
+constexpr const char* kOptimizer = "optimizer.pt";
+constexpr const char* kScheduler = "scheduler.pt";
+constexpr const char* kRng = "rng_state.pt";
+constexpr const char* kTrainerState = "trainer_state.pt";
+constexpr const char* kTrainerStateJson = "trainer_state.json";
+
+const std::regex& checkpoint_re() {
+  static const std::regex re("checkpoint-([0-9]+)");
+  return re;
+}
+
+// The first line of a LibTorch error, without the C++ stack LibTorch appends.
+std::string short_error(const std::exception& e) {
+  const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+  std::string m = c10e ? c10e->msg() : e.what();
+  const size_t nl = m.find('\n');
+  return nl == std::string::npos ? m : m.substr(0, nl);
+}
+
+std::string shape_text(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+// fsync a file or a folder, so that a rename after it publishes complete data.
+void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("kiln::Trainer: cannot open " + p.string() + ": " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("kiln::Trainer: cannot sync " + p.string() + ": " + std::strerror(err));
+}
+
+at::Generator cpu_generator() { return at::detail::getDefaultCPUGenerator(); }
+
+int64_t cuda_devices() { return at::hasCUDA() ? at::detail::getCUDAHooks().getNumGPUs() : 0; }
+
+at::Generator cuda_generator(int64_t i) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(i)));
+}
+
+at::Tensor state_of(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void write_archive(torch::serialize::OutputArchive& ar, const fs::path& p) {
+  ar.save_to(p.string());
+  sync_path(p);
+}
+
+// Opens one file of the checkpoint, or says why not.
+void open_archive(const fs::path& file, torch::serialize::InputArchive& ar, std::optional<c10::Device> device) {
+  if (!fs::exists(file)) throw CheckpointError(file.string(), "missing: the checkpoint is incomplete");
+  try {
+    ar.load_from(file.string(), device);
+  } catch (const std::exception& e) {
+    throw CheckpointError(file.string(), "cannot be read (truncated, or not a file kiln wrote): " + short_error(e));
+  }
+}
+
+c10::IValue read_value(torch::serialize::InputArchive& ar, const fs::path& file, const std::string& key) {
+  c10::IValue v;
+  if (!ar.try_read(key, v)) throw CheckpointError(file.string(), "has no '" + key + "'");
+  return v;
+}
+
+int64_t read_int(torch::serialize::InputArchive& ar, const fs::path& file, const std::string& key) {
+  const auto v = read_value(ar, file, key);
+  if (!v.isInt()) throw CheckpointError(file.string(), "'" + key + "' is not an integer");
+  return v.toInt();
+}
+
+double read_double(torch::serialize::InputArchive& ar, const fs::path& file, const std::string& key) {
+  const auto v = read_value(ar, file, key);
+  if (!v.isDouble()) throw CheckpointError(file.string(), "'" + key + "' is not a number");
+  return v.toDouble();
+}
+
+std::string read_string(torch::serialize::InputArchive& ar, const fs::path& file, const std::string& key) {
+  const auto v = read_value(ar, file, key);
+  if (!v.isString()) throw CheckpointError(file.string(), "'" + key + "' is not a string");
+  return v.toStringRef();
+}
+
+// An optional tensor: undefined when the key is absent.
+at::Tensor read_tensor(torch::serialize::InputArchive& ar, const fs::path& file, const std::string& key,
+                       bool required) {
+  at::Tensor t;
+  if (!ar.try_read(key, t, /*is_buffer=*/true) && required)
+    throw CheckpointError(file.string(), "has no tensor '" + key + "'");
+  return t;
+}
+
+// Every parameter and buffer of `module` (under `prefix`) read from `ar` and checked against the
+// module's: the same names, shapes and dtypes, nothing more and nothing less. Collects (target,
+// value) pairs; changes nothing.
+void read_module(const torch::nn::Module& module, torch::serialize::InputArchive& ar, const std::string& prefix,
+                 const fs::path& file, std::vector<std::pair<at::Tensor, at::Tensor>>& out) {
+  std::vector<std::string> known;
+  auto take = [&](const std::string& name, const at::Tensor& target, bool is_buffer) {
+    known.push_back(name);
+    const std::string what = (is_buffer ? "buffer '" : "parameter '") + prefix + name + "'";
+    at::Tensor value;
+    if (!ar.try_read(name, value, is_buffer))
+      throw CheckpointError(file.string(), "has no " + what + ": the checkpoint is of another model");
+    if (value.sizes() != target.sizes())
+      throw CheckpointError(file.string(), what + " has shape " + shape_text(value.sizes()) + " in the checkpoint, " +
+                                               shape_text(target.sizes()) + " in the model");
+    if (value.scalar_type() != target.scalar_type())
+      throw CheckpointError(file.string(), what + " is " + std::string(c10::toString(value.scalar_type())) +
+                                               " in the checkpoint, " + c10::toString(target.scalar_type()) +
+                                               " in the model");
+    out.emplace_back(target, value);
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) take(p.key(), p.value(), false);
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) take(b.key(), b.value(), true);
+  for (const auto& c : module.named_children()) {
+    if (!c.value()->is_serializable()) continue;
+    known.push_back(c.key());
+    torch::serialize::InputArchive sub;
+    if (!ar.try_read(c.key(), sub))
+      throw CheckpointError(file.string(),
+                            "has no submodule '" + prefix + c.key() + "': the checkpoint is of another model");
+    read_module(*c.value(), sub, prefix + c.key() + ".", file, out);
+  }
+  for (const auto& k : ar.keys())
+    if (k != "training" && std::find(known.begin(), known.end(), k) == known.end())
+      throw CheckpointError(file.string(), "holds '" + prefix + k +
+                                               "', which the model does not have: the checkpoint is of another model");
+}
+
+std::optional<c10::Device> device_of(const torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) return p.device();
+  for (const auto& b : model.buffers()) return b.device();
+  return std::nullopt;
+}
+
+// Loads optimizer.pt into the optimizer; on any error the optimizer's state and options are put
+// back as they were.
+void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& ar, const fs::path& file) {
+  using State = ska::flat_hash_map<void*, std::unique_ptr<torch::optim::OptimizerParamState>>;
+  State saved_state;
+  for (auto& [key, st] : optimizer.state()) saved_state[key] = st->clone();
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_options;
+  for (auto& g : optimizer.param_groups()) saved_options.push_back(g.options().clone());
+  // A parameter without state in the checkpoint has none after the load either.
+  optimizer.state().clear();
+  try {
+    optimizer.load(ar);
+  } catch (const std::exception& e) {
+    optimizer.state() = std::move(saved_state);
+    for (size_t i = 0; i < saved_options.size(); ++i)
+      optimizer.param_groups()[i].set_options(std::move(saved_options[i]));
+    throw CheckpointError(
+        file.string(), "does not fit this optimizer (another optimizer, or other parameter groups): " + short_error(e));
+  }
+}
+
+}  // namespace
+
+std::string folder_name(int64_t global_step) { return "checkpoint-" + std::to_string(global_step); }
+
+std::string save(const std::string& output_dir, const torch::nn::Module& model,
+                 const torch::optim::Optimizer& optimizer, const LoopState& loop,
+                 const std::string& trainer_state_json) {
+  const fs::path out(output_dir);
+  fs::create_directories(out);
+  // Temporary folders of a run that stopped while writing: never complete, never resumed from.
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.is_directory() && e.path().filename().string().rfind("tmp-checkpoint-", 0) == 0) fs::remove_all(e.path());
+  const std::string name = folder_name(loop.global_step);
+  const fs::path final_dir = out / name, tmp = out / ("tmp-" + name);
+  fs::create_directories(tmp);
+
+  {
+    torch::serialize::OutputArchive ar;
+    model.save(ar);
+    write_archive(ar, tmp / kModel);
+  }
+  {
+    torch::serialize::OutputArchive ar;
+    optimizer.save(ar);
+    write_archive(ar, tmp / kOptimizer);
+  }
+  {
+    torch::serialize::OutputArchive ar;
+    ar.write("lr_scheduler_type", c10::IValue(loop.schedule.type));
+    ar.write("learning_rate", c10::IValue(loop.schedule.learning_rate));
+    ar.write("warmup_steps", c10::IValue(loop.schedule.warmup_steps));
+    ar.write("total_steps", c10::IValue(loop.schedule.total_steps));
+    ar.write("last_step", c10::IValue(loop.global_step));
+    write_archive(ar, tmp / kScheduler);
+  }
+  {
+    torch::serialize::OutputArchive ar;
+    ar.write("cpu", state_of(cpu_generator()), /*is_buffer=*/true);
+    const int64_t n = cuda_devices();
+    ar.write("cuda/count", c10::IValue(n));
+    for (int64_t i = 0; i < n; ++i) ar.write("cuda/" + std::to_string(i), state_of(cuda_generator(i)), true);
+    ar.write("data_order", loop.data_order_state, true);
+    write_archive(ar, tmp / kRng);
+  }
+  {
+    torch::serialize::OutputArchive ar;
+    ar.write("global_step", c10::IValue(loop.global_step));
+    ar.write("epoch", c10::IValue(loop.epoch));
+    ar.write("step_in_epoch", c10::IValue(loop.step_in_epoch));
+    ar.write("epoch_end_pending", c10::IValue(static_cast<int64_t>(loop.epoch_end_pending)));
+    ar.write("epoch_progress", c10::IValue(loop.epoch_progress));
+    if (loop.total_loss.defined()) ar.write("total_loss", loop.total_loss, true);
+    if (loop.interval_loss.defined()) ar.write("interval_loss", loop.interval_loss, true);
+    ar.write("interval_steps", c10::IValue(loop.interval_steps));
+    ar.write("log_history", c10::IValue(c10::List<std::string>(loop.log_history)));
+    ar.write("layouts", c10::IValue(c10::List<std::string>(loop.layouts)));
+    ar.write("dataset_size", c10::IValue(loop.dataset_size));
+    ar.write("per_device_train_batch_size", c10::IValue(loop.per_device_train_batch_size));
+    ar.write("gradient_accumulation_steps", c10::IValue(loop.gradient_accumulation_steps));
+    ar.write("seed", c10::IValue(loop.seed));
+    write_archive(ar, tmp / kTrainerState);
+  }
+  {
+    const fs::path p = tmp / kTrainerStateJson;
+    std::ofstream f(p, std::ios::trunc);
+    f << trainer_state_json;
+    f.close();
+    if (!f) throw std::runtime_error("kiln::Trainer: cannot write " + p.string());
+    sync_path(p);
+  }
+  sync_path(tmp);
+
+  // Into place. A folder of that name (a run that reached this step before) is moved aside first,
+  // since rename() does not replace a folder that has files.
+  std::optional<fs::path> old;
+  if (fs::exists(final_dir)) {
+    old = out / ("tmp-" + name + "-replaced");
+    fs::remove_all(*old);
+    fs::rename(final_dir, *old);
+  }
+  fs::rename(tmp, final_dir);
+  sync_path(out);
+  if (old) fs::remove_all(*old);
+  return final_dir.string();
+}
+
+std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep) {
+  std::vector<std::string> removed;
+  if (limit <= 0 || !fs::is_directory(output_dir)) return removed;
+  std::vector<std::pair<int64_t, fs::path>> found;
+  for (const auto& e : fs::directory_iterator(output_dir)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, m, checkpoint_re())) found.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(found.begin(), found.end());
+  for (size_t i = 0; i + static_cast<size_t>(limit) < found.size(); ++i) {
+    if (fs::equivalent(found[i].second, keep)) continue;
+    fs::remove_all(found[i].second);
+    removed.push_back(found[i].second.string());
+  }
+  return removed;
+}
+
+std::string last(const std::string& output_dir) {
+  std::error_code ec;
+  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";
+  std::optional<std::pair<int64_t, fs::path>> best;
+  for (const auto& e : fs::directory_iterator(output_dir)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(name, m, checkpoint_re())) continue;
+    const int64_t step = std::stoll(m[1]);
+    if (!best || step > best->first) best = std::make_pair(step, e.path());
+  }
+  return best ? best->second.string() : "";
+}
+
+LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
+  const fs::path dir(dir_text);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) throw CheckpointError(dir_text, "no such checkpoint folder");
+  if (!fs::is_directory(dir, ec))
+    throw CheckpointError(dir_text, "not a folder: a checkpoint is a checkpoint-<step> folder");
+  const auto device = device_of(model);
+
+  // 1. Read everything and check it; nothing changes yet.
+  std::vector<std::pair<at::Tensor, at::Tensor>> tensors;
+  {
+    torch::serialize::InputArchive ar;
+    open_archive(dir / kModel, ar, device);
+    read_module(model, ar, "", dir / kModel, tensors);
+  }
+
+  LoopState loop;
+  {
+    const fs::path f = dir / kTrainerState;
+    torch::serialize::InputArchive ar;
+    open_archive(f, ar, at::kCPU);
+    loop.global_step = read_int(ar, f, "global_step");
+    loop.epoch = read_int(ar, f, "epoch");
+    loop.step_in_epoch = read_int(ar, f, "step_in_epoch");
+    loop.epoch_end_pending = read_int(ar, f, "epoch_end_pending") != 0;
+    loop.epoch_progress = read_double(ar, f, "epoch_progress");
+    loop.total_loss = read_tensor(ar, f, "total_loss", /*required=*/loop.global_step > 0);
+    loop.interval_loss = read_tensor(ar, f, "interval_loss", false);
+    loop.interval_steps = read_int(ar, f, "interval_steps");
+    for (auto [key, list] :
+         {std::make_pair("log_history", &loop.log_history), std::make_pair("layouts", &loop.layouts)}) {
+      const auto v = read_value(ar, f, key);
+      if (!v.isList()) throw CheckpointError(f.string(), "'" + std::string(key) + "' is not a list");
+      for (const auto& line : v.toListRef()) {
+        if (!line.isString())
+          throw CheckpointError(f.string(), "'" + std::string(key) + "' holds something other than text");
+        list->push_back(line.toStringRef());
+      }
+    }
+    loop.dataset_size = read_int(ar, f, "dataset_size");
+    loop.per_device_train_batch_size = read_int(ar, f, "per_device_train_batch_size");
+    loop.gradient_accumulation_steps = read_int(ar, f, "gradient_accumulation_steps");
+    loop.seed = read_int(ar, f, "seed");
+    if (loop.global_step < 0 || loop.epoch < 0 || loop.step_in_epoch < 0 || loop.interval_steps < 0)
+      throw CheckpointError(f.string(), "holds a negative step count");
+  }
+  {
+    const fs::path f = dir / kScheduler;
+    torch::serialize::InputArchive ar;
+    open_archive(f, ar, at::kCPU);
+    loop.schedule.type = read_string(ar, f, "lr_scheduler_type");
+    loop.schedule.learning_rate = read_double(ar, f, "learning_rate");
+    loop.schedule.warmup_steps = read_int(ar, f, "warmup_steps");
+    loop.schedule.total_steps = read_int(ar, f, "total_steps");
+    if (read_int(ar, f, "last_step") != loop.global_step)
+      throw CheckpointError(f.string(), "was written at another step than " + std::string(kTrainerState));
+  }
+  {
+    const fs::path f = dir / kRng;
+    torch::serialize::InputArchive ar;
+    open_archive(f, ar, at::kCPU);
+    loop.cpu_rng_state = read_tensor(ar, f, "cpu", true);
+    loop.data_order_state = read_tensor(ar, f, "data_order", true);
+    // Checked on copies of the generators: a state of the wrong size is refused here, not later.
+    auto check = [&](at::Generator gen, const at::Tensor& state, const std::string& what) {
+      try {
+        gen.clone().set_state(state);
+      } catch (const std::exception& e) {
+        throw CheckpointError(f.string(), "the " + what + " generator's state does not fit: " + short_error(e));
+      }
+    };
+    check(cpu_generator(), loop.cpu_rng_state, "CPU");
+    check(cpu_generator(), loop.data_order_state, "data-order");
+    const int64_t saved = read_int(ar, f, "cuda/count"), here = cuda_devices();
+    for (int64_t i = 0; i < saved; ++i) {
+      at::Tensor s = read_tensor(ar, f, "cuda/" + std::to_string(i), true);
+      if (i < here) check(cuda_generator(i), s, "CUDA " + std::to_string(i));
+      loop.cuda_rng_states.push_back(s);
+    }
+    if (saved != here)
+      log_warn("kiln::Trainer: " + f.string() + " holds the generators of " + std::to_string(saved) +
+               " CUDA devices, this machine has " + std::to_string(here) +
+               "; the random numbers on the GPUs will not continue as they would have");
+  }
+
+  // 2. The optimizer: the only part whose loading can still fail; it puts itself back if it does.
+  {
+    const fs::path f = dir / kOptimizer;
+    torch::serialize::InputArchive ar;
+    open_archive(f, ar, device);
+    load_optimizer(optimizer, ar, f);
+  }
+
+  // 3. The model, in place: the same tensors (compiled plans and CUDA graphs keep reading them).
+  {
+    c10::NoGradGuard no_grad;
+    for (auto& [target, value] : tensors) target.copy_(value);
+  }
+  return loop;
+}
+
+void apply_rng(const LoopState& loop) {
+  {
+    auto gen = cpu_generator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(loop.cpu_rng_state);
+  }
+  const int64_t here = cuda_devices();
+  for (size_t i = 0; i < loop.cuda_rng_states.size() && static_cast<int64_t>(i) < here; ++i) {
+    auto gen = cuda_generator(static_cast<int64_t>(i));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(loop.cuda_rng_states[i]);
+  }
+}
+
+}  // namespace kiln::checkpoint
