@@ -211,10 +211,14 @@ class Trainer {
   // output_dir. train() then loads it into the model (in place), the optimizer and the generators
   // and continues exactly as the uninterrupted training would have: the same examples in the same
   // order from the same place in the epoch, the same learning rates, the same random numbers, the
-  // same metrics lines. The steps after it go through this Trainer's compiled step, compiled as a
-  // fresh Trainer compiles it (the first step eager, the second captured). A checkpoint that does
-  // not fit (missing, truncated, of another model or optimizer) throws CheckpointError before
-  // anything — the model, the optimizer, the metrics file — is changed.
+  // same metrics lines. The steps after it go through this Trainer's compiled steps: before it
+  // continues, train() makes the calls the stopped run's compiled steps had made (each one's
+  // eager warm-up, each capture) on examples of the dataset and then puts the model, the
+  // optimizer's state and the generators back, so every later step runs compiled exactly where the
+  // uninterrupted run's did, and nothing is compiled that a fresh Trainer would not compile (for
+  // LibTorch's own optimizers; with another, the first resumed steps run eagerly). A checkpoint
+  // that does not fit (missing, truncated, of another model or optimizer) throws CheckpointError
+  // before anything — the model, the optimizer, the metrics file — is changed.
   //
   // Evaluation (the two-dataset form): with eval_strategy "steps" every eval_steps steps
   // (logging_steps when 0), with "epoch" after every epoch, the model runs over eval_dataset as
