@@ -454,6 +454,15 @@ TEST(TrainerCheckpoints, BadCheckpointsAreClearErrorsThatChangeNothing) {
     check(s, ckpt.string(), (ckpt / "model.pt").string(), "has no parameter '2.weight'");
   }
   {
+    SCOPED_TRACE("a model with fewer layers");
+    Learner s{nn::Sequential(nn::Linear(12, 16)), nullptr};
+    s.opt = std::make_unique<torch::optim::AdamW>(s.net->parameters(), torch::optim::AdamWOptions(1.0));
+    kiln::Trainer(s.net, *s.opt,
+                  [](const at::Tensor& out, const at::Tensor& y) { return (out.sum(1) - y).pow(2).mean(); }, {})
+        .step(at::randn({8, 12}), at::randn({8}));
+    check(s, ckpt.string(), (ckpt / "model.pt").string(), "holds '1', which the model does not have");
+  }
+  {
     SCOPED_TRACE("another optimizer");
     auto s = victim();
     auto sgd_dir = fresh_dir("bad_sgd");
