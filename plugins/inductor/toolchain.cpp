@@ -235,8 +235,10 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
     if (rc != 0) {
       std::remove(tmp_so.c_str());
       if (out.size() > 4000) out = out.substr(0, 4000) + "\n[... truncated]";
-      throw Error(KILN_ERROR_INTERNAL, "the C++ compiler failed (" + tc.cxx + ", exit status " + std::to_string(rc) +
-                                           ") on generated source " + base + ".cpp:\n" + out);
+      throw Error(KILN_ERROR_INTERNAL,
+                  "the C++ compiler failed (" + tc.cxx + ", exit status " + std::to_string(rc) +
+                      ") on generated source " + base + ".cpp" +
+                      (out.find_first_not_of(" \t\n") == std::string::npos ? " (it printed nothing)" : ":\n" + out));
     }
     bool ok = false;
     const std::string so = read_file(tmp_so, &ok);

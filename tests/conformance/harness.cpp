@@ -65,12 +65,23 @@ void note(const std::string& text) { append_result_line("note", text); }
 
 // ---- Through kiln's loader ----
 
-std::shared_ptr<HostServices> torch_host() {
-  static std::shared_ptr<HostServices> host = [] {
-    TrainingArguments args;
-    args.runtime.cache_dir = "/tmp/kiln-conformance-cache-" + std::to_string(::getuid());
-    return torch_host_services(args);
+const TrainingArguments& host_args() {
+  static const TrainingArguments args = [] {
+    TrainingArguments a;
+    a.runtime.cache_dir = "/tmp/kiln-conformance-cache-" + std::to_string(::getuid());
+    // The plugin's options from KILN_PLUGIN_OPTIONS, as everywhere in kiln ("inductor.cuda=true"
+    // checks inductor's generated CUDA kernels with --device cuda); nothing else of the
+    // environment: the cases choose their backend, mode and cache themselves.
+    TrainingArguments env;
+    env.apply_env();
+    a.plugin_options = env.plugin_options;
+    return a;
   }();
+  return args;
+}
+
+std::shared_ptr<HostServices> torch_host() {
+  static std::shared_ptr<HostServices> host = torch_host_services(host_args());
   return host;
 }
 

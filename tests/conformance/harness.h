@@ -19,6 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "kiln/config.h"
 #include "kiln/internal/host_services.h"
 #include "kiln/ir.h"
 #include "kiln/internal/partition.h"
@@ -46,6 +47,10 @@ void append_result_line(const std::string& kind, const std::string& text);
 
 // ---- Through kiln's loader ----
 
+// What the host is made from: the conformance cache directory, and the plugin options of
+// KILN_PLUGIN_OPTIONS (`<plugin>.<option>=<value>,...`), which reach the plugin as its host
+// options and the whole-step cases' compile_step.
+const TrainingArguments& host_args();
 // The LibTorch host (call_eager, allocators); one per process.
 std::shared_ptr<HostServices> torch_host();
 // The plugin under test loaded by kiln's loader with the LibTorch host; one per process. Throws

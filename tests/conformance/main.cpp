@@ -31,9 +31,11 @@ class ResultWriter : public ::testing::EmptyTestEventListener {
     } else if (r.failed()) {
       std::string where = r.file_name() ? std::string(r.file_name()) : "";
       where = where.substr(where.find_last_of('/') + 1);
-      append_result_line(
-          "failure",
-          std::string(r.message()) + (where.empty() ? "" : " [" + where + ":" + std::to_string(r.line_number()) + "]"));
+      // The location goes on the message's last non-blank line, the one the report shows.
+      std::string m = r.message();
+      m.erase(m.find_last_not_of(" \t\n") + 1);
+      append_result_line("failure",
+                         m + (where.empty() ? "" : " [" + where + ":" + std::to_string(r.line_number()) + "]"));
     }
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {

@@ -52,6 +52,9 @@ std::string runner_usage() {
          "  --log-dir DIR      keep each case's output in DIR/<case>.log\n"
          "  --list             list the cases and exit\n"
          "\n"
+         "The plugin's options come from KILN_PLUGIN_OPTIONS, as everywhere in kiln, e.g.\n"
+         "  KILN_PLUGIN_OPTIONS=inductor.cuda=true kiln conformance libkiln_inductor.so --device cuda\n"
+         "\n"
          "docs/conformance.md says what each case proves and how to read a failure.\n";
 }
 

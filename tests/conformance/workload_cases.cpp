@@ -72,6 +72,7 @@ void check_workload(const std::string& name, int64_t batch) {
   args.torch_compile_backend = plugin->name();
   args.runtime.plugin_dirs = {std::filesystem::path(settings().plugin_path).parent_path().string()};
   args.runtime.cache_dir = torch_host()->cache_dir();
+  args.plugin_options = host_args().plugin_options;
   progress("compile_step for " + name + " with backend " + plugin->name());
   auto ref_step = workload_step(ref);
   auto noisy_step = workload_step(noisy);
