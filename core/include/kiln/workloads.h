@@ -47,6 +47,16 @@ struct WorkloadOptions {
 using WorkloadStep = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
 WorkloadStep workload_step(Workload& w, bool cpu_autocast = false);
 
+// The gpt workload's model at any size, for programs of their own (the character-GPT sample): token
+// and position embeddings, `layers` pre-norm blocks (causal self-attention through
+// scaled_dot_product_attention, a GELU MLP), a final LayerNorm and a bias-free head.
+// forward(token ids [B, T <= context], int64) returns logits [B, T, vocab].
+struct CharGptModel {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width);
+
 const std::vector<std::string>& workload_names();
 // Throws std::invalid_argument naming the valid workloads for an unknown name.
 Workload make_workload(const std::string& name, const WorkloadOptions& opts = {});

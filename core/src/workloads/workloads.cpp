@@ -89,6 +89,14 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
 
 }  // namespace
 
+CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width) {
+  if (vocab < 1 || context < 1 || layers < 1 || heads < 1 || width % heads != 0)
+    throw std::invalid_argument("make_char_gpt: vocab, context, layers and heads must be positive and width (" +
+                                std::to_string(width) + ") a multiple of heads (" + std::to_string(heads) + ")");
+  CharGpt net(vocab, context, layers, heads, width);
+  return {net.ptr(), [net](const at::Tensor& idx) mutable { return net->forward(idx); }};
+}
+
 WorkloadStep workload_step(Workload& w, bool cpu_autocast) {
   return [&w, cpu_autocast](const std::vector<at::Tensor>& in) {
     w.optimizer->zero_grad();
