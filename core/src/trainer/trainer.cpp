@@ -106,6 +106,15 @@ double schedule_factor(const std::string& type, int64_t step, int64_t warmup, in
 }
 
 // The shortest text that reads back as `d` (0.1, not 0.10000000000000001).
+// A number for people (log lines, the progress line): `digits` significant digits, shortest form
+// ("0.5", "3.277", "0.002991"). The metrics file keeps every digit (json_number).
+std::string display_number(double d, int digits = 4) {
+  if (!std::isfinite(d)) return std::isnan(d) ? "nan" : d < 0 ? "-inf" : "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, d);
+  return buf;
+}
+
 std::string json_number(double d) {
   if (!std::isfinite(d)) return "null";
   if (d == std::trunc(d) && std::abs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));  // 10, not 1e+01
@@ -582,7 +591,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     std::string text = c10::str("step ", loop.global_step, "/", total_steps, ":");
     for (const auto& [k, v] : m)
       if (k.find("runtime") == std::string::npos && k.find("per_second") == std::string::npos)
-        text += c10::str(" ", k, " ", json_number(v));
+        text += c10::str(" ", k, " ", display_number(v));
     progress.line(text);
   };
   auto save_now = [&](int64_t epoch, int64_t in_epoch, bool epoch_end_pending, const at::Tensor& order_state) {
@@ -657,8 +666,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       progress.step(loop.global_step, logged);
       if (logged) {
         std::string text =
-            c10::str("step ", loop.global_step, "/", total_steps, " (epoch ", json_number(loop.epoch_progress),
-                     "): loss ", json_number(*logged), ", learning_rate ", json_number(lr_at(loop.global_step)));
+            c10::str("step ", loop.global_step, "/", total_steps, " (epoch ", display_number(loop.epoch_progress, 3),
+                     "): loss ", display_number(*logged), ", learning_rate ", display_number(lr_at(loop.global_step)));
         if (auto sp = progress.speed(); !sp.empty()) text += ", " + sp;
         progress.line(text);
       }
@@ -694,7 +703,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     last.emplace_back(k, result.metrics.at(k));
   log_line(json_line(last));
   progress.line(c10::str("done: step ", loop.global_step, "/", total_steps, " in ", seconds_text(runtime),
-                         " s, train_loss ", json_number(result.training_loss)));
+                         " s, train_loss ", display_number(result.training_loss)));
   return result;
 }
 
