@@ -25,6 +25,7 @@
 #include "kiln/internal/partition.h"
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/plugin_registry.h"
+#include "../eager_reference.h"
 #include "log_capture.h"
 
 using namespace kiln;
@@ -49,41 +50,9 @@ std::shared_ptr<LoadedPlugin> load(const std::string& cache_dir, const Options& 
   return PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
 }
 
-// Random inputs with the graph's own shapes, strides and dtypes. Names pick the distribution:
-// "pos*" positive floats, "target*" class indices in [0, 5) (one of them -100 for "target_ignore").
-std::vector<at::Tensor> make_inputs(const ir::Graph& g) {
-  std::vector<at::Tensor> ins;
-  for (const auto& in : g.inputs) {
-    const auto& m = g.value(in.value).meta;
-    at::Tensor t = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype));
-    if (m.dtype == at::kLong) {
-      t.copy_(at::randint(0, 5, m.shape, at::kLong));
-      if (in.name == "target_ignore" && t.numel() > 1) t.view(-1)[1] = -100;
-    } else if (m.dtype == at::kBool) {
-      t.copy_(at::rand(m.shape) > 0.5);
-    } else {
-      t.copy_(at::randn(m.shape, at::TensorOptions(m.dtype)));
-      if (in.name.rfind("pos", 0) == 0) t.abs_().add_(0.1);
-    }
-    ins.push_back(t);
-  }
-  return ins;
-}
-
-std::vector<at::Tensor> run_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  EagerExecutor(g).run(env);
-  std::vector<at::Tensor> outs;
-  for (const auto& o : g.outputs) outs.push_back(env[o.value]);
-  return outs;
-}
-
-double rel_error(const at::Tensor& out, const at::Tensor& ref) {
-  at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
-  const double denom = std::max(r.norm().item<double>(), 1e-30);
-  return (o - r).norm().item<double>() / denom;
-}
+using kiln::test::make_inputs;
+using kiln::test::rel_error;
+using kiln::test::run_eager;
 
 struct Checked {
   PartitionStats stats;

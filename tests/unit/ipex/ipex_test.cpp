@@ -18,6 +18,7 @@
 #include "kiln/internal/ir_text.h"
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/plugin_registry.h"
+#include "../eager_reference.h"
 
 using namespace kiln;
 
@@ -37,36 +38,10 @@ bool has_bf16() {
   return false;
 }
 
-// Random inputs with the graph's shapes, strides and dtypes; names starting with "pos" positive.
-std::vector<at::Tensor> make_inputs(const ir::Graph& g) {
-  std::vector<at::Tensor> ins;
-  for (const auto& in : g.inputs) {
-    const auto& m = g.value(in.value).meta;
-    at::Tensor t = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype));
-    t.copy_(at::randn(m.shape, at::TensorOptions(m.dtype)));
-    if (in.name.rfind("pos", 0) == 0) t.abs_().add_(0.1);
-    ins.push_back(t);
-  }
-  return ins;
-}
-
-std::vector<at::Tensor> outputs_of(const ir::Graph& g, std::vector<at::Tensor>& env) {
-  std::vector<at::Tensor> outs;
-  for (const auto& o : g.outputs) outs.push_back(env[o.value]);
-  return outs;
-}
-
-std::vector<at::Tensor> run_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
-  std::vector<at::Tensor> env(g.values.size());
-  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  EagerExecutor(g).run(env);
-  return outputs_of(g, env);
-}
-
-double rel_error(const at::Tensor& out, const at::Tensor& ref) {
-  at::Tensor o = out.to(at::kDouble), r = ref.to(at::kDouble);
-  return (o - r).norm().item<double>() / std::max(r.norm().item<double>(), 1e-30);
-}
+using kiln::test::make_inputs;
+using kiln::test::outputs_of;
+using kiln::test::rel_error;
+using kiln::test::run_eager;
 
 struct Checked {
   PartitionStats stats;
