@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "../cli_run.h"
 #include "../selection/mini_json.h"
 #include "bench_kernels.h"
 
@@ -224,30 +225,10 @@ TEST(BenchKernels, ProfilesRealCpuStepsInsideTheirRange) {
 
 // ---- The command ----
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
+using kiln::test::CliRun;
 
 CliRun kiln_cli(const std::string& args) {
-  static int calls = 0;
-  const std::string err_file =
-      ::testing::TempDir() + "kiln_bench_stderr." + std::to_string(::getpid()) + "." + std::to_string(++calls) + ".txt";
-  const std::string cmd = "env -u KILN_BACKEND " + std::string(KILN_CLI) + " " + args + " 2>" + err_file;
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_file);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  std::remove(err_file.c_str());
-  return r;
+  return kiln::test::run_command("env -u KILN_BACKEND " + std::string(KILN_CLI) + " " + args, "kiln_bench");
 }
 
 TEST(BenchCli, HelpNamesKernelsAndATypoIsAUsageError) {

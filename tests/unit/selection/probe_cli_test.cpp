@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../cli_run.h"
 #include "../hardware_probe/fake_machine.h"
 #include "mini_json.h"
 
@@ -18,39 +19,14 @@ namespace {
 using kiln::testing::FakeMachine;
 using kiln::testing::Json;
 
-struct CliRun {
-  int status = -1;
-  std::string out, err;
-};
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using kiln::test::CliRun;
+std::string quote(const std::string& s) { return kiln::test::shell_quote(s); }
 
 CliRun kiln_cli(const std::string& args, const std::string& env = "") {
-  // One file per call: ctest runs these tests in parallel processes sharing TempDir(), and a shared
-  // name let one test read another's (empty) stderr.
-  static int calls = 0;
-  const std::string err_file =
-      ::testing::TempDir() + "kiln_probe_stderr." + std::to_string(::getpid()) + "." + std::to_string(++calls) + ".txt";
-  const std::string cmd = "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " + env +
-                          " " + quote(KILN_CLI) + " " + args + " 2>" + quote(err_file);
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_file);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  std::remove(err_file.c_str());
-  return r;
+  return kiln::test::run_command(
+      "env -u KILN_SYSFS_ROOT -u KILN_BACKEND -u KILN_PLUGIN_PATH -u KILN_FAKE_UNAVAILABLE " + env + " " +
+          quote(KILN_CLI) + " " + args,
+      "kiln_probe");
 }
 
 // `kiln probe --json --sysfs-root T --plugins-dir <stand-ins>`, parsed.
