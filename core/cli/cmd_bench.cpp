@@ -49,8 +49,8 @@ void usage(FILE* out) {
   std::fprintf(
       out,
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
-      "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--trace] "
-      "[--interleave] [--kernels] [--json]\n\n"
+      "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
+      "[--trace] [--interleave] [--kernels] [--json]\n\n"
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
       "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
@@ -70,6 +70,10 @@ void usage(FILE* out) {
       "  --check-grads   --check, and the last step's gradients too\n"
       "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
       "                  backend runs generated kernels (inductor); bf16 autocast 1e-2)\n"
+      "  --attention A   on CUDA, the attention kernels both sides may use: math, flash, efficient, cudnn or\n"
+      "                  all (LibTorch's own choice). Default: math under --check (deterministic, so eager\n"
+      "                  matches itself), else all. With another under --check, the fast kernels a real\n"
+      "                  step runs are checked against the noise floor\n"
       "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
       "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
       "  --kernels       after the timed steps (and --check), profile 5 more steady-state steps of each side\n"
@@ -99,6 +103,7 @@ struct BenchOptions {
   std::string mode = "default";
   std::string optimizer;
   std::string dtype;
+  std::string attention;  // "" = math under --check, else LibTorch's choice
   std::vector<std::string> plugin_dirs;
   int steps = 20;
   int64_t batch = 0;      // 0 = the workload's size for the device
@@ -141,6 +146,7 @@ bool parse(int argc, char** argv, BenchOptions& o) {
     else if (a == "--optimizer") o.optimizer = value();
     else if (a == "--dtype") o.dtype = value();
     else if (a == "--tolerance") o.tolerance = parse_non_negative(a, value());
+    else if (a == "--attention") o.attention = value();
     else if (a == "--check") o.check = true;
     else if (a == "--check-grads") o.check = o.check_grads = true;
     else if (a == "--trace") o.trace = true;
@@ -156,6 +162,9 @@ bool parse(int argc, char** argv, BenchOptions& o) {
   if (std::find(names.begin(), names.end(), o.workload) == names.end())
     throw UsageError("unknown workload '" + o.workload + "'; valid workloads: mlp, cnn, gpt");
   if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device '" + o.device + "': use cpu or cuda");
+  if (!o.attention.empty() && o.attention != "math" && o.attention != "flash" && o.attention != "efficient" &&
+      o.attention != "cudnn" && o.attention != "all")
+    throw UsageError("--attention '" + o.attention + "': use math, flash, efficient, cudnn or all");
   if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
     throw UsageError("--optimizer '" + o.optimizer + "': use sgd or adamw");
   if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16")
@@ -274,9 +283,14 @@ BenchRun run(const BenchOptions& o) {
     auto& ctx = at::globalContext();
     ctx.setDeterministicCuDNN(true);
     ctx.setDeterministicAlgorithms(true, /*warn_only=*/true);
-    ctx.setSDPUseFlash(false);
-    ctx.setSDPUseMemEfficient(false);
-    ctx.setSDPUseCuDNN(false);
+  }
+  const std::string attention = !o.attention.empty() ? o.attention : o.check ? "math" : "all";
+  if (o.device == "cuda" && attention != "all") {
+    auto& ctx = at::globalContext();
+    ctx.setSDPUseMath(attention == "math");
+    ctx.setSDPUseFlash(attention == "flash");
+    ctx.setSDPUseMemEfficient(attention == "efficient");
+    ctx.setSDPUseCuDNN(attention == "cudnn");
   }
   TrainingArguments args;
   args.torch_compile = true;

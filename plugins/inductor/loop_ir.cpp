@@ -177,6 +177,12 @@ Index LoweredGraph::offset(const ValueInfo& v, const Idx& idx) {
 int LoweredGraph::load(ExprPool& pool, int v, const Idx& idx) const {
   const ValueInfo& info = values[static_cast<size_t>(v)];
   if (!info.materialized) return compute(pool, v, idx);
+  // An output that a computed value is written straight into (materialize.cpp) is read as that
+  // value through the view: the same address, but the load names the value really stored and its
+  // own index, so a kernel that computes the value is not also handed a read of an element another
+  // thread stores (a transpose of it).
+  if (info.alias_of >= 0 && values[static_cast<size_t>(info.alias_of)].kind != ValueInfo::Kind::Extern)
+    return compute(pool, v, idx);
   Expr e;
   e.k = Expr::K::Load;
   e.ty = info.ty;

@@ -241,6 +241,17 @@ TEST(BenchCli, HelpNamesKernelsAndATypoIsAUsageError) {
   EXPECT_NE(t.err.find("unknown option '--kernel'"), std::string::npos) << t.err;
 }
 
+TEST(BenchCli, AttentionNamesAKernelFamilyOrIsAUsageError) {
+  const CliRun h = kiln_cli("bench --help");
+  EXPECT_NE(h.out.find("--attention A"), std::string::npos);
+  const CliRun t = kiln_cli("bench gpt --attention cudnnn");
+  EXPECT_EQ(t.status, 2);
+  EXPECT_NE(t.err.find("--attention 'cudnnn': use math, flash, efficient, cudnn or all"), std::string::npos) << t.err;
+  // On the CPU the flag changes nothing: a checked run still passes.
+  const CliRun c = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --attention flash --check");
+  EXPECT_EQ(c.status, 0) << c.out << c.err;
+}
+
 TEST(BenchCli, KernelsOnTheCpuCountOperatorCallsInTheJson) {
   const CliRun r = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --kernels --json");
   ASSERT_EQ(r.status, 0) << r.err;

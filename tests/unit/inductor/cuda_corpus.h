@@ -354,6 +354,26 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // A square weight's gradient, cast to float32 through a transpose straight into its output
+      // (an mm's result transposed back, as autograd gives it), and read again in the same pass by
+      // an update of the parameter's layout: the update must read what another thread wrote only
+      // once it is written, not in the kernel that writes it.
+      {"transposed_result_read_back", R"(graph {
+  input %0 : {T}[40,40]{40,1} {D} input "g"
+  input %1 : f32[40,40]{40,1} {D} input "m"
+  %2 : {T}[40,40]{1,40} {D} = aten::permute(%0, i[1, 0])
+  %3 : f32[40,40]{1,40} {D} = aten::_to_copy(%2, dtype(f32), None, None, None, false, None)
+  %4 : f32[40,40]{40,1} {D} = aten::permute(%3, i[1, 0])
+  %5 : f32[40,40]{40,1} {D} = aten::detach(%4)
+  %6 : f32[40,40]{40,1} {D} = aten::mul.Scalar(%1, scalar(0.9))
+  %7 : f32[40,40]{40,1} {D} = aten::add.Tensor(%6, %5, scalar(0.1))
+  %8 : f32[40,40]{40,1} {D} = aten::addcmul(%1, %5, %5, scalar(0.001))
+  output %5 result "grad"
+  output %7 result "exp_avg"
+  output %8 result "exp_avg_sq"
+}
+)",
+       -1},
       // Casts to and from bfloat16 (autocast's), rounding where eager rounds.
       {"casts", R"(graph {
   input %0 : {T}[8,40]{40,1} {D} input "x"
