@@ -114,7 +114,10 @@ std::shared_ptr<Nvrtc> Nvrtc::load(const std::string& path) {
   std::set<std::string> seen;
   for (const auto& [what, where] : tries) {
     if (!seen.insert(what).second) continue;
-    void* h = dlopen(what.c_str(), RTLD_NOW | RTLD_LOCAL);
+    // RTLD_NODELETE: once in the process, NVRTC stays. Unloading and loading it again (a plugin
+    // unloaded and loaded again, as hosts and the conformance suite do) makes it set itself up
+    // anew each time, and what its set-up allocates is never given back.
+    void* h = dlopen(what.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!h) {
       const char* e = dlerror();
       failures += "\n  " + what + " (" + where + "): " + (e ? e : "not loadable");
