@@ -47,7 +47,7 @@ struct Settings {
   bool extern_kernels = true;
   bool profile = false;
   std::string nvrtc;  // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
-  bool cuda = false;  // generate CUDA kernels (opt-in while they are experimental); false: ATen
+  bool cuda = true;  // generate CUDA kernels; false leaves the nodes on CUDA to ATen
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -935,11 +935,8 @@ class InductorPlugin : public Plugin {
  private:
   // Why nodes on CUDA device `device` cannot be compiled here ("" when they can).
   std::string cuda_unavailable(int device, const std::string* nvrtc_option = nullptr) const {
-    // Off unless asked for: on the H200 the generated kernels are exact for the mlp and the op corpus
-    // but not yet for bf16 gpt, and slower than ATen's there (docs/backends/inductor.md, "CUDA").
-    auto on = host().option("cuda");
-    if (!on) return "[plugin.inductor] cuda is off (the default while the CUDA kernels are experimental)";
-    if (!parse_bool("cuda", *on)) return "[plugin.inductor] cuda = false";
+    // On unless turned off ([plugin.inductor] cuda = false leaves the nodes on CUDA to ATen).
+    if (auto on = host().option("cuda"); on && !parse_bool("cuda", *on)) return "[plugin.inductor] cuda = false";
     const CudaRuntime& rt = cuda_runtime(nvrtc_option ? *nvrtc_option : host().option("nvrtc").value_or(""));
     if (!rt.ok()) return rt.why;
     if (!host().has_device_memory()) return "the host offers no device memory (for scratch buffers)";
@@ -957,7 +954,7 @@ class InductorPlugin : public Plugin {
 
   std::unique_ptr<Executable> compile_cuda(const Graph& g, const CompileOptions& options, const Settings& s,
                                            int device) {
-    if (!s.cuda) throw Unimplemented("[plugin.inductor] cuda is off; these nodes run eagerly");
+    if (!s.cuda) throw Unimplemented("[plugin.inductor] cuda = false; these nodes run eagerly");
     if (const std::string why = cuda_unavailable(device, &s.nvrtc); !why.empty())
       throw Unimplemented("no CUDA kernels here (" + why + "); these nodes run eagerly");
     if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {

@@ -69,8 +69,8 @@ const TrainingArguments& host_args() {
   static const TrainingArguments args = [] {
     TrainingArguments a;
     a.runtime.cache_dir = "/tmp/kiln-conformance-cache-" + std::to_string(::getuid());
-    // The plugin's options from KILN_PLUGIN_OPTIONS, as everywhere in kiln ("inductor.cuda=true"
-    // checks inductor's generated CUDA kernels with --device cuda); nothing else of the
+    // The plugin's options from KILN_PLUGIN_OPTIONS, as everywhere in kiln ("inductor.cuda=false"
+    // checks the inductor with its CUDA nodes left to ATen, with --device cuda); nothing else of the
     // environment: the cases choose their backend, mode and cache themselves.
     TrainingArguments env;
     env.apply_env();

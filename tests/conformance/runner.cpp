@@ -53,7 +53,7 @@ std::string runner_usage() {
          "  --list             list the cases and exit\n"
          "\n"
          "The plugin's options come from KILN_PLUGIN_OPTIONS, as everywhere in kiln, e.g.\n"
-         "  KILN_PLUGIN_OPTIONS=inductor.cuda=true kiln conformance libkiln_inductor.so --device cuda\n"
+         "  KILN_PLUGIN_OPTIONS=inductor.cuda=false kiln conformance libkiln_inductor.so --device cuda\n"
          "\n"
          "docs/conformance.md says what each case proves and how to read a failure.\n";
 }

@@ -421,7 +421,8 @@ TEST(InductorCudaClaims, NodesOnCudaStayWithAtenWhenNoKernelsCanBeBuiltAndTheLog
   }
   const std::string bogus = "/nonexistent/kiln/libnvrtc.so.13";
   const std::vector<std::pair<std::map<std::string, std::string>, std::string>> cases = {
-      {{}, "[plugin.inductor] cuda is off (the default"},
+      // CUDA kernels are the default: without the option, only a missing NVRTC or driver stops them.
+      {{{"nvrtc", bogus}}, driver ? bogus : "libcuda.so.1"},
       {{{"cuda", "false"}}, "[plugin.inductor] cuda = false"},
       {{{"cuda", "true"}, {"nvrtc", bogus}}, driver ? bogus : "libcuda.so.1"},
   };
