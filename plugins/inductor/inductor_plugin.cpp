@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -711,6 +712,10 @@ class InductorPlugin : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_CPU | KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_MASK_ALL;
     d.concurrent_execution_safe = false;
+    // Groups compile in parallel: each compile has its own lowering, program and executable; the
+    // shared pieces (the CUDA runtime table, the compile cache, one-time notes) are locked or
+    // atomic, and max-autotune's timing runs one group at a time (below).
+    d.concurrent_compile_safe = true;
     d.runtime_scalars = true;
     return d;
   }
@@ -859,13 +864,17 @@ class InductorPlugin : public Plugin {
     }
     if (device && device->device_type == kDLCUDA) return compile_cuda(g, options, s, device->device_id);
     if (options.mode == KILN_MODE_REDUCE_OVERHEAD) {
-      static bool said = false;
-      if (!said)
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
         host().info("reduce-overhead needs CUDA graphs, which need a CUDA device; on the CPU it compiles as 'default'");
-      said = true;
     }
     const bool autotune =
         options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    // max-autotune times kernel variants on this machine's cores: one group at a time, so that the
+    // groups compiling beside it (the host may compile several at once) do not skew the timings.
+    static std::mutex tuning;
+    std::unique_lock<std::mutex> one_at_a_time(tuning, std::defer_lock);
+    if (autotune) one_at_a_time.lock();
     LoweringOptions lo = lowering_options(Target::Cpu);
     lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
     std::unique_ptr<LoweredGraph> L = lower(g, lo);
@@ -958,14 +967,13 @@ class InductorPlugin : public Plugin {
     if (const std::string why = cuda_unavailable(device, &s.nvrtc); !why.empty())
       throw Unimplemented("no CUDA kernels here (" + why + "); these nodes run eagerly");
     if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
-      static bool said = false;
-      if (!said) host().info("max-autotune tunes the C++ kernels; CUDA kernels are generated with their defaults");
-      said = true;
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        host().info("max-autotune tunes the C++ kernels; CUDA kernels are generated with their defaults");
     }
     if (s.profile) {
-      static bool said = false;
-      if (!said) host().info("profile times the C++ kernels; CUDA groups are not timed");
-      said = true;
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) host().info("profile times the C++ kernels; CUDA groups are not timed");
     }
     const CudaRuntime& rt = cuda_runtime(s.nvrtc);
     const int arch = rt.driver->compute_capability(device);

@@ -206,6 +206,22 @@ void* Library::symbol(const std::string& name) const {
   return s;
 }
 
+namespace {
+
+// One build of a cache entry at a time in this process: groups compiling at once that generate the
+// same source (a model's identical layers) wait for the first build and then find it in the cache.
+// Between processes the temporary names and renames keep entries whole (write_atomic).
+std::mutex& entry_mutex(const std::string& base) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<std::mutex>> per_entry;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& m = per_entry[base];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
+
+}  // namespace
+
 std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
                                         const plugin::Host& host, std::string* key_out, CacheStats* stats) {
   std::string fingerprint = "kiln-inductor 1\n" + tc.cxx + "\n" + tc.version + "\n" + tc.cpu_features + "\n";
@@ -214,6 +230,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
   if (key_out) *key_out = key;
   mkdirs(cache_root);
   const std::string base = cache_root + "/" + key;
+  std::unique_lock<std::mutex> building(entry_mutex(base));
   std::string why;
   bool valid = entry_valid(base, ".so", key, &why);
   struct stat st;
@@ -250,6 +267,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
     write_atomic(base + ".ok", manifest_of(key, so));
     if (stats) stats->compile_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  building.unlock();
   void* h = dlopen((base + ".so").c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* e = dlerror();
@@ -266,6 +284,7 @@ std::string cubin_cached(const std::string& source, const Nvrtc& nvrtc, int arch
   if (key_out) *key_out = key;
   mkdirs(cache_root);
   const std::string base = cache_root + "/" + key;
+  std::lock_guard<std::mutex> building(entry_mutex(base));
   std::string why, cubin;
   const bool valid = entry_valid(base, ".cubin", key, &why, &cubin);
   struct stat st;

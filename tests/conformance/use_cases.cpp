@@ -1,6 +1,7 @@
 // Use cases: what a long training run does to a plugin. The same graph compiled and run over and
-// over, executables used from several threads (concurrently only when the descriptor says that
-// is safe), and executables that outlive the graph view they were compiled from.
+// over, groups compiled and executables used from several threads (concurrently only when the
+// descriptor says that is safe), and executables that outlive the graph view they were compiled
+// from.
 #include <algorithm>
 #include <gtest/gtest.h>
 
@@ -160,6 +161,60 @@ TEST(Use, ExecuteFromSeveralThreads) {
   note(std::to_string(kThreads) + " threads x " + std::to_string(kRuns) + " runs over " +
        std::to_string(compiled.size()) + " executables, " +
        (concurrent ? "concurrently (descriptor: concurrent-safe)" : "one at a time (descriptor: not concurrent-safe)"));
+}
+
+// A plugin whose descriptor says compile may run from several threads at once
+// (KILN_CAPABILITY_CONCURRENT_COMPILE) gets a step's groups compiled in parallel by kiln: here every
+// claimed group of the use graphs, twice over (so the same group compiles on two threads at once,
+// as a model's identical layers do), from four threads, and then every executable runs right.
+TEST(Use, CompileFromSeveralThreads) {
+  const std::string skip = reason_to_skip_execution();
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  auto p = loaded_plugin();
+  if (!p->concurrent_compile_safe())
+    GTEST_SKIP() << "descriptor: compile is not concurrent-safe (kiln compiles the plugin's groups one at a time)";
+  const auto graphs = use_graphs();
+  struct Job {
+    const SampleGraph* sample;
+    PartitionGroup group;
+  };
+  std::vector<Job> jobs;
+  for (const auto& s : graphs) {
+    GraphView v(s.graph);
+    for (const auto& pg : groups_of(s.graph, p->claim(v.view())))
+      for (int copy = 0; copy < 2; ++copy) jobs.push_back({&s, pg});
+  }
+  if (jobs.empty()) GTEST_SKIP() << "the plugin claimed nothing of the " << graphs.size() << " use graphs";
+  std::vector<Compiled> compiled(jobs.size());
+  std::vector<std::string> errors(jobs.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  constexpr int kThreads = 4;
+  progress("compile " + std::to_string(jobs.size()) + " groups from " + std::to_string(kThreads) + " threads");
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&] {
+      for (size_t i = next++; i < jobs.size(); i = next++) {
+        GraphView sub(jobs[i].sample->graph, jobs[i].group.nodes, jobs[i].group.inputs, jobs[i].group.outputs);
+        try {
+          compiled[i].sample = jobs[i].sample;
+          compiled[i].group = jobs[i].group;
+          compiled[i].exe = p->compile(sub.view(), KILN_MODE_DEFAULT);
+        } catch (const PluginError& e) {
+          if (e.code() != KILN_ERROR_UNIMPLEMENTED) errors[i] = jobs[i].sample->label + ": " + e.what();
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  size_t ran = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (!errors[i].empty()) ADD_FAILURE() << "compiled on several threads at once: " << errors[i];
+    if (!compiled[i].exe) continue;
+    const std::string e = run_once(compiled[i]);
+    EXPECT_TRUE(e.empty()) << "compiled on several threads at once: " << e;
+    ++ran;
+  }
+  note(std::to_string(jobs.size()) + " compiles (each group twice) from " + std::to_string(kThreads) +
+       " threads at once; " + std::to_string(ran) + " executables run right");
 }
 
 TEST(Use, ExecutablesOutliveTheirGraphView) {

@@ -499,6 +499,9 @@ const std::vector<Setting>& table() {
         [](auto& a) -> auto& { return a.runtime.cpu_block_cache_max_mb; }, 0, int64_t{1} << 30));
     v.push_back(flag(
         "runtime.writeback_copy", "KILN_WRITEBACK_COPY", [](auto& a) -> auto& { return a.runtime.writeback_copy; }));
+    v.push_back(integer(
+        "runtime.compile_threads", "KILN_COMPILE_THREADS", [](auto& a) -> auto& { return a.runtime.compile_threads; },
+        0, 1024));
     // [debug]
     v.push_back(text(
         "debug.dump_dir", "KILN_DEBUG_DIR", [](auto& a) -> auto& { return a.debug.dump_dir; }));

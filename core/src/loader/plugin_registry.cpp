@@ -390,7 +390,10 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
   a.cache_dir = cache_dir.c_str();
   KilnError* err = nullptr;
   {
-    std::lock_guard<std::mutex> lock(call_mu_);
+    // Serialised like every other call of the context, unless the plugin says compile is safe to
+    // run from several threads at once.
+    std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
+    if (!concurrent_compile_safe()) lock.lock();
     err = api_->compile(&a);
   }
   if (err && a.executable) {

@@ -1,5 +1,9 @@
 #include "kiln/internal/partitioned_executor.h"
 
+#include <atomic>
+#include <optional>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -25,7 +29,8 @@ bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars
 }
 
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
-                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode) {
+                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
+                                                           int compile_threads) {
   auto cp = std::make_shared<CompiledPartition>();
   cp->plugin = plugin;
   auto& stats = cp->stats;
@@ -47,10 +52,49 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   const Partition& part = cp->partition;
   stats.groups = part.groups.size();
 
-  // Compile every group; a group that does not compile runs its nodes eagerly.
+  // Compile every group; a group that does not compile runs its nodes eagerly. The plugin's calls
+  // may overlap when it says they can (each group's view and result are its own); what became of
+  // each group is then recorded in group order, so the outcome does not depend on the threads.
+  struct Attempt {
+    std::unique_ptr<PluginExecutable> exe;
+    std::optional<PluginError> error;
+    std::exception_ptr other;  // anything else thrown: rethrown as the serial loop would
+  };
+  std::vector<Attempt> attempts(part.groups.size());
+  auto attempt = [&](size_t gi) {
+    const auto& pg = part.groups[gi];
+    GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
+    try {
+      attempts[gi].exe = plugin->compile(sub.view(), mode);
+    } catch (const PluginError& e) {
+      attempts[gi].error = e;
+    } catch (...) {
+      attempts[gi].other = std::current_exception();
+    }
+  };
+  const size_t threads = plugin->concurrent_compile_safe()
+                             ? std::min<size_t>(part.groups.size(), static_cast<size_t>(std::max(compile_threads, 1)))
+                             : 1;
+  if (threads <= 1) {
+    for (size_t gi = 0; gi < part.groups.size(); ++gi) {
+      attempt(gi);
+      if (attempts[gi].other) break;
+    }
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&] {
+        for (size_t gi = next++; gi < part.groups.size(); gi = next++) attempt(gi);
+      });
+    for (auto& th : pool) th.join();
+  }
+  stats.compile_threads = threads;
   cp->groups.resize(part.groups.size());
   cp->outcomes.reserve(part.groups.size());
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
+    if (attempts[gi].other) std::rethrow_exception(attempts[gi].other);
     const auto& pg = part.groups[gi];
     auto& grp = cp->groups[gi];
     grp.group = pg;
@@ -58,15 +102,15 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     outcome.backend = plugin->name();
     outcome.nodes = pg.nodes.size();
     outcome.first_op = g.nodes[pg.nodes.front()].op;
-    GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
-    try {
-      grp.exe = plugin->compile(sub.view(), mode);
+    if (attempts[gi].exe) {
+      grp.exe = std::move(attempts[gi].exe);
       for (auto ni : pg.nodes) grp.nodes.push_back(g.nodes[ni]);
       for (auto v : pg.outputs) grp.output_meta.push_back(g.value(v).meta);
       outcome.compiled = true;
       ++stats.groups_compiled;
       stats.nodes_compiled += pg.nodes.size();
-    } catch (const PluginError& e) {
+    } else {
+      const PluginError& e = *attempts[gi].error;
       outcome.declined = e.code() == KILN_ERROR_UNIMPLEMENTED;
       outcome.reason = e.what();  // names the plugin and the error code
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
@@ -91,7 +135,7 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     }
   }
   log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
-                     stats.groups_compiled, " compiled groups"));
+                     stats.groups_compiled, " compiled groups", threads > 1 ? c10::str(" (", threads, " compiling at once)") : ""));
   return cp;
 }
 

@@ -13,9 +13,11 @@
 // args.runtime.recompile_limit signatures or recaptures kiln warns once and runs eagerly.
 #include "kiln/compile.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <c10/util/StringUtil.h>
 
@@ -111,6 +113,9 @@ struct CompiledStep::Impl {
     po.lift_runtime_scalars = args.debug.lift_runtime_scalars;
     po.batch_optimizer = args.experimental.batch_optimizer;
     po.writeback_copy = args.runtime.writeback_copy;
+    po.compile_threads = args.runtime.compile_threads > 0
+                             ? args.runtime.compile_threads
+                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     RunOptions ro;
     ro.cpu_block_cache = args.runtime.cpu_block_cache;
     ro.cpu_block_cache_max_mb = args.runtime.cpu_block_cache_max_mb;

@@ -197,7 +197,7 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
 
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.
   if (backend.plugin) {
-    plan->partition = compile_partition(g, backend.plugin, backend.mode);
+    plan->partition = compile_partition(g, backend.plugin, backend.mode, options.compile_threads);
     runner.dump("partition.txt", print_compiled_partition(g, *plan->partition));
   }
   plan->graph = g;

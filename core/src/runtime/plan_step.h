@@ -36,6 +36,7 @@ struct PlanOptions {
   bool lift_runtime_scalars = false;  // [debug]: lift run-time scalars without a CUDA graph too
   bool batch_optimizer = false;       // [experimental]
   bool writeback_copy = false;        // [runtime]: write-backs always copy (no storage adoption)
+  int compile_threads = 1;            // [runtime]: groups the backend compiles at once (resolved, >= 1)
 };
 
 struct InputBinding {

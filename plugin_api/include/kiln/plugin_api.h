@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 2
-#define KILN_ABI_VERSION_MINOR 0
+#define KILN_ABI_VERSION_MINOR 1
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -292,6 +292,11 @@ KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
                   every mode (not only reduce-overhead and     \
                   max-autotune); with DEVICE_GRAPHS it records \
                   it itself */
+#define KILN_CAPABILITY_CONCURRENT_COMPILE                     \
+  (1ull << 4) /* since 2.1: compile may run from several       \
+                  threads at once for one context, on distinct \
+                  subgraphs (kiln then compiles a step's       \
+                  groups in parallel) */
 
 /* Owned by the plugin; lives until its shutdown returns. */
 typedef struct KilnPluginDescriptor {

@@ -561,6 +561,9 @@ struct Descriptor {
   // KILN_CAPABILITY_WHOLE_STEP_GRAPH: choosing this backend asks for the whole step to be recorded
   // as one device graph in every mode.
   bool whole_step_graph = false;
+  // KILN_CAPABILITY_CONCURRENT_COMPILE (ABI 2.1): Plugin::compile may run from several threads at
+  // once, on distinct subgraphs; kiln then compiles the groups of a step in parallel.
+  bool concurrent_compile_safe = false;
   // The availability score for "auto" when the plugin does not override Plugin::available.
   int32_t default_score = 0;
 
@@ -568,7 +571,8 @@ struct Descriptor {
     return (concurrent_execution_safe ? KILN_CAPABILITY_CONCURRENT_EXECUTE : 0) |
            (runtime_scalars ? KILN_CAPABILITY_RUNTIME_SCALARS : 0) |
            (device_graphs ? KILN_CAPABILITY_DEVICE_GRAPHS : 0) |
-           (whole_step_graph ? KILN_CAPABILITY_WHOLE_STEP_GRAPH : 0);
+           (whole_step_graph ? KILN_CAPABILITY_WHOLE_STEP_GRAPH : 0) |
+           (concurrent_compile_safe ? KILN_CAPABILITY_CONCURRENT_COMPILE : 0);
   }
 };
 

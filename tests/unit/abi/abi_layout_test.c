@@ -24,7 +24,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 2);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 0);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 1);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);

@@ -158,7 +158,7 @@ TEST(PluginApiHpp, InitRejectsHostWithAnotherMajorAndStillReturnsErrorFunctions)
   EXPECT_EQ(api->abi_major, 2u);
   auto [code, msg] = take(api, e);
   EXPECT_EQ(code, KILN_ERROR_ABI_MISMATCH);
-  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 2.0, host speaks 3.1");
+  EXPECT_EQ(msg, "plugin built for kiln plugin ABI 2.1, host speaks 3.1");
 }
 
 TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
@@ -167,7 +167,7 @@ TEST(PluginApiHpp, InitFillsEveryFieldOfTheTableAndDescriptor) {
   ASSERT_EQ(kp::detail::init<TestPlugin>(&host, 2, 0, &api), nullptr);
   EXPECT_EQ(api->struct_size, KILN_PLUGIN_API_STRUCT_SIZE);
   EXPECT_EQ(api->abi_major, 2u);
-  EXPECT_EQ(api->abi_minor, 0u);
+  EXPECT_EQ(api->abi_minor, static_cast<uint32_t>(KILN_ABI_VERSION_MINOR));
   // No device graphs unless the descriptor says so.
   EXPECT_EQ(api->graph_capture_begin, nullptr);
   EXPECT_EQ(api->graph_destroy, nullptr);

@@ -46,7 +46,7 @@ TEST(PluginsCommand, JsonListsAllFiveBackendsWithAvailabilityAndReason) {
   const std::string dir = KILN_BUILTIN_PLUGIN_DIR;
   EXPECT_NE(r.out.find("{\"loaded\": true, \"name\": \"ipex\", \"version\": \"0.1.0\", \"vendor\": \"kiln\", "
                        "\"description\": \"oneDNN kernels with fused post-ops for x86 CPUs, bf16 on "
-                       "AVX-512-BF16/AMX\", \"abi_version\": \"2.0\", \"device_kinds\": [\"cpu\"], \"modes\": "
+                       "AVX-512-BF16/AMX\", \"abi_version\": \"2.1\", \"device_kinds\": [\"cpu\"], \"modes\": "
                        "[\"default\", \"max-autotune-no-cudagraphs\"], \"concurrent_execution_safe\": false, "
                        "\"available\": "),
             std::string::npos)
@@ -77,7 +77,7 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   EXPECT_NE(
       r.out.find("{\"loaded\": false, \"path\": \"" + corpus +
                  "/libkiln_bad_abi_major.so\", \"error\": \"plugin "
-                 "was built for kiln plugin ABI 3.0; this kiln speaks 2.0 — rebuild it against the kiln 2.x SDK\"}"),
+                 "was built for kiln plugin ABI 3.1; this kiln speaks 2.1 — rebuild it against the kiln 2.x SDK\"}"),
       std::string::npos)
       << r.out;
 }
@@ -87,7 +87,7 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.0  cpu              default,max-autotune"),
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.1  cpu              default,max-autotune"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;

@@ -188,3 +188,27 @@ TEST(PartitionedExecutor, DeclinedGroupsAreRecordedAsDeclinesWithTheReason) {
   expect_groups_ran_eagerly(g, exec,
                             {"declines_everything", true, "compile failed (unimplemented)", "no code generator yet"});
 }
+
+// A plugin whose compile may run from several threads at once gets a step's groups compiled in
+// parallel, up to the threads asked for; the outcome is recorded in group order either way. A
+// plugin without the capability is compiled one group at a time.
+TEST(PartitionedExecutor, GroupsCompileInParallelOnlyWhenThePluginSaysItCan) {
+  ir::Graph g = ir::parse(kGraph);
+  auto concurrent = PluginRegistry::load_file(KILN_DECLINES_CONCURRENTLY_PLUGIN, host());
+  ASSERT_TRUE(concurrent->concurrent_compile_safe());
+  EXPECT_FALSE(PluginRegistry::load_file(KILN_DECLINES_PLUGIN, host())->concurrent_compile_safe());
+  for (int threads : {1, 4}) {
+    SCOPED_TRACE("compile_threads " + std::to_string(threads));
+    auto cp = compile_partition(g, concurrent, KILN_MODE_DEFAULT, threads);
+    // Two groups (relu, mul | add, neg): at most two compile at once.
+    ASSERT_EQ(cp->outcomes.size(), 2u);
+    EXPECT_EQ(cp->stats.compile_threads, threads == 1 ? 1u : 2u);
+    const std::string at_once = threads == 1 ? "(1 compiling at once)" : "(2 compiling at once)";
+    EXPECT_EQ(cp->outcomes[0].first_op, "aten::relu");
+    EXPECT_EQ(cp->outcomes[1].first_op, "aten::add.Tensor");
+    for (const auto& o : cp->outcomes) {
+      EXPECT_TRUE(o.declined);
+      EXPECT_NE(o.reason.find(at_once), std::string::npos) << o.reason;
+    }
+  }
+}

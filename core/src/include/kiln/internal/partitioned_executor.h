@@ -37,6 +37,7 @@ struct PartitionStats {
   size_t groups_compiled = 0;  // run by the plugin
   size_t nodes_compiled = 0;
   std::vector<std::string> compile_errors;  // one per group that failed (not UNIMPLEMENTED)
+  size_t compile_threads = 1;               // groups that compiled at once (at most)
 };
 
 // One claimed group and what became of it.
@@ -63,9 +64,12 @@ struct CompiledPartition {
 
 // Claims, partitions and compiles: a group the plugin declines (KILN_ERROR_UNIMPLEMENTED) runs
 // eagerly without a word, a group whose compile fails runs eagerly with one warning naming the
-// plugin and its message.
+// plugin and its message. With a plugin whose compile is safe to run concurrently
+// (KILN_CAPABILITY_CONCURRENT_COMPILE), up to `compile_threads` groups compile at once; the outcome
+// and the log are the same as one by one, in group order.
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
-                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode);
+                                                           std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
+                                                           int compile_threads = 1);
 // The partition and its outcome as text, for the debug dump.
 std::string print_compiled_partition(const ir::Graph& graph, const CompiledPartition& partition);
 

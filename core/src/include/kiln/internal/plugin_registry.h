@@ -103,6 +103,10 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   bool supports_mode(KilnMode mode) const { return (modes_ & KILN_MODE_BIT(mode)) != 0; }
   uint64_t capabilities() const { return capabilities_; }  // KILN_CAPABILITY_*
   bool concurrent_execution_safe() const { return (capabilities_ & KILN_CAPABILITY_CONCURRENT_EXECUTE) != 0; }
+  // compile may run from several threads at once (ABI 2.1; a 2.0 plugin never has the bit).
+  bool concurrent_compile_safe() const {
+    return negotiated_minor_ >= 1 && (capabilities_ & KILN_CAPABILITY_CONCURRENT_COMPILE) != 0;
+  }
   // Choosing this backend asks for the whole step to be recorded as one device graph in every mode.
   bool asks_whole_step_graph() const { return (capabilities_ & KILN_CAPABILITY_WHOLE_STEP_GRAPH) != 0; }
   int32_t default_score() const { return default_score_; }
