@@ -149,6 +149,19 @@ class Emitter {
       collect_index(stores.back(), top);
     }
     flush(top, 0, 0);
+    // Each thread takes `vec` consecutive elements at a time when every access walks memory with
+    // the one variable (16-byte loads and stores instead of one element each), when the buffers
+    // are aligned for it at run time; the plain loop otherwise.
+    const Vectorized vz = vectorize(vars, sizes, roots, stores, stages, n);
+    if (vz.width > 1) {
+      body_ << "  if ((" << vz.aligned << ") == 0) {\n";
+      const auto names = names_;
+      const auto regs = regs_;
+      emit_flat_vector(vz, vars[0], stages, roots, stores, n);
+      names_ = names;
+      regs_ = regs;
+      body_ << "  } else {\n";
+    }
     body_ << "  for (kidx i = (kidx)blockIdx.x * blockDim.x + threadIdx.x; i < " << lit(n)
           << "; i += (kidx)gridDim.x * blockDim.x) {\n";
     decompose("i", vars, sizes, 1);
@@ -168,11 +181,131 @@ class Emitter {
       regs_[v] = reg;
     }
     body_ << "  }\n";
+    if (vz.width > 1) body_ << "  }\n";
     launch.block = kFlatThreads;
     launch.grid = static_cast<unsigned>(
         std::min<int64_t>((n + kFlatThreads - 1) / kFlatThreads, int64_t{16} * std::max(o_.multiprocessors, 1)));
     finish_launch(launch);
     return launch;
+  }
+
+  // A flat kernel's vector accesses: `width` consecutive elements per thread and iteration, read
+  // from and written to memory as whole 16-byte (or 8-byte) words. `arrays` names, per buffer and
+  // constant offset, the register array a vector load fills; `aligned` is the run-time test (0
+  // when every vector access is aligned).
+  struct Vectorized {
+    int width = 0;
+    std::map<std::pair<int, int64_t>, std::pair<std::string, Ty>> arrays;  // (buffer, offset) -> array, loads
+    std::string aligned;
+  };
+
+  Vectorized vectorize(const std::vector<int>& vars, const std::vector<int64_t>& sizes, const std::vector<int>& roots,
+                       const std::vector<Index>& stores, const std::vector<int>& stages, int64_t n) {
+    Vectorized none;
+    if (vars.size() != 1 || n < 64) return none;
+    const int var = vars[0];
+    auto walks = [&](const Index& ix) { return ix.exprs.empty() && ix.vars.size() == 1 && ix.coef(var) == 1; };
+    // What is read and written along the variable, with its type; anything else that moves with
+    // the variable (a broadcast, a transposed read, a computed index) keeps the plain loop.
+    std::vector<std::pair<std::pair<int, int64_t>, Ty>> loads, writes;
+    std::set<int> exprs;
+    for (int r : roots) collect_all(r, exprs);
+    for (int e : exprs) {
+      const Expr& x = pool_.at(e);
+      if (x.k != Expr::K::Load) {
+        if (x.k == Expr::K::IndexVal && x.idx.coef(var) != 0 && !walks(x.idx)) return none;
+        continue;
+      }
+      if (in_kernel_.count(x.value) && x.logical_known) continue;  // an earlier stage's register
+      if (x.idx.coef(var) == 0 && x.idx.exprs.empty()) continue;  // the same for every element
+      if (!walks(x.idx)) return none;
+      loads.push_back({{x.buf, x.idx.c}, x.ty});
+    }
+    for (size_t s = 0; s < stages.size(); ++s) {
+      if (!walks(stores[s])) return none;
+      writes.push_back({{val(stages[s]).buffer, stores[s].c}, val(stages[s]).ty});
+    }
+    bool narrow = false;
+    for (const auto& a : loads) narrow = narrow || a.second == Ty::bf16;
+    for (const auto& a : writes) narrow = narrow || a.second == Ty::bf16;
+    const int width = narrow ? 8 : 4;
+    if (n % width != 0) return none;
+    Vectorized vz;
+    std::set<std::string> tests;
+    auto add = [&](const std::pair<int, int64_t>& at, Ty ty) {
+      const int64_t bytes = width * static_cast<int64_t>(ty_size(ty));
+      if (bytes % 8 != 0 || (at.second * static_cast<int64_t>(ty_size(ty))) % bytes != 0) return false;
+      tests.insert("((unsigned long long)b" + std::to_string(at.first) + " & " +
+                   std::to_string(std::min<int64_t>(bytes, 16) - 1) + ")");
+      return true;
+    };
+    for (const auto& [at, ty] : loads) {
+      if (!add(at, ty)) return none;
+      if (!vz.arrays.count(at)) vz.arrays[at] = {"a" + std::to_string(vz.arrays.size()), ty};
+    }
+    for (const auto& [at, ty] : writes)
+      if (!add(at, ty)) return none;
+    for (const auto& t : tests) vz.aligned += (vz.aligned.empty() ? "" : " | ") + t;
+    vz.width = width;
+    (void)sizes;
+    return vz;
+  }
+
+  void collect_all(int e, std::set<int>& out) const {
+    if (!out.insert(e).second) return;
+    const Expr& x = pool_.at(e);
+    for (int c : x.args) collect_all(c, out);
+    for (const auto& [ee, k] : x.idx.exprs) collect_all(ee, out);
+  }
+
+  // The vector loop of a flat kernel: per iteration, the vector loads into register arrays, the
+  // stages element by element over the arrays (unrolled), then the vector stores.
+  void emit_flat_vector(const Vectorized& vz, int var, const std::vector<int>& stages, const std::vector<int>& roots,
+                        const std::vector<Index>& stores, int64_t n) {
+    const std::string W = std::to_string(vz.width);
+    body_ << "  for (kidx q = (kidx)blockIdx.x * blockDim.x + threadIdx.x; q < " << lit(n / vz.width)
+          << "; q += (kidx)gridDim.x * blockDim.x) {\n";
+    body_ << "    const kidx i0 = q * " << lit(vz.width) << ";\n";
+    for (const auto& [at, arr] : vz.arrays) {
+      const auto& [name, ty] = arr;
+      use_buf(at.first, ty);
+      read_.insert(at.first);
+      body_ << "    alignas(16) " << mem_type(ty) << " " << name << "[" << W << "];\n";
+      body_ << "    k_vld<" << W << ">(" << name << ", b" << at.first << " + " << lit(at.second) << " + i0);\n";
+    }
+    std::vector<std::string> outs;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const ValueInfo& info = val(stages[s]);
+      outs.push_back("o" + std::to_string(s));
+      body_ << "    alignas(16) " << mem_type(info.ty) << " " << outs.back() << "[" << W << "];\n";
+    }
+    body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n";
+    body_ << "      const kidx " << vname(var) << " = i0 + u;\n";
+    vec_ = &vz;
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const int v = stages[s];
+      std::set<int> pending;
+      collect(roots[s], pending);
+      flush(pending, 1, 2);
+      std::string reg = name(roots[s]);
+      if (val(v).ty == Ty::bf16) {
+        reg = "rv" + std::to_string(v);
+        body_ << "      const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
+        body_ << "      " << outs[s] << "[u] = k_f2bf(" << reg << ");\n";
+      } else {
+        body_ << "      " << outs[s] << "[u] = (" << mem_type(val(v).ty) << ")(" << reg << ");\n";
+      }
+      regs_[v] = reg;
+    }
+    vec_ = nullptr;
+    body_ << "    }\n";
+    for (size_t s = 0; s < stages.size(); ++s) {
+      const ValueInfo& info = val(stages[s]);
+      use_buf(info.buffer, info.ty);
+      written_.insert(info.buffer);
+      body_ << "    k_vst<" << W << ">(b" << info.buffer << " + " << lit(stores[s].c) << " + i0, " << outs[s] << ");\n";
+    }
+    body_ << "  }\n";
   }
 
   // A row plan: one block (or warp) per outer index, the stages in order inside it.
@@ -620,6 +753,11 @@ class Emitter {
         if (r != regs_.end() && x.logical_known && in_kernel_.count(x.value)) return r->second;
         use_buf(x.buf, x.ty);
         read_.insert(x.buf);
+        if (vec_ && !x.idx.vars.empty()) {
+          // Inside a flat kernel's vector loop: this element of its register array.
+          const std::string ref = vec_->arrays.at({x.buf, x.idx.c}).first + "[u]";
+          return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
+        }
         const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
         return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
       }
@@ -751,6 +889,7 @@ class Emitter {
   std::set<int> in_kernel_;
   std::map<int, int> var_level_, level_;
   std::map<int, std::string> names_, regs_;
+  const Vectorized* vec_ = nullptr;  // set while a flat kernel's vector loop is emitted
   std::map<int, Ty> bufs_;
   std::set<int> read_, written_;  // buffers the kernel loads from / stores to
   std::vector<int> kvars_;        // a column kernel's kept-dim variables

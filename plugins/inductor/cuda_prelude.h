@@ -28,6 +28,43 @@ __device__ __forceinline__ kiln_bf16 k_f2bf(float f) {
 // A value cast to bfloat16 in the middle of a computation (`_to_copy`): rounded, kept in float.
 __device__ __forceinline__ float k_round_bf16(float f) { return k_bf2f(k_f2bf(f)); }
 
+// ---- Vector accesses ---------------------------------------------------------------------------
+// A flat kernel moves `V` consecutive elements per access when its buffers are aligned (the kernel
+// tests it at run time): whole 16-byte words, or 8-byte ones when V elements are 8 bytes.
+
+struct alignas(16) kiln_w16 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) kiln_w8 {
+  unsigned x, y;
+};
+
+template <int V, typename T>
+__device__ __forceinline__ void k_vld(T (&r)[V], const T* __restrict__ p) {
+  if constexpr (sizeof(T) * V % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < (int)(sizeof(T) * V / 16); ++c)
+      reinterpret_cast<kiln_w16*>(r)[c] = reinterpret_cast<const kiln_w16*>(p)[c];
+  } else {
+#pragma unroll
+    for (int c = 0; c < (int)(sizeof(T) * V / 8); ++c)
+      reinterpret_cast<kiln_w8*>(r)[c] = reinterpret_cast<const kiln_w8*>(p)[c];
+  }
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void k_vst(T* __restrict__ p, const T (&r)[V]) {
+  if constexpr (sizeof(T) * V % 16 == 0) {
+#pragma unroll
+    for (int c = 0; c < (int)(sizeof(T) * V / 16); ++c)
+      reinterpret_cast<kiln_w16*>(p)[c] = reinterpret_cast<const kiln_w16*>(r)[c];
+  } else {
+#pragma unroll
+    for (int c = 0; c < (int)(sizeof(T) * V / 8); ++c)
+      reinterpret_cast<kiln_w8*>(p)[c] = reinterpret_cast<const kiln_w8*>(r)[c];
+  }
+}
+
 // ---- Math: one name per function for float and double ---------------------------------------
 // The accurate library functions (no fast-math intrinsics), as ATen's CUDA kernels call them.
 

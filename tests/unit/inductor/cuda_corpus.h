@@ -374,6 +374,27 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // Long element-wise chains whose every access walks memory with one index (GELU and its
+      // backward, a residual add, a cast): each thread moves 16-byte words of them when the
+      // buffers are aligned, and one element at a time otherwise (an input that starts one
+      // element into its storage).
+      {"vector_accesses", R"(graph {
+  input %0 : {T}[64,48]{48,1} {D} input "x"
+  input %1 : {T}[64,48]{48,1} {D} input "g"
+  input %2 : {T}[3073]{1} {D} input "flat"
+  %3 : {T}[64,48]{48,1} {D} = aten::gelu(%0, "tanh")
+  %4 : {T}[64,48]{48,1} {D} = aten::gelu_backward(%1, %0, "none")
+  %5 : {T}[64,48]{48,1} {D} = aten::add.Tensor(%3, %4, scalar(1))
+  %6 : f32[64,48]{48,1} {D} = aten::_to_copy(%5, dtype(f32), None, None, None, false, None)
+  %7 : {T}[3072]{1}+1 {D} = aten::slice.Tensor(%2, 0, 1, 3073, 1)
+  %8 : {T}[3072]{1} {D} = aten::mul.Scalar(%7, scalar(3))
+  output %3 result "gelu"
+  output %5 result "sum"
+  output %6 result "as_float"
+  output %8 result "from_an_offset"
+}
+)",
+       -1},
       // Casts to and from bfloat16 (autocast's), rounding where eager rounds.
       {"casts", R"(graph {
   input %0 : {T}[8,40]{40,1} {D} input "x"

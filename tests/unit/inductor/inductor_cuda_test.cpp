@@ -322,6 +322,49 @@ TEST(InductorCudaCodegen, FlatKernelsWalkTheOutputInMemoryOrder) {
   EXPECT_TRUE(std::regex_search(g.cuda.source, std::regex(R"(= b0\[\(0 [^\]]*)" + unit))) << g.cuda.source;
 }
 
+// A flat kernel whose every access walks memory with its one index moves 16-byte words: 8
+// bfloat16 or 4 float32 elements per thread and access, behind a run-time alignment test, with
+// the one-element loop kept for unaligned buffers. A start one element into the storage, or a
+// broadcast, keeps the plain loop only.
+TEST(InductorCudaCodegen, FlatKernelsMoveSixteenByteWordsWhenAligned) {
+  for (const char* ty : {"bf16", "f32"}) {
+    SCOPED_TRACE(ty);
+    const std::string T = ty;
+    const Generated g = generate(ir::parse(R"(graph {
+  input %0 : )" + T + R"([64,48]{48,1} on cuda:0 input "x"
+  %1 : )" + T + R"([64,48]{48,1} on cuda:0 = aten::gelu(%0, "none")
+  output %1 result "y"
+}
+)"));
+    ASSERT_EQ(g.cuda.launches.size(), 1u) << g.cuda.source;
+    const std::string w = T == "bf16" ? "8" : "4";
+    EXPECT_NE(g.cuda.source.find("k_vld<" + w + ">(a0, b0 + 0 + i0);"), std::string::npos) << g.cuda.source;
+    EXPECT_NE(g.cuda.source.find("k_vst<" + w + ">(b1 + 0 + i0, o0);"), std::string::npos) << g.cuda.source;
+    EXPECT_NE(g.cuda.source.find("if ((((unsigned long long)b0 & 15) | ((unsigned long long)b1 & 15)) == 0) {"),
+              std::string::npos)
+        << g.cuda.source;
+    EXPECT_NE(g.cuda.source.find("i < 3072;"), std::string::npos) << "no one-element loop:\n" << g.cuda.source;
+  }
+  for (const char* graph : {R"(graph {
+  input %0 : f32[3073]{1} on cuda:0 input "x"
+  %1 : f32[3072]{1}+1 on cuda:0 = aten::slice.Tensor(%0, 0, 1, 3073, 1)
+  %2 : f32[3072]{1} on cuda:0 = aten::mul.Scalar(%1, scalar(3))
+  output %2 result "y"
+}
+)",
+                            R"(graph {
+  input %0 : f32[64,48]{48,1} on cuda:0 input "x"
+  input %1 : f32[48]{1} on cuda:0 input "b"
+  %2 : f32[64,48]{48,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
+  output %2 result "y"
+}
+)"}) {
+    const Generated g = generate(ir::parse(graph));
+    EXPECT_EQ(g.cuda.source.find("k_vld<"), std::string::npos) << g.cuda.source;
+    EXPECT_EQ(g.cuda.source.find("i0"), std::string::npos) << g.cuda.source;
+  }
+}
+
 // A value the group returns only through a view of the same memory is computed into the
 // output's buffer: no scratch copy and no second kernel that copies it.
 TEST(InductorCudaCodegen, ResultSeenThroughAViewIsComputedIntoTheOutput) {
