@@ -37,6 +37,17 @@ const c10::Type& base_type(const c10::Argument& a, bool& optional) {
 
 std::string ivalue_tag(const c10::IValue& v) { return v.tagKind(); }
 
+// An index list (aten::index.Tensor's `indices`) with a boolean or byte mask among its tensors.
+bool has_mask_index(const c10::IValue& indices) {
+  if (!indices.isList()) return false;
+  for (const auto& e : indices.toListRef()) {
+    if (e.isNone() || !e.isTensor() || !e.toTensor().defined()) continue;
+    const auto t = e.toTensor().scalar_type();
+    if (t == at::kBool || t == at::kByte) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string op_full_name(const c10::OperatorHandle& op) {
@@ -286,6 +297,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
           pending_equal = true;
         } else if (is_data_dependent_op(node.op)) {
           fail(node.op, "its result depends on tensor data (" + node.op + ")");
+        } else if (node.op == "aten::index.Tensor" && has_mask_index(*(stack->end() - 1))) {
+          // x[mask]: as many elements as the mask holds true values. ATen finds them inside the
+          // op (a nonzero the recorder does not see), so a replay would keep the first count.
+          fail(node.op, "its result depends on tensor data (" + node.op + " with a boolean mask)");
         } else {
           record = true;
           const size_t n = sargs.size();

@@ -160,6 +160,22 @@ TEST(Capture, NonzeroStopsRecording) {
   EXPECT_EQ(rec.failure().op, "aten::nonzero");
 }
 
+// x[mask] has as many elements as the mask has true values: not a shape a replay can keep. An
+// integer index (a gather of fixed size) is recorded.
+TEST(Capture, BooleanMaskIndexStopsRecordingAndIntegerIndexDoesNot) {
+  auto x = at::randn({8});
+  auto mask = x > 0;
+  kiln::StepRecorder rec({{x, InputRole::UserInput, "input.0", 0}, {mask, InputRole::UserInput, "input.1", 1}});
+  rec.run([&] { return std::vector<at::Tensor>{x.index({mask}) * 2}; });
+  EXPECT_FALSE(rec.ok());
+  EXPECT_EQ(rec.failure().op, "aten::index.Tensor");
+  EXPECT_NE(rec.failure().reason.find("boolean mask"), std::string::npos) << rec.failure().reason;
+  auto idx = at::tensor(std::vector<int64_t>{3, 1, 4});
+  kiln::StepRecorder ok({{x, InputRole::UserInput, "input.0", 0}, {idx, InputRole::UserInput, "input.1", 1}});
+  ok.run([&] { return std::vector<at::Tensor>{x.index({idx}) * 2}; });
+  EXPECT_TRUE(ok.ok()) << ok.failure().reason;
+}
+
 TEST(Functionalize, WritesThroughViewsBecomeScattersAndWriteBacks) {
   auto p = at::randn({4, 6});
   auto q = at::randn({6});
