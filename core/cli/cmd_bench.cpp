@@ -37,7 +37,6 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
-#include "kiln/internal/json_text.h"
 #include "kiln/workloads.h"
 
 namespace kiln::cli {
@@ -546,46 +545,61 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
                 const KernelReport* k) {
   const Timing t = timing(r);
   const auto& st = r.stats;
-  std::printf(
-      "{\"workload\": %s, \"device\": %s, \"autocast_bf16\": %s, \"steps\": %d, \"backend_requested\": %s, "
-      "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
-      "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
-      "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
-      "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
-      "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
-      json_quote(o.workload).c_str(), json_quote(o.device).c_str(), r.kiln_w->autocast_bf16 ? "true" : "false", o.steps,
-      json_quote(r.requested).c_str(), json_quote(r.chosen).c_str(), json_quote(r.why).c_str(),
-      json_quote(u.runs_on).c_str(), json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms,
-      t.first_s, st.compiled_steps, st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2],
-      r.compiled_nodes, u.nodes_run, u.groups_run, u.groups);
-  std::printf("\"fallback_groups\": [");
-  for (size_t i = 0; i < u.fell_back.size(); ++i) {
-    const auto& g = u.fell_back[i];
-    std::printf("%s{\"nodes\": %zu, \"first_op\": %s, \"declined\": %s, \"reason\": %s}", i ? ", " : "", g.nodes,
-                json_quote(g.first_op).c_str(), g.declined ? "true" : "false", json_quote(g.reason).c_str());
-  }
-  std::printf(
-      "], \"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-      "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
-      "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
-      json_quote(u.fallback).c_str(), st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(),
-      r.eager.peak_mb, r.kiln.peak_mb, t.probe_ms, static_cast<long long>(st.adopted_writebacks),
-      r.eager.faults_per_step, r.kiln.faults_per_step);
+  Json j = {{"workload", o.workload},
+            {"device", o.device},
+            {"autocast_bf16", r.kiln_w->autocast_bf16},
+            {"steps", o.steps},
+            {"backend_requested", r.requested},
+            {"backend_selected", r.chosen},
+            {"backend_reasons", r.why},
+            {"runs_on", u.runs_on},
+            {"mode", o.mode},
+            {"eager_ms", rounded(t.eager_ms, 4)},
+            {"kiln_ms", rounded(t.kiln_ms, 4)},
+            {"ratio", rounded(t.eager_ms / t.kiln_ms, 4)},
+            {"kiln_first_step_s", rounded(t.first_s, 4)},
+            {"compiled_steps", st.compiled_steps},
+            {"compiles", st.compiles},
+            {"rebuilds", st.rebuilds},
+            {"captured_nodes",
+             {{"forward", r.phase_nodes[0]}, {"backward", r.phase_nodes[1]}, {"optimizer", r.phase_nodes[2]}}},
+            {"compiled_nodes", r.compiled_nodes},
+            {"backend_nodes", u.nodes_run},
+            {"backend_groups", u.groups_run},
+            {"claimed_groups", u.groups}};
+  j["fallback_groups"] = Json::array();
+  for (const auto& g : u.fell_back)
+    j["fallback_groups"].push_back(
+        {{"nodes", g.nodes}, {"first_op", g.first_op}, {"declined", g.declined}, {"reason", g.reason}});
+  j["fallback"] = u.fallback;
+  j["graphs_recorded"] = st.graphs_recorded;
+  j["graph_replays"] = st.graph_replays;
+  j["graph_skip"] = st.last_graph_skip;
+  j["eager_peak_mb"] = rounded(r.eager.peak_mb, 1);
+  j["kiln_peak_mb"] = rounded(r.kiln.peak_mb, 1);
+  j["probe_ms_per_step"] = rounded(t.probe_ms, 4);
+  j["adopted_writebacks"] = static_cast<int64_t>(st.adopted_writebacks);
+  j["eager_page_faults_per_step"] = rounded(r.eager.faults_per_step, 0);
+  j["kiln_page_faults_per_step"] = rounded(r.kiln.faults_per_step, 0);
   if (c)
-    std::printf(
-        ", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
-        "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d, "
-        "\"loss_noise_floor\": %.3e, \"param_noise_floor\": %.3e}",
-        c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
-        json_quote(c->worst_param_name).c_str(), c->first_loss_diff, c->worst_loss_floor, c->worst_param_floor);
+    j["check"] = {{"ok", c->ok},
+                  {"failure", c->failure},
+                  {"tolerance", significant(c->tolerance, 6)},
+                  {"max_loss_rel_err", significant(c->worst_loss, 4)},
+                  {"max_param_rel_err", significant(c->worst_param, 4)},
+                  {"worst_param", c->worst_param_name},
+                  {"first_loss_diff_step", c->first_loss_diff},
+                  {"loss_noise_floor", significant(c->worst_loss_floor, 4)},
+                  {"param_noise_floor", significant(c->worst_param_floor, 4)}};
   if (k)
-    std::printf(
-        ", \"kernels\": {\"ok\": %s, \"reason\": %s, \"unit\": %s, \"profiled_steps\": %d, "
-        "\"kiln_eager_steps\": %d, \"eager\": %s, \"kiln\": %s}",
-        k->ok ? "true" : "false", json_quote(k->reason).c_str(), k->cuda ? "\"cuda_kernels\"" : "\"aten_ops\"",
-        kKernelSteps, k->kiln_eager_steps, summary_json(k->eager, k->cuda).c_str(),
-        summary_json(k->kiln, k->cuda).c_str());
-  std::printf("}\n");
+    j["kernels"] = {{"ok", k->ok},
+                    {"reason", k->reason},
+                    {"unit", k->cuda ? "cuda_kernels" : "aten_ops"},
+                    {"profiled_steps", kKernelSteps},
+                    {"kiln_eager_steps", k->kiln_eager_steps},
+                    {"eager", summary_json(k->eager, k->cuda)},
+                    {"kiln", summary_json(k->kiln, k->cuda)}};
+  std::printf("%s\n", json_text(j).c_str());
 }
 
 std::string shorten(const std::string& name, size_t n = 100) {

@@ -8,8 +8,8 @@
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/internal/json_text.h"
 #include "kiln/internal/host_services.h"
+#include "kiln/internal/json_text.h"
 #include "kiln/internal/plugin_registry.h"
 #include "kiln/internal/selection.h"
 
@@ -17,18 +17,17 @@ namespace kiln::cli {
 
 namespace {
 
-std::string json_list(const std::string& comma_separated) {
-  std::string out = "[";
+// "cpu,cuda" as ["cpu", "cuda"].
+Json json_list(const std::string& comma_separated) {
+  Json out = Json::array();
   size_t start = 0;
-  bool first = true;
   while (start < comma_separated.size()) {
     size_t end = comma_separated.find(',', start);
     if (end == std::string::npos) end = comma_separated.size();
-    out += (first ? "" : ", ") + json_quote(comma_separated.substr(start, end - start));
-    first = false;
+    out.push_back(comma_separated.substr(start, end - start));
     start = end + 1;
   }
-  return out + "]";
+  return out;
 }
 
 void usage(FILE* out) {
@@ -86,27 +85,24 @@ int cmd_plugins(int argc, char** argv) {
   for (const auto& p : reg.plugins()) rows.push_back({p, p->available(device_array.data(), device_array.size())});
 
   if (json) {
-    std::printf("[");
-    bool first = true;
+    Json list = Json::array();
     for (const auto& r : rows) {
       const auto& p = *r.plugin;
-      std::printf(
-          "%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
-          "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
-          "\"available\": %s, \"reason\": %s, \"path\": %s}",
-          first ? "" : ",", json_quote(p.name()).c_str(), json_quote(p.version()).c_str(),
-          json_quote(p.vendor()).c_str(), json_quote(p.description()).c_str(), json_quote(p.abi_version()).c_str(),
-          json_list(device_kinds_string(p.device_kinds())).c_str(), json_list(modes_string(p.modes())).c_str(),
-          p.concurrent_execution_safe() ? "true" : "false", r.availability.available ? "true" : "false",
-          json_quote(r.availability.reason).c_str(), json_quote(p.path()).c_str());
-      first = false;
+      list.push_back({{"loaded", true},
+                      {"name", p.name()},
+                      {"version", p.version()},
+                      {"vendor", p.vendor()},
+                      {"description", p.description()},
+                      {"abi_version", p.abi_version()},
+                      {"device_kinds", json_list(device_kinds_string(p.device_kinds()))},
+                      {"modes", json_list(modes_string(p.modes()))},
+                      {"concurrent_execution_safe", p.concurrent_execution_safe()},
+                      {"available", r.availability.available},
+                      {"reason", r.availability.reason},
+                      {"path", p.path()}});
     }
-    for (const auto& f : reg.failures()) {
-      std::printf("%s\n  {\"loaded\": false, \"path\": %s, \"error\": %s}", first ? "" : ",",
-                  json_quote(f.path).c_str(), json_quote(f.message).c_str());
-      first = false;
-    }
-    std::printf("%s]\n", first ? "" : "\n");
+    for (const auto& f : reg.failures()) list.push_back({{"loaded", false}, {"path", f.path}, {"error", f.message}});
+    std::printf("%s\n", json_text(list, 2).c_str());
     return 0;
   }
 

@@ -17,6 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/internal/json_text.h"
+
 namespace kiln::conformance {
 
 namespace fs = std::filesystem;
@@ -150,19 +152,6 @@ std::string self_exe() {
   return ec ? std::string() : p.string();
 }
 
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'n') {
-      out += '\n';
-      ++i;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 std::string first_line(const std::string& s) {
   const size_t nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);
@@ -196,8 +185,11 @@ CaseReport finish(const std::string& name, const Running& r, int status, bool ti
   std::string line, result, last_progress, skip;
   std::vector<std::string> failures, notes;
   while (std::getline(in, line)) {
-    const size_t sp = line.find(' ');
-    const std::string kind = line.substr(0, sp), text = sp == std::string::npos ? "" : unescape(line.substr(sp + 1));
+    // A line cut short (the case was killed while writing it) is not JSON: it is skipped.
+    const Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!entry.is_object() || !entry.value("kind", Json()).is_string() || !entry.value("text", Json()).is_string())
+      continue;
+    const auto kind = entry["kind"].get<std::string>(), text = entry["text"].get<std::string>();
     if (kind == "progress") last_progress = text;
     else if (kind == "note") notes.push_back(text);
     else if (kind == "failure") failures.push_back(text);
@@ -374,19 +366,18 @@ int run_suite(const RunnerOptions& o, const std::vector<std::string>& cases) {
       std::fprintf(stderr, "kiln conformance: cannot write %s\n", o.json.c_str());
       return 2;
     }
-    j << "{\n  \"plugin\": \"" << json_escape(plugin) << "\",\n  \"device\": \"" << o.device
-      << "\",\n  \"seed\": " << seed << ",\n  \"passed\": " << counts[0] << ",\n  \"failed\": " << counts[1]
-      << ",\n  \"skipped\": " << counts[2] << ",\n  \"crashed\": " << counts[3] << ",\n  \"hung\": " << counts[4]
-      << ",\n  \"total\": " << reports.size() << ",\n  \"seconds\": " << total << ",\n  \"cases\": [";
-    for (size_t i = 0; i < reports.size(); ++i) {
-      const auto& r = reports[i];
-      j << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(r.name) << "\", \"result\": \""
-        << to_string(r.outcome) << "\", \"seconds\": " << r.seconds << ", \"message\": \"" << json_escape(r.message)
-        << "\", \"details\": [";
-      for (size_t d = 0; d < r.details.size(); ++d) j << (d ? ", " : "") << "\"" << json_escape(r.details[d]) << "\"";
-      j << "]}";
-    }
-    j << "\n  ]\n}\n";
+    Json cases = Json::array();
+    for (const auto& r : reports)
+      cases.push_back({{"name", r.name},
+                       {"result", to_string(r.outcome)},
+                       {"seconds", r.seconds},
+                       {"message", r.message},
+                       {"details", r.details}});
+    const Json report = {{"plugin", plugin},     {"device", o.device},  {"seed", seed},
+                         {"passed", counts[0]},  {"failed", counts[1]}, {"skipped", counts[2]},
+                         {"crashed", counts[3]}, {"hung", counts[4]},   {"total", reports.size()},
+                         {"seconds", total},     {"cases", cases}};
+    j << json_text(report, 2) << "\n";
   }
   if (temp_logs && !bad) {
     std::error_code ec;

@@ -8,8 +8,6 @@
 // writes the JSON report.
 #pragma once
 
-#include "kiln/internal/json_text.h"
-
 #include <string>
 #include <vector>
 
@@ -50,7 +48,5 @@ bool filter_matches(const std::string& filter, const std::string& name);
 // Runs the cases (all registered gtest cases matching the filter) and prints the table; returns
 // the exit code: 0 when nothing failed, crashed or hung, 1 otherwise, 2 for a setup error.
 int run_suite(const RunnerOptions& options, const std::vector<std::string>& cases);
-
-using kiln::json_escape;
 
 }  // namespace kiln::conformance
