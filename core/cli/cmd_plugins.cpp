@@ -1,13 +1,13 @@
 // `kiln plugins [--json] [--dir DIR]...`: every plugin file found, what it is, and whether it can run
 // on this machine (and why not); every file that failed to load, with the reason.
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
+#include "kiln/internal/command_line.h"
 #include "kiln/internal/host_services.h"
 #include "kiln/internal/json_text.h"
 #include "kiln/internal/plugin_registry.h"
@@ -30,45 +30,24 @@ Json json_list(const std::string& comma_separated) {
   return out;
 }
 
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n\n"
-               "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
-               "kiln's own plugin folder, with availability on this machine, and every file that failed to load.\n"
-               "  --json              a JSON array, one object per file\n"
-               "  --dir DIR           search DIR first (repeatable)\n"
-               "  --no-default-dirs   only the --dir directories\n");
-}
-
 }  // namespace
 
 int cmd_plugins(int argc, char** argv) {
-  bool json = false, default_dirs = true;
+  bool json = false, no_default_dirs = false;
   PluginSearchOptions search;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--dir" && i + 1 < argc) {
-      search.dirs.push_back(argv[++i]);
-    } else if (a.rfind("--dir=", 0) == 0) {
-      search.dirs.push_back(a.substr(6));
-    } else if (a == "--no-default-dirs") {
-      default_dirs = false;
-      search.use_builtin = false;
-    } else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "kiln plugins: unknown argument '%s'\n\n", a.c_str());
-      usage(stderr);
-      return 2;
-    }
-  }
+  CLI::App app;
+  setup_command(app, "kiln plugins", "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]",
+                "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
+                "kiln's own plugin folder, with availability on this machine, and every file that failed to load.");
+  app.add_flag("--json", json, "a JSON array, one object per file");
+  app.add_option("--dir", search.dirs, "search DIR first (repeatable)")->option_text("DIR")->allow_extra_args(false);
+  app.add_flag("--no-default-dirs", no_default_dirs, "only the --dir directories");
+  if (auto status = parse_command_line(app, argc, argv, "argument")) return *status;
+  if (no_default_dirs) search.use_builtin = false;
 
   TrainingArguments args;
-  args.apply_env();  // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
-  if (default_dirs)  // after the --dir directories
+  args.apply_env();      // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
+  if (!no_default_dirs)  // after the --dir directories
     search.dirs.insert(search.dirs.end(), args.runtime.plugin_dirs.begin(), args.runtime.plugin_dirs.end());
   auto host = HostServices::basic(args);
   PluginRegistry reg = PluginRegistry::load(search, host);

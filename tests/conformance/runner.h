@@ -8,6 +8,7 @@
 // writes the JSON report.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,10 +38,10 @@ struct RunnerOptions {
   bool list_only = false;
 };
 
-// Parses `kiln conformance` arguments (argv[0] is the command name). Returns false and fills
-// `error` on a usage error; `help` is set for --help.
-bool parse_runner_args(int argc, char** argv, RunnerOptions& out, std::string& error, bool& help);
-std::string runner_usage();
+// Parses `kiln conformance` arguments (argv[0] is the command name) into `out`. Returns nothing
+// when the suite is to run, else the exit status: 0 after --help (printed), 2 after a usage error
+// (said on stderr).
+std::optional<int> parse_runner_args(int argc, char** argv, RunnerOptions& out);
 
 // Whether `name` ("Suite.Case") passes a gtest-style filter.
 bool filter_matches(const std::string& filter, const std::string& name);

@@ -141,10 +141,21 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
       << r.out;
 }
 
+// A misspelt option is a usage error (exit 2) on one line that names it, offers the nearest option
+// and points at --help; nothing is listed.
 TEST(PluginsCommand, RejectsUnknownArgumentsWithUsage) {
   testing::internal::CaptureStderr();
   Result r = run({"--jsn"});
   std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(r.rc, 2);
-  EXPECT_EQ(err.rfind("kiln plugins: unknown argument '--jsn'\n", 0), 0u) << err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_EQ(err, "kiln plugins: unknown argument '--jsn'; did you mean '--json'? (see kiln plugins --help)\n");
+}
+
+TEST(PluginsCommand, HelpListsEveryOption) {
+  Result r = run({"--help"});
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out.rfind("usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n", 0), 0u) << r.out;
+  for (const char* option : {"--json", "--dir DIR", "--no-default-dirs", "search DIR first (repeatable)"})
+    EXPECT_NE(r.out.find(option), std::string::npos) << option << " in\n" << r.out;
 }
