@@ -114,8 +114,8 @@ std::string display_number(double d, int digits = 4) {
 }
 
 // A metric as JSON: a whole number as an integer (step 10, not 10.0, as the file has always had it),
-// any other as the shortest text that reads back as it (0.1, not 0.10000000000000001), and one that
-// is not finite as null (nlohmann writes NaN and infinities so).
+// any other with just the digits that read back as it (0.1, not 0.10000000000000001; nlohmann's
+// Grisu2), and one that is not finite as null (nlohmann writes NaN and infinities so).
 Json json_number(double d) {
   if (std::isfinite(d) && d == std::trunc(d) && std::abs(d) < 1e15) return static_cast<int64_t>(d);
   return d;

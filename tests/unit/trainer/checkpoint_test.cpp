@@ -80,7 +80,7 @@ std::vector<std::string> read_lines(const fs::path& p) {
 }
 
 // The metrics file's lines, each one JSON object, as key -> the value's text (equal text: equal
-// bits, the file writes the shortest text that reads back; "null" for a number that is not finite).
+// bits, the file writes text that reads back exactly; "null" for a number that is not finite).
 std::vector<std::map<std::string, std::string>> read_metrics(const std::string& dir) {
   std::vector<std::map<std::string, std::string>> out;
   for (const auto& line : read_lines(fs::path(dir) / "metrics.jsonl")) {
