@@ -34,6 +34,20 @@ find_package(tomlplusplus REQUIRED)
 find_package(Boost 1.74 REQUIRED)  # headers only: Boost.DLL, on std::filesystem
 find_package(dlpack REQUIRED)
 find_package(Threads REQUIRED)
+# Header-only, from Debian, nothing to load at run time: CLI11 parses the `kiln` command lines and
+# nlohmann/json writes and reads every JSON document kiln has (docs/dependencies.md). Their CMake
+# packages live in /usr/share/cmake; on the GPU machine, in the prefix scripts/device-build unpacks.
+find_package(CLI11 2 CONFIG QUIET)
+if(NOT CLI11_FOUND)
+  message(FATAL_ERROR "kiln: CLI11 2.x not found (no CLI11Config.cmake): install the Debian package libcli11-dev "
+                      "(scripts/setup does), or pass -DCLI11_DIR=<directory holding CLI11Config.cmake>")
+endif()
+find_package(nlohmann_json 3 CONFIG QUIET)
+if(NOT nlohmann_json_FOUND)
+  message(FATAL_ERROR "kiln: nlohmann/json 3.x not found (no nlohmann_jsonConfig.cmake): install the Debian package "
+                      "nlohmann-json3-dev (scripts/setup does), or pass -Dnlohmann_json_DIR=<directory holding "
+                      "nlohmann_jsonConfig.cmake>")
+endif()
 if(KILN_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

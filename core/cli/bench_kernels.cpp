@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <set>
@@ -23,8 +24,6 @@
 #include <c10/core/DeviceType.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
-
-#include "kiln/internal/json_text.h"
 
 #if __has_include(<kineto/ActivityType.h>)
 #include <kineto/ActivityType.h>
@@ -250,33 +249,43 @@ KernelSummary summarize_cpu(const ProfileCapture& c, size_t top_n) {
   return s;
 }
 
-std::string summary_json(const KernelSummary& s, bool cuda) {
-  std::string j = "{\"ok\": " + std::string(s.ok ? "true" : "false") + ", \"note\": " + json_quote(s.note) +
-                  ", \"windowed\": " + (s.windowed ? "true" : "false") + ", \"steps\": " + std::to_string(s.steps);
+double rounded(double v, int decimals) {
+  char buf[512];  // %f of the largest double: 309 digits
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return std::strtod(buf, nullptr);
+}
+
+double significant(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*e", digits - 1, v);
+  return std::strtod(buf, nullptr);
+}
+
+Json summary_json(const KernelSummary& s, bool cuda) {
+  Json j = {{"ok", s.ok}, {"note", s.note}, {"windowed", s.windowed}, {"steps", s.steps}};
   if (cuda) {
-    j += ", \"kernels_per_step\": " + fmt("%.2f", s.kernels_per_step) +
-         ", \"copies_per_step\": " + fmt("%.2f", s.copies_per_step) +
-         ", \"generated_kernels_per_step\": " + fmt("%.2f", s.generated_per_step) +
-         ", \"kiln_runtime_kernels_per_step\": " + fmt("%.2f", s.kiln_runtime_per_step) +
-         ", \"gpu_busy_us_per_step\": " + fmt("%.3f", s.busy_us_per_step) +
-         ", \"kernel_us_per_step\": " + fmt("%.3f", s.kernel_us_per_step) +
-         ", \"generated_us_per_step\": " + fmt("%.3f", s.generated_us_per_step) +
-         ", \"kiln_runtime_us_per_step\": " + fmt("%.3f", s.kiln_runtime_us_per_step) +
-         ", \"generated_share\": " + fmt("%.4f", s.generated_share) +
-         ", \"launch_calls_per_step\": " + fmt("%.2f", s.launch_calls_per_step) +
-         ", \"graph_launches_per_step\": " + fmt("%.2f", s.graph_launches_per_step);
+    j["kernels_per_step"] = rounded(s.kernels_per_step, 2);
+    j["copies_per_step"] = rounded(s.copies_per_step, 2);
+    j["generated_kernels_per_step"] = rounded(s.generated_per_step, 2);
+    j["kiln_runtime_kernels_per_step"] = rounded(s.kiln_runtime_per_step, 2);
+    j["gpu_busy_us_per_step"] = rounded(s.busy_us_per_step, 3);
+    j["kernel_us_per_step"] = rounded(s.kernel_us_per_step, 3);
+    j["generated_us_per_step"] = rounded(s.generated_us_per_step, 3);
+    j["kiln_runtime_us_per_step"] = rounded(s.kiln_runtime_us_per_step, 3);
+    j["generated_share"] = rounded(s.generated_share, 4);
+    j["launch_calls_per_step"] = rounded(s.launch_calls_per_step, 2);
+    j["graph_launches_per_step"] = rounded(s.graph_launches_per_step, 2);
   } else {
-    j += ", \"op_calls_per_step\": " + fmt("%.2f", s.kernels_per_step) +
-         ", \"op_us_per_step\": " + fmt("%.3f", s.kernel_us_per_step);
+    j["op_calls_per_step"] = rounded(s.kernels_per_step, 2);
+    j["op_us_per_step"] = rounded(s.kernel_us_per_step, 3);
   }
-  j += ", \"top\": [";
-  for (size_t i = 0; i < s.top.size(); ++i) {
-    const auto& t = s.top[i];
-    j += std::string(i ? ", " : "") + "{\"name\": " + json_quote(t.name) +
-         ", \"origin\": " + json_quote(origin_name(t.origin)) + ", \"per_step\": " + fmt("%.2f", t.per_step) +
-         ", \"us_per_step\": " + fmt("%.3f", t.us_per_step) + "}";
-  }
-  return j + "]}";
+  j["top"] = Json::array();
+  for (const auto& t : s.top)
+    j["top"].push_back({{"name", t.name},
+                        {"origin", origin_name(t.origin)},
+                        {"per_step", rounded(t.per_step, 2)},
+                        {"us_per_step", rounded(t.us_per_step, 3)}});
+  return j;
 }
 
 ProfileCapture profile_steps(const std::function<void()>& step, bool cuda, int lead_in, int steps) {

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "kiln/internal/json_text.h"
+
 namespace kiln::cli {
 
 // Where a kernel comes from, by its name.
@@ -90,7 +92,12 @@ std::vector<ProfiledActivity> outermost(std::vector<ProfiledActivity> calls);
 // Host API calls that launch device work: "kernel", "graph" or "" (not a launch).
 const char* launch_kind(const std::string& api_name);
 
-// The JSON object of a summary (no trailing newline).
-std::string summary_json(const KernelSummary& s, bool cuda);
+// The JSON object of a summary.
+Json summary_json(const KernelSummary& s, bool cuda);
+
+// `v` as printf's "%.<decimals>f" and "%.<digits - 1>e" round it: the JSON reports carry the digits a
+// measurement has (0.01, not 0.010000000000000009). Not finite stays so (JSON null).
+double rounded(double v, int decimals);
+double significant(double v, int digits);
 
 }  // namespace kiln::cli

@@ -18,14 +18,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,62 +36,13 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
-#include "kiln/internal/json_text.h"
+#include "kiln/internal/command_line.h"
 #include "kiln/workloads.h"
 
 namespace kiln::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void usage(FILE* out) {
-  std::fprintf(
-      out,
-      "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
-      "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
-      "[--trace] [--interleave] [--kernels] [--json]\n\n"
-      "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
-      "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
-      "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.\n\n"
-      "  --backend B     backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)\n"
-      "  --mode M        default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs\n"
-      "  --device D      cpu (default) or cuda\n"
-      "  --plugin-dir D  also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)\n"
-      "  --steps N       steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)\n"
-      "  --batch N       batch size (default: the workload's size for the device)\n"
-      "  --optimizer O   sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
-      "                  optimizer's)\n"
-      "  --dtype D       f32 (no autocast) or bf16 (bf16 autocast on the device; parameters and optimizer\n"
-      "                  stay float32) instead of the workload's own (gpt on CUDA: bf16; else f32)\n"
-      "  --check         also compare losses and final parameters; exit 1 beyond tolerance (and beyond ten\n"
-      "                  times LibTorch eager's own spread from weights one ulp away), or when a step\n"
-      "                  ran eagerly, or the backend's claimed groups failed to compile or all fell back\n"
-      "  --check-grads   --check, and the last step's gradients too\n"
-      "  --tolerance X   relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
-      "                  backend runs generated kernels (inductor); bf16 autocast 1e-2)\n"
-      "  --attention A   on CUDA, the attention kernels both sides may use: math, flash, efficient, cudnn or\n"
-      "                  all (LibTorch's own choice). Default: math under --check (deterministic, so eager\n"
-      "                  matches itself), else all. With another under --check, the fast kernels a real\n"
-      "                  step runs are checked against the noise floor\n"
-      "  --trace         print both losses of every step on stderr (how a difference starts and grows)\n"
-      "  --interleave    run eager and kiln steps in turn (fairer on a machine whose load changes)\n"
-      "  --kernels       after the timed steps (and --check), profile 5 more steady-state steps of each side\n"
-      "                  with LibTorch's profiler (Kineto) and report, on CUDA: kernels per step, eager and\n"
-      "                  kiln, with memcpy/memset and the host's launch calls (one cudaGraphLaunch per\n"
-      "                  replayed CUDA graph; its kernels are counted one by one), GPU busy time per step,\n"
-      "                  the share of the kernels' time in kiln's generated kernels (named kiln_k<N>) and\n"
-      "                  the longest kernels. On the CPU kiln's generated kernels are plain functions the\n"
-      "                  profiler does not see: it reports ATen operator calls per step (outermost) and\n"
-      "                  their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
-      "                  CUDA) it says so and the rest of the report stands. Profiling slows the steps:\n"
-      "                  its times are not the ms/step above\n"
-      "  --json          one JSON object on stdout\n");
-}
-
-// A command line that cannot run: the message names the flag and the value. Exit status 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // ---- Parse ----
 
@@ -111,65 +61,90 @@ struct BenchOptions {
   bool check = false, check_grads = false, json = false, interleave = false, trace = false, kernels = false;
 };
 
-int64_t parse_integer(const std::string& flag, const std::string& text, int64_t at_least) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end || errno == ERANGE) throw UsageError(flag + " '" + text + "' is not an integer");
-  if (v < at_least) throw UsageError(flag + " '" + text + "' must be at least " + std::to_string(at_least));
-  return v;
-}
-
-double parse_non_negative(const std::string& flag, const std::string& text) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end || errno == ERANGE || !(v >= 0) || std::isinf(v))
-    throw UsageError(flag + " '" + text + "' is not a non-negative number");
-  return v;
-}
-
-// Returns false for --help (usage printed). Throws UsageError.
-bool parse(int argc, char** argv, BenchOptions& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UsageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--backend") o.backend = value();
-    else if (a == "--mode") o.mode = value();
-    else if (a == "--device") o.device = value();
-    else if (a == "--plugin-dir") o.plugin_dirs.push_back(value());
-    else if (a == "--steps") o.steps = static_cast<int>(parse_integer(a, value(), 4));
-    else if (a == "--batch") o.batch = parse_integer(a, value(), 1);
-    else if (a == "--optimizer") o.optimizer = value();
-    else if (a == "--dtype") o.dtype = value();
-    else if (a == "--tolerance") o.tolerance = parse_non_negative(a, value());
-    else if (a == "--attention") o.attention = value();
-    else if (a == "--check") o.check = true;
-    else if (a == "--check-grads") o.check = o.check_grads = true;
-    else if (a == "--trace") o.trace = true;
-    else if (a == "--interleave") o.interleave = true;
-    else if (a == "--kernels") o.kernels = true;
-    else if (a == "--json") o.json = true;
-    else if (a == "--help" || a == "-h") return false;
-    else if (!a.empty() && a[0] != '-' && o.workload.empty()) o.workload = a;
-    else throw UsageError("unknown option '" + a + "'");
-  }
-  if (o.workload.empty()) throw UsageError("which workload? (mlp, cnn, gpt)");
+// Fills `o` from the command line. Returns nothing when the benchmark is to run, else the exit
+// status (0 after --help, 2 after a usage error, said on stderr).
+std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
+  CLI::App app;
+  setup_command(
+      app, "kiln bench",
+      "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
+      "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
+      "[--trace] [--interleave] [--kernels] [--json]",
+      "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
+      "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
+      "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.");
+  app.add_option("workload", o.workload, "mlp, cnn or gpt")->type_name("WORKLOAD");
+  app.add_option("--backend", o.backend,
+                 "backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)")
+      ->type_name("B");
+  app.add_option("--mode", o.mode, "default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs")
+      ->type_name("M");
+  app.add_option("--device", o.device, "cpu (default) or cuda")->type_name("D");
+  app.add_option("--plugin-dir", o.plugin_dirs,
+                 "also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)")
+      ->option_text("D")
+      ->allow_extra_args(false);
+  app.add_option("--steps", o.steps,
+                 "steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)")
+      ->type_name("N")
+      ->transform(integer<int>(4));
+  app.add_option("--batch", o.batch, "batch size (default: the workload's size for the device)")
+      ->type_name("N")
+      ->transform(integer<int64_t>(1));
+  app.add_option("--optimizer", o.optimizer,
+                 "sgd or adamw instead of the workload's own (to tell a model's effect from an\n"
+                 "optimizer's)")
+      ->type_name("O");
+  app.add_option("--dtype", o.dtype,
+                 "f32 (no autocast) or bf16 (bf16 autocast on the device; parameters and optimizer\n"
+                 "stay float32) instead of the workload's own (gpt on CUDA: bf16; else f32)")
+      ->type_name("D");
+  app.add_flag("--check", o.check,
+               "also compare losses and final parameters; exit 1 beyond tolerance (and beyond ten\n"
+               "times LibTorch eager's own spread from weights one ulp away), or when a step\n"
+               "ran eagerly, or the backend's claimed groups failed to compile or all fell back");
+  app.add_flag("--check-grads", o.check_grads, "--check, and the last step's gradients too");
+  app.add_option("--tolerance", o.tolerance,
+                 "relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
+                 "backend runs generated kernels (inductor); bf16 autocast 1e-2)")
+      ->type_name("X")
+      ->transform(non_negative_number());
+  app.add_option("--attention", o.attention,
+                 "on CUDA, the attention kernels both sides may use: math, flash, efficient, cudnn or\n"
+                 "all (LibTorch's own choice). Default: math under --check (deterministic, so eager\n"
+                 "matches itself), else all. With another under --check, the fast kernels a real\n"
+                 "step runs are checked against the noise floor")
+      ->type_name("A");
+  app.add_flag("--trace", o.trace, "print both losses of every step on stderr (how a difference starts and grows)");
+  app.add_flag("--interleave", o.interleave,
+               "run eager and kiln steps in turn (fairer on a machine whose load changes)");
+  app.add_flag("--kernels", o.kernels,
+               "after the timed steps (and --check), profile 5 more steady-state steps of each side\n"
+               "with LibTorch's profiler (Kineto) and report, on CUDA: kernels per step, eager and\n"
+               "kiln, with memcpy/memset and the host's launch calls (one cudaGraphLaunch per\n"
+               "replayed CUDA graph; its kernels are counted one by one), GPU busy time per step,\n"
+               "the share of the kernels' time in kiln's generated kernels (named kiln_k<N>) and\n"
+               "the longest kernels. On the CPU kiln's generated kernels are plain functions the\n"
+               "profiler does not see: it reports ATen operator calls per step (outermost) and\n"
+               "their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
+               "CUDA) it says so and the rest of the report stands. Profiling slows the steps:\n"
+               "its times are not the ms/step above");
+  app.add_flag("--json", o.json, "one JSON object on stdout");
+  if (auto status = parse_command_line(app, argc, argv)) return status;
+  o.check = o.check || o.check_grads;
+  if (o.workload.empty()) return usage_error(app, "which workload? (mlp, cnn, gpt)");
   const auto& names = workload_names();
   if (std::find(names.begin(), names.end(), o.workload) == names.end())
-    throw UsageError("unknown workload '" + o.workload + "'; valid workloads: mlp, cnn, gpt");
-  if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device '" + o.device + "': use cpu or cuda");
+    return usage_error(app, "unknown workload '" + o.workload + "'; valid workloads: mlp, cnn, gpt");
+  if (o.device != "cpu" && o.device != "cuda") return usage_error(app, "--device '" + o.device + "': use cpu or cuda");
+  if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
+    return usage_error(app, "--optimizer '" + o.optimizer + "': use sgd or adamw");
   if (!o.attention.empty() && o.attention != "math" && o.attention != "flash" && o.attention != "efficient" &&
       o.attention != "cudnn" && o.attention != "all")
-    throw UsageError("--attention '" + o.attention + "': use math, flash, efficient, cudnn or all");
-  if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
-    throw UsageError("--optimizer '" + o.optimizer + "': use sgd or adamw");
+    return usage_error(app, "--attention '" + o.attention + "': use math, flash, efficient, cudnn or all");
   if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16")
-    throw UsageError("--dtype '" + o.dtype + "': use f32 or bf16");
-  return true;
+    return usage_error(app, "--dtype '" + o.dtype + "': use f32 or bf16");
+  return std::nullopt;
 }
 
 // ---- Run ----
@@ -560,46 +535,61 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
                 const KernelReport* k) {
   const Timing t = timing(r);
   const auto& st = r.stats;
-  std::printf(
-      "{\"workload\": %s, \"device\": %s, \"autocast_bf16\": %s, \"steps\": %d, \"backend_requested\": %s, "
-      "\"backend_selected\": %s, \"backend_reasons\": %s, \"runs_on\": %s, \"mode\": %s, "
-      "\"eager_ms\": %.4f, \"kiln_ms\": %.4f, \"ratio\": %.4f, \"kiln_first_step_s\": %.4f, "
-      "\"compiled_steps\": %d, \"compiles\": %d, \"rebuilds\": %d, "
-      "\"captured_nodes\": {\"forward\": %d, \"backward\": %d, \"optimizer\": %d}, \"compiled_nodes\": %zu, "
-      "\"backend_nodes\": %zu, \"backend_groups\": %zu, \"claimed_groups\": %zu, ",
-      json_quote(o.workload).c_str(), json_quote(o.device).c_str(), r.kiln_w->autocast_bf16 ? "true" : "false", o.steps,
-      json_quote(r.requested).c_str(), json_quote(r.chosen).c_str(), json_quote(r.why).c_str(),
-      json_quote(u.runs_on).c_str(), json_quote(o.mode).c_str(), t.eager_ms, t.kiln_ms, t.eager_ms / t.kiln_ms,
-      t.first_s, st.compiled_steps, st.compiles, st.rebuilds, r.phase_nodes[0], r.phase_nodes[1], r.phase_nodes[2],
-      r.compiled_nodes, u.nodes_run, u.groups_run, u.groups);
-  std::printf("\"fallback_groups\": [");
-  for (size_t i = 0; i < u.fell_back.size(); ++i) {
-    const auto& g = u.fell_back[i];
-    std::printf("%s{\"nodes\": %zu, \"first_op\": %s, \"declined\": %s, \"reason\": %s}", i ? ", " : "", g.nodes,
-                json_quote(g.first_op).c_str(), g.declined ? "true" : "false", json_quote(g.reason).c_str());
-  }
-  std::printf(
-      "], \"fallback\": %s, \"graphs_recorded\": %d, \"graph_replays\": %d, \"graph_skip\": %s, "
-      "\"eager_peak_mb\": %.1f, \"kiln_peak_mb\": %.1f, \"probe_ms_per_step\": %.4f, \"adopted_writebacks\": %lld, "
-      "\"eager_page_faults_per_step\": %.0f, \"kiln_page_faults_per_step\": %.0f",
-      json_quote(u.fallback).c_str(), st.graphs_recorded, st.graph_replays, json_quote(st.last_graph_skip).c_str(),
-      r.eager.peak_mb, r.kiln.peak_mb, t.probe_ms, static_cast<long long>(st.adopted_writebacks),
-      r.eager.faults_per_step, r.kiln.faults_per_step);
+  Json j = {{"workload", o.workload},
+            {"device", o.device},
+            {"autocast_bf16", r.kiln_w->autocast_bf16},
+            {"steps", o.steps},
+            {"backend_requested", r.requested},
+            {"backend_selected", r.chosen},
+            {"backend_reasons", r.why},
+            {"runs_on", u.runs_on},
+            {"mode", o.mode},
+            {"eager_ms", rounded(t.eager_ms, 4)},
+            {"kiln_ms", rounded(t.kiln_ms, 4)},
+            {"ratio", rounded(t.eager_ms / t.kiln_ms, 4)},
+            {"kiln_first_step_s", rounded(t.first_s, 4)},
+            {"compiled_steps", st.compiled_steps},
+            {"compiles", st.compiles},
+            {"rebuilds", st.rebuilds},
+            {"captured_nodes",
+             {{"forward", r.phase_nodes[0]}, {"backward", r.phase_nodes[1]}, {"optimizer", r.phase_nodes[2]}}},
+            {"compiled_nodes", r.compiled_nodes},
+            {"backend_nodes", u.nodes_run},
+            {"backend_groups", u.groups_run},
+            {"claimed_groups", u.groups}};
+  j["fallback_groups"] = Json::array();
+  for (const auto& g : u.fell_back)
+    j["fallback_groups"].push_back(
+        {{"nodes", g.nodes}, {"first_op", g.first_op}, {"declined", g.declined}, {"reason", g.reason}});
+  j["fallback"] = u.fallback;
+  j["graphs_recorded"] = st.graphs_recorded;
+  j["graph_replays"] = st.graph_replays;
+  j["graph_skip"] = st.last_graph_skip;
+  j["eager_peak_mb"] = rounded(r.eager.peak_mb, 1);
+  j["kiln_peak_mb"] = rounded(r.kiln.peak_mb, 1);
+  j["probe_ms_per_step"] = rounded(t.probe_ms, 4);
+  j["adopted_writebacks"] = static_cast<int64_t>(st.adopted_writebacks);
+  j["eager_page_faults_per_step"] = rounded(r.eager.faults_per_step, 0);
+  j["kiln_page_faults_per_step"] = rounded(r.kiln.faults_per_step, 0);
   if (c)
-    std::printf(
-        ", \"check\": {\"ok\": %s, \"failure\": %s, \"tolerance\": %g, \"max_loss_rel_err\": %.3e, "
-        "\"max_param_rel_err\": %.3e, \"worst_param\": %s, \"first_loss_diff_step\": %d, "
-        "\"loss_noise_floor\": %.3e, \"param_noise_floor\": %.3e}",
-        c->ok ? "true" : "false", json_quote(c->failure).c_str(), c->tolerance, c->worst_loss, c->worst_param,
-        json_quote(c->worst_param_name).c_str(), c->first_loss_diff, c->worst_loss_floor, c->worst_param_floor);
+    j["check"] = {{"ok", c->ok},
+                  {"failure", c->failure},
+                  {"tolerance", significant(c->tolerance, 6)},
+                  {"max_loss_rel_err", significant(c->worst_loss, 4)},
+                  {"max_param_rel_err", significant(c->worst_param, 4)},
+                  {"worst_param", c->worst_param_name},
+                  {"first_loss_diff_step", c->first_loss_diff},
+                  {"loss_noise_floor", significant(c->worst_loss_floor, 4)},
+                  {"param_noise_floor", significant(c->worst_param_floor, 4)}};
   if (k)
-    std::printf(
-        ", \"kernels\": {\"ok\": %s, \"reason\": %s, \"unit\": %s, \"profiled_steps\": %d, "
-        "\"kiln_eager_steps\": %d, \"eager\": %s, \"kiln\": %s}",
-        k->ok ? "true" : "false", json_quote(k->reason).c_str(), k->cuda ? "\"cuda_kernels\"" : "\"aten_ops\"",
-        kKernelSteps, k->kiln_eager_steps, summary_json(k->eager, k->cuda).c_str(),
-        summary_json(k->kiln, k->cuda).c_str());
-  std::printf("}\n");
+    j["kernels"] = {{"ok", k->ok},
+                    {"reason", k->reason},
+                    {"unit", k->cuda ? "cuda_kernels" : "aten_ops"},
+                    {"profiled_steps", kKernelSteps},
+                    {"kiln_eager_steps", k->kiln_eager_steps},
+                    {"eager", summary_json(k->eager, k->cuda)},
+                    {"kiln", summary_json(k->kiln, k->cuda)}};
+  std::printf("%s\n", json_text(j).c_str());
 }
 
 std::string shorten(const std::string& name, size_t n = 100) {
@@ -702,15 +692,7 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
 
 int cmd_bench(int argc, char** argv) {
   BenchOptions o;
-  try {
-    if (!parse(argc, argv, o)) {
-      usage(stdout);
-      return 0;
-    }
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "kiln bench: %s (see kiln bench --help)\n", e.what());
-    return 2;
-  }
+  if (auto status = parse(argc, argv, o)) return *status;
   if (o.device == "cuda" && !torch::cuda::is_available()) {
     std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
     return 1;

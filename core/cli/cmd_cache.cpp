@@ -2,7 +2,6 @@
 // The cache directory is TrainingArguments' cache_dir (default ~/.cache/kiln, KILN_CACHE_DIR wins).
 // Each backend keeps its own subfolder (inductor: <dir>/inductor, see docs/backends/inductor.md).
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -10,21 +9,13 @@
 
 #include "commands.h"
 #include "kiln/config.h"
+#include "kiln/internal/command_line.h"
 
 namespace kiln::cli {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: kiln cache ls [--dir DIR]\n"
-               "       kiln cache clear [--dir DIR]\n\n"
-               "ls lists each backend's cache entries (key, files, bytes, whether the entry is complete);\n"
-               "clear removes every backend folder of the cache. DIR defaults to KILN_CACHE_DIR or\n"
-               "~/.cache/kiln.\n");
-}
 
 struct Entry {
   uintmax_t bytes = 0;
@@ -34,27 +25,23 @@ struct Entry {
 }  // namespace
 
 int cmd_cache(int argc, char** argv) {
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string action = argv[1];
-  TrainingArguments args;
-  args.apply_env();
-  std::string dir = args.runtime.cache_dir;
-  for (int i = 2; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) {
-      dir = argv[++i];
-    } else {
-      std::fprintf(stderr, "kiln cache: unknown argument '%s'\n", argv[i]);
-      usage(stderr);
-      return 2;
-    }
-  }
+  std::string action, dir;
+  CLI::App app;
+  setup_command(app, "kiln cache", "usage: kiln cache ls [--dir DIR]\n       kiln cache clear [--dir DIR]",
+                "ls lists each backend's cache entries (key, files, bytes, whether the entry is complete);\n"
+                "clear removes every backend folder of the cache.");
+  app.add_option("action", action, "ls or clear")->type_name("");
+  app.add_option("--dir", dir, "the cache directory (default: KILN_CACHE_DIR, else ~/.cache/kiln)")->type_name("DIR");
+  if (auto status = parse_command_line(app, argc, argv, "argument")) return *status;
+  if (action.empty()) return usage_error(app, "which action? (ls or clear)");
   if (action != "ls" && action != "clear") {
-    std::fprintf(stderr, "kiln cache: unknown action '%s'\n", action.c_str());
-    usage(stderr);
-    return 2;
+    const auto near = nearest_name(action, {"ls", "clear"});
+    return usage_error(app, "unknown action '" + action + "'" + (near ? "; did you mean '" + *near + "'?" : ""));
+  }
+  if (dir.empty()) {
+    TrainingArguments args;
+    args.apply_env();
+    dir = args.runtime.cache_dir;
   }
   std::error_code ec;
   if (!fs::exists(dir, ec)) {

@@ -1,15 +1,15 @@
 // `kiln plugins [--json] [--dir DIR]...`: every plugin file found, what it is, and whether it can run
 // on this machine (and why not); every file that failed to load, with the reason.
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
-#include "kiln/internal/json_text.h"
+#include "kiln/internal/command_line.h"
 #include "kiln/internal/host_services.h"
+#include "kiln/internal/json_text.h"
 #include "kiln/internal/plugin_registry.h"
 #include "kiln/internal/selection.h"
 
@@ -17,59 +17,37 @@ namespace kiln::cli {
 
 namespace {
 
-std::string json_list(const std::string& comma_separated) {
-  std::string out = "[";
+// "cpu,cuda" as ["cpu", "cuda"].
+Json json_list(const std::string& comma_separated) {
+  Json out = Json::array();
   size_t start = 0;
-  bool first = true;
   while (start < comma_separated.size()) {
     size_t end = comma_separated.find(',', start);
     if (end == std::string::npos) end = comma_separated.size();
-    out += (first ? "" : ", ") + json_quote(comma_separated.substr(start, end - start));
-    first = false;
+    out.push_back(comma_separated.substr(start, end - start));
     start = end + 1;
   }
-  return out + "]";
-}
-
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n\n"
-               "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
-               "kiln's own plugin folder, with availability on this machine, and every file that failed to load.\n"
-               "  --json              a JSON array, one object per file\n"
-               "  --dir DIR           search DIR first (repeatable)\n"
-               "  --no-default-dirs   only the --dir directories\n");
+  return out;
 }
 
 }  // namespace
 
 int cmd_plugins(int argc, char** argv) {
-  bool json = false, default_dirs = true;
+  bool json = false, no_default_dirs = false;
   PluginSearchOptions search;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-    } else if (a == "--dir" && i + 1 < argc) {
-      search.dirs.push_back(argv[++i]);
-    } else if (a.rfind("--dir=", 0) == 0) {
-      search.dirs.push_back(a.substr(6));
-    } else if (a == "--no-default-dirs") {
-      default_dirs = false;
-      search.use_builtin = false;
-    } else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "kiln plugins: unknown argument '%s'\n\n", a.c_str());
-      usage(stderr);
-      return 2;
-    }
-  }
+  CLI::App app;
+  setup_command(app, "kiln plugins", "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]",
+                "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
+                "kiln's own plugin folder, with availability on this machine, and every file that failed to load.");
+  app.add_flag("--json", json, "a JSON array, one object per file");
+  app.add_option("--dir", search.dirs, "search DIR first (repeatable)")->option_text("DIR")->allow_extra_args(false);
+  app.add_flag("--no-default-dirs", no_default_dirs, "only the --dir directories");
+  if (auto status = parse_command_line(app, argc, argv, "argument")) return *status;
+  if (no_default_dirs) search.use_builtin = false;
 
   TrainingArguments args;
-  args.apply_env();  // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
-  if (default_dirs)  // after the --dir directories
+  args.apply_env();      // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
+  if (!no_default_dirs)  // after the --dir directories
     search.dirs.insert(search.dirs.end(), args.runtime.plugin_dirs.begin(), args.runtime.plugin_dirs.end());
   auto host = HostServices::basic(args);
   PluginRegistry reg = PluginRegistry::load(search, host);
@@ -86,27 +64,24 @@ int cmd_plugins(int argc, char** argv) {
   for (const auto& p : reg.plugins()) rows.push_back({p, p->available(device_array.data(), device_array.size())});
 
   if (json) {
-    std::printf("[");
-    bool first = true;
+    Json list = Json::array();
     for (const auto& r : rows) {
       const auto& p = *r.plugin;
-      std::printf(
-          "%s\n  {\"loaded\": true, \"name\": %s, \"version\": %s, \"vendor\": %s, \"description\": %s, "
-          "\"abi_version\": %s, \"device_kinds\": %s, \"modes\": %s, \"concurrent_execution_safe\": %s, "
-          "\"available\": %s, \"reason\": %s, \"path\": %s}",
-          first ? "" : ",", json_quote(p.name()).c_str(), json_quote(p.version()).c_str(),
-          json_quote(p.vendor()).c_str(), json_quote(p.description()).c_str(), json_quote(p.abi_version()).c_str(),
-          json_list(device_kinds_string(p.device_kinds())).c_str(), json_list(modes_string(p.modes())).c_str(),
-          p.concurrent_execution_safe() ? "true" : "false", r.availability.available ? "true" : "false",
-          json_quote(r.availability.reason).c_str(), json_quote(p.path()).c_str());
-      first = false;
+      list.push_back({{"loaded", true},
+                      {"name", p.name()},
+                      {"version", p.version()},
+                      {"vendor", p.vendor()},
+                      {"description", p.description()},
+                      {"abi_version", p.abi_version()},
+                      {"device_kinds", json_list(device_kinds_string(p.device_kinds()))},
+                      {"modes", json_list(modes_string(p.modes()))},
+                      {"concurrent_execution_safe", p.concurrent_execution_safe()},
+                      {"available", r.availability.available},
+                      {"reason", r.availability.reason},
+                      {"path", p.path()}});
     }
-    for (const auto& f : reg.failures()) {
-      std::printf("%s\n  {\"loaded\": false, \"path\": %s, \"error\": %s}", first ? "" : ",",
-                  json_quote(f.path).c_str(), json_quote(f.message).c_str());
-      first = false;
-    }
-    std::printf("%s]\n", first ? "" : "\n");
+    for (const auto& f : reg.failures()) list.push_back({{"loaded", false}, {"path", f.path}, {"error", f.message}});
+    std::printf("%s\n", json_text(list, 2).c_str());
     return 0;
   }
 

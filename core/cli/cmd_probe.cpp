@@ -1,66 +1,43 @@
 // `kiln probe [--json] [--explain] [--sysfs-root DIR] [--plugins-dir DIR]... [--backend NAME]`:
 // the devices found, the backend kiln would use on them, and why.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "kiln/config.h"
 #include "kiln/hardware_probe.h"
+#include "kiln/internal/command_line.h"
 #include "kiln/internal/host_services.h"
-#include "kiln/log.h"
 #include "kiln/internal/plugin_registry.h"
 #include "kiln/internal/selection.h"
+#include "kiln/log.h"
 
 namespace kiln::cli {
-
-namespace {
-
-void usage(FILE* out) {
-  std::fprintf(out,
-               "usage: kiln probe [--json] [--explain] [--sysfs-root DIR] [--plugins-dir DIR]... "
-               "[--backend NAME]\n\n"
-               "Shows the devices of this machine and the backend kiln picks for them, with why.\n\n"
-               "  --json            one JSON object: devices, default_backend, reasons, plugins, warnings\n"
-               "  --explain         every reason, the plugins found and whether each can run here\n"
-               "  --sysfs-root DIR  describe the machine in DIR instead of this one (also KILN_SYSFS_ROOT,\n"
-               "                    the probe's test seam); see docs/hardware-probe.md for the layout\n"
-               "  --plugins-dir DIR look for plugins only in DIR (repeatable); default: KILN_PLUGIN_PATH,\n"
-               "                    then the install's plugin folder\n"
-               "  --backend NAME    check a named backend instead of \"auto\" (default: KILN_BACKEND or auto)\n");
-}
-
-}  // namespace
 
 int cmd_probe(int argc, char** argv) {
   bool json = false, explain = false;
   std::string root, backend;
   std::vector<std::string> plugin_dirs;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* opt) -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "kiln probe: %s needs a value\n", opt);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--json") json = true;
-    else if (a == "--explain") explain = true;
-    else if (a == "--sysfs-root") root = value("--sysfs-root");
-    else if (a == "--plugins-dir") plugin_dirs.push_back(value("--plugins-dir"));
-    else if (a == "--backend") backend = value("--backend");
-    else if (a == "--help" || a == "-h") {
-      usage(stdout);
-      return 0;
-    } else {
-      std::fprintf(stderr, "kiln probe: unknown option '%s'\n\n", a.c_str());
-      usage(stderr);
-      return 2;
-    }
-  }
+  CLI::App app;
+  setup_command(app, "kiln probe",
+                "usage: kiln probe [--json] [--explain] [--sysfs-root DIR] [--plugins-dir DIR]... [--backend NAME]",
+                "Shows the devices of this machine and the backend kiln picks for them, with why.");
+  app.add_flag("--json", json, "one JSON object: devices, default_backend, reasons, plugins, warnings");
+  app.add_flag("--explain", explain, "every reason, the plugins found and whether each can run here");
+  app.add_option("--sysfs-root", root,
+                 "describe the machine in DIR instead of this one (also KILN_SYSFS_ROOT,\n"
+                 "the probe's test seam); see docs/hardware-probe.md for the layout")
+      ->type_name("DIR");
+  app.add_option("--plugins-dir", plugin_dirs,
+                 "look for plugins only in DIR (repeatable); default: KILN_PLUGIN_PATH,\n"
+                 "then the install's plugin folder")
+      ->option_text("DIR")
+      ->allow_extra_args(false);
+  app.add_option("--backend", backend, "check a named backend instead of \"auto\" (default: KILN_BACKEND or auto)")
+      ->type_name("NAME");
+  if (auto status = parse_command_line(app, argc, argv)) return *status;
+
   // The report already says what the info log would; keep the terminal to one account of it
   // unless KILN_LOG_LEVEL asks for more.
   TrainingArguments args;

@@ -19,6 +19,7 @@
 
 #include "kiln/config.h"
 #include "kiln/internal/executor.h"
+#include "kiln/internal/json_text.h"
 #include "kiln/hardware_probe.h"
 #include "kiln/internal/partition.h"
 #include "kiln/internal/partitioned_executor.h"
@@ -51,12 +52,8 @@ void append_result_line(const std::string& kind, const std::string& text) {
   if (settings().result_file.empty()) return;
   FILE* f = std::fopen(settings().result_file.c_str(), "a");
   if (!f) return;
-  std::string line;
-  for (char c : text) {
-    if (c == '\n') line += "\\n";
-    else if (c != '\r') line += c;
-  }
-  std::fprintf(f, "%s %s\n", kind.c_str(), line.c_str());
+  const std::string line = json_text(Json{{"kind", kind}, {"text", text}}) + "\n";
+  std::fwrite(line.data(), 1, line.size(), f);  // the whole line in one write
   std::fclose(f);
 }
 

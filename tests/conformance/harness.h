@@ -37,12 +37,13 @@ struct Settings {
 };
 const Settings& settings();
 
-// Appends "progress <what>" to the result file (flushed): the last line names what was running
+// Appends a "progress" line to the result file (flushed): the last one names what was running
 // when a case crashed or hung.
 void progress(const std::string& what);
-// Appends "note <text>": what a passing case wants shown (the last note is its table message).
+// Appends a "note" line: what a passing case wants shown (the last note is its table message).
 void note(const std::string& text);
-// Appends "<kind> <text>" with newlines escaped (the listener's failures and skip reasons).
+// Appends {"kind": kind, "text": text} as one JSON line (the listener's failures, skip reason and
+// result too): any text, newlines and all, reads back as it was written.
 void append_result_line(const std::string& kind, const std::string& text);
 
 // ---- Through kiln's loader ----

@@ -72,16 +72,7 @@ int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--case") == 0) return run_case(argv[2]);
 
   RunnerOptions options;
-  std::string error;
-  bool help = false;
-  if (!parse_runner_args(argc, argv, options, error, help)) {
-    std::fprintf(stderr, "kiln conformance: %s\n\n%s", error.c_str(), runner_usage().c_str());
-    return 2;
-  }
-  if (help) {
-    std::printf("%s", runner_usage().c_str());
-    return 0;
-  }
+  if (auto status = parse_runner_args(argc, argv, options)) return *status;
   int one = 1;
   char* prog[] = {argv[0], nullptr};
   ::testing::InitGoogleTest(&one, prog);

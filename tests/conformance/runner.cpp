@@ -17,6 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include "kiln/internal/command_line.h"
+#include "kiln/internal/json_text.h"
+
 namespace kiln::conformance {
 
 namespace fs = std::filesystem;
@@ -32,100 +35,44 @@ const char* to_string(Outcome o) {
   return "?";
 }
 
-std::string runner_usage() {
-  return "usage: kiln conformance PLUGIN.so [--json FILE] [--filter PATTERN] [--device cpu|cuda]\n"
-         "                        [--timeout SECONDS] [--jobs N] [--seed N] [--steps N] [--log-dir DIR] [--list]\n"
-         "\n"
-         "Runs the plugin conformance suite against one backend plugin file. Every case runs in its own\n"
-         "process; a crash or a hang is reported for that case and the suite goes on. Exit status: 0 when\n"
-         "every case that applies passes, 1 when any failed, crashed or hung, 2 on a usage error.\n"
-         "Matching numbers are not enough: a whole-step case (Workload.*) fails when none of the plugin's\n"
-         "code ran (it declined every group it claimed) or a claimed group failed to compile.\n"
-         "\n"
-         "  --json FILE        also write the report as JSON\n"
-         "  --filter PATTERN   cases to run, gtest style: 'ABI.*:Numeric.Matmul-ABI.LoadUnload*'\n"
-         "  --device KIND      the device the numeric and use cases compile for (default cpu)\n"
-         "  --timeout SECONDS  time limit per case (default 120; whole-step cases get 4x)\n"
-         "  --jobs N           cases run at once (default 1)\n"
-         "  --seed N           seed of the random inputs (default: a fresh one, printed)\n"
-         "  --steps N          training steps the whole-step cases compare (default 3)\n"
-         "  --log-dir DIR      keep each case's output in DIR/<case>.log\n"
-         "  --list             list the cases and exit\n"
-         "\n"
-         "The plugin's options come from KILN_PLUGIN_OPTIONS, as everywhere in kiln, e.g.\n"
-         "  KILN_PLUGIN_OPTIONS=inductor.cuda=false kiln conformance libkiln_inductor.so --device cuda\n"
-         "\n"
-         "docs/conformance.md says what each case proves and how to read a failure.\n";
-}
-
-bool parse_runner_args(int argc, char** argv, RunnerOptions& o, std::string& error, bool& help) {
-  help = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* what) -> const char* {
-      if (i + 1 >= argc) {
-        error = a + " needs " + what;
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    const char* v = nullptr;
-    if (a == "--help" || a == "-h") {
-      help = true;
-      return true;
-    } else if (a == "--json") {
-      if (!(v = value("a file"))) return false;
-      o.json = v;
-    } else if (a == "--filter") {
-      if (!(v = value("a pattern"))) return false;
-      o.filter = v;
-    } else if (a == "--device") {
-      if (!(v = value("cpu or cuda"))) return false;
-      o.device = v;
-      if (o.device != "cpu" && o.device != "cuda") {
-        error = "--device must be cpu or cuda, not '" + o.device + "'";
-        return false;
-      }
-    } else if (a == "--timeout") {
-      if (!(v = value("seconds"))) return false;
-      o.timeout_s = std::atof(v);
-      if (o.timeout_s <= 0) {
-        error = "--timeout must be a positive number of seconds";
-        return false;
-      }
-    } else if (a == "--jobs") {
-      if (!(v = value("a count"))) return false;
-      o.jobs = std::atoi(v);
-      if (o.jobs < 1) {
-        error = "--jobs must be at least 1";
-        return false;
-      }
-    } else if (a == "--seed") {
-      if (!(v = value("a number"))) return false;
-      o.seed = std::strtoull(v, nullptr, 10);
-    } else if (a == "--steps") {
-      if (!(v = value("a count"))) return false;
-      o.steps = std::max(1, std::atoi(v));
-    } else if (a == "--log-dir") {
-      if (!(v = value("a directory"))) return false;
-      o.log_dir = v;
-    } else if (a == "--list") {
-      o.list_only = true;
-    } else if (!a.empty() && a[0] == '-') {
-      error = "unknown option " + a;
-      return false;
-    } else if (o.plugin.empty()) {
-      o.plugin = a;
-    } else {
-      error = "one plugin file at a time (got '" + o.plugin + "' and '" + a + "')";
-      return false;
-    }
-  }
-  if (o.plugin.empty() && !o.list_only) {
-    error = "which plugin? give the path of its .so";
-    return false;
-  }
-  return true;
+std::optional<int> parse_runner_args(int argc, char** argv, RunnerOptions& o) {
+  CLI::App app;
+  cli::setup_command(
+      app, "kiln conformance",
+      "usage: kiln conformance PLUGIN.so [--json FILE] [--filter PATTERN] [--device cpu|cuda]\n"
+      "                        [--timeout SECONDS] [--jobs N] [--seed N] [--steps N] [--log-dir DIR] [--list]",
+      "Runs the plugin conformance suite against one backend plugin file. Every case runs in its own\n"
+      "process; a crash or a hang is reported for that case and the suite goes on. Exit status: 0 when\n"
+      "every case that applies passes, 1 when any failed, crashed or hung, 2 on a usage error.\n"
+      "Matching numbers are not enough: a whole-step case (Workload.*) fails when none of the plugin's\n"
+      "code ran (it declined every group it claimed) or a claimed group failed to compile.");
+  app.footer(
+      "The plugin's options come from KILN_PLUGIN_OPTIONS, as everywhere in kiln, e.g.\n"
+      "  KILN_PLUGIN_OPTIONS=inductor.cuda=false kiln conformance libkiln_inductor.so --device cuda\n"
+      "\n"
+      "docs/conformance.md says what each case proves and how to read a failure.");
+  app.add_option("plugin", o.plugin, "the backend plugin file to check")->type_name("PLUGIN.so");
+  app.add_option("--json", o.json, "also write the report as JSON")->type_name("FILE");
+  app.add_option("--filter", o.filter, "cases to run, gtest style: 'ABI.*:Numeric.Matmul-ABI.LoadUnload*'")
+      ->type_name("PATTERN");
+  app.add_option("--device", o.device, "the device the numeric and use cases compile for (default cpu)")
+      ->type_name("KIND")
+      ->check(CLI::IsMember({"cpu", "cuda"}).description(""));
+  app.add_option("--timeout", o.timeout_s, "time limit per case (default 120; whole-step cases get 4x)")
+      ->type_name("SECONDS")
+      ->transform(cli::positive_number());
+  app.add_option("--jobs", o.jobs, "cases run at once (default 1)")->type_name("N")->transform(cli::integer<int>(1));
+  app.add_option("--seed", o.seed, "seed of the random inputs (default: a fresh one, printed)")
+      ->type_name("N")
+      ->transform(cli::integer<unsigned long long>());
+  app.add_option("--steps", o.steps, "training steps the whole-step cases compare (default 3)")
+      ->type_name("N")
+      ->transform(cli::integer<int>(1));
+  app.add_option("--log-dir", o.log_dir, "keep each case's output in DIR/<case>.log")->type_name("DIR");
+  app.add_flag("--list", o.list_only, "list the cases and exit");
+  if (auto status = cli::parse_command_line(app, argc, argv)) return status;
+  if (o.plugin.empty() && !o.list_only) return cli::usage_error(app, "which plugin? give the path of its .so");
+  return std::nullopt;
 }
 
 bool filter_matches(const std::string& filter, const std::string& name) {
@@ -148,19 +95,6 @@ std::string self_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
   return ec ? std::string() : p.string();
-}
-
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'n') {
-      out += '\n';
-      ++i;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
 }
 
 std::string first_line(const std::string& s) {
@@ -196,8 +130,11 @@ CaseReport finish(const std::string& name, const Running& r, int status, bool ti
   std::string line, result, last_progress, skip;
   std::vector<std::string> failures, notes;
   while (std::getline(in, line)) {
-    const size_t sp = line.find(' ');
-    const std::string kind = line.substr(0, sp), text = sp == std::string::npos ? "" : unescape(line.substr(sp + 1));
+    // A line cut short (the case was killed while writing it) is not JSON: it is skipped.
+    const Json entry = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!entry.is_object() || !entry.value("kind", Json()).is_string() || !entry.value("text", Json()).is_string())
+      continue;
+    const auto kind = entry["kind"].get<std::string>(), text = entry["text"].get<std::string>();
     if (kind == "progress") last_progress = text;
     else if (kind == "note") notes.push_back(text);
     else if (kind == "failure") failures.push_back(text);
@@ -374,19 +311,18 @@ int run_suite(const RunnerOptions& o, const std::vector<std::string>& cases) {
       std::fprintf(stderr, "kiln conformance: cannot write %s\n", o.json.c_str());
       return 2;
     }
-    j << "{\n  \"plugin\": \"" << json_escape(plugin) << "\",\n  \"device\": \"" << o.device
-      << "\",\n  \"seed\": " << seed << ",\n  \"passed\": " << counts[0] << ",\n  \"failed\": " << counts[1]
-      << ",\n  \"skipped\": " << counts[2] << ",\n  \"crashed\": " << counts[3] << ",\n  \"hung\": " << counts[4]
-      << ",\n  \"total\": " << reports.size() << ",\n  \"seconds\": " << total << ",\n  \"cases\": [";
-    for (size_t i = 0; i < reports.size(); ++i) {
-      const auto& r = reports[i];
-      j << (i ? ",\n" : "\n") << "    {\"name\": \"" << json_escape(r.name) << "\", \"result\": \""
-        << to_string(r.outcome) << "\", \"seconds\": " << r.seconds << ", \"message\": \"" << json_escape(r.message)
-        << "\", \"details\": [";
-      for (size_t d = 0; d < r.details.size(); ++d) j << (d ? ", " : "") << "\"" << json_escape(r.details[d]) << "\"";
-      j << "]}";
-    }
-    j << "\n  ]\n}\n";
+    Json cases = Json::array();
+    for (const auto& r : reports)
+      cases.push_back({{"name", r.name},
+                       {"result", to_string(r.outcome)},
+                       {"seconds", r.seconds},
+                       {"message", r.message},
+                       {"details", r.details}});
+    const Json report = {{"plugin", plugin},     {"device", o.device},  {"seed", seed},
+                         {"passed", counts[0]},  {"failed", counts[1]}, {"skipped", counts[2]},
+                         {"crashed", counts[3]}, {"hung", counts[4]},   {"total", reports.size()},
+                         {"seconds", total},     {"cases", cases}};
+    j << json_text(report, 2) << "\n";
   }
   if (temp_logs && !bad) {
     std::error_code ec;

@@ -8,8 +8,7 @@
 // writes the JSON report.
 #pragma once
 
-#include "kiln/internal/json_text.h"
-
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +38,10 @@ struct RunnerOptions {
   bool list_only = false;
 };
 
-// Parses `kiln conformance` arguments (argv[0] is the command name). Returns false and fills
-// `error` on a usage error; `help` is set for --help.
-bool parse_runner_args(int argc, char** argv, RunnerOptions& out, std::string& error, bool& help);
-std::string runner_usage();
+// Parses `kiln conformance` arguments (argv[0] is the command name) into `out`. Returns nothing
+// when the suite is to run, else the exit status: 0 after --help (printed), 2 after a usage error
+// (said on stderr).
+std::optional<int> parse_runner_args(int argc, char** argv, RunnerOptions& out);
 
 // Whether `name` ("Suite.Case") passes a gtest-style filter.
 bool filter_matches(const std::string& filter, const std::string& name);
@@ -50,7 +49,5 @@ bool filter_matches(const std::string& filter, const std::string& name);
 // Runs the cases (all registered gtest cases matching the filter) and prints the table; returns
 // the exit code: 0 when nothing failed, crashed or hung, 1 otherwise, 2 for a setup error.
 int run_suite(const RunnerOptions& options, const std::vector<std::string>& cases);
-
-using kiln::json_escape;
 
 }  // namespace kiln::conformance

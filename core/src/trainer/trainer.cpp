@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>
@@ -105,7 +104,6 @@ double schedule_factor(const std::string& type, int64_t step, int64_t warmup, in
   throw std::invalid_argument("kiln::Trainer: unknown lr_scheduler_type '" + type + "'");
 }
 
-// The shortest text that reads back as `d` (0.1, not 0.10000000000000001).
 // A number for people (log lines, the progress line): `digits` significant digits, shortest form
 // ("0.5", "3.277", "0.002991"). The metrics file keeps every digit (json_number).
 std::string display_number(double d, int digits = 4) {
@@ -115,15 +113,12 @@ std::string display_number(double d, int digits = 4) {
   return buf;
 }
 
-std::string json_number(double d) {
-  if (!std::isfinite(d)) return "null";
-  if (d == std::trunc(d) && std::abs(d) < 1e15) return std::to_string(static_cast<int64_t>(d));  // 10, not 1e+01
-  for (int precision = 1;; ++precision) {
-    std::ostringstream os;
-    os.precision(precision);
-    os << d;
-    if (precision >= 17 || std::strtod(os.str().c_str(), nullptr) == d) return os.str();
-  }
+// A metric as JSON: a whole number as an integer (step 10, not 10.0, as the file has always had it),
+// any other with just the digits that read back as it (0.1, not 0.10000000000000001; nlohmann's
+// Grisu2), and one that is not finite as null (nlohmann writes NaN and infinities so).
+Json json_number(double d) {
+  if (std::isfinite(d) && d == std::trunc(d) && std::abs(d) < 1e15) return static_cast<int64_t>(d);
+  return d;
 }
 
 // Seconds for people: 0.38, 12.4, 301.
@@ -133,12 +128,11 @@ std::string seconds_text(double s) {
   return buf;
 }
 
-// {"k": v, ...} in the given order.
+// One metrics line: {"k": v, ...} in the given order, on one line (JSON Lines).
 std::string json_line(const std::vector<std::pair<std::string, double>>& fields) {
-  std::string out = "{";
-  for (size_t i = 0; i < fields.size(); ++i)
-    out += (i ? ", " : "") + json_quote(fields[i].first) + ": " + json_number(fields[i].second);
-  return out + "}";
+  Json j = Json::object();
+  for (const auto& [k, v] : fields) j[k] = json_number(v);
+  return json_text(j);
 }
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -221,25 +215,26 @@ bool optimizer_state_tensors(const torch::optim::OptimizerParamState& st, std::v
 // trainer_state.json: Hugging Face's TrainerState fields, and where in the data kiln's loop is.
 std::string trainer_state_json(const checkpoint::LoopState& loop, const TrainingArguments& a, int64_t max_steps,
                                int64_t epochs, int64_t eval_steps, int64_t steps_per_epoch) {
-  std::ostringstream o;
-  o << "{\n"
-    << "  \"global_step\": " << loop.global_step << ",\n"
-    << "  \"epoch\": " << json_number(loop.epoch_progress) << ",\n"
-    << "  \"max_steps\": " << max_steps << ",\n"
-    << "  \"num_train_epochs\": " << epochs << ",\n"
-    << "  \"logging_steps\": " << a.logging_steps << ",\n"
-    << "  \"eval_steps\": " << eval_steps << ",\n"
-    << "  \"save_steps\": " << a.save_steps << ",\n"
-    << "  \"train_batch_size\": " << a.per_device_train_batch_size << ",\n"
-    << "  \"is_world_process_zero\": true,\n"
-    << "  \"log_history\": [";
-  for (size_t i = 0; i < loop.log_history.size(); ++i) o << (i ? ",\n    " : "\n    ") << loop.log_history[i];
-  o << (loop.log_history.empty() ? "],\n" : "\n  ],\n") << "  \"kiln\": {\"epoch_index\": " << loop.epoch
-    << ", \"step_in_epoch\": " << loop.step_in_epoch << ", \"steps_per_epoch\": " << steps_per_epoch
-    << ", \"gradient_accumulation_steps\": " << loop.gradient_accumulation_steps << ", \"seed\": " << loop.seed
-    << ", \"dataset_size\": " << loop.dataset_size << "}\n"
-    << "}\n";
-  return o.str();
+  Json history = Json::array();
+  for (const auto& line : loop.log_history) history.push_back(Json::parse(line));  // json_line's, always JSON
+  const Json j = {{"global_step", loop.global_step},
+                  {"epoch", json_number(loop.epoch_progress)},
+                  {"max_steps", max_steps},
+                  {"num_train_epochs", epochs},
+                  {"logging_steps", a.logging_steps},
+                  {"eval_steps", eval_steps},
+                  {"save_steps", a.save_steps},
+                  {"train_batch_size", a.per_device_train_batch_size},
+                  {"is_world_process_zero", true},
+                  {"log_history", history},
+                  {"kiln",
+                   {{"epoch_index", loop.epoch},
+                    {"step_in_epoch", loop.step_in_epoch},
+                    {"steps_per_epoch", steps_per_epoch},
+                    {"gradient_accumulation_steps", loop.gradient_accumulation_steps},
+                    {"seed", loop.seed},
+                    {"dataset_size", loop.dataset_size}}}};
+  return json_text(j, 2) + "\n";
 }
 
 }  // namespace
@@ -547,7 +542,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   Progress progress(a.disable_tqdm, total_steps, loop.global_step);
   if (!resumed_from.empty())
     progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",
-                           json_number(loop.epoch_progress)));
+                           json_text(json_number(loop.epoch_progress))));
 
   // One optimizer step on `inputs` (micro-batches one after the other, each its inputs then its
   // target): through step()'s compiled step for one micro-batch, the accumulating one for more.

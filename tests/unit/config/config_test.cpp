@@ -1,6 +1,7 @@
 // Configuration: TOML loading in the [runtime]/[debug]/[experimental] layout, the one rule of the
 // environment overrides, Hugging Face semantics, the exact error every bad file must give (file,
 // line, column, key), and that docs/config.md lists exactly the settings the code reads.
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/config.h"
 #include "kiln/internal/json_text.h"
@@ -628,12 +630,47 @@ INSTANTIATE_TEST_SUITE_P(Pages, ConfigDocs, ::testing::Values("config.md", "es/c
                                                            : std::string("Portuguese");
                          });
 
-// The one JSON escaping rule of kiln's command line, reports and conformance runner.
-TEST(JsonText, EscapesQuotesBackslashesAndEveryControlCharacter) {
-  EXPECT_EQ(kiln::json_quote("plain"), "\"plain\"");
-  EXPECT_EQ(kiln::json_escape("a\"b\\c"), "a\\\"b\\\\c");
-  EXPECT_EQ(kiln::json_escape("\n\r\t\b\f"), "\\n\\r\\t\\b\\f");
-  EXPECT_EQ(kiln::json_escape(std::string("\x01\x1f\x7f", 3)), "\\u0001\\u001f\\u007f");
-  EXPECT_EQ(kiln::json_escape(std::string("nul\0end", 7)), "nul\\u0000end");
-  EXPECT_EQ(kiln::json_escape("caf\xc3\xa9"), "caf\xc3\xa9");  // UTF-8 passes through
+// kiln's one way of writing JSON (the command line's --json, metrics.jsonl, trainer_state.json, the
+// conformance report): whatever a string holds, the text parses back to it.
+TEST(JsonText, StringsRoundTripThroughNlohmannParsing) {
+  const std::vector<std::string> strings = {
+      "plain",
+      "a \"quoted\" word",
+      "back\\slash and C:\\path",
+      "\n\r\t\b\f",
+      std::string("nul\0end", 7) + " \x01 \x1f \x7f",
+      "/home/jos\xc3\xa9/caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac/\xf0\x9f\x94\xa5.so",  // UTF-8 paths
+  };
+  kiln::Json doc = kiln::Json::object();
+  for (size_t i = 0; i < strings.size(); ++i) doc["s" + std::to_string(i)] = strings[i];
+  doc["list"] = strings;
+  for (int indent : {-1, 2}) {
+    const std::string text = kiln::json_text(doc, indent);
+    EXPECT_EQ(text.find('\n') == std::string::npos, indent < 0) << text;  // one line, or indented
+    const auto back = nlohmann::json::parse(text);
+    for (size_t i = 0; i < strings.size(); ++i)
+      EXPECT_EQ(back.at("s" + std::to_string(i)).get<std::string>(), strings[i]) << text;
+    EXPECT_EQ(back.at("list").get<std::vector<std::string>>(), strings) << text;
+  }
+  // Non-ASCII is written as it is, not as \u escapes; control characters are escaped.
+  EXPECT_EQ(kiln::json_text("caf\xc3\xa9"), "\"caf\xc3\xa9\"");
+  EXPECT_EQ(kiln::json_text("\x01\n\"\\"), "\"\\u0001\\n\\\"\\\\\"");
+}
+
+// Bytes that are not UTF-8 (a device name from a broken sysfs tree, a path) cannot throw half-way
+// through a report: each becomes U+FFFD and the document stays valid JSON.
+TEST(JsonText, InvalidUtf8BecomesTheReplacementCharacter) {
+  const std::string text = kiln::json_text(kiln::Json{{"name", "bad \xff\xfe bytes"}});
+  EXPECT_EQ(nlohmann::json::parse(text).at("name").get<std::string>(), "bad \xef\xbf\xbd\xef\xbf\xbd bytes") << text;
+}
+
+// Keys stay in the order they were set (the order the docs list them), and a number that is not
+// finite is null, never the "nan" printf would write.
+TEST(JsonText, KeysKeepTheirOrderAndNonFiniteNumbersAreNull) {
+  kiln::Json j = kiln::Json::object();
+  j["workload"] = "mlp";
+  j["device"] = "cpu";
+  j["ratio"] = std::nan("");
+  j["eager_ms"] = 0.1;
+  EXPECT_EQ(kiln::json_text(j), R"({"workload":"mlp","device":"cpu","ratio":null,"eager_ms":0.1})");
 }

@@ -9,15 +9,15 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "../cli_run.h"
 #include "../hardware_probe/fake_machine.h"
-#include "mini_json.h"
 
 namespace {
 
 using kiln::testing::FakeMachine;
-using kiln::testing::Json;
+using Json = nlohmann::json;
 
 using kiln::test::CliRun;
 std::string quote(const std::string& s) { return kiln::test::shell_quote(s); }
@@ -45,21 +45,21 @@ Json probe_json(const FakeMachine& m, const std::string& env = "", const std::st
 
 // Whether one of the report's reasons is exactly `reason` (skipped plugins come in load order).
 bool has_reason(const Json& j, const std::string& reason) {
-  for (const auto& r : j["reasons"].items)
-    if (r.s == reason) return true;
+  for (const auto& r : j["reasons"])
+    if (r.get<std::string>() == reason) return true;
   return false;
 }
 
 std::string reasons_of(const Json& j) {
   std::string s;
-  if (!j.has("reasons")) return "(no reasons)";
-  for (const auto& r : j["reasons"].items) s += "  " + r.s + "\n";
+  if (!j.contains("reasons")) return "(no reasons)";
+  for (const auto& r : j["reasons"]) s += "  " + r.get<std::string>() + "\n";
   return s;
 }
 
 int count_kind(const Json& j, const std::string& kind) {
   int n = 0;
-  for (const auto& d : j["devices"].items) n += d["kind"].s == kind;
+  for (const auto& d : j["devices"]) n += d["kind"].get<std::string>() == kind;
   return n;
 }
 
@@ -68,14 +68,15 @@ TEST(CliProbe, PicksHpuBackendOnEightGaudi2Tree) {
   m.cpu();
   for (int i = 0; i < 8; ++i) m.gaudi(FakeMachine::bus_id(0x19 + i), 0x1020, i);
   Json j = probe_json(m);
-  ASSERT_EQ(j.type, Json::object);
-  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "hpu_backend") << reasons_of(j);
   EXPECT_EQ(count_kind(j, "gaudi"), 8);
-  EXPECT_EQ(j["devices"][1]["pci_bus_id"].s, "0000:19:00.0");
-  EXPECT_EQ(j["reasons"][0].s,
+  EXPECT_EQ(j["devices"][1]["pci_bus_id"].get<std::string>(), "0000:19:00.0");
+  EXPECT_EQ(j["reasons"][0].get<std::string>(),
             "ranked the available backends by the score each gave for 8 × Intel Gaudi2, CPU Intel(R) Xeon(R) "
             "Platinum 8480+: hpu_backend 400, inductor 200, ipex 100");
-  EXPECT_EQ(j["reasons"].items.back().s, "chose hpu_backend: installed and available (fake, serving Intel Gaudi2)");
+  EXPECT_EQ(j["reasons"].back().get<std::string>(),
+            "chose hpu_backend: installed and available (fake, serving Intel Gaudi2)");
 }
 
 TEST(CliProbe, FallsBackFromUnavailableHpuBackendToInductorAndSaysWhy) {
@@ -83,12 +84,12 @@ TEST(CliProbe, FallsBackFromUnavailableHpuBackendToInductorAndSaysWhy) {
   m.cpu();
   for (int i = 0; i < 8; ++i) m.gaudi(FakeMachine::bus_id(0x19 + i), 0x1020, i);
   Json j = probe_json(m, "KILN_FAKE_UNAVAILABLE=hpu_backend");
-  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "inductor") << reasons_of(j);
   EXPECT_TRUE(has_reason(j,
                          "skipped hpu_backend: installed but unavailable here (made unavailable by the test "
                          "(KILN_FAKE_UNAVAILABLE))"))
       << reasons_of(j);
-  EXPECT_EQ(j["runners_up"][0].s, "ipex");
+  EXPECT_EQ(j["runners_up"][0].get<std::string>(), "ipex");
 }
 
 TEST(CliProbe, PicksHpuBackendOnGaudi3Tree) {
@@ -96,8 +97,8 @@ TEST(CliProbe, PicksHpuBackendOnGaudi3Tree) {
   m.cpu();
   m.gaudi("0000:4d:00.0", 0x1060, 0);
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
-  EXPECT_EQ(j["devices"][1]["generation"].s, "Gaudi3");
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "hpu_backend") << reasons_of(j);
+  EXPECT_EQ(j["devices"][1]["generation"].get<std::string>(), "Gaudi3");
 }
 
 TEST(CliProbe, PicksNeuronOnInferentia2Tree) {
@@ -105,8 +106,8 @@ TEST(CliProbe, PicksNeuronOnInferentia2Tree) {
   m.cpu();
   m.neuron("0000:00:1e.0", 0x7264, 0);
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "neuron") << reasons_of(j);
-  EXPECT_EQ(j["devices"][1]["name"].s, "AWS Inferentia2");
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "neuron") << reasons_of(j);
+  EXPECT_EQ(j["devices"][1]["name"].get<std::string>(), "AWS Inferentia2");
 }
 
 TEST(CliProbe, PicksNeuronOnSixteenTrainiumTree) {
@@ -114,9 +115,9 @@ TEST(CliProbe, PicksNeuronOnSixteenTrainiumTree) {
   m.cpu();
   for (int i = 0; i < 16; ++i) m.neuron(FakeMachine::bus_id(0x10 + i, 0x1e), 0x7164, i);
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "neuron") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "neuron") << reasons_of(j);
   EXPECT_EQ(count_kind(j, "neuron"), 16);
-  EXPECT_EQ(j["reasons"][0].s,
+  EXPECT_EQ(j["reasons"][0].get<std::string>(),
             "ranked the available backends by the score each gave for 16 × AWS Trainium, CPU Intel(R) Xeon(R) "
             "Platinum 8480+: neuron 300, inductor 200, ipex 100");
 }
@@ -125,19 +126,19 @@ TEST(CliProbe, PicksNeuronOnTrainium2TreeAndFallsBackWhenUnavailable) {
   FakeMachine m;
   m.cpu();
   m.neuron("0000:a0:1e.0", 0x7364, 0);
-  EXPECT_EQ(probe_json(m)["default_backend"].s, "neuron");
+  EXPECT_EQ(probe_json(m)["default_backend"].get<std::string>(), "neuron");
   Json j = probe_json(m, "KILN_FAKE_UNAVAILABLE=neuron,inductor");
-  EXPECT_EQ(j["default_backend"].s, "ipex") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "ipex") << reasons_of(j);
 }
 
 TEST(CliProbe, PicksInductorOnCpuOnlyTree) {
   FakeMachine m;
   m.cpu();
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "inductor") << reasons_of(j);
   EXPECT_EQ(j["devices"].size(), 1u);
-  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
-  EXPECT_EQ(j["order"][1].s, "ipex");
+  EXPECT_EQ(j["devices"][0]["kind"].get<std::string>(), "cpu");
+  EXPECT_EQ(j["order"][1].get<std::string>(), "ipex");
 }
 
 TEST(CliProbe, PicksInductorOnTwoNvidiaGpuTree) {
@@ -146,12 +147,12 @@ TEST(CliProbe, PicksInductorOnTwoNvidiaGpuTree) {
   m.nvidia_gpu("0000:17:00.0");
   m.nvidia_gpu("0000:65:00.0");
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "inductor") << reasons_of(j);
   ASSERT_EQ(count_kind(j, "cuda"), 2);
-  EXPECT_EQ(j["devices"][1]["name"].s, "NVIDIA H200");
-  EXPECT_EQ(j["devices"][2]["pci_bus_id"].s, "0000:65:00.0");
-  EXPECT_EQ(j["devices"][2]["compute_capability"].s, "9.0");
-  EXPECT_EQ(j["runners_up"][0].s, "cudagraphs");
+  EXPECT_EQ(j["devices"][1]["name"].get<std::string>(), "NVIDIA H200");
+  EXPECT_EQ(j["devices"][2]["pci_bus_id"].get<std::string>(), "0000:65:00.0");
+  EXPECT_EQ(j["devices"][2]["compute_capability"].get<std::string>(), "9.0");
+  EXPECT_EQ(j["runners_up"][0].get<std::string>(), "cudagraphs");
 }
 
 TEST(CliProbe, PicksHpuBackendOnNvidiaPlusGaudiTree) {
@@ -160,7 +161,7 @@ TEST(CliProbe, PicksHpuBackendOnNvidiaPlusGaudiTree) {
   m.nvidia_gpu("0000:17:00.0", 0x2330);
   m.gaudi("0000:33:00.0", 0x1020, 0);
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "hpu_backend") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "hpu_backend") << reasons_of(j);
   EXPECT_EQ(count_kind(j, "cuda"), 1);
   EXPECT_EQ(count_kind(j, "gaudi"), 1);
 }
@@ -173,7 +174,7 @@ TEST(CliProbe, NoPluginsMeansEagerWithTheReason) {
       kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(m.root() + "/empty-plugins"));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
-  EXPECT_EQ(j["default_backend"].s, "eager");
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "eager");
   EXPECT_EQ(j["plugins"].size(), 0u);
 }
 
@@ -207,8 +208,8 @@ TEST(CliProbe, ReadsTheTreeFromKilnSysfsRoot) {
       kiln_cli("probe --json --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR), "KILN_SYSFS_ROOT=" + quote(m.root()));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
-  EXPECT_EQ(j["sysfs_root"].s, m.root());
-  EXPECT_EQ(j["default_backend"].s, "neuron");
+  EXPECT_EQ(j["sysfs_root"].get<std::string>(), m.root());
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "neuron");
 }
 
 TEST(CliProbe, TextOutputIsATableThenTheBackendAndWhy) {
@@ -232,7 +233,7 @@ TEST(CliProbe, MalformedTreeStillAnswersWithWarnings) {
   m.write("/sys/devices/pci0000:00/0000:19:00.0/device", "\xff\xfe");
   m.link("loop", "/sys/bus/pci/devices/loop");
   Json j = probe_json(m);
-  EXPECT_EQ(j["default_backend"].s, "inductor") << reasons_of(j);
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "inductor") << reasons_of(j);
   EXPECT_GE(j["warnings"].size(), 3u);  // no cpuinfo, bad device id, the loop
 }
 
@@ -246,7 +247,7 @@ TEST(CliProbe, InTreeHpuBackendSaysWhyItCannotRunOnAGaudiWithoutSynapse) {
       kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_INTREE_PLUGIN_DIR));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
-  EXPECT_NE(j["default_backend"].s, "hpu_backend");
+  EXPECT_NE(j["default_backend"].get<std::string>(), "hpu_backend");
   EXPECT_NE(reasons_of(j).find("skipped hpu_backend: installed but unavailable here (Intel Gaudi device found, but "
                                "libSynapse.so"),
             std::string::npos)
@@ -257,10 +258,10 @@ TEST(CliProbe, LiveProbeOfThisMachineIsValidJson) {
   CliRun r = kiln_cli("probe --json");
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
-  EXPECT_TRUE(j["live"].b);
-  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
-  EXPECT_GT(j["devices"][0]["threads"].n, 0);
-  EXPECT_FALSE(j["default_backend"].s.empty());
+  EXPECT_TRUE(j["live"].get<bool>());
+  EXPECT_EQ(j["devices"][0]["kind"].get<std::string>(), "cpu");
+  EXPECT_GT(j["devices"][0]["threads"].get<double>(), 0);
+  EXPECT_FALSE(j["default_backend"].get<std::string>().empty());
   EXPECT_GE(j["reasons"].size(), 1u);
 }
 

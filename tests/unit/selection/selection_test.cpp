@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "../hardware_probe/fake_machine.h"
@@ -12,7 +13,6 @@
 #include "kiln/internal/logger.h"
 #include "kiln/internal/plugin_registry.h"
 #include "kiln/internal/selection.h"
-#include "mini_json.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ using kiln::BackendSelectionError;
 using kiln::select_backend;
 using kiln::hw::Device;
 using kiln::hw::DeviceKind;
-using kiln::testing::Json;
+using Json = nlohmann::json;
 
 Device cpu() {
   Device d;
@@ -398,23 +398,24 @@ TEST(ProbeReport, JsonIsValidAndCarriesDevicesBackendAndReasons) {
   auto r = report_for(m, with(all_available(gaudi2_x8()), "hpu_backend", false, "libSynapse.so: \"not found\"\n"));
   Json j = Json::parse(kiln::probe_report_json(r));
   ASSERT_EQ(j["devices"].size(), 9u);
-  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
-  EXPECT_FALSE(j["devices"][0].has("pci_bus_id"));
-  EXPECT_EQ(j["devices"][0]["threads"].n, 16);
-  EXPECT_TRUE(j["devices"][0]["isa"]["avx512f"].b);
-  EXPECT_EQ(j["devices"][3]["kind"].s, "gaudi");
-  EXPECT_EQ(j["devices"][3]["index"].n, 2);
-  EXPECT_EQ(j["devices"][3]["name"].s, "Intel Gaudi2");
-  EXPECT_EQ(j["devices"][3]["pci_bus_id"].s, "0000:1b:00.0");
-  EXPECT_EQ(j["devices"][3]["generation"].s, "Gaudi2");
-  EXPECT_EQ(j["devices"][3]["pci_device_id"].s, "0x1020");
-  EXPECT_EQ(j["devices"][3]["dev_node"].s, "/dev/accel/accel2");
-  EXPECT_EQ(j["default_backend"].s, "inductor");
-  ASSERT_EQ(j["reasons"].type, Json::array);
+  EXPECT_EQ(j["devices"][0]["kind"].get<std::string>(), "cpu");
+  EXPECT_FALSE(j["devices"][0].contains("pci_bus_id"));
+  EXPECT_EQ(j["devices"][0]["threads"].get<double>(), 16);
+  EXPECT_TRUE(j["devices"][0]["isa"]["avx512f"].get<bool>());
+  EXPECT_EQ(j["devices"][3]["kind"].get<std::string>(), "gaudi");
+  EXPECT_EQ(j["devices"][3]["index"].get<double>(), 2);
+  EXPECT_EQ(j["devices"][3]["name"].get<std::string>(), "Intel Gaudi2");
+  EXPECT_EQ(j["devices"][3]["pci_bus_id"].get<std::string>(), "0000:1b:00.0");
+  EXPECT_EQ(j["devices"][3]["generation"].get<std::string>(), "Gaudi2");
+  EXPECT_EQ(j["devices"][3]["pci_device_id"].get<std::string>(), "0x1020");
+  EXPECT_EQ(j["devices"][3]["dev_node"].get<std::string>(), "/dev/accel/accel2");
+  EXPECT_EQ(j["default_backend"].get<std::string>(), "inductor");
+  ASSERT_TRUE(j["reasons"].is_array());
   ASSERT_EQ(j["reasons"].size(), r.choice.reasons.size());
-  EXPECT_EQ(j["reasons"][1].s, "skipped hpu_backend: installed but unavailable here (libSynapse.so: \"not found\"\n)");
+  EXPECT_EQ(j["reasons"][1].get<std::string>(),
+            "skipped hpu_backend: installed but unavailable here (libSynapse.so: \"not found\"\n)");
   EXPECT_EQ(j["plugins"].size(), 5u);
-  EXPECT_FALSE(j["live"].b);
+  EXPECT_FALSE(j["live"].get<bool>());
 }
 
 TEST(ProbeReport, JsonEscapesQuotesControlBytesAndInvalidUtf8) {
@@ -424,7 +425,8 @@ TEST(ProbeReport, JsonEscapesQuotesControlBytesAndInvalidUtf8) {
   m.cpu(spec);
   auto r = report_for(m, all_available(cpu_only()));
   Json j = Json::parse(kiln::probe_report_json(r));
-  EXPECT_EQ(j["devices"][0]["name"].s, "Evil \"CPU\" \\ with\ttab \x01 and \xef\xbf\xbd\xef\xbf\xbd bytes");
+  EXPECT_EQ(j["devices"][0]["name"].get<std::string>(),
+            "Evil \"CPU\" \\ with\ttab \x01 and \xef\xbf\xbd\xef\xbf\xbd bytes");
 }
 
 TEST(ProbeReport, JsonCarriesTheProbesWarnings) {
@@ -435,7 +437,8 @@ TEST(ProbeReport, JsonCarriesTheProbesWarnings) {
   auto r = report_for(m, all_available(cpu_only()));
   Json j = Json::parse(kiln::probe_report_json(r));
   ASSERT_EQ(j["warnings"].size(), 1u);
-  EXPECT_EQ(j["warnings"][0].s, "PCI device 0000:20:00.0: vendor file holds 'zzz\\x0a', not a 16-bit hex id; skipped");
+  EXPECT_EQ(j["warnings"][0].get<std::string>(),
+            "PCI device 0000:20:00.0: vendor file holds 'zzz\\x0a', not a 16-bit hex id; skipped");
 }
 
 TEST(ProbeReport, TextShowsATableThenTheBackendAndWhy) {
@@ -474,12 +477,12 @@ TEST(ProbeReport, ThisMachineWithTheInTreePlugins) {
   const std::string json = kiln::probe_report_json(r);
   std::cout << json;
   Json j = Json::parse(json);
-  EXPECT_EQ(j["devices"][0]["kind"].s, "cpu");
-  EXPECT_EQ(j["default_backend"].s, r.choice.backend);
+  EXPECT_EQ(j["devices"][0]["kind"].get<std::string>(), "cpu");
+  EXPECT_EQ(j["default_backend"].get<std::string>(), r.choice.backend);
   EXPECT_GE(j["reasons"].size(), 2u);
-  for (const auto& d : j["devices"].items) {
-    if (d["kind"].s == "cuda") {
-      EXPECT_FALSE(d["pci_bus_id"].s.empty());
+  for (const auto& d : j["devices"]) {
+    if (d["kind"].get<std::string>() == "cuda") {
+      EXPECT_FALSE(d["pci_bus_id"].get<std::string>().empty());
     }
   }
 }
