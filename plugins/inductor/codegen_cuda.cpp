@@ -217,7 +217,7 @@ class Emitter {
         continue;
       }
       if (in_kernel_.count(x.value) && x.logical_known) continue;  // an earlier stage's register
-      if (x.idx.coef(var) == 0 && x.idx.exprs.empty()) continue;  // the same for every element
+      if (x.idx.coef(var) == 0 && x.idx.exprs.empty()) continue;   // the same for every element
       if (!walks(x.idx)) return none;
       loads.push_back({{x.buf, x.idx.c}, x.ty});
     }

@@ -48,7 +48,7 @@ struct Settings {
   bool extern_kernels = true;
   bool profile = false;
   std::string nvrtc;  // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
-  bool cuda = true;  // generate CUDA kernels; false leaves the nodes on CUDA to ATen
+  bool cuda = true;   // generate CUDA kernels; false leaves the nodes on CUDA to ATen
 };
 
 std::vector<std::string> split_words(const std::string& s) {

@@ -20,8 +20,9 @@ namespace {
 // oneDNN's GELU (the erf form and the tanh form, alone or as a matmul post-op) approximates: in
 // float32 its relative error reaches 7e-5 in the negative tail, where x * Phi(x) is small, against
 // ATen's 1e-7. float32 GELU stays with ATen; in bfloat16 the error is far below the type's own.
-const char* const kFloat32Gelu = "float32 GELU: oneDNN's approximates it (relative error up to 7e-5 where the "
-                                 "result is small); ATen's is exact";
+const char* const kFloat32Gelu =
+    "float32 GELU: oneDNN's approximates it (relative error up to 7e-5 where the "
+    "result is small); ATen's is exact";
 
 bool is_float32(DLDataType t) { return t.code == kDLFloat && t.bits == 32 && t.lanes == 1; }
 

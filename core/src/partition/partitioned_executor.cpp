@@ -135,7 +135,8 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     }
   }
   log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
-                     stats.groups_compiled, " compiled groups", threads > 1 ? c10::str(" (", threads, " compiling at once)") : ""));
+                     stats.groups_compiled, " compiled groups",
+                     threads > 1 ? c10::str(" (", threads, " compiling at once)") : ""));
   return cp;
 }
 

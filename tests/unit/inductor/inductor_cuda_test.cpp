@@ -546,7 +546,8 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
   // words find their buffers unaligned and must take their one-element loop.
   auto shifted = [](const at::Tensor& t) {
     const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
-    at::Tensor moved = at::empty({elements + 1}, t.options()).as_strided(t.sizes(), t.strides(), t.storage_offset() + 1);
+    at::Tensor moved =
+        at::empty({elements + 1}, t.options()).as_strided(t.sizes(), t.strides(), t.storage_offset() + 1);
     return moved.copy_(t);
   };
   for (int trial = 0; trial < 2; ++trial) {
