@@ -6,7 +6,7 @@
 // (samples/char_gpt/train.toml, or --config FILE): 200 steps with a cosine learning-rate schedule,
 // evaluation on the last tenth of the text, metrics.jsonl and checkpoints in the output directory.
 // The flags --steps, --output-dir and --resume override what the file says. The program ends by
-// writing a few lines of text from the trained model.
+// drawing the loss curves into loss.png and writing a few lines of text from the trained model.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +26,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/workloads.h"
+#include "loss_plot.h"
 
 namespace {
 
@@ -66,7 +67,7 @@ int usage(FILE* out) {
                "  --data FILE        the text to learn (default /usr/share/common-licenses/GPL-3)\n"
                "  --steps N          optimizer steps (the file's max_steps)\n"
                "  --device D         cpu (default) or cuda\n"
-               "  --output-dir DIR   metrics.jsonl and checkpoints (the file's output_dir)\n"
+               "  --output-dir DIR   metrics.jsonl, loss.png and checkpoints (the file's output_dir)\n"
                "  --resume           continue from the newest checkpoint in the output directory\n",
                KILN_CHAR_GPT_CONFIG);
   return out == stdout ? 0 : 2;
@@ -145,8 +146,16 @@ int main(int argc, char** argv) try {
       static_cast<long long>(out.global_step), metric("train_runtime"), metric("train_steps_per_second"),
       trainer.compiled() ? "compiled" : "running eagerly (see the log for why)", out.training_loss,
       before.at("eval_loss"), after.at("eval_loss"), std::log(static_cast<double>(alphabet.size())));
-  std::printf("metrics: %s/metrics.jsonl; checkpoints: %s\n", args.output_dir.c_str(),
-              kiln::Trainer::last_checkpoint(args.output_dir).c_str());
+  if (!args.output_dir.empty()) {
+    const std::string metrics = args.output_dir + "/metrics.jsonl";
+    std::printf("metrics: %s; checkpoints: %s\n", metrics.c_str(),
+                kiln::Trainer::last_checkpoint(args.output_dir).c_str());
+    const auto& to = args.report_to;
+    if (std::count(to.begin(), to.end(), "all") + std::count(to.begin(), to.end(), "jsonl") > 0) {
+      loss_plot::write_loss_plot(metrics, args.output_dir + "/loss.png");
+      std::printf("loss curves: %s/loss.png\n", args.output_dir.c_str());
+    }
+  }
 
   // A few lines in the style of the text: sampled one character at a time (temperature 0.8).
   model.module->eval();

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main job, short: with the settings of train.toml (read by default) and --steps 24 over its
 # max_steps, 24 compiled steps on the GPL text make the evaluation loss fall, write the metrics
-# file at the file's logging and evaluation steps and checkpoints; --resume continues from the
-# newest to 32 steps. --config reads another file; a bad key in it, and a missing text file, are
-# errors that name them.
+# file at the file's logging and evaluation steps, checkpoints, and loss.png, which must decode with
+# Python's zlib and show both curves; --resume continues from the newest to 32 steps. --config
+# reads another file; a bad key in it, and a missing text file, are errors that name them.
 #   smoke_test.sh path/to/kiln_char_gpt
 set -uo pipefail
 bin=$1
@@ -24,6 +24,8 @@ logged=$(grep -o '"step": [0-9]*, "epoch": [0-9.e-]*, "loss"' "$dir/run/metrics.
 evaluated=$(grep '"eval_loss"' "$dir/run/metrics.jsonl" | grep -o '"step": [0-9]*' | tr -d '"step: ' | xargs)
 [[ $logged == "5 10 15 20" && $evaluated == "10 20" ]] ||
   fail "loss logged at steps '$logged' and evaluated at '$evaluated', not train.toml's '5 10 15 20' and '10 20'"
+[[ $out == *"loss curves: $dir/run/loss.png"* ]] || fail "no loss.png reported"
+python3 "$here/../loss_plot/check_png.py" "$dir/run/loss.png" 800 500 || fail "loss.png"
 out=$("$bin" --steps 32 --output-dir "$dir/run" --resume 2>&1) || fail "resume: exit $?"
 [[ $out == *"32 steps in"* && -d $dir/run/checkpoint-32 ]] || fail "resume did not reach step 32"
 printf 'torch_compile = true\nmax_steps = 3\nlogging_steps = 1\noutput_dir = "%s"\n' "$dir/other" >"$dir/other.toml"
@@ -35,4 +37,4 @@ out=$("$bin" --config "$dir/bad.toml" 2>&1)
   fail "the bad key is not reported with its file, line and name"
 out=$("$bin" --data "$dir/no-such-text" --steps 2 2>&1)
 [[ $? -eq 1 && $out == *"cannot read the training text $dir/no-such-text"* ]] || fail "missing text not reported"
-echo "char_gpt: evaluation loss $before -> $after in 24 steps; resumed to 32; --config and a bad key checked"
+echo "char_gpt: evaluation loss $before -> $after in 24 steps; resumed to 32; loss.png checked; --config and a bad key checked"
