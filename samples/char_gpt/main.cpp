@@ -1,10 +1,12 @@
 // kiln's main job: a character-level GPT trained on real text through kiln::Trainer::train with the
 // default backend, the way a LibTorch user would write it. The text is a file (--data; by default
 // the GNU GPL version 3, which every Debian system ships in /usr/share/common-licenses), cut into
-// windows of `context` characters whose targets are the same windows one character on. Training
-// runs max_steps optimizer steps with a cosine learning-rate schedule, evaluates on the last tenth
-// of the text, writes metrics.jsonl and checkpoints into --output-dir, and ends by writing a few
-// lines of text from the trained model. --resume continues from the newest checkpoint there.
+// windows of `context` characters whose targets are the same windows one character on. The
+// training's settings come from a TOML file with Hugging Face's TrainingArguments names
+// (samples/char_gpt/train.toml, or --config FILE): 200 steps with a cosine learning-rate schedule,
+// evaluation on the last tenth of the text, metrics.jsonl and checkpoints in the output directory.
+// The flags --steps, --output-dir and --resume override what the file says. The program ends by
+// drawing the loss curves into loss.png and writing a few lines of text from the trained model.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +26,7 @@
 
 #include "kiln/kiln.h"
 #include "kiln/workloads.h"
+#include "loss_plot.h"
 
 namespace {
 
@@ -58,25 +61,29 @@ std::string read_file(const std::string& path) {
 
 int usage(FILE* out) {
   std::fprintf(out,
-               "usage: kiln_char_gpt [--data FILE] [--steps N] [--device cpu|cuda] [--output-dir DIR] [--resume]\n"
+               "usage: kiln_char_gpt [--config FILE] [--data FILE] [--steps N] [--device cpu|cuda] [--output-dir DIR]\n"
+               "                     [--resume]\n"
+               "  --config FILE      the training's settings (default %s)\n"
                "  --data FILE        the text to learn (default /usr/share/common-licenses/GPL-3)\n"
-               "  --steps N          optimizer steps (default 200)\n"
+               "  --steps N          optimizer steps (the file's max_steps)\n"
                "  --device D         cpu (default) or cuda\n"
-               "  --output-dir DIR   metrics.jsonl and checkpoints (default char_gpt_run)\n"
-               "  --resume           continue from the newest checkpoint in the output directory\n");
+               "  --output-dir DIR   metrics.jsonl, loss.png and checkpoints (the file's output_dir)\n"
+               "  --resume           continue from the newest checkpoint in the output directory\n",
+               KILN_CHAR_GPT_CONFIG);
   return out == stdout ? 0 : 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string data = "/usr/share/common-licenses/GPL-3", device = "cpu", output_dir = "char_gpt_run";
-  int64_t steps = 200;
+  std::string config = KILN_CHAR_GPT_CONFIG, data = "/usr/share/common-licenses/GPL-3", device = "cpu", output_dir;
+  int64_t steps = 0;  // 0: the file's
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
-    if (a == "--data" && has_value) data = argv[++i];
+    if (a == "--config" && has_value) config = argv[++i];
+    else if (a == "--data" && has_value) data = argv[++i];
     else if (a == "--steps" && has_value) steps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--device" && has_value) device = argv[++i];
     else if (a == "--output-dir" && has_value) output_dir = argv[++i];
@@ -86,6 +93,12 @@ int main(int argc, char** argv) try {
   }
   const bool cuda = device == "cuda";
   if (!cuda && device != "cpu") return usage(stderr);
+
+  // The file's settings (a bad one is a kiln::ConfigError naming the file, line and key), then the flags.
+  kiln::TrainingArguments args = kiln::TrainingArguments::from_toml(config);
+  if (steps > 0) args.max_steps = steps;
+  if (!output_dir.empty()) args.output_dir = output_dir;
+  if (resume) args.resume_from_checkpoint = "last";
 
   // The text as tokens: one per distinct byte, in byte order.
   const std::string text = read_file(data);
@@ -103,9 +116,9 @@ int main(int argc, char** argv) try {
   const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
   const at::Tensor tokens = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(dev);
   const int64_t n = tokens.size(0), split = n * 9 / 10, context = 64;
-  const int64_t batch = cuda ? 64 : 16;
-  TextWindows train_data(tokens.slice(0, 0, split), context, context / 2, batch);
+  TextWindows train_data(tokens.slice(0, 0, split), context, context / 2, args.per_device_train_batch_size);
   TextWindows eval_data(tokens.slice(0, split, n), context, context, 1);
+  std::printf("config: %s\n", config.c_str());
   std::printf("text: %s, %lld characters, %zu distinct; %zu training and %zu evaluation windows of %lld\n",
               data.c_str(), static_cast<long long>(n), alphabet.size(), train_data.size(), eval_data.size(),
               static_cast<long long>(context));
@@ -118,23 +131,6 @@ int main(int argc, char** argv) try {
   auto loss_fn = [](const at::Tensor& logits, const at::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
   };
-
-  kiln::TrainingArguments args;
-  args.torch_compile = true;  // the default backend for this machine
-  args.output_dir = output_dir;
-  args.max_steps = steps;
-  args.per_device_train_batch_size = batch;
-  args.per_device_eval_batch_size = 32;
-  args.learning_rate = 3e-3;
-  args.lr_scheduler_type = "cosine";
-  args.warmup_steps = std::min<int64_t>(20, steps / 10);
-  args.logging_steps = std::max<int64_t>(1, steps / 10);
-  args.eval_strategy = "steps";
-  args.eval_steps = std::max<int64_t>(1, steps / 3);
-  args.save_steps = std::max<int64_t>(1, steps / 2);
-  args.save_total_limit = 2;
-  args.seed = 1;
-  if (resume) args.resume_from_checkpoint = "last";
 
   kiln::Trainer trainer(model.module, model.forward, optimizer, loss_fn, args);
   std::printf("backend: %s\n", trainer.backend().c_str());
@@ -150,8 +146,16 @@ int main(int argc, char** argv) try {
       static_cast<long long>(out.global_step), metric("train_runtime"), metric("train_steps_per_second"),
       trainer.compiled() ? "compiled" : "running eagerly (see the log for why)", out.training_loss,
       before.at("eval_loss"), after.at("eval_loss"), std::log(static_cast<double>(alphabet.size())));
-  std::printf("metrics: %s/metrics.jsonl; checkpoints: %s\n", output_dir.c_str(),
-              kiln::Trainer::last_checkpoint(output_dir).c_str());
+  if (!args.output_dir.empty()) {
+    const std::string metrics = args.output_dir + "/metrics.jsonl";
+    std::printf("metrics: %s; checkpoints: %s\n", metrics.c_str(),
+                kiln::Trainer::last_checkpoint(args.output_dir).c_str());
+    const auto& to = args.report_to;
+    if (std::count(to.begin(), to.end(), "all") + std::count(to.begin(), to.end(), "jsonl") > 0) {
+      loss_plot::write_loss_plot(metrics, args.output_dir + "/loss.png");
+      std::printf("loss curves: %s/loss.png\n", args.output_dir.c_str());
+    }
+  }
 
   // A few lines in the style of the text: sampled one character at a time (temperature 0.8).
   model.module->eval();
