@@ -1,6 +1,7 @@
 // kiln's main job: a character-level GPT trained on real text through kiln::Trainer::train with the
-// default backend, the way a LibTorch user would write it. The text is a file (--data; by default
-// the GNU GPL version 3, which every Debian system ships in /usr/share/common-licenses), cut into
+// default backend, the way a LibTorch user would write it. The text is a file or a folder of them
+// (--data; by default /usr/share/common-licenses: the licence texts every Debian system ships with
+// its base-files package, about 240 KB of English, which their own terms let anyone copy), cut into
 // windows of `context` characters whose targets are the same windows one character on. The
 // training's settings come from a TOML file with Hugging Face's TrainingArguments names
 // (samples/char_gpt/train.toml, or --config FILE): 200 steps with a cosine learning-rate schedule,
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -59,12 +61,29 @@ std::string read_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// A file, or every regular file of a folder in name order (links skipped: common-licenses' GPL is
+// a link to GPL-3), one after another with a blank line between.
+std::string read_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return read_file(path);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (!e.is_symlink() && e.is_regular_file()) files.push_back(e.path());
+  if (files.empty()) throw std::runtime_error("cannot read the training text " + path + ": no files in it");
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const auto& f : files) text += (text.empty() ? "" : "\n\n") + read_file(f.string());
+  return text;
+}
+
 int usage(FILE* out) {
   std::fprintf(out,
-               "usage: kiln_char_gpt [--config FILE] [--data FILE] [--steps N] [--device cpu|cuda] [--output-dir DIR]\n"
+               "usage: kiln_char_gpt [--config FILE] [--data PATH] [--steps N] [--device cpu|cuda] [--output-dir DIR]\n"
                "                     [--resume]\n"
                "  --config FILE      the training's settings (default %s)\n"
-               "  --data FILE        the text to learn (default /usr/share/common-licenses/GPL-3)\n"
+               "  --data PATH        the text to learn: a file, or a folder whose files are read in name order\n"
+               "                     (default /usr/share/common-licenses, Debian's licence texts)\n"
                "  --steps N          optimizer steps (the file's max_steps)\n"
                "  --device D         cpu (default) or cuda\n"
                "  --output-dir DIR   metrics.jsonl, loss.png and checkpoints (the file's output_dir)\n"
@@ -76,7 +95,7 @@ int usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string config = KILN_CHAR_GPT_CONFIG, data = "/usr/share/common-licenses/GPL-3", device = "cpu", output_dir;
+  std::string config = KILN_CHAR_GPT_CONFIG, data = "/usr/share/common-licenses", device = "cpu", output_dir;
   int64_t steps = 0;  // 0: the file's
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
@@ -101,7 +120,7 @@ int main(int argc, char** argv) try {
   if (resume) args.resume_from_checkpoint = "last";
 
   // The text as tokens: one per distinct byte, in byte order.
-  const std::string text = read_file(data);
+  const std::string text = read_text(data);
   std::vector<int> index_of(256, -1);
   std::string alphabet;
   for (unsigned char c : text) index_of[c] = 0;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job, short: with the settings of train.toml (read by default) and --steps 24 over its
-# max_steps, 24 compiled steps on the GPL text make the evaluation loss fall, write the metrics
+# max_steps, 24 compiled steps on the licence texts make the evaluation loss fall, write the metrics
 # file at the file's logging and evaluation steps, checkpoints, and loss.png, which must decode with
 # Python's zlib and show both curves; --resume continues from the newest to 32 steps. --config
 # reads another file; a bad key in it, and a missing text file, are errors that name them.
@@ -20,8 +20,9 @@ after=$(sed -n 's/.*evaluation loss \([0-9.]*\) before, \([0-9.]*\) after.*/\2/p
 awk -v b="$before" -v a="$after" 'BEGIN { exit !(a < b - 0.5) }' || fail "evaluation loss $before -> $after did not fall by 0.5"
 [[ -s $dir/run/metrics.jsonl && -d $dir/run/checkpoint-24 ]] || fail "no metrics file or checkpoint-24"
 # train.toml's logging_steps = 5 and eval_steps = 10.
-logged=$(grep -o '"step": [0-9]*, "epoch": [0-9.e-]*, "loss"' "$dir/run/metrics.jsonl" | grep -o '"step": [0-9]*' | tr -d '"step: ' | xargs)
-evaluated=$(grep '"eval_loss"' "$dir/run/metrics.jsonl" | grep -o '"step": [0-9]*' | tr -d '"step: ' | xargs)
+# (JSON with or without spaces after its colons and commas.)
+logged=$(grep -o '"step": *[0-9]*, *"epoch": *[0-9.e-]*, *"loss"' "$dir/run/metrics.jsonl" | grep -o '"step": *[0-9]*' | tr -d '"step: ' | xargs)
+evaluated=$(grep '"eval_loss"' "$dir/run/metrics.jsonl" | grep -o '"step": *[0-9]*' | tr -d '"step: ' | xargs)
 [[ $logged == "5 10 15 20" && $evaluated == "10 20" ]] ||
   fail "loss logged at steps '$logged' and evaluated at '$evaluated', not train.toml's '5 10 15 20' and '10 20'"
 [[ $out == *"loss curves: $dir/run/loss.png"* ]] || fail "no loss.png reported"
