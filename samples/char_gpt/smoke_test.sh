@@ -14,6 +14,7 @@ fail() { echo "FAIL: $*"; echo "$out"; exit 1; }
 out=$("$bin" --steps 24 --output-dir "$dir/run" 2>&1) || fail "exit $?"
 [[ $out == *"config: $here/train.toml"* ]] || fail "train.toml not read by default"
 [[ $out == *"24 steps in"*", compiled;"* ]] || fail "24 compiled steps expected"
+[[ $out == *"ms a step: LibTorch eager "*", kiln "*x\)* ]] || fail "no eager-vs-kiln timing"
 before=$(sed -n 's/.*evaluation loss \([0-9.]*\) before, \([0-9.]*\) after.*/\1/p' <<<"$out")
 after=$(sed -n 's/.*evaluation loss \([0-9.]*\) before, \([0-9.]*\) after.*/\2/p' <<<"$out")
 [[ -n $before && -n $after ]] || fail "no evaluation losses"
