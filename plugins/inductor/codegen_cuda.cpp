@@ -152,7 +152,7 @@ class Emitter {
     // Each thread takes `vec` consecutive elements at a time when every access walks memory with
     // the one variable (16-byte loads and stores instead of one element each), when the buffers
     // are aligned for it at run time; the plain loop otherwise.
-    const Vectorized vz = vectorize(vars, sizes, roots, stores, stages, n);
+    const Vectorized vz = vectorize(vars, roots, stores, stages, n);
     if (vz.width > 1) {
       body_ << "  if ((" << vz.aligned << ") == 0) {\n";
       const auto names = names_;
@@ -199,8 +199,8 @@ class Emitter {
     std::string aligned;
   };
 
-  Vectorized vectorize(const std::vector<int>& vars, const std::vector<int64_t>& sizes, const std::vector<int>& roots,
-                       const std::vector<Index>& stores, const std::vector<int>& stages, int64_t n) {
+  Vectorized vectorize(const std::vector<int>& vars, const std::vector<int>& roots, const std::vector<Index>& stores,
+                       const std::vector<int>& stages, int64_t n) {
     Vectorized none;
     if (vars.size() != 1 || n < 64) return none;
     const int var = vars[0];
@@ -247,7 +247,6 @@ class Emitter {
       if (!add(at, ty)) return none;
     for (const auto& t : tests) vz.aligned += (vz.aligned.empty() ? "" : " | ") + t;
     vz.width = width;
-    (void)sizes;
     return vz;
   }
 

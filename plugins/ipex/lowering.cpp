@@ -24,8 +24,6 @@ const char* const kFloat32Gelu =
     "float32 GELU: oneDNN's approximates it (relative error up to 7e-5 where the "
     "result is small); ATen's is exact";
 
-bool is_float32(DLDataType t) { return t.code == kDLFloat && t.bits == 32 && t.lanes == 1; }
-
 using namespace kiln::plugin;
 using dnnl::algorithm;
 using dnnl::memory;

@@ -144,11 +144,18 @@ int main(int argc, char** argv) try {
               data.c_str(), static_cast<long long>(n), alphabet.size(), train_data.size(), eval_data.size(),
               static_cast<long long>(context));
 
-  torch::manual_seed(1);
-  auto model = kiln::make_char_gpt(static_cast<int64_t>(alphabet.size()), context, /*layers=*/4, /*heads=*/4,
-                                   /*width=*/cuda ? 384 : 128);
-  model.module->to(dev);
-  torch::optim::AdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+  // The model (seeded, so that the eager twin timed at the end starts from the same weights) and its
+  // AdamW.
+  auto make_model = [&] {
+    torch::manual_seed(1);
+    auto m = kiln::make_char_gpt(static_cast<int64_t>(alphabet.size()), context, /*layers=*/4, /*heads=*/4,
+                                 /*width=*/cuda ? 384 : 128);
+    m.module->to(dev);
+    return m;
+  };
+  const auto adamw = torch::optim::AdamWOptions(3e-3).weight_decay(0.01);
+  auto model = make_model();
+  torch::optim::AdamW optimizer(model.module->parameters(), adamw);
   auto loss_fn = [](const at::Tensor& logits, const at::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
   };
@@ -205,11 +212,8 @@ int main(int argc, char** argv) try {
     const int64_t batch = args.per_device_train_batch_size;
     const at::Tensor x = tokens.slice(0, 0, batch * context).view({batch, context});
     const at::Tensor y = tokens.slice(0, 1, batch * context + 1).view({batch, context});
-    torch::manual_seed(1);
-    auto twin = kiln::make_char_gpt(static_cast<int64_t>(alphabet.size()), context, /*layers=*/4, /*heads=*/4,
-                                    /*width=*/cuda ? 384 : 128);
-    twin.module->to(dev);
-    torch::optim::AdamW twin_optimizer(twin.module->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+    auto twin = make_model();
+    torch::optim::AdamW twin_optimizer(twin.module->parameters(), adamw);
     kiln::TrainingArguments eager_args = args;
     eager_args.torch_compile = false;
     eager_args.output_dir.clear();

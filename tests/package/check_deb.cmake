@@ -5,14 +5,7 @@
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
-function(run step)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${step} failed (${rc}):\n${out}\n${err}")
-  endif()
-  message(STATUS "${step}: ok")
-  set(run_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/run_step.cmake)
 
 run("cpack" cpack -G DEB -B ${WORK_DIR} --config ${KILN_BUILD_DIR}/CPackConfig.cmake)
 file(GLOB debs ${WORK_DIR}/kiln_${VERSION}_*.deb)
