@@ -15,6 +15,7 @@
 // share; on the CPU the ATen operator calls a step makes.
 //
 // One pass per stage: parse the flags, run both sides, compare them, print the report.
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ struct BenchOptions {
   int64_t batch = 0;      // 0 = the workload's size for the device
   double tolerance = -1;  // < 0: the default for the precision
   bool check = false, check_grads = false, json = false, interleave = false, trace = false, kernels = false;
+  bool profiler_range = false;
 };
 
 // Fills `o` from the command line. Returns nothing when the benchmark is to run, else the exit
@@ -129,6 +131,10 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                "their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
                "CUDA) it says so and the rest of the report stands. Profiling slows the steps:\n"
                "its times are not the ms/step above");
+  app.add_flag("--profiler-range", o.profiler_range,
+               "last, run one more kiln step between cudaProfilerStart and cudaProfilerStop, so\n"
+               "that `ncu --profile-from-start off kiln bench ...` profiles exactly one steady-state\n"
+               "step (CUDA only)");
   app.add_flag("--json", o.json, "one JSON object on stdout");
   if (auto status = parse_command_line(app, argc, argv)) return status;
   o.check = o.check || o.check_grads;
@@ -499,6 +505,29 @@ KernelReport profile_kernels(const BenchOptions& o, BenchRun& r) {
   return k;
 }
 
+// ---- One step for an external profiler (--profiler-range) ----
+
+// cudaProfilerStart/Stop come from the CUDA runtime LibTorch has already loaded (looked up at run
+// time: the command links no CUDA library of its own).
+void profiler_range_step(const BenchOptions& o, BenchRun& r) {
+  using Fn = int (*)();
+  const auto start = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudaProfilerStart"));
+  const auto stop = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "cudaProfilerStop"));
+  if (o.device != "cuda" || !start || !stop) {
+    std::fprintf(stderr, "kiln bench: --profiler-range: %s\n",
+                 o.device != "cuda" ? "needs --device cuda" : "the CUDA runtime's cudaProfilerStart is not loaded");
+    return;
+  }
+  Workload& kw = *r.kiln_w;
+  torch::cuda::synchronize();
+  start();
+  (void)(*r.compiled)(std::vector<at::Tensor>{kw.input, kw.target});
+  torch::cuda::synchronize();
+  stop();
+  std::fprintf(stderr, "kiln bench: --profiler-range: one %s step profiled\n",
+               r.compiled->last_step_compiled() ? "compiled" : "eager (not compiled!)");
+}
+
 // ---- Print ----
 
 void print_trace(const BenchOptions& o, const BenchRun& r) {
@@ -704,6 +733,7 @@ int cmd_bench(int argc, char** argv) {
   // After the comparison: the profiled steps train both sides further.
   KernelReport k;
   if (o.kernels) k = profile_kernels(o, r);
+  if (o.profiler_range) profiler_range_step(o, r);
   if (o.trace) print_trace(o, r);
   if (o.json) print_json(o, r, u, o.check ? &c : nullptr, o.kernels ? &k : nullptr);
   else print_text(o, r, u, o.check ? &c : nullptr, o.kernels ? &k : nullptr);

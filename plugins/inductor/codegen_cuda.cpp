@@ -149,15 +149,16 @@ class Emitter {
       collect_index(stores.back(), top);
     }
     flush(top, 0, 0);
-    // Each thread takes `vec` consecutive elements at a time when every access walks memory with
-    // the one variable (16-byte loads and stores instead of one element each), when the buffers
-    // are aligned for it at run time; the plain loop otherwise.
-    const Vectorized vz = vectorize(vars, roots, stores, stages, n);
+    // Each thread takes `width` consecutive elements of the innermost variable at a time (16-byte
+    // loads and stores instead of one element each) when every store and the loads that walk
+    // memory with it can move whole words, and the buffers are aligned for it at run time; the
+    // plain loop otherwise.
+    const Vectorized vz = vectorize(vars, sizes, roots, stores, stages, n);
     if (vz.width > 1) {
       body_ << "  if ((" << vz.aligned << ") == 0) {\n";
       const auto names = names_;
       const auto regs = regs_;
-      emit_flat_vector(vz, vars[0], stages, roots, stores, n);
+      emit_flat_vector(vz, vars, sizes, stages, roots, stores, n);
       names_ = names;
       regs_ = regs;
       body_ << "  } else {\n";
@@ -173,7 +174,7 @@ class Emitter {
       flush(pending, 1, 1);
       // Later stages of this element read the register, holding what the buffer holds.
       std::string reg = name(roots[s]);
-      if (val(v).ty == Ty::bf16) {
+      if (val(v).ty == Ty::bf16 && !rounded_bf16(roots[s])) {
         reg = "rv" + std::to_string(v);
         body_ << "    const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
       }
@@ -189,65 +190,77 @@ class Emitter {
     return launch;
   }
 
-  // A flat kernel's vector accesses: `width` consecutive elements per thread and iteration, read
-  // from and written to memory as whole 16-byte (or 8-byte) words. `arrays` names, per buffer and
-  // constant offset, the register array a vector load fills; `aligned` is the run-time test (0
-  // when every vector access is aligned).
+  // A flat kernel's vector accesses: `width` consecutive elements of the innermost variable per
+  // thread and iteration (the innermost variable's extent is a multiple of it, so the elements of
+  // one iteration share every outer variable). Loads that walk memory with that variable are read
+  // as whole 16-byte (or 8-byte) words into register arrays (`arrays`, by buffer and index);
+  // loads it does not move are read once per element like the others (the compiler keeps one),
+  // and loads it moves any other way (a transposed read) element by element. Every store walks
+  // with it and is written as whole words. `aligned` is the run-time test (0 when every vector
+  // access is aligned).
   struct Vectorized {
     int width = 0;
-    std::map<std::pair<int, int64_t>, std::pair<std::string, Ty>> arrays;  // (buffer, offset) -> array, loads
+    std::map<std::pair<int, std::string>, std::pair<std::string, Ty>> arrays;  // (buffer, index) -> array
+    std::map<std::pair<int, std::string>, std::string> index_at;               // column kernels: the index at ib
     std::string aligned;
   };
 
-  Vectorized vectorize(const std::vector<int>& vars, const std::vector<int>& roots, const std::vector<Index>& stores,
-                       const std::vector<int>& stages, int64_t n) {
+  Vectorized vectorize(const std::vector<int>& vars, const std::vector<int64_t>& sizes, const std::vector<int>& roots,
+                       const std::vector<Index>& stores, const std::vector<int>& stages, int64_t n) {
     Vectorized none;
-    if (vars.size() != 1 || n < 64) return none;
-    const int var = vars[0];
-    auto walks = [&](const Index& ix) { return ix.exprs.empty() && ix.vars.size() == 1 && ix.coef(var) == 1; };
-    // What is read and written along the variable, with its type; anything else that moves with
-    // the variable (a broadcast, a transposed read, a computed index) keeps the plain loop.
-    std::vector<std::pair<std::pair<int, int64_t>, Ty>> loads, writes;
+    if (vars.empty() || n < 64) return none;
+    const int var = vars.back();
+    const int64_t inner = sizes.back();
+    auto walks = [&](const Index& ix) { return ix.exprs.empty() && ix.coef(var) == 1; };
+    std::vector<std::pair<const Index*, std::pair<int, Ty>>> loads, writes;  // index, (buffer, type)
     std::set<int> exprs;
     for (int r : roots) collect_all(r, exprs);
     for (int e : exprs) {
       const Expr& x = pool_.at(e);
-      if (x.k != Expr::K::Load) {
-        if (x.k == Expr::K::IndexVal && x.idx.coef(var) != 0 && !walks(x.idx)) return none;
-        continue;
-      }
+      if (x.k != Expr::K::Load) continue;
       if (in_kernel_.count(x.value) && x.logical_known) continue;  // an earlier stage's register
-      if (x.idx.coef(var) == 0 && x.idx.exprs.empty()) continue;   // the same for every element
-      if (!walks(x.idx)) return none;
-      loads.push_back({{x.buf, x.idx.c}, x.ty});
+      if (walks(x.idx)) loads.push_back({&x.idx, {x.buf, x.ty}});
     }
     for (size_t s = 0; s < stages.size(); ++s) {
       if (!walks(stores[s])) return none;
-      writes.push_back({{val(stages[s]).buffer, stores[s].c}, val(stages[s]).ty});
+      writes.push_back({&stores[s], {val(stages[s]).buffer, val(stages[s]).ty}});
     }
     bool narrow = false;
-    for (const auto& a : loads) narrow = narrow || a.second == Ty::bf16;
-    for (const auto& a : writes) narrow = narrow || a.second == Ty::bf16;
+    for (const auto& a : loads) narrow = narrow || a.second.second == Ty::bf16;
+    for (const auto& a : writes) narrow = narrow || a.second.second == Ty::bf16;
     const int width = narrow ? 8 : 4;
-    if (n % width != 0) return none;
+    if (inner % width != 0) return none;
     Vectorized vz;
     std::set<std::string> tests;
-    auto add = [&](const std::pair<int, int64_t>& at, Ty ty) {
+    // A word access is aligned when the buffer is (tested at run time) and the element offset of
+    // the iteration's first element is a multiple of the width whatever the outer variables are.
+    auto add = [&](const Index& ix, int buf, Ty ty) {
       const int64_t bytes = width * static_cast<int64_t>(ty_size(ty));
-      if (bytes % 8 != 0 || (at.second * static_cast<int64_t>(ty_size(ty))) % bytes != 0) return false;
-      tests.insert("((unsigned long long)b" + std::to_string(at.first) + " & " +
+      if (bytes % 8 != 0 || ix.c % width != 0) return false;
+      for (const auto& [v, k] : ix.vars)
+        if (v != var && k % width != 0) return false;
+      tests.insert("((unsigned long long)b" + std::to_string(buf) + " & " +
                    std::to_string(std::min<int64_t>(bytes, 16) - 1) + ")");
       return true;
     };
-    for (const auto& [at, ty] : loads) {
-      if (!add(at, ty)) return none;
-      if (!vz.arrays.count(at)) vz.arrays[at] = {"a" + std::to_string(vz.arrays.size()), ty};
+    for (const auto& [ix, bt] : loads) {
+      if (!add(*ix, bt.first, bt.second)) return none;
+      const auto key = std::make_pair(bt.first, index_str(*ix));
+      if (!vz.arrays.count(key)) vz.arrays[key] = {"a" + std::to_string(vz.arrays.size()), bt.second};
     }
-    for (const auto& [at, ty] : writes)
-      if (!add(at, ty)) return none;
+    for (const auto& [ix, bt] : writes)
+      if (!add(*ix, bt.first, bt.second)) return none;
     for (const auto& t : tests) vz.aligned += (vz.aligned.empty() ? "" : " | ") + t;
     vz.width = width;
     return vz;
+  }
+
+  // `ix` with the variable `var` replaced by the expression `with`.
+  std::string index_with(const Index& ix, int var, const std::string& with) {
+    std::string s = lit(ix.c);
+    for (const auto& [v, k] : ix.vars) s += " + " + lit(k) + " * " + (v == var ? "(" + with + ")" : vname(v));
+    for (const auto& [e, k] : ix.exprs) s += " + " + lit(k) + " * (kidx)" + name(e);
+    return "(" + s + ")";
   }
 
   void collect_all(int e, std::set<int>& out) const {
@@ -257,20 +270,31 @@ class Emitter {
     for (const auto& [ee, k] : x.idx.exprs) collect_all(ee, out);
   }
 
-  // The vector loop of a flat kernel: per iteration, the vector loads into register arrays, the
-  // stages element by element over the arrays (unrolled), then the vector stores.
-  void emit_flat_vector(const Vectorized& vz, int var, const std::vector<int>& stages, const std::vector<int>& roots,
-                        const std::vector<Index>& stores, int64_t n) {
+  // The vector loop of a flat kernel: per iteration, the outer variables and the innermost one's
+  // first value (ib), the vector loads into register arrays, the stages element by element over
+  // the arrays (unrolled, the innermost variable ib + u), then the vector stores.
+  void emit_flat_vector(const Vectorized& vz, const std::vector<int>& vars, const std::vector<int64_t>& sizes,
+                        const std::vector<int>& stages, const std::vector<int>& roots, const std::vector<Index>& stores,
+                        int64_t n) {
     const std::string W = std::to_string(vz.width);
+    const int var = vars.back();
     body_ << "  for (kidx q = (kidx)blockIdx.x * blockDim.x + threadIdx.x; q < " << lit(n / vz.width)
           << "; q += (kidx)gridDim.x * blockDim.x) {\n";
     body_ << "    const kidx i0 = q * " << lit(vz.width) << ";\n";
-    for (const auto& [at, arr] : vz.arrays) {
+    decompose("i0", std::vector<int>(vars.begin(), vars.end() - 1),
+              std::vector<int64_t>(sizes.begin(), sizes.end() - 1), 1, sizes.back());
+    body_ << "    const kidx ib = " << (vars.size() > 1 ? "i0 % " + lit(sizes.back()) : std::string("i0")) << ";\n";
+    for (const auto& [key, arr] : vz.arrays) {
       const auto& [name, ty] = arr;
-      use_buf(at.first, ty);
-      read_.insert(at.first);
+      use_buf(key.first, ty);
+      read_.insert(key.first);
+      // The array's index at the iteration's first element: the innermost variable at ib.
+      const Expr* load = nullptr;
+      for (const auto& [e, x] : vector_loads(roots))
+        if (x->buf == key.first && index_str(x->idx) == key.second) load = x;
       body_ << "    alignas(16) " << mem_type(ty) << " " << name << "[" << W << "];\n";
-      body_ << "    k_vld<" << W << ">(" << name << ", b" << at.first << " + " << lit(at.second) << " + i0);\n";
+      body_ << "    k_vld<" << W << ">(" << name << ", b" << key.first << " + " << index_with(load->idx, var, "ib")
+            << ");\n";
     }
     std::vector<std::string> outs;
     for (size_t s = 0; s < stages.size(); ++s) {
@@ -279,7 +303,7 @@ class Emitter {
       body_ << "    alignas(16) " << mem_type(info.ty) << " " << outs.back() << "[" << W << "];\n";
     }
     body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n";
-    body_ << "      const kidx " << vname(var) << " = i0 + u;\n";
+    body_ << "      const kidx " << vname(var) << " = ib + u;\n";
     vec_ = &vz;
     for (size_t s = 0; s < stages.size(); ++s) {
       const int v = stages[s];
@@ -288,8 +312,10 @@ class Emitter {
       flush(pending, 1, 2);
       std::string reg = name(roots[s]);
       if (val(v).ty == Ty::bf16) {
-        reg = "rv" + std::to_string(v);
-        body_ << "      const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
+        if (!rounded_bf16(roots[s])) {
+          reg = "rv" + std::to_string(v);
+          body_ << "      const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
+        }
         body_ << "      " << outs[s] << "[u] = k_f2bf(" << reg << ");\n";
       } else {
         body_ << "      " << outs[s] << "[u] = (" << mem_type(val(v).ty) << ")(" << reg << ");\n";
@@ -302,9 +328,29 @@ class Emitter {
       const ValueInfo& info = val(stages[s]);
       use_buf(info.buffer, info.ty);
       written_.insert(info.buffer);
-      body_ << "    k_vst<" << W << ">(b" << info.buffer << " + " << lit(stores[s].c) << " + i0, " << outs[s] << ");\n";
+      body_ << "    k_vst<" << W << ">(b" << info.buffer << " + " << index_with(stores[s], var, "ib") << ", " << outs[s]
+            << ");\n";
     }
     body_ << "  }\n";
+  }
+
+  // The loads of the expressions under `roots` that read memory (not an earlier stage's register).
+  std::vector<std::pair<int, const Expr*>> vector_loads(const std::vector<int>& roots) const {
+    std::set<int> exprs;
+    for (int r : roots) collect_all(r, exprs);
+    std::vector<std::pair<int, const Expr*>> out;
+    for (int e : exprs) {
+      const Expr& x = pool_.at(e);
+      if (x.k == Expr::K::Load && !(in_kernel_.count(x.value) && x.logical_known)) out.push_back({e, &x});
+    }
+    return out;
+  }
+
+  // Whether the expression is already a value rounded to bfloat16 (a cast to it): rounding it
+  // again changes nothing.
+  bool rounded_bf16(int e) const {
+    const Expr& x = pool_.at(e);
+    return x.k == Expr::K::Op && x.op == "cast" && x.ty == Ty::bf16;
   }
 
   // A row plan: one block (or warp) per outer index, the stages in order inside it.
@@ -390,7 +436,8 @@ class Emitter {
   // across `splits` blocks per column strip, each storing its partial result into a scratch
   // buffer (`partial_slot`, splits x columns of the accumulator's type) that column_finish()
   // combines in a fixed order: the result does not depend on which block ran first.
-  CudaLaunch column(const std::string& kernel, const KernelPlan& K, int64_t splits = 1, int partial_slot = -1) {
+  CudaLaunch column(const std::string& kernel, const KernelPlan& K, int width = 1, int64_t splits = 1,
+                    int partial_slot = -1) {
     const int v = K.stages.at(0);
     const ValueInfo& info = val(v);
     const std::vector<int64_t> kept = stripped(info.shape);
@@ -399,6 +446,7 @@ class Emitter {
     launch.name = kernel;
     launch.what =
         "column " + std::string(ty_name(info.ty)) + shape_str(kept) + " over " + shape_str(info.red.red_shape);
+    if (width > 1) launch.what += ", " + std::to_string(width) + " columns a thread";
     if (splits > 1) launch.what += " in " + std::to_string(splits) + " parts";
     if (n_kept == 0) {
       empty_ = true;
@@ -406,11 +454,17 @@ class Emitter {
     }
     in_kernel_.insert(v);
     base_ = 1;
-    const int64_t strips = (n_kept + 31) / 32, blocks = strips * splits;
+    const int64_t per_strip = 32 * static_cast<int64_t>(width);
+    const int64_t strips = (n_kept + per_strip - 1) / per_strip, blocks = strips * splits;
     const int64_t chunk = (n_red + splits - 1) / splits;
-    const int64_t warps =
-        std::min<int64_t>(pow2_at_most(std::max<int64_t>(chunk, 1)), blocks >= o_.multiprocessors ? 8 : 32);
+    const int64_t warps = std::min<int64_t>(pow2_at_most(std::max<int64_t>(chunk, 1)), blocks >= o_.multiprocessors ? 8
+                                                                                       : width > 1                  ? 16
+                                                                                                   : 32);
     Idx idx = kept_index(info, kept);
+    // With several columns a thread, the innermost kept variable moves with them (ib + u): its
+    // expressions are computed inside the per-column loop, under the reduced loop.
+    const int inner = width > 1 ? kvars_.back() : -1;
+    if (width > 1) var_level_[inner] = 3;
     std::vector<int> rvars;
     std::vector<int64_t> rsizes;
     Idx red_idx;
@@ -431,51 +485,203 @@ class Emitter {
     collect(root, pending);
     flush(pending, 0, 0);
     const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
-    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
+    const std::string W = std::to_string(width), per = lit(per_strip);
+    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * width * 33 << "];\n"
           << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
     if (splits > 1)
       body_ << "  const kidx strip = (kidx)blockIdx.x % " << lit(strips) << ", part = (kidx)blockIdx.x / "
             << lit(strips) << ";\n";
     else body_ << "  const kidx strip = (kidx)blockIdx.x;\n";
-    body_ << "  const kidx col = strip * 32 + tx;\n"
+    body_ << "  const kidx col = strip * " << per << " + tx" << (width > 1 ? " * " + lit(width) : "") << ";\n"
           << "  const bool active = col < " << lit(n_kept) << ";\n"
-          << "  // Threads past the end compute the last column again (in range) and store nothing.\n"
-          << "  const kidx x = active ? col : " << lit(n_kept - 1) << ";\n";
-    decompose("x", kvars_, ksizes_, 0);
+          << "  // Threads past the end compute the last column" << (width > 1 ? "s" : "")
+          << " again (in range) and store nothing.\n"
+          << "  const kidx x = active ? col : " << lit(n_kept - width) << ";\n";
+    Vectorized vz;
+    if (width > 1) {
+      decompose("x", std::vector<int>(kvars_.begin(), kvars_.end() - 1),
+                std::vector<int64_t>(ksizes_.begin(), ksizes_.end() - 1), 0, ksizes_.back());
+      body_ << "  const kidx ib = " << (kvars_.size() > 1 ? "x % " + lit(ksizes_.back()) : std::string("x")) << ";\n";
+      vz = column_vectors(root, inner, width);
+      body_ << "  const bool aligned = (" << vz.aligned << ") == 0;\n";
+    } else {
+      decompose("x", kvars_, ksizes_, 0);
+    }
     flush(pending, 1, 0);
-    body_ << "  " << acc_t << " " << acc << " = " << acc_init(info) << ";\n";
+    if (width > 1)
+      body_ << "  " << acc_t << " " << acc << "[" << W << "];\n"
+            << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) " << acc << "[u] = " << acc_init(info) << ";\n";
+    else body_ << "  " << acc_t << " " << acc << " = " << acc_init(info) << ";\n";
+    const std::string accu = width > 1 ? acc + "[u]" : acc;
     if (n_red > 0) {
+      // Several columns a thread: four rows' words in flight at once.
       if (splits > 1) {
         body_ << "  const kidx r_end = part * " << lit(chunk) << " + " << lit(chunk) << " < " << lit(n_red)
-              << " ? part * " << lit(chunk) << " + " << lit(chunk) << " : " << lit(n_red) << ";\n"
-              << "  for (kidx r = part * " << lit(chunk) << " + ty; r < r_end; r += " << warps << ") {\n";
+              << " ? part * " << lit(chunk) << " + " << lit(chunk) << " : " << lit(n_red) << ";\n";
+        if (width > 1) body_ << "#pragma unroll 4\n";
+        body_ << "  for (kidx r = part * " << lit(chunk) << " + ty; r < r_end; r += " << warps << ") {\n";
       } else {
+        if (width > 1) body_ << "#pragma unroll 4\n";
         body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << warps << ") {\n";
       }
       decompose("r", rvars, rsizes, 1);
       flush(pending, 2, 1);
-      body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
+      if (width > 1) {
+        // The row's columns as whole words when aligned (one test for the whole kernel), else
+        // one element at a time; then each column's term.
+        for (const auto& [key, arr] : vz.arrays) {
+          const auto& [name, ty] = arr;
+          use_buf(key.first, ty);
+          read_.insert(key.first);
+          const std::string at = "b" + std::to_string(key.first) + " + " + vz.index_at.at(key);
+          body_ << "    alignas(16) " << mem_type(ty) << " " << name << "[" << W << "];\n"
+                << "    if (aligned) k_vld<" << W << ">(" << name << ", " << at << ");\n"
+                << "    else {\n#pragma unroll\n      for (int u = 0; u < " << W << "; ++u) " << name << "[u] = (" << at
+                << ")[u];\n    }\n";
+        }
+        body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n"
+              << "      const kidx " << vname(inner) << " = ib + u;\n";
+        vec_ = &vz;
+        flush(pending, 3, 3);
+        vec_ = nullptr;
+        body_ << "      " << combine(info, accu, name(root)) << "\n    }\n  }\n";
+      } else {
+        body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
+      }
     }
-    body_ << "  kiln_col[ty * 33 + tx] = " << acc << ";\n"
-          << "  __syncthreads();\n"
-          << "  if (ty == 0 && active) {\n"
-          << "    for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
-          << ", kiln_col[w * 33 + tx]);\n";
-    if (splits > 1) {
-      use_buf(partial_slot, acc_ty(info));
-      written_.insert(partial_slot);
-      body_ << "    b" << partial_slot << "[part * " << lit(n_kept) << " + col] = " << acc << ";\n";
+    if (width > 1) {
+      body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) kiln_col[(ty * " << W
+            << " + u) * 33 + tx] = " << accu << ";\n"
+            << "  __syncthreads();\n"
+            << "  if (ty == 0 && active) {\n"
+            << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n"
+            << "      for (int w = 1; w < " << warps << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
+            << ", kiln_col[(w * " << W << " + u) * 33 + tx]);\n";
+      if (splits > 1) {
+        use_buf(partial_slot, acc_ty(info));
+        written_.insert(partial_slot);
+        body_ << "      b" << partial_slot << "[part * " << lit(n_kept) << " + col + u] = " << accu << ";\n";
+      } else {
+        const std::string res = "rv" + std::to_string(v);
+        body_ << "      const kidx " << vname(inner) << " = ib + u;\n"
+              << "      const " << reg_type(info.ty) << " " << res << " = " << finish(info, accu) << ";\n";
+        store(v, out, res, 3);
+      }
+      body_ << "    }\n  }\n";
     } else {
-      const std::string res = "rv" + std::to_string(v);
-      body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
-      store(v, out, res, 1);
+      body_ << "  kiln_col[ty * 33 + tx] = " << acc << ";\n"
+            << "  __syncthreads();\n"
+            << "  if (ty == 0 && active) {\n"
+            << "    for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
+            << ", kiln_col[w * 33 + tx]);\n";
+      if (splits > 1) {
+        use_buf(partial_slot, acc_ty(info));
+        written_.insert(partial_slot);
+        body_ << "    b" << partial_slot << "[part * " << lit(n_kept) << " + col] = " << acc << ";\n";
+      } else {
+        const std::string res = "rv" + std::to_string(v);
+        body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+        store(v, out, res, 1);
+      }
+      body_ << "  }\n";
     }
-    body_ << "  }\n";
     launch.block = static_cast<unsigned>(32 * warps);
     if (blocks > 0x7fffffff) throw std::logic_error("column kernel " + kernel + " needs more than 2^31 blocks");
     launch.grid = static_cast<unsigned>(blocks);
     finish_launch(launch);
     return launch;
+  }
+
+  // A column kernel's loads that walk memory with its innermost kept variable `inner` (coefficient
+  // 1, every other coefficient a multiple of `width`): one register array each, read as whole
+  // words; `index_at` is the load's index at the thread's first column (ib).
+  Vectorized column_vectors(int root, int inner, int width) {
+    Vectorized vz;
+    vz.width = width;
+    std::set<int> exprs;
+    collect_all(root, exprs);
+    std::set<std::string> tests;
+    for (int e : exprs) {
+      const Expr& x = pool_.at(e);
+      if (x.k != Expr::K::Load || !x.idx.exprs.empty() || x.idx.coef(inner) != 1) continue;
+      const auto key = std::make_pair(x.buf, index_str(x.idx));
+      if (vz.arrays.count(key)) continue;
+      vz.arrays[key] = {"a" + std::to_string(vz.arrays.size()), x.ty};
+      vz.index_at[key] = index_with(x.idx, inner, "ib");
+      const int64_t bytes = std::min<int64_t>(16, width * static_cast<int64_t>(ty_size(x.ty)));
+      tests.insert("((unsigned long long)b" + std::to_string(x.buf) + " & " + std::to_string(bytes - 1) + ")");
+    }
+    for (const auto& t : tests) vz.aligned += (vz.aligned.empty() ? "" : " | ") + t;
+    if (vz.aligned.empty()) vz.aligned = "0";
+    return vz;
+  }
+
+  // How many consecutive columns each thread of a column reduction takes (1, 4 or 8): more than
+  // one when the innermost kept dim's extent is a multiple of it and every load that walks memory
+  // with that dim does so contiguously, with every other coefficient a multiple of it (so each
+  // row's columns of a thread are whole 16-byte words, or 8-byte ones, at an aligned buffer) and
+  // elements of 2 bytes or more. 8 when a bfloat16 is among those loads, else 4.
+  static int column_width(const LoweredGraph& L, const ValueInfo& info) {
+    (void)L;
+    const std::vector<int64_t> kept = stripped(info.shape);
+    ExprPool pool;
+    Idx idx;
+    int inner = -1;
+    int64_t inner_size = 0;
+    for (int64_t s : kept) {
+      if (s == 1) {
+        idx.push_back(Index::constant(0));
+        continue;
+      }
+      inner = pool.new_var();
+      inner_size = s;
+      idx.push_back(Index::var(inner));
+    }
+    if (inner < 0) return 1;
+    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+    std::vector<int> rv;
+    Idx red_idx;
+    for (int64_t s : info.red.red_shape) {
+      if (s == 1) {
+        red_idx.push_back(Index::constant(0));
+        continue;
+      }
+      rv.push_back(pool.new_var());
+      red_idx.push_back(Index::var(rv.back()));
+    }
+    const int root = info.red.body(pool, idx, red_idx);
+    std::vector<int> stack = {root};
+    std::set<int> seen;
+    std::vector<const Expr*> walking;
+    bool narrow = false;
+    while (!stack.empty()) {
+      const int e = stack.back();
+      stack.pop_back();
+      if (!seen.insert(e).second) continue;
+      const Expr& x = pool.at(e);
+      for (int c : x.args) stack.push_back(c);
+      for (const auto& [ee, k] : x.idx.exprs) stack.push_back(ee);
+      if (x.k != Expr::K::Load || !x.idx.exprs.empty() || x.idx.coef(inner) != 1) continue;
+      if (ty_size(x.ty) < 2) return 1;
+      walking.push_back(&x);
+      narrow = narrow || x.ty == Ty::bf16;
+    }
+    if (walking.empty()) return 1;
+    // The widest that fits, preferring one whose strips of 32 threads cover the columns exactly
+    // (384 bfloat16 columns: 4 a thread, three full strips, not 8 and a half-idle second strip).
+    const int64_t n_kept = prod(kept);
+    int fits = 1;
+    for (int width : narrow ? std::vector<int>{8, 4} : std::vector<int>{4}) {
+      bool ok = inner_size % width == 0;
+      for (const Expr* x : walking) {
+        ok = ok && x->idx.c % width == 0;
+        for (const auto& [var, k] : x->idx.vars) ok = ok && (var == inner || k % width == 0);
+      }
+      if (!ok) continue;
+      if (n_kept % (32 * width) == 0) return width;
+      fits = width;
+    }
+    return fits;
   }
 
   // The second half of a split column reduction: one thread per column combines the `splits`
@@ -517,11 +723,14 @@ class Emitter {
   // How many blocks to split a column reduction's reduced range over, and whether to: only when
   // its column strips alone leave most multiprocessors idle and each part still has rows enough
   // (64 per warp of a 256-thread block).
-  static int64_t column_splits(const ValueInfo& info, int multiprocessors) {
-    const int64_t strips = (prod(stripped(info.shape)) + 31) / 32, n_red = prod(info.red.red_shape);
+  static int64_t column_splits(const ValueInfo& info, int multiprocessors, int width = 1) {
+    const int64_t per_strip = 32 * static_cast<int64_t>(width);
+    const int64_t strips = (prod(stripped(info.shape)) + per_strip - 1) / per_strip, n_red = prod(info.red.red_shape);
     if (strips == 0 || strips * 2 > multiprocessors) return 1;
     const int64_t want = (2 * multiprocessors + strips - 1) / strips;
-    return std::max<int64_t>(1, std::min<int64_t>(want, n_red / 512));
+    // Parts of at least 512 rows, and at most 64 of them: the second kernel adds a column's parts
+    // one after another.
+    return std::max<int64_t>(1, std::min<int64_t>({want, n_red / 512, 64}));
   }
   static Ty acc_ty(const ValueInfo& v) {
     if (v.red.combine == "sum") return v.ty == Ty::f64 ? Ty::f64 : is_float(v.ty) ? Ty::f32 : Ty::i64;
@@ -578,8 +787,10 @@ class Emitter {
   std::string ind(int depth) const { return std::string(static_cast<size_t>(2 * depth + 2), ' '); }
 
   // `flat` (a flattened index over `sizes`, row-major) into one variable per size.
-  void decompose(const std::string& flat, const std::vector<int>& vars, const std::vector<int64_t>& sizes, int depth) {
-    int64_t stride = prod(sizes);
+  // `below` is the extent of what varies faster than the last of them (not decomposed here).
+  void decompose(const std::string& flat, const std::vector<int>& vars, const std::vector<int64_t>& sizes, int depth,
+                 int64_t below = 1) {
+    int64_t stride = prod(sizes) * below;
     for (size_t d = 0; d < vars.size(); ++d) {
       stride /= sizes[d];
       std::string e = flat;
@@ -752,10 +963,13 @@ class Emitter {
         if (r != regs_.end() && x.logical_known && in_kernel_.count(x.value)) return r->second;
         use_buf(x.buf, x.ty);
         read_.insert(x.buf);
-        if (vec_ && !x.idx.vars.empty()) {
-          // Inside a flat kernel's vector loop: this element of its register array.
-          const std::string ref = vec_->arrays.at({x.buf, x.idx.c}).first + "[u]";
-          return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
+        if (vec_ && x.idx.exprs.empty()) {
+          // Inside a flat kernel's vector loop: this element of its register array, if it has one.
+          auto arr = vec_->arrays.find({x.buf, index_str(x.idx)});
+          if (arr != vec_->arrays.end()) {
+            const std::string ref = arr->second.first + "[u]";
+            return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
+          }
         }
         const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
         return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
@@ -911,7 +1125,9 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   int max_scalar = -1;
   auto add = [&](Emitter& e, CudaLaunch launch) {
     if (e.empty()) return;
-    os << e.text();
+    // What each kernel is, for a reader of the source and of a profile (ncu names the kernel).
+    os << "// " << launch.name << ": " << launch.what << "; grid " << launch.grid << ", block " << launch.block << "\n"
+       << e.text();
     max_scalar = std::max(max_scalar, e.max_scalar());
     out.steps.push_back(CudaStep{static_cast<int>(out.launches.size()), -1});
     out.launches.push_back(std::move(launch));
@@ -927,7 +1143,8 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
     for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
     if (K.column) {
       const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
-      const int64_t splits = Emitter::column_splits(info, options.multiprocessors);
+      const int width = Emitter::column_width(L, info);
+      const int64_t splits = Emitter::column_splits(info, options.multiprocessors, width);
       if (splits > 1) {
         // The partial results: a scratch slot of this program's own, after the lowering's.
         const int slot =
@@ -935,14 +1152,14 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
         out.extra_scratch_bytes.push_back(splits * prod(stripped(info.shape)) *
                                           static_cast<int64_t>(ty_size(Emitter::acc_ty(info))));
         Emitter e(L, options, wide);
-        CudaLaunch launch = e.column(base + "_0", K, splits, slot);
+        CudaLaunch launch = e.column(base + "_0", K, width, splits, slot);
         add(e, std::move(launch));
         Emitter f(L, options, wide);
         CudaLaunch finish = f.column_finish(base + "_1", K, splits, slot);
         add(f, std::move(finish));
       } else {
         Emitter e(L, options, wide);
-        CudaLaunch launch = e.column(base, K);
+        CudaLaunch launch = e.column(base, K, width);
         add(e, std::move(launch));
       }
     } else if (!all_pointwise) {

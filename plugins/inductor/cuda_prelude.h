@@ -6,7 +6,7 @@
 // on its own with NVRTC.
 //
 // Generated kernels use only what is defined here and the CUDA built-ins: the thread and block
-// indices, __syncthreads and __syncwarp, the math library (expf, erff, normcdff, ...) and the
+// indices, __syncthreads and __syncwarp, the math library (expf, erff, ...) and the
 // bit casts (__uint_as_float, ...).
 
 typedef long long kiln_i64;
@@ -19,11 +19,19 @@ typedef unsigned short kiln_bf16;
 
 // Widening is exact.
 __device__ __forceinline__ float k_bf2f(kiln_bf16 h) { return __uint_as_float(((unsigned)h) << 16); }
-// Round to nearest even, as c10::BFloat16 does (NaN stays a quiet NaN).
+// Round to nearest even, as c10::BFloat16 does on the GPU: from sm_80 on, the one conversion
+// instruction that c10 (through __float2bfloat16) uses too, NaN included; before, the same
+// rounding in integer arithmetic (NaN stays a quiet NaN).
 __device__ __forceinline__ kiln_bf16 k_f2bf(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+  return (kiln_bf16)r;
+#else
   const unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (kiln_bf16)0x7fc0u;
   return (kiln_bf16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 // A value cast to bfloat16 in the middle of a computation (`_to_copy`): rounded, kept in float.
 __device__ __forceinline__ float k_round_bf16(float f) { return k_bf2f(k_f2bf(f)); }
@@ -76,9 +84,12 @@ __device__ __forceinline__ float k_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double k_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float k_erf(float x) { return erff(x); }
 __device__ __forceinline__ double k_erf(double x) { return erf(x); }
-// The standard normal CDF, accurate in both tails (gelu's x * Phi(x) and its backward).
-__device__ __forceinline__ float k_ndtr(float x) { return normcdff(x); }
-__device__ __forceinline__ double k_ndtr(double x) { return normcdf(x); }
+// The standard normal CDF as ATen's CUDA kernels compute it for gelu and its backward,
+// (1 + erf(x / sqrt(2))) / 2: eager's rounding, and a third of normcdf's instructions (gelu is a
+// bandwidth-bound kernel that normcdf made compute-bound). For x below about -4 it keeps few
+// digits of Phi, exactly as eager does on the GPU (the CPU prelude computes the tail form).
+__device__ __forceinline__ float k_ndtr(float x) { return 0.5f * (1.0f + erff(x * 0.707106781186547524f)); }
+__device__ __forceinline__ double k_ndtr(double x) { return 0.5 * (1.0 + erf(x * 0.707106781186547524)); }
 __device__ __forceinline__ float k_sqrt(float x) { return sqrtf(x); }
 __device__ __forceinline__ double k_sqrt(double x) { return sqrt(x); }
 // ATen's rsqrt (and layer norm's) is the rsqrt instruction.

@@ -284,14 +284,18 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
 }
 )"));
   ASSERT_EQ(g.cuda.launches.size(), 2u) << g.cuda.source;
-  EXPECT_EQ(g.cuda.launches[0].what, "column bf16[384] over [16384] in 22 parts");
-  EXPECT_EQ(g.cuda.launches[0].grid, 12u * 22u);
-  EXPECT_EQ(g.cuda.launches[1].what, "column bf16[384], 22 parts combined");
-  ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{22 * 384 * 4}));  // float partial sums
+  // 4 columns a thread (three full strips of 128 columns; 8 would leave half a strip idle), and
+  // 32 parts of 512 rows.
+  EXPECT_EQ(g.cuda.launches[0].what, "column bf16[384] over [16384], 4 columns a thread in 32 parts");
+  EXPECT_EQ(g.cuda.launches[0].grid, 3u * 32u);
+  EXPECT_EQ(g.cuda.launches[1].what, "column bf16[384], 32 parts combined");
+  ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{32 * 384 * 4}));  // float partial sums
+  // A row's 4 columns are one 8-byte word when the buffer is aligned, 4 loads otherwise.
+  EXPECT_NE(g.cuda.source.find("if (aligned) k_vld<4>(a0, b0 + "), std::string::npos) << g.cuda.source;
   // Enough strips to fill the GPU: one kernel, as before.
   const Generated wide = generate(ir::parse(R"(graph {
-  input %0 : f32[512,8192]{8192,1} on cuda:0 input "dy"
-  %1 : f32[8192]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
+  input %0 : f32[512,32768]{32768,1} on cuda:0 input "dy"
+  %1 : f32[32768]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
   output %1 result "db"
 }
 )"));
@@ -338,8 +342,8 @@ TEST(InductorCudaCodegen, FlatKernelsMoveSixteenByteWordsWhenAligned) {
 )"));
     ASSERT_EQ(g.cuda.launches.size(), 1u) << g.cuda.source;
     const std::string w = T == "bf16" ? "8" : "4";
-    EXPECT_NE(g.cuda.source.find("k_vld<" + w + ">(a0, b0 + 0 + i0);"), std::string::npos) << g.cuda.source;
-    EXPECT_NE(g.cuda.source.find("k_vst<" + w + ">(b1 + 0 + i0, o0);"), std::string::npos) << g.cuda.source;
+    EXPECT_NE(g.cuda.source.find("k_vld<" + w + ">(a0, b0 + (0 + 1 * (ib)));"), std::string::npos) << g.cuda.source;
+    EXPECT_NE(g.cuda.source.find("k_vst<" + w + ">(b1 + (0 + 1 * (ib)), o0);"), std::string::npos) << g.cuda.source;
     EXPECT_NE(g.cuda.source.find("if ((((unsigned long long)b0 & 15) | ((unsigned long long)b1 & 15)) == 0) {"),
               std::string::npos)
         << g.cuda.source;
@@ -353,9 +357,9 @@ TEST(InductorCudaCodegen, FlatKernelsMoveSixteenByteWordsWhenAligned) {
 }
 )",
                             R"(graph {
-  input %0 : f32[64,48]{48,1} on cuda:0 input "x"
-  input %1 : f32[48]{1} on cuda:0 input "b"
-  %2 : f32[64,48]{48,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
+  input %0 : f32[64,50]{50,1} on cuda:0 input "x"
+  input %1 : f32[50]{1} on cuda:0 input "b"
+  %2 : f32[64,50]{50,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
   output %2 result "y"
 }
 )"}) {
@@ -363,6 +367,23 @@ TEST(InductorCudaCodegen, FlatKernelsMoveSixteenByteWordsWhenAligned) {
     EXPECT_EQ(g.cuda.source.find("k_vld<"), std::string::npos) << g.cuda.source;
     EXPECT_EQ(g.cuda.source.find("i0"), std::string::npos) << g.cuda.source;
   }
+  // A bias added along rows whose length is a multiple of the width: the rows' words and the
+  // bias's words both move whole (the 4 elements of an iteration share their row), the row and
+  // column found once per 4 elements.
+  const Generated bias = generate(ir::parse(R"(graph {
+  input %0 : bf16[64,48]{48,1} on cuda:0 input "x"
+  input %1 : f32[48]{1} on cuda:0 input "b"
+  %2 : f32[64,48]{48,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
+  %3 : bf16[64,48]{48,1} on cuda:0 = aten::_to_copy(%2, dtype(bf16), None, None, None, false, None)
+  output %3 result "y"
+}
+)"));
+  ASSERT_EQ(bias.cuda.launches.size(), 1u) << bias.cuda.source;
+  EXPECT_NE(bias.cuda.source.find("const kidx ib = i0 % 48;"), std::string::npos) << bias.cuda.source;
+  EXPECT_TRUE(std::regex_search(bias.cuda.source, std::regex(R"(k_vld<8>\(a[01], b0 \+ )"))) << bias.cuda.source;
+  EXPECT_TRUE(std::regex_search(bias.cuda.source, std::regex(R"(k_vld<8>\(a[01], b1 \+ \(0 \+ 1 \* \(ib\)\)\);)")))
+      << bias.cuda.source;
+  EXPECT_NE(bias.cuda.source.find("k_vst<8>("), std::string::npos) << bias.cuda.source;
 }
 
 // A value the group returns only through a view of the same memory is computed into the
