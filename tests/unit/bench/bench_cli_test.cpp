@@ -284,6 +284,23 @@ TEST(BenchCli, KernelsOnTheCpuInText) {
   EXPECT_NE(r.out.find("longest operators of kiln"), std::string::npos) << r.out;
 }
 
+// --profiler-range brackets one more kiln step for an external profiler (ncu --profile-from-start
+// off); on the CPU it says why it did nothing and the run still succeeds.
+TEST(BenchCli, ProfilerRangeNeedsCudaAndSaysSo) {
+  const CliRun h = kiln_cli("bench --help");
+  EXPECT_NE(h.out.find("--profiler-range"), std::string::npos);
+  const CliRun r = kiln_cli("bench mlp --backend eager --steps 4 --batch 8 --profiler-range");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("kiln bench: --profiler-range: needs --device cuda"), std::string::npos) << r.err;
+}
+
+TEST(BenchCliCuda, ProfilerRangeProfilesOneCompiledStep) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const CliRun r = kiln_cli("bench mlp --device cuda --steps 4 --profiler-range");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("kiln bench: --profiler-range: one compiled step profiled"), std::string::npos) << r.err;
+}
+
 TEST(BenchCliCuda, KernelsCountsCudaKernels) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const CliRun r = kiln_cli("bench mlp --device cuda --mode reduce-overhead --steps 6 --kernels --json");
