@@ -187,6 +187,8 @@ std::vector<OpEntry> make_registry() {
       reduction("aten::native_layer_norm", lower_layer_norm),
       reduction("aten::native_layer_norm_backward", lower_layer_norm_backward),
       reduction("aten::nll_loss_forward", lower_nll_loss_forward, claim_nll_loss),
+      reduction("aten::_native_batch_norm_legit_functional", lower_batch_norm, claim_batch_norm),
+      reduction("aten::native_batch_norm_backward", lower_batch_norm_backward, claim_batch_norm),
 
       // ---- Views: index math ----
       view("aten::t", lower_t),

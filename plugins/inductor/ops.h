@@ -22,6 +22,7 @@ std::string claim_max_pool2d(const plugin::Graph& g, const plugin::Node& n);
 std::string claim_sum_mean(const plugin::Graph& g, const plugin::Node& n);
 std::string claim_nll_loss(const plugin::Graph& g, const plugin::Node& n);
 std::string claim_expand(const plugin::Graph& g, const plugin::Node& n);
+std::string claim_batch_norm(const plugin::Graph& g, const plugin::Node& n);
 
 // ---- Pointwise (ops_pointwise.cpp) ----
 // `ir_op` is the loop-IR op the ATen op becomes (loop_ir.h, codegen's text()).
@@ -51,6 +52,9 @@ void lower_softmax(Lowerer& l, const plugin::Node& n, bool log);
 void lower_softmax_backward(Lowerer& l, const plugin::Node& n, bool log);
 void lower_layer_norm(Lowerer& l, const plugin::Node& n);
 void lower_layer_norm_backward(Lowerer& l, const plugin::Node& n);
+// Batch norm in training mode (ops_reduction.cpp): the functional forward and its backward.
+void lower_batch_norm(Lowerer& l, const plugin::Node& n);
+void lower_batch_norm_backward(Lowerer& l, const plugin::Node& n);
 void lower_nll_loss_forward(Lowerer& l, const plugin::Node& n);
 
 // ---- Views: index math (ops_view.cpp) ----

@@ -239,3 +239,151 @@ void lower_nll_loss_forward(Lowerer& l, const Node& n) {
 }
 
 }  // namespace kiln::inductor
+
+namespace kiln::inductor {
+
+// ---- Batch norm (training) ----
+// Per-channel statistics over every dim but 1, as ATen's batch norm computes them: the mean, the
+// biased variance of the centred values (two passes, no E[x^2] - E[x]^2), invstd = 1/sqrt(var +
+// eps); running stats move by `momentum` towards the mean and the unbiased variance.
+
+namespace {
+
+// The reduced dims (all but the channel dim 1) and how many elements each channel has.
+std::vector<int64_t> bn_dims(const std::vector<int64_t>& shape, int64_t* count) {
+  std::vector<int64_t> dims;
+  *count = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d == 1) continue;
+    dims.push_back(static_cast<int64_t>(d));
+    *count *= shape[d];
+  }
+  return dims;
+}
+
+// A per-channel value ([C]) at a full index of the input.
+Idx channel(const Idx& i) { return Idx{i.at(1)}; }
+
+}  // namespace
+
+std::string claim_batch_norm(const Graph& g, const Node& n) {
+  const bool backward = n.op() == "aten::native_batch_norm_backward";
+  const auto x = g.value(n.arg(backward ? 1 : 0).tensor_index());
+  if (x.ndim() < 2) return "input of fewer than 2 dims";
+  const Ty ty = *ty_of(x.dtype());
+  if (ty != Ty::f32 && ty != Ty::f64) return "not float32 or float64";
+  int64_t count = 1;
+  for (int64_t d = 0; d < x.ndim(); ++d)
+    if (d != 1) count *= x.shape()[static_cast<size_t>(d)];
+  if (count < 2) return "fewer than 2 values per channel";
+  if (backward) {
+    if (!n.arg(7).as_bool()) return "backward of evaluation mode";
+    if (n.arg(5).is_none() || n.arg(6).is_none()) return "no saved mean or invstd";
+  } else if (!n.arg(5).as_bool()) {
+    return "evaluation mode";
+  }
+  for (size_t a = 0; a < n.num_args(); ++a) {
+    const plugin::Arg arg = n.arg(a);
+    if (arg.is_tensor() && *ty_of(g.value(arg.tensor_index()).dtype()) != ty) return "mixed dtypes";
+  }
+  return "";
+}
+
+// _native_batch_norm_legit_functional(input, weight?, bias?, running_mean, running_var, training,
+// momentum, eps) -> (out, save_mean, save_invstd, running_mean', running_var')
+void lower_batch_norm(Lowerer& l, const Node& n) {
+  const auto outs = n.outputs();
+  const Ty ty = l.val(outs[0]).ty;
+  const LoweredGraph* G = l.lowered();
+  const int x = static_cast<int>(n.arg(0).tensor_index());
+  const auto shape = l.val(x).shape;
+  int64_t count = 0;
+  const auto dims = bn_dims(shape, &count);
+  const int w = n.arg(1).is_none() ? -1 : static_cast<int>(n.arg(1).tensor_index());
+  const int b = n.arg(2).is_none() ? -1 : static_cast<int>(n.arg(2).tensor_index());
+  const int rm = static_cast<int>(n.arg(3).tensor_index()), rv = static_cast<int>(n.arg(4).tensor_index());
+  const int momentum = l.param(n.arg(6)), eps = l.param(n.arg(7));
+  const int mean = static_cast<int>(outs[1]), invstd = static_cast<int>(outs[2]);
+  const std::vector<int64_t> cs{shape.at(1)};
+  l.reduction(mean, shape, dims, false, "sum", 1.0 / static_cast<double>(count),
+              [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  auto xc = [G, x, mean, ty](ExprPool& p, const Idx& i) {
+    return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, channel(i))});
+  };
+  // The sum of squared deviations: the biased variance divides it by count, the unbiased one by
+  // count - 1.
+  const int ssd = l.hidden(cs, ty);
+  l.reduction(ssd, shape, dims, false, "sum", 1.0, [xc, ty](ExprPool& p, const Idx& i) {
+    int c = xc(p, i);
+    return p.op("mul", ty, {c, c});
+  });
+  const double inv = 1.0 / static_cast<double>(count), inv_unbiased = 1.0 / static_cast<double>(count - 1);
+  l.pointwise(invstd, [G, ssd, eps, inv, ty](ExprPool& p, const Idx& i) {
+    int var = p.op("mul", ty, {G->load(p, ssd, i), p.constant(inv, ty)});
+    return p.op("div", ty, {p.constant(1.0, ty), p.op("sqrt", ty, {p.op("add", ty, {var, p.param(eps, ty)})})});
+  });
+  l.pointwise(outs[0], [G, xc, invstd, w, b, ty](ExprPool& p, const Idx& i) {
+    int y = p.op("mul", ty, {xc(p, i), G->load(p, invstd, channel(i))});
+    if (w >= 0) y = p.op("mul", ty, {y, p.cast(G->load(p, w, channel(i)), ty)});
+    if (b >= 0) y = p.op("add", ty, {y, p.cast(G->load(p, b, channel(i)), ty)});
+    return y;
+  });
+  // running = momentum * statistic + (1 - momentum) * running
+  auto moved = [G, momentum, ty](ExprPool& p, int running, int statistic, const Idx& i) {
+    int m = p.param(momentum, ty);
+    int keep = p.op("sub", ty, {p.constant(1.0, ty), m});
+    return p.op("add", ty, {p.op("mul", ty, {m, statistic}), p.op("mul", ty, {keep, G->load(p, running, i)})});
+  };
+  if (outs.size() > 3 && outs[3] >= 0)
+    l.pointwise(outs[3],
+                [G, moved, rm, mean](ExprPool& p, const Idx& i) { return moved(p, rm, G->load(p, mean, i), i); });
+  if (outs.size() > 4 && outs[4] >= 0)
+    l.pointwise(outs[4], [G, moved, rv, ssd, inv_unbiased, ty](ExprPool& p, const Idx& i) {
+      return moved(p, rv, p.op("mul", ty, {G->load(p, ssd, i), p.constant(inv_unbiased, ty)}), i);
+    });
+}
+
+// native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean,
+// save_invstd, train, eps, output_mask) -> (grad_input, grad_weight, grad_bias), in training mode:
+// dx = (dy - sum(dy)/n - (x - mean) * invstd^2 * sum(dy * (x - mean))/n) * invstd * weight,
+// dweight = sum(dy * (x - mean)) * invstd, dbias = sum(dy), as ATen computes them.
+void lower_batch_norm_backward(Lowerer& l, const Node& n) {
+  const auto outs = n.outputs();
+  const Ty ty = l.val(n.arg(1).tensor_index()).ty;
+  const LoweredGraph* G = l.lowered();
+  const int go = static_cast<int>(n.arg(0).tensor_index()), x = static_cast<int>(n.arg(1).tensor_index());
+  const int w = n.arg(2).is_none() ? -1 : static_cast<int>(n.arg(2).tensor_index());
+  const int mean = static_cast<int>(n.arg(5).tensor_index()), invstd = static_cast<int>(n.arg(6).tensor_index());
+  const auto shape = l.val(x).shape;
+  int64_t count = 0;
+  const auto dims = bn_dims(shape, &count);
+  const std::vector<int64_t> cs{shape.at(1)};
+  auto dy = [G, go, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, go, i), ty); };
+  auto xc = [G, x, mean, ty](ExprPool& p, const Idx& i) {
+    return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, channel(i))});
+  };
+  const bool want_bias = outs.size() > 2 && outs[2] >= 0;
+  const int sum_dy = want_bias ? static_cast<int>(outs[2]) : l.hidden(cs, ty);
+  l.reduction(sum_dy, shape, dims, false, "sum", 1.0, dy);
+  const int dot = l.hidden(cs, ty);
+  l.reduction(dot, shape, dims, false, "sum", 1.0, [dy, xc, ty](ExprPool& p, const Idx& i) {
+    return p.op("mul", ty, {dy(p, i), xc(p, i)});
+  });
+  if (outs.size() > 1 && outs[1] >= 0)
+    l.pointwise(outs[1], [G, dot, invstd, ty](ExprPool& p, const Idx& i) {
+      return p.op("mul", ty, {G->load(p, dot, i), G->load(p, invstd, i)});
+    });
+  if (outs[0] < 0) return;
+  const double inv = 1.0 / static_cast<double>(count);
+  l.pointwise(outs[0], [G, dy, xc, sum_dy, dot, invstd, w, inv, ty](ExprPool& p, const Idx& i) {
+    const Idx c = channel(i);
+    int is = G->load(p, invstd, c);
+    int proj = p.op("mul", ty, {p.op("mul", ty, {G->load(p, dot, c), p.constant(inv, ty)}), p.op("mul", ty, {is, is})});
+    int t = p.op("sub", ty, {dy(p, i), p.op("mul", ty, {G->load(p, sum_dy, c), p.constant(inv, ty)})});
+    t = p.op("sub", ty, {t, p.op("mul", ty, {xc(p, i), proj})});
+    int scale = w >= 0 ? p.op("mul", ty, {is, p.cast(G->load(p, w, c), ty)}) : is;
+    return p.op("mul", ty, {t, scale});
+  });
+}
+
+}  // namespace kiln::inductor

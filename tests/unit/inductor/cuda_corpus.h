@@ -228,6 +228,29 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // Batch norm in training mode (BatchNorm2d's forward with its running stats, and its
+      // backward): per-channel reductions over the batch and spatial dims. float32 only (the
+      // inductor leaves other dtypes to ATen), so both instantiations are the same graph.
+      {"batch_norm", R"(graph {
+  input %0 : f32[6,5,7,9]{315,63,9,1} {D} input "x"
+  input %1 : f32[5]{1} {D} input "w"
+  input %2 : f32[5]{1} {D} input "b"
+  input %3 : f32[5]{1} {D} input "running_mean"
+  input %4 : f32[5]{1} {D} input "pos_running_var"
+  input %5 : f32[6,5,7,9]{315,63,9,1} {D} input "go"
+  %6 : f32[6,5,7,9]{315,63,9,1} {D}, %7 : f32[5]{1} {D}, %8 : f32[5]{1} {D}, %9 : f32[5]{1} {D}, %10 : f32[5]{1} {D} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %11 : f32[6,5,7,9]{315,63,9,1} {D}, %12 : f32[5]{1} {D}, %13 : f32[5]{1} {D} = aten::native_batch_norm_backward(%5, %0, %1, %9, %10, %7, %8, true, 1e-05, b[true, true, true])
+  output %6 result "y"
+  output %7 result "save_mean"
+  output %8 result "save_invstd"
+  output %9 result "running_mean"
+  output %10 result "running_var"
+  output %11 result "dx"
+  output %12 result "dw"
+  output %13 result "db"
+}
+)",
+       -1},
       {"reductions", R"(graph {
   input %0 : {T}[37,53]{53,1} {D} input "x"
   input %1 : {T}[3,11,7]{77,7,1} {D} input "z"

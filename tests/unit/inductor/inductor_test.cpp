@@ -384,6 +384,42 @@ TEST(InductorNumerics, LayerNormForwardAndBackward) {
   expect_all_compiled(c);
 }
 
+// Batch norm in training mode, as BatchNorm2d and BatchNorm1d train: per-channel statistics over
+// every dim but 1, the running stats moved by momentum (the unbiased variance), and the backward's
+// three gradients.
+TEST(InductorNumerics, BatchNormTrainingForwardAndBackward) {
+  auto c = check(R"(graph {
+  input %0 : f32[4,3,5,6]{90,30,6,1} input "x"
+  input %1 : f32[3]{1} input "w"
+  input %2 : f32[3]{1} input "b"
+  input %3 : f32[3]{1} input "running_mean"
+  input %4 : f32[3]{1} input "running_var"
+  input %5 : f32[4,3,5,6]{90,30,6,1} input "go"
+  input %6 : f32[16,7]{7,1} input "x1"
+  input %7 : f32[7]{1} input "rm1"
+  input %8 : f32[7]{1} input "rv1"
+  input %9 : f32[16,7]{7,1} input "go1"
+  %10 : f32[4,3,5,6]{90,30,6,1}, %11 : f32[3]{1}, %12 : f32[3]{1}, %13 : f32[3]{1}, %14 : f32[3]{1} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %15 : f32[4,3,5,6]{90,30,6,1}, %16 : f32[3]{1}, %17 : f32[3]{1} = aten::native_batch_norm_backward(%5, %0, %1, %13, %14, %11, %12, true, 1e-05, b[true, true, true])
+  %18 : f32[16,7]{7,1}, %19 : f32[7]{1}, %20 : f32[7]{1}, %21 : f32[7]{1}, %22 : f32[7]{1} = aten::_native_batch_norm_legit_functional(%6, None, None, %7, %8, true, 0.3, 0.001)
+  %23 : f32[16,7]{7,1}, %24 : f32[7]{1}, %25 : f32[7]{1} = aten::native_batch_norm_backward(%9, %6, None, %21, %22, %19, %20, true, 0.001, b[true, true, true])
+  output %10 result "y"
+  output %11 result "save_mean"
+  output %12 result "save_invstd"
+  output %13 result "running_mean"
+  output %14 result "running_var"
+  output %15 result "dx"
+  output %16 result "dw"
+  output %17 result "db"
+  output %18 result "y1"
+  output %21 result "running_mean1"
+  output %22 result "running_var1"
+  output %23 result "dx1"
+}
+)");
+  expect_all_compiled(c);
+}
+
 TEST(InductorNumerics, NllLossForwardAndBackwardWithIgnoredTargets) {
   auto c = check(R"(graph {
   input %0 : f32[11,5]{5,1} input "x"
