@@ -247,6 +247,43 @@ TEST(IpexNumerics, LayerNormForwardAndBackward) {
   expect_all_compiled(c);
 }
 
+// Batch norm's backward in training mode on oneDNN's batch_normalization_backward (BatchNorm2d and
+// BatchNorm1d, both affine): the three gradients from the statistics the forward saved. The
+// forward stays with ATen (oneDNN sums its statistics in float), so it runs eagerly here and
+// gives the backward real statistics.
+TEST(IpexNumerics, BatchNormBackwardOnOneDnnForwardWithAten) {
+  auto c = check(R"(graph {
+  input %0 : f32[4,3,5,6]{90,30,6,1} input "x"
+  input %1 : f32[3]{1} input "w"
+  input %2 : f32[3]{1} input "b"
+  input %3 : f32[3]{1} input "running_mean"
+  input %4 : f32[3]{1} input "running_var"
+  input %5 : f32[4,3,5,6]{90,30,6,1} input "g"
+  input %6 : f32[16,7]{7,1} input "x1"
+  input %7 : f32[7]{1} input "w1"
+  input %8 : f32[7]{1} input "rm1"
+  input %9 : f32[7]{1} input "rv1"
+  input %10 : f32[16,7]{7,1} input "g1"
+  %11 : f32[4,3,5,6]{90,30,6,1}, %12 : f32[3]{1}, %13 : f32[3]{1}, %14 : f32[3]{1}, %15 : f32[3]{1} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %16 : f32[4,3,5,6]{90,30,6,1}, %17 : f32[3]{1}, %18 : f32[3]{1} = aten::native_batch_norm_backward(%5, %0, %1, %14, %15, %12, %13, true, 1e-05, b[true, true, true])
+  %19 : f32[16,7]{7,1}, %20 : f32[7]{1}, %21 : f32[7]{1}, %22 : f32[7]{1}, %23 : f32[7]{1} = aten::_native_batch_norm_legit_functional(%6, %7, None, %8, %9, true, 0.3, 0.001)
+  %24 : f32[16,7]{7,1}, %25 : f32[7]{1}, %26 : f32[7]{1} = aten::native_batch_norm_backward(%10, %6, %7, %22, %23, %20, %21, true, 0.001, b[true, true, true])
+  output %11 result "y"
+  output %16 result "dx"
+  output %17 result "dw"
+  output %18 result "db"
+  output %19 result "y1"
+  output %24 result "dx1"
+  output %25 result "dw1"
+  output %26 result "db1"
+}
+)",
+                 1e-5);
+  EXPECT_EQ(c.stats.claimed, 2u);  // the two backwards
+  EXPECT_EQ(c.stats.nodes_compiled, 2u);
+  EXPECT_TRUE(c.stats.compile_errors.empty());
+}
+
 TEST(IpexNumerics, ConvolutionForwardBackwardDataAndWeights) {
   auto c = check(R"(graph {
   input %0 : f32[2,3,11,11]{363,121,11,1} input "x"
