@@ -201,7 +201,7 @@ class Emitter {
   struct Vectorized {
     int width = 0;
     std::map<std::pair<int, std::string>, std::pair<std::string, Ty>> arrays;  // (buffer, index) -> array
-    std::map<std::pair<int, std::string>, std::string> index_at;               // column kernels: the index at ib
+    std::map<std::pair<int, std::string>, std::string> index_at;               // each array's index at ib
     std::string aligned;
   };
 
@@ -246,7 +246,9 @@ class Emitter {
     for (const auto& [ix, bt] : loads) {
       if (!add(*ix, bt.first, bt.second)) return none;
       const auto key = std::make_pair(bt.first, index_str(*ix));
-      if (!vz.arrays.count(key)) vz.arrays[key] = {"a" + std::to_string(vz.arrays.size()), bt.second};
+      if (vz.arrays.count(key)) continue;
+      vz.arrays[key] = {"a" + std::to_string(vz.arrays.size()), bt.second};
+      vz.index_at[key] = index_with(*ix, var, "ib");
     }
     for (const auto& [ix, bt] : writes)
       if (!add(*ix, bt.first, bt.second)) return none;
@@ -288,13 +290,8 @@ class Emitter {
       const auto& [name, ty] = arr;
       use_buf(key.first, ty);
       read_.insert(key.first);
-      // The array's index at the iteration's first element: the innermost variable at ib.
-      const Expr* load = nullptr;
-      for (const auto& [e, x] : vector_loads(roots))
-        if (x->buf == key.first && index_str(x->idx) == key.second) load = x;
       body_ << "    alignas(16) " << mem_type(ty) << " " << name << "[" << W << "];\n";
-      body_ << "    k_vld<" << W << ">(" << name << ", b" << key.first << " + " << index_with(load->idx, var, "ib")
-            << ");\n";
+      body_ << "    k_vld<" << W << ">(" << name << ", b" << key.first << " + " << vz.index_at.at(key) << ");\n";
     }
     std::vector<std::string> outs;
     for (size_t s = 0; s < stages.size(); ++s) {
@@ -332,18 +329,6 @@ class Emitter {
             << ");\n";
     }
     body_ << "  }\n";
-  }
-
-  // The loads of the expressions under `roots` that read memory (not an earlier stage's register).
-  std::vector<std::pair<int, const Expr*>> vector_loads(const std::vector<int>& roots) const {
-    std::set<int> exprs;
-    for (int r : roots) collect_all(r, exprs);
-    std::vector<std::pair<int, const Expr*>> out;
-    for (int e : exprs) {
-      const Expr& x = pool_.at(e);
-      if (x.k == Expr::K::Load && !(in_kernel_.count(x.value) && x.logical_known)) out.push_back({e, &x});
-    }
-    return out;
   }
 
   // Whether the expression is already a value rounded to bfloat16 (a cast to it): rounding it
@@ -549,42 +534,33 @@ class Emitter {
         body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
       }
     }
-    if (width > 1) {
-      body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) kiln_col[(ty * " << W
-            << " + u) * 33 + tx] = " << accu << ";\n"
-            << "  __syncthreads();\n"
-            << "  if (ty == 0 && active) {\n"
-            << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n"
-            << "      for (int w = 1; w < " << warps << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
-            << ", kiln_col[(w * " << W << " + u) * 33 + tx]);\n";
-      if (splits > 1) {
-        use_buf(partial_slot, acc_ty(info));
-        written_.insert(partial_slot);
-        body_ << "      b" << partial_slot << "[part * " << lit(n_kept) << " + col + u] = " << accu << ";\n";
-      } else {
-        const std::string res = "rv" + std::to_string(v);
-        body_ << "      const kidx " << vname(inner) << " = ib + u;\n"
-              << "      const " << reg_type(info.ty) << " " << res << " = " << finish(info, accu) << ";\n";
-        store(v, out, res, 3);
-      }
-      body_ << "    }\n  }\n";
+    // Each warp's accumulators into shared memory, then the first warp combines them in order and
+    // stores (every column of the thread, ib + u, with several a thread).
+    const bool many = width > 1;
+    const std::string cell = many ? "(ty * " + W + " + u) * 33 + tx" : "ty * 33 + tx";
+    const std::string other = many ? "(w * " + W + " + u) * 33 + tx" : "w * 33 + tx";
+    const int d = many ? 2 : 1;  // depth of the combining code
+    if (many)
+      body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) kiln_col[" << cell << "] = " << accu << ";\n";
+    else body_ << "  kiln_col[" << cell << "] = " << accu << ";\n";
+    body_ << "  __syncthreads();\n"
+          << "  if (ty == 0 && active) {\n";
+    if (many) body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n";
+    body_ << ind(d) << "for (int w = 1; w < " << warps << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
+          << ", kiln_col[" << other << "]);\n";
+    if (splits > 1) {
+      use_buf(partial_slot, acc_ty(info));
+      written_.insert(partial_slot);
+      body_ << ind(d) << "b" << partial_slot << "[part * " << lit(n_kept) << " + col" << (many ? " + u" : "")
+            << "] = " << accu << ";\n";
     } else {
-      body_ << "  kiln_col[ty * 33 + tx] = " << acc << ";\n"
-            << "  __syncthreads();\n"
-            << "  if (ty == 0 && active) {\n"
-            << "    for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
-            << ", kiln_col[w * 33 + tx]);\n";
-      if (splits > 1) {
-        use_buf(partial_slot, acc_ty(info));
-        written_.insert(partial_slot);
-        body_ << "    b" << partial_slot << "[part * " << lit(n_kept) << " + col] = " << acc << ";\n";
-      } else {
-        const std::string res = "rv" + std::to_string(v);
-        body_ << "    const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
-        store(v, out, res, 1);
-      }
-      body_ << "  }\n";
+      const std::string res = "rv" + std::to_string(v);
+      if (many) body_ << ind(d) << "const kidx " << vname(inner) << " = ib + u;\n";
+      body_ << ind(d) << "const " << reg_type(info.ty) << " " << res << " = " << finish(info, accu) << ";\n";
+      store(v, out, res, d);
     }
+    if (many) body_ << "    }\n";
+    body_ << "  }\n";
     launch.block = static_cast<unsigned>(32 * warps);
     if (blocks > 0x7fffffff) throw std::logic_error("column kernel " + kernel + " needs more than 2^31 blocks");
     launch.grid = static_cast<unsigned>(blocks);
@@ -621,8 +597,7 @@ class Emitter {
   // with that dim does so contiguously, with every other coefficient a multiple of it (so each
   // row's columns of a thread are whole 16-byte words, or 8-byte ones, at an aligned buffer) and
   // elements of 2 bytes or more. 8 when a bfloat16 is among those loads, else 4.
-  static int column_width(const LoweredGraph& L, const ValueInfo& info) {
-    (void)L;
+  static int column_width(const ValueInfo& info) {
     const std::vector<int64_t> kept = stripped(info.shape);
     ExprPool pool;
     Idx idx;
@@ -1143,7 +1118,7 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
     for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
     if (K.column) {
       const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
-      const int width = Emitter::column_width(L, info);
+      const int width = Emitter::column_width(info);
       const int64_t splits = Emitter::column_splits(info, options.multiprocessors, width);
       if (splits > 1) {
         // The partial results: a scratch slot of this program's own, after the lowering's.

@@ -4,13 +4,7 @@
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
-function(run step)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${step} failed (${rc}):\n${out}\n${err}")
-  endif()
-  message(STATUS "${step}: ok")
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../../package/run_step.cmake)  # run(<step> <command>...)
 
 run("install the kiln SDK" ${CMAKE_COMMAND} --install ${KILN_BUILD_DIR} --prefix ${WORK_DIR}/prefix --component sdk)
 run("configure the sample" ${CMAKE_COMMAND} -S ${SAMPLE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
