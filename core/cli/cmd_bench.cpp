@@ -598,6 +598,7 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   j["kiln_peak_mb"] = rounded(r.kiln.peak_mb, 1);
   j["probe_ms_per_step"] = rounded(t.probe_ms, 4);
   j["adopted_writebacks"] = static_cast<int64_t>(st.adopted_writebacks);
+  j["copied_writebacks"] = static_cast<int64_t>(st.copied_writebacks);
   j["eager_page_faults_per_step"] = rounded(r.eager.faults_per_step, 0);
   j["kiln_page_faults_per_step"] = rounded(r.kiln.faults_per_step, 0);
   if (c)

@@ -136,6 +136,8 @@ class Program : public Executable {
     }
   }
 
+  const std::vector<std::pair<int, int>>& copies() const { return copies_; }
+
  private:
   float* checked(const DLTensor* t, size_t s, const char* what) const {
     Tensor v(t);
@@ -229,7 +231,26 @@ class CustomElementwise : public Plugin {
       s.out = slot(node.outputs()[0]);
       steps.push_back(s);
     }
-    return std::make_unique<Program>(std::move(steps), std::move(numel), ins.size(), outs.size(), std::move(copies));
+    auto program = std::make_unique<Program>(steps, std::move(numel), ins.size(), outs.size(), std::move(copies));
+    // In-place outputs (ABI 2.2): kiln offers to pass a write-back's input memory as its output too.
+    // Each loop reads its operands at the element it writes, so output k may overwrite input j when
+    // the loop that writes it is the last to read input j (and no pass-through copies input j).
+    if (!options.inplace_inputs.empty()) {
+      program->inplace_outputs.assign(outs.size(), -1);
+      for (size_t k = 0; k < outs.size(); ++k) {
+        const int64_t j = options.inplace_inputs[k];
+        if (j < 0) continue;
+        const int out = static_cast<int>(ins.size() + k), in = static_cast<int>(j);
+        bool writer_seen = false, safe = true;
+        for (const Step& s : steps) {
+          if (writer_seen && (s.a == in || s.b == in)) safe = false;
+          if (s.out == out) writer_seen = true;
+        }
+        for (const auto& [from, to] : program->copies()) safe = safe && from != in;
+        if (writer_seen && safe) program->inplace_outputs[k] = j;
+      }
+    }
+    return program;
   }
 };
 

@@ -81,6 +81,8 @@ struct StepStats {
   int graph_replays = 0;             // compiled steps that were one graph launch
   std::string last_graph_skip;       // "kiln: skipping cudagraphs due to ..." ("" when none)
   int64_t adopted_writebacks = 0;    // write-backs done by handing the target the value's storage (no copy)
+  int64_t copied_writebacks = 0;     // write-backs done by copying (a recorded graph's counted once, when
+                                     // recorded); the others were computed in place or adopted
   double probe_seconds = 0;          // host time of the optimizer probe, all compiled steps together
   std::vector<GroupOutcome> groups;  // plugin groups of the last compiled plan
 };

@@ -371,7 +371,8 @@ std::vector<int64_t> LoadedPlugin::claim(const KilnGraphView& graph) const {
 
 std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& subgraph, KilnMode mode,
                                                         const std::map<std::string, std::string>& options,
-                                                        const std::string& cache_dir) const {
+                                                        const std::string& cache_dir,
+                                                        const std::vector<int64_t>& inplace_inputs) const {
   if (!supports_mode(mode))
     throw PluginError(KILN_ERROR_INVALID_ARGUMENT, where() + " does not support mode '" + plugin::mode_name(mode) +
                                                        "' (it supports " + modes_string(modes_) + ")");
@@ -388,6 +389,14 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
   a.options = kv_ptrs.data();
   a.num_options = kv_ptrs.size();
   a.cache_dir = cache_dir.c_str();
+  // In-place outputs: only offered to a plugin that knows the fields (2.2), for a whole proposal.
+  const bool inplace = negotiated_minor_ >= 2 && inplace_inputs.size() == subgraph.num_outputs &&
+                       std::any_of(inplace_inputs.begin(), inplace_inputs.end(), [](int64_t j) { return j >= 0; });
+  std::vector<int64_t> accepted(inplace ? inplace_inputs.size() : 0, -1);
+  if (inplace) {
+    a.inplace_inputs = inplace_inputs.data();
+    a.inplace_accepted = accepted.data();
+  }
   KilnError* err = nullptr;
   {
     // Serialised like every other call of the context, unless the plugin says compile is safe to
@@ -402,13 +411,21 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
   }
   check(err, "compile");
   if (!a.executable) reject("compile", "returned neither an executable nor an error");
-  return std::unique_ptr<PluginExecutable>(new PluginExecutable(shared_from_this(), a.executable));
+  std::unique_ptr<PluginExecutable> exe(new PluginExecutable(shared_from_this(), a.executable));
+  for (size_t k = 0; k < accepted.size(); ++k)
+    if (accepted[k] != -1 && accepted[k] != inplace_inputs[k])
+      reject("compile", "accepted input " + std::to_string(accepted[k]) + " in place of output " + std::to_string(k) +
+                            ", where kiln offered " + std::to_string(inplace_inputs[k]) +
+                            " (inplace_accepted may only repeat inplace_inputs or keep -1)");
+  if (std::any_of(accepted.begin(), accepted.end(), [](int64_t j) { return j >= 0; })) exe->inplace_ = accepted;
+  return exe;
 }
 
-std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& subgraph, KilnMode mode) const {
+std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& subgraph, KilnMode mode,
+                                                        const std::vector<int64_t>& inplace_inputs) const {
   std::map<std::string, std::string> options;
   if (auto it = host_->plugin_options().find(name_); it != host_->plugin_options().end()) options = it->second;
-  return compile(subgraph, mode, options, host_->cache_dir());
+  return compile(subgraph, mode, options, host_->cache_dir(), inplace_inputs);
 }
 
 bool LoadedPlugin::accepts_runtime_scalars() const { return (capabilities_ & KILN_CAPABILITY_RUNTIME_SCALARS) != 0; }

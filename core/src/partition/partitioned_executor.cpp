@@ -28,6 +28,73 @@ bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars
   return true;
 }
 
+namespace {
+
+// In-place outputs to offer the plugin (ABI 2.2), by group and output: the group input whose
+// memory the output may be computed into, or -1. Output v of group G is offered input j when v is
+// written back into the graph input whose value G reads as input j (the step's new parameter or
+// optimizer state), in the same layout, and that memory is not read again after G: no unit after
+// G in the run order reads the input or a view of it, no graph output but the write-back shows
+// it, and no other input of G is a view of it (the plugin could not know that two of its inputs
+// share memory). Slots count every group as one unit; a group that does not compile runs its
+// nodes in its place, so the order around it is the same.
+std::vector<std::vector<int64_t>> inplace_proposals(const ir::Graph& g, const Partition& part) {
+  // Which tensor's memory each value is (views of views of an input: the input).
+  std::vector<ir::ValueId> root(g.values.size());
+  for (size_t v = 0; v < root.size(); ++v) root[v] = static_cast<ir::ValueId>(v);
+  for (const auto& n : g.nodes) {
+    if (!op_info(n.op).is_view) continue;
+    const auto ins = ir::Graph::node_inputs(n);
+    if (ins.empty()) continue;
+    for (auto o : n.outputs)
+      if (o != ir::kNoValue) root[static_cast<size_t>(o)] = root[static_cast<size_t>(ins.front())];
+  }
+  std::vector<int32_t> slot_of_group(part.groups.size(), -1);
+  std::vector<int32_t> last_read(g.values.size(), -1);
+  int32_t slot = 0;
+  for (auto u : part.order) {
+    if (u >= 0) {
+      for (auto v : ir::Graph::node_inputs(g.nodes[static_cast<size_t>(u)]))
+        last_read[static_cast<size_t>(root[static_cast<size_t>(v)])] = slot;
+    } else {
+      slot_of_group[static_cast<size_t>(-u - 1)] = slot;
+      for (auto v : part.groups[static_cast<size_t>(-u - 1)].inputs)
+        last_read[static_cast<size_t>(root[static_cast<size_t>(v)])] = slot;
+    }
+    ++slot;
+  }
+  std::vector<int> output_uses(g.values.size(), 0), shown(g.values.size(), 0);
+  for (const auto& o : g.outputs) {
+    ++output_uses[static_cast<size_t>(o.value)];
+    ++shown[static_cast<size_t>(root[static_cast<size_t>(o.value)])];
+  }
+  std::vector<std::vector<int64_t>> proposals(part.groups.size());
+  for (size_t gi = 0; gi < part.groups.size(); ++gi) {
+    const auto& pg = part.groups[gi];
+    auto& prop = proposals[gi];
+    prop.assign(pg.outputs.size(), -1);
+    for (size_t k = 0; k < pg.outputs.size(); ++k) {
+      const ir::ValueId v = pg.outputs[k];
+      for (const auto& o : g.outputs) {
+        if (o.role != ir::OutputRole::WriteBack || o.value != v) continue;
+        const ir::ValueId in = g.inputs[static_cast<size_t>(o.target)].value;
+        const auto at = std::find(pg.inputs.begin(), pg.inputs.end(), in);
+        if (at == pg.inputs.end() || output_uses[static_cast<size_t>(v)] != 1 || shown[static_cast<size_t>(in)] != 0 ||
+            last_read[static_cast<size_t>(in)] > slot_of_group[gi] || !(g.value(v).meta == g.value(in).meta))
+          break;
+        bool other_view = false;
+        for (auto w : pg.inputs) other_view = other_view || (w != in && root[static_cast<size_t>(w)] == in);
+        if (!other_view) prop[k] = at - pg.inputs.begin();
+        break;
+      }
+    }
+    if (std::none_of(prop.begin(), prop.end(), [](int64_t j) { return j >= 0; })) prop.clear();
+  }
+  return proposals;
+}
+
+}  // namespace
+
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
                                                            std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
                                                            int compile_threads) {
@@ -61,11 +128,12 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     std::exception_ptr other;  // anything else thrown: rethrown as the serial loop would
   };
   std::vector<Attempt> attempts(part.groups.size());
+  const auto proposals = inplace_proposals(g, part);
   auto attempt = [&](size_t gi) {
     const auto& pg = part.groups[gi];
     GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
     try {
-      attempts[gi].exe = plugin->compile(sub.view(), mode);
+      attempts[gi].exe = plugin->compile(sub.view(), mode, proposals[gi]);
     } catch (const PluginError& e) {
       attempts[gi].error = e;
     } catch (...) {
@@ -104,6 +172,12 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     outcome.first_op = g.nodes[pg.nodes.front()].op;
     if (attempts[gi].exe) {
       grp.exe = std::move(attempts[gi].exe);
+      for (size_t k = 0; k < proposals[gi].size(); ++k) {
+        if (proposals[gi][k] < 0) continue;
+        ++stats.inplace_offered;
+        const auto& acc = grp.exe->inplace_outputs();
+        if (k < acc.size() && acc[k] >= 0) ++stats.inplace_accepted;
+      }
       for (auto ni : pg.nodes) grp.nodes.push_back(g.nodes[ni]);
       for (auto v : pg.outputs) grp.output_meta.push_back(g.value(v).meta);
       outcome.compiled = true;
@@ -136,7 +210,8 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   }
   log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
                      stats.groups_compiled, " compiled groups",
-                     threads > 1 ? c10::str(" (", threads, " compiling at once)") : ""));
+                     threads > 1 ? c10::str(" (", threads, " compiling at once)") : "", "; ", stats.inplace_accepted,
+                     " of ", stats.inplace_offered, " write-backs offered in place computed over their inputs"));
   return cp;
 }
 
@@ -145,7 +220,7 @@ std::string print_compiled_partition(const ir::Graph& g, const CompiledPartition
   std::string text = print_partition(g, cp.partition);
   text += c10::str("plugin ", cp.plugin->name(), ": claimed ", stats.claimed, ", dropped ", stats.claims_dropped,
                    ", groups ", stats.groups, ", compiled ", stats.groups_compiled, " (", stats.nodes_compiled,
-                   " nodes)\n");
+                   " nodes), in place ", stats.inplace_accepted, " of ", stats.inplace_offered, "\n");
   for (const auto& e : stats.compile_errors) text += "compile error: " + e + "\n";
   return text;
 }
@@ -235,10 +310,22 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
       in.clear();
       out.clear();
       for (auto v : grp.group.inputs) in.push_back(to_dl_tensor(env[v]));
+      const auto& inplace = grp.exe->inplace_outputs();
       for (size_t k = 0; k < grp.group.outputs.size(); ++k) {
         const auto& m = grp.output_meta[k];
-        env[grp.group.outputs[k]] = empty_strided_step(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
-        out.push_back(to_dl_tensor(env[grp.group.outputs[k]]));
+        auto& t = env[grp.group.outputs[k]];
+        // An output the plugin computes over its input's memory (the input's new value, which
+        // nothing after this group reads the old one of): no allocation, and no write-back copy.
+        // Not under verify_groups, which reruns the group on the inputs afterwards.
+        const int64_t j = inplace.empty() || verify_groups_ ? -1 : inplace[k];
+        const at::Tensor* over = j >= 0 ? &env[grp.group.inputs[static_cast<size_t>(j)]] : nullptr;
+        if (over && over->defined() && over->sizes().vec() == m.shape && over->strides().vec() == m.strides &&
+            over->scalar_type() == m.dtype && over->device() == m.device) {
+          t = *over;
+        } else {
+          t = empty_strided_step(m.shape, m.strides, at::TensorOptions(m.dtype).device(m.device));
+        }
+        out.push_back(to_dl_tensor(t));
       }
       grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);

@@ -142,6 +142,7 @@ void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream)
       continue;
     }
     o.target.copy_(v);
+    ++stats_.copied_writebacks;
   }
 }
 

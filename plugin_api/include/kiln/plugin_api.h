@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 2
-#define KILN_ABI_VERSION_MINOR 1
+#define KILN_ABI_VERSION_MINOR 2
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -477,8 +477,21 @@ typedef struct KilnPluginCompileArgs {
   const char* cache_dir;      /* where the plugin may keep compiled artifacts (its own subfolder of
                                  it is best); never NULL */
   KilnExecutable* executable; /* out: owned by the host until executable_destroy; NULL on error */
+  /* 2.2, in-place outputs. Read them only when KILN_HAS_FIELD(args, KilnPluginCompileArgs,
+   * inplace_accepted) holds (a 2.1 host does not have them).
+   * inplace_inputs: NULL, or subgraph->num_outputs entries. Entry k is -1, or the index j of a
+   * subgraph input that output k replaces: output k is input j's new value (a write-back of the
+   * step, with the same dtype, shape and strides), nothing outside the subgraph reads input j's old
+   * value after it, and the host would like to pass the same memory as outputs[k] and inputs[j].
+   * inplace_accepted: host-owned, subgraph->num_outputs entries preset to -1 (NULL when
+   * inplace_inputs is). The plugin sets entry k to inplace_inputs[k] when its executable computes
+   * output k correctly with outputs[k] and inputs[j] sharing memory (every read of input j happens
+   * before, or in the same thread at the same element as, the write that overwrites it). The host
+   * may still pass separate memory; any other value is refused. */
+  const int64_t* inplace_inputs;
+  int64_t* inplace_accepted;
 } KilnPluginCompileArgs;
-#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, executable)
+#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, inplace_accepted)
 KILN_CHECK_STRUCT_SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE);
 
 /* Ends a context: called once, after the last executable and graph are destroyed and before the

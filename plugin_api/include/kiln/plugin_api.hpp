@@ -590,11 +590,18 @@ struct CompileOptions {
   KilnMode mode = KILN_MODE_DEFAULT;
   std::map<std::string, std::string> options;  // the [plugin.<name>] table
   std::string cache_dir;
+  // In-place outputs (ABI 2.2): empty, or one entry per output of the subgraph: -1, or the input
+  // whose memory the host would like to pass as this output too (KilnPluginCompileArgs says when).
+  // The plugin accepts a pair by setting Executable::inplace_outputs.
+  std::vector<int64_t> inplace_inputs;
 };
 
 class Executable {
  public:
   virtual ~Executable() = default;
+  // In-place outputs the executable computes correctly (ABI 2.2): empty, or one entry per output,
+  // -1 or CompileOptions::inplace_inputs[k] for an output that may share memory with that input.
+  std::vector<int64_t> inplace_outputs;
   // outputs are preallocated by the host; write into them.
   virtual void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                        void* stream) = 0;
@@ -763,8 +770,15 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
           if (kv && kv->key) o.options[kv->key] = kv->value ? kv->value : "";
         }
         if (args->cache_dir) o.cache_dir = args->cache_dir;
+        const bool inplace = KILN_HAS_FIELD(args, KilnPluginCompileArgs, inplace_accepted) && args->inplace_inputs &&
+                             args->inplace_accepted && args->subgraph;
+        if (inplace) o.inplace_inputs.assign(args->inplace_inputs, args->inplace_inputs + args->subgraph->num_outputs);
         std::unique_ptr<Executable> exe = st->plugin->compile(Graph(args->subgraph), o);
         if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
+        if (inplace)
+          for (size_t k = 0; k < exe->inplace_outputs.size() && k < o.inplace_inputs.size(); ++k)
+            if (exe->inplace_outputs[k] >= 0 && exe->inplace_outputs[k] == o.inplace_inputs[k])
+              args->inplace_accepted[k] = exe->inplace_outputs[k];
         auto box = std::make_unique<KilnExecutable>();
         box->impl = std::move(exe);
         args->executable = box.release();

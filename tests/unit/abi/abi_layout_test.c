@@ -24,7 +24,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 2);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 1);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 2);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -159,13 +159,15 @@ int main(void) {
   OFF(KilnPluginClaimArgs, graph, 16);
   OFF(KilnPluginClaimArgs, claimed_nodes, 24);
   OFF(KilnPluginClaimArgs, num_claimed, 32);
-  SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE, 64);
+  SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE, 80);
   OFF(KilnPluginCompileArgs, subgraph, 16);
   OFF(KilnPluginCompileArgs, mode, 24);
   OFF(KilnPluginCompileArgs, options, 32);
   OFF(KilnPluginCompileArgs, num_options, 40);
   OFF(KilnPluginCompileArgs, cache_dir, 48);
   OFF(KilnPluginCompileArgs, executable, 56);
+  OFF(KilnPluginCompileArgs, inplace_inputs, 64);
+  OFF(KilnPluginCompileArgs, inplace_accepted, 72);
   SIZE(KilnPluginShutdownArgs, KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, 16);
   SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, 72);
   OFF(KilnExecutableExecuteArgs, executable, 8);

@@ -164,7 +164,7 @@ TEST(CudaGraphsPlugin, DescribesItselfAndSaysWhyItIsUnavailableWithoutAGpu) {
   auto p = load_cudagraphs();
   ASSERT_TRUE(p);
   EXPECT_EQ(p->name(), "cudagraphs");
-  EXPECT_EQ(p->abi_version(), "2.1");
+  EXPECT_EQ(p->abi_version(), "2." + std::to_string(KILN_ABI_VERSION_MINOR));
   EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), "cuda");
   EXPECT_TRUE(p->asks_whole_step_graph());
   EXPECT_TRUE(p->supports_mode(KILN_MODE_REDUCE_OVERHEAD));

@@ -48,7 +48,7 @@ TEST(CustomBackend, LoadsFromItsBuildFolderWithItsDescriptor) {
   EXPECT_TRUE(reg.failures().empty());
   EXPECT_EQ(p->version(), "0.1.0");
   EXPECT_EQ(p->vendor(), "kiln samples");
-  EXPECT_EQ(p->abi_version(), "2.1");
+  EXPECT_EQ(p->abi_version(), "2." + std::to_string(KILN_ABI_VERSION_MINOR));
   EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), "cpu");
   auto a = p->available(kiln::basic_cpu_devices());
   EXPECT_TRUE(a.available) << a.reason;

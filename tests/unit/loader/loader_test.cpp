@@ -107,7 +107,9 @@ TEST(Loader, RejectsPluginWithNewerMajorAbi) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   // A 3.x table's layout past the frozen fields is unknown here, so the plugin cannot be named.
   EXPECT_EQ(failure_for(reg, "libkiln_bad_abi_major.so"),
-            "plugin was built for kiln plugin ABI 3.1; this kiln speaks 2.1 — rebuild it against the kiln 2.x SDK");
+            "plugin was built for kiln plugin ABI 3." + std::to_string(KILN_ABI_VERSION_MINOR) +
+                "; this kiln speaks 2." + std::to_string(KILN_ABI_VERSION_MINOR) +
+                " — rebuild it against the kiln 2.x SDK");
 }
 
 TEST(Loader, RefusesPluginBuiltForAbi1) {
@@ -118,7 +120,9 @@ TEST(Loader, RefusesPluginBuiltForAbi1) {
   } catch (const kiln::PluginError& e) {
     EXPECT_EQ(std::string(e.what()), path +
                                          ": plugin 'old_abi' was built for kiln plugin ABI 1.2; this kiln speaks "
-                                         "2.1 — rebuild it against the kiln 2.x SDK");
+                                         "2." +
+                                         std::to_string(KILN_ABI_VERSION_MINOR) +
+                                         " — rebuild it against the kiln 2.x SDK");
     EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
   }
 }
@@ -132,7 +136,7 @@ TEST(Loader, ReportsInitFailureWithPluginMessage) {
 TEST(Loader, RejectsUndersizedFunctionTable) {
   auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
   EXPECT_EQ(failure_for(reg, "libkiln_bad_undersized.so"),
-            "function table too small: struct_size 40, ABI 2.1 needs 136");
+            "function table too small: struct_size 40, ABI 2." + std::to_string(KILN_ABI_VERSION_MINOR) + " needs 136");
 }
 
 TEST(Loader, RejectsNullDescriptorName) {
@@ -234,7 +238,7 @@ TEST(Loader, ReadsDescriptorOfCPlugin) {
   EXPECT_EQ(p->device_kinds(), KILN_DEVICE_MASK_CPU);
   EXPECT_EQ(kiln::modes_string(p->modes()), "default,max-autotune");
   EXPECT_TRUE(p->concurrent_execution_safe());
-  EXPECT_EQ(p->abi_version(), "2.1");
+  EXPECT_EQ(p->abi_version(), "2." + std::to_string(KILN_ABI_VERSION_MINOR));
   EXPECT_EQ(p->path(), kGood + "/libkiln_c_identity.so");
 }
 
@@ -242,8 +246,8 @@ TEST(Loader, NegotiatesMinorVersionDownToTheHosts) {
   auto reg = kiln::PluginRegistry::load(only({kGood}), test_host());
   auto p = reg.find("c_newer_minor");
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->abi_version(), "2.8");  // KILN_ABI_VERSION_MINOR + 7
-  EXPECT_EQ(p->negotiated_minor(), 1u);
+  EXPECT_EQ(p->abi_version(), "2." + std::to_string(KILN_ABI_VERSION_MINOR + 7));
+  EXPECT_EQ(p->negotiated_minor(), static_cast<uint32_t>(KILN_ABI_VERSION_MINOR));
   EXPECT_FALSE(p->provides_device_graphs());  // no KILN_CAPABILITY_DEVICE_GRAPHS
 }
 
@@ -437,7 +441,7 @@ TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
     EXPECT_EQ(kiln::device_kinds_string(p->device_kinds()), e.kinds) << e.name;
     EXPECT_EQ(kiln::modes_string(p->modes()), e.modes) << e.name;
     EXPECT_EQ(p->vendor(), "kiln");
-    EXPECT_EQ(p->abi_version(), "2.1");
+    EXPECT_EQ(p->abi_version(), "2." + std::to_string(KILN_ABI_VERSION_MINOR));
     EXPECT_EQ(fs::path(p->path()).filename(), std::string("libkiln_") + e.name + ".so");
   }
 }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kiln/hardware_probe.h"
+#include "kiln/plugin_api.h"
 
 namespace kiln::cli {
 int cmd_plugins(int argc, char** argv);
@@ -78,7 +79,7 @@ TEST(PluginsCommand, JsonListsAllFiveBackendsWithAvailabilityAndReason) {
   EXPECT_EQ(ipex.at("version"), "0.1.0");
   EXPECT_EQ(ipex.at("vendor"), "kiln");
   EXPECT_EQ(ipex.at("description"), "oneDNN kernels with fused post-ops for x86 CPUs, bf16 on AVX-512-BF16/AMX");
-  EXPECT_EQ(ipex.at("abi_version"), "2.1");
+  EXPECT_EQ(ipex.at("abi_version"), "2." + std::to_string(KILN_ABI_VERSION_MINOR));
   EXPECT_EQ(ipex.at("device_kinds"), Json::array({"cpu"}));
   EXPECT_EQ(ipex.at("modes"), Json::array({"default", "max-autotune-no-cudagraphs"}));
   EXPECT_EQ(ipex.at("concurrent_execution_safe"), false);
@@ -106,7 +107,9 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   EXPECT_EQ(empty.at("path"), corpus + "/libkiln_empty.so");
   EXPECT_EQ(empty.at("error"), "not a loadable library: " + corpus + "/libkiln_empty.so: file too short");
   EXPECT_EQ(entry(list, "libkiln_bad_abi_major.so").at("error"),
-            "plugin was built for kiln plugin ABI 3.1; this kiln speaks 2.1 — rebuild it against the kiln 2.x SDK");
+            "plugin was built for kiln plugin ABI 3." + std::to_string(KILN_ABI_VERSION_MINOR) +
+                "; this kiln speaks 2." + std::to_string(KILN_ABI_VERSION_MINOR) +
+                " — rebuild it against the kiln 2.x SDK");
 }
 
 // A plugin folder whose name needs escaping in JSON (quotes, a backslash, control characters) and
@@ -132,7 +135,8 @@ TEST(PluginsCommand, TableShowsEachPluginAndEachFailure) {
   Result r = run({"--no-default-dirs", "--dir", KILN_GOOD_DIR, "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("searched: " KILN_GOOD_DIR " " + corpus + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   2.1  cpu              default,max-autotune"),
+  EXPECT_NE(r.out.find("c_identity           1.2.3     kiln tests   " +
+                       ("2." + std::to_string(KILN_ABI_VERSION_MINOR)) + "  cpu              default,max-autotune"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("not loaded:\n"), std::string::npos) << r.out;

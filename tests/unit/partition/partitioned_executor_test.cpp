@@ -119,6 +119,53 @@ TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEag
   }
 }
 
+// A write-back computed by a plugin goes straight into the written tensor's memory when the plugin
+// accepts it (ABI 2.2) and nothing after the group reads the old value: w - lr * g * exp(w) over w,
+// with exp eager (the example backend does not take it) and before the group. When an eager node
+// reads w after the group (atan2 of old and new w), the output gets memory of its own.
+TEST(PartitionedExecutor, WriteBacksOfACompiledGroupAreComputedOverTheirInputs) {
+  const ir::Graph before = ir::parse(R"(graph {
+  input %0 : f32[8,16]{16,1} param "w"
+  input %1 : f32[8,16]{16,1} grad "g"
+  %2 : f32[8,16]{16,1} = aten::exp(%0)
+  %3 : f32[8,16]{16,1} = aten::mul.Tensor(%1, %2)
+  %4 : f32[8,16]{16,1} = aten::sub.Tensor(%0, %3, scalar(0.1))
+  output %4 writeback 0 "w"
+}
+)");
+  const ir::Graph after = ir::parse(R"(graph {
+  input %0 : f32[8,16]{16,1} param "w"
+  input %1 : f32[8,16]{16,1} grad "g"
+  %2 : f32[8,16]{16,1} = aten::mul.Tensor(%1, %1)
+  %3 : f32[8,16]{16,1} = aten::sub.Tensor(%0, %2, scalar(0.1))
+  %4 : f32[8,16]{16,1} = aten::atan2(%0, %3)
+  output %3 writeback 0 "w"
+  output %4 result "angle"
+}
+)");
+  auto plugin = PluginRegistry::load_file(KILN_CUSTOM_PLUGIN, host());
+  for (const ir::Graph* g : {&before, &after}) {
+    const bool in_place = g == &before;
+    SCOPED_TRACE(in_place ? "w last read by the group" : "w read after the group");
+    PartitionedExecutor exec(*g, plugin, KILN_MODE_DEFAULT);
+    ASSERT_EQ(exec.stats().groups_compiled, 1u);
+    for (int trial = 0; trial < 2; ++trial) {
+      const at::Tensor w = at::randn({8, 16}), grad = at::randn({8, 16});
+      const auto ref = run_eager(*g, {w.clone(), grad});
+      std::vector<at::Tensor> env(g->values.size());
+      env[0] = w.clone();
+      env[1] = grad;
+      exec.run(env);
+      const at::Tensor& out = env[g->outputs[0].value];
+      EXPECT_TRUE(at::allclose(out, ref[0], 1e-6, 1e-6));
+      EXPECT_EQ(out.is_same(env[0]), in_place);
+      if (in_place) continue;
+      EXPECT_TRUE(at::equal(env[0], w)) << "the group wrote over w, which atan2 reads afterwards";
+      EXPECT_TRUE(at::allclose(env[4], ref[1], 1e-6, 1e-6));
+    }
+  }
+}
+
 // The custom backend reads alpha as a run-time scalar on every call, so the host hands it
 // the node; the value changes between calls and the results follow.
 TEST(PartitionedExecutor, RunTimeScalarsReachAPluginThatTakesThem) {

@@ -38,6 +38,8 @@ struct PartitionStats {
   size_t nodes_compiled = 0;
   std::vector<std::string> compile_errors;  // one per group that failed (not UNIMPLEMENTED)
   size_t compile_threads = 1;               // groups that compiled at once (at most)
+  size_t inplace_offered = 0;               // compiled groups' outputs offered their input's memory (ABI 2.2)
+  size_t inplace_accepted = 0;              // of those, computed over it
 };
 
 // One claimed group and what became of it.

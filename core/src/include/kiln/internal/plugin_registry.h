@@ -128,11 +128,16 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   std::vector<int64_t> claim(const KilnGraphView& graph) const;
 
   // Compiles a subgraph. Throws PluginError; code() == KILN_ERROR_UNIMPLEMENTED means "run eagerly".
+  // inplace_inputs (ABI 2.2; ignored for older plugins): empty, or by subgraph output, -1 or the
+  // input it would like to write over (KilnPluginCompileArgs); what the plugin accepted comes back
+  // as PluginExecutable::inplace_outputs().
   std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode,
                                             const std::map<std::string, std::string>& options,
-                                            const std::string& cache_dir) const;
+                                            const std::string& cache_dir,
+                                            const std::vector<int64_t>& inplace_inputs = {}) const;
   // Same, with the options and cache dir from the host (TrainingArguments' [plugin.<name>] table).
-  std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode) const;
+  std::unique_ptr<PluginExecutable> compile(const KilnGraphView& subgraph, KilnMode mode,
+                                            const std::vector<int64_t>& inplace_inputs = {}) const;
 
   // Device graphs (provides_device_graphs()). Throw PluginError with the plugin's message.
   // graph_capture_end must follow every successful graph_capture_begin.
@@ -185,6 +190,9 @@ class PluginExecutable {
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                const KilnArg* const* scalars, size_t num_scalars, void* stream = nullptr) const;
   const LoadedPlugin& plugin() const { return *plugin_; }
+  // By output: the input whose memory the plugin accepted to receive this output too (ABI 2.2),
+  // or -1. Empty when nothing was proposed or accepted.
+  const std::vector<int64_t>& inplace_outputs() const { return inplace_; }
 
  private:
   friend class LoadedPlugin;
@@ -192,6 +200,7 @@ class PluginExecutable {
       : plugin_(std::move(plugin)), exe_(exe) {}
   std::shared_ptr<const LoadedPlugin> plugin_;
   KilnExecutable* exe_;
+  std::vector<int64_t> inplace_;
 };
 
 // An instantiated device graph. Keeps its plugin (and so its library) alive.
