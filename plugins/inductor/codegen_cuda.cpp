@@ -162,6 +162,7 @@ class Emitter {
       names_ = names;
       regs_ = regs;
       body_ << "  } else {\n";
+      accesses_.emplace_back();  // the plain loop: a second alternative
     }
     body_ << "  for (kidx i = (kidx)blockIdx.x * blockDim.x + threadIdx.x; i < " << lit(n)
           << "; i += (kidx)gridDim.x * blockDim.x) {\n";
@@ -183,6 +184,8 @@ class Emitter {
     }
     body_ << "  }\n";
     if (vz.width > 1) body_ << "  }\n";
+    launch.flat = true;
+    launch.accesses = accesses_;
     launch.block = kFlatThreads;
     launch.grid = static_cast<unsigned>(
         std::min<int64_t>((n + kFlatThreads - 1) / kFlatThreads, int64_t{16} * std::max(o_.multiprocessors, 1)));
@@ -290,6 +293,7 @@ class Emitter {
       const auto& [name, ty] = arr;
       use_buf(key.first, ty);
       read_.insert(key.first);
+      access(false, key.first, key.second);
       body_ << "    alignas(16) " << mem_type(ty) << " " << name << "[" << W << "];\n";
       body_ << "    k_vld<" << W << ">(" << name << ", b" << key.first << " + " << vz.index_at.at(key) << ");\n";
     }
@@ -325,6 +329,7 @@ class Emitter {
       const ValueInfo& info = val(stages[s]);
       use_buf(info.buffer, info.ty);
       written_.insert(info.buffer);
+      access(true, info.buffer, index_str(stores[s]));
       body_ << "    k_vst<" << W << ">(b" << info.buffer << " + " << index_with(stores[s], var, "ib") << ", " << outs[s]
             << ");\n";
     }
@@ -661,7 +666,11 @@ class Emitter {
 
   // The second half of a split column reduction: one thread per column combines the `splits`
   // partial results in order, finishes (scale, rounding) and stores.
-  CudaLaunch column_finish(const std::string& kernel, const KernelPlan& K, int64_t splits, int partial_slot) {
+  // `epilogue`: pointwise stages of the reduction's shape that read it (and each other) only at
+  // their own element, computed by the thread that combined it (a bias's optimizer update after its
+  // gradient): one launch instead of two.
+  CudaLaunch column_finish(const std::string& kernel, const KernelPlan& K, int64_t splits, int partial_slot,
+                           const std::vector<int>& epilogue = {}) {
     const int v = K.stages.at(0);
     const ValueInfo& info = val(v);
     const std::vector<int64_t> kept = stripped(info.shape);
@@ -670,6 +679,8 @@ class Emitter {
     launch.name = kernel;
     launch.what =
         "column " + std::string(ty_name(info.ty)) + shape_str(kept) + ", " + std::to_string(splits) + " parts combined";
+    if (!epilogue.empty())
+      launch.what += ", then " + std::to_string(epilogue.size()) + (epilogue.size() == 1 ? " stage" : " stages");
     if (n_kept == 0) {
       empty_ = true;
       return launch;
@@ -689,6 +700,27 @@ class Emitter {
           << partial_slot << "[p * " << lit(n_kept) << " + x]);\n"
           << "  const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
     store(v, out, res, 0);
+    regs_[v] = res;
+    for (int e : epilogue) in_kernel_.insert(e);
+    for (int e : epilogue) {
+      const int root = L_.compute(pool_, e, idx);
+      const Index off = LoweredGraph::offset(val(e), idx);
+      std::set<int> pending;
+      collect(root, pending);
+      collect_index(off, pending);
+      flush(pending, 1, 0);
+      std::string reg = name(root);
+      if (val(e).ty == Ty::bf16 && !rounded_bf16(root)) {
+        reg = "rv" + std::to_string(e);
+        body_ << "  const float " << reg << " = k_round_bf16(" << name(root) << ");\n";
+      }
+      store(e, off, reg, 0);
+      regs_[e] = reg;
+    }
+    // One thread per kept element, every access of the epilogue at it (the partial results it
+    // combines are scratch): in-place outputs are judged as in a flat kernel.
+    launch.flat = true;
+    launch.accesses = accesses_;
     launch.block = kFlatThreads;
     launch.grid = static_cast<unsigned>((n_kept + kFlatThreads - 1) / kFlatThreads);
     finish_launch(launch);
@@ -873,6 +905,7 @@ class Emitter {
     const ValueInfo& info = val(v);
     use_buf(info.buffer, info.ty);
     written_.insert(info.buffer);
+    access(true, info.buffer, index_str(off));
     const std::string b = "b" + std::to_string(info.buffer) + "[" + index_str(off) + "]";
     if (info.ty == Ty::bf16) body_ << ind(depth) << b << " = k_f2bf(" << value << ");\n";
     else body_ << ind(depth) << b << " = (" << mem_type(info.ty) << ")(" << value << ");\n";
@@ -886,7 +919,8 @@ class Emitter {
       // A buffer the kernel both writes and reads (a row's statistic that other threads of the row
       // read back after a barrier) is not __restrict__: with it, nvcc may read through the
       // non-coherent read-only cache (LDG.CONSTANT) and see the value from before the barrier.
-      const bool restrict = !(written_.count(b) && read_.count(b));
+      // Nor is one that may share memory with another parameter (an in-place output and its input).
+      const bool restrict = !(written_.count(b) && read_.count(b)) && !o_.may_alias.count(b);
       os << (first ? "" : ", ") << mem_type(ty) << (restrict ? "* __restrict__ b" : "* b") << b;
       launch.buffers.push_back(b);
       first = false;
@@ -896,7 +930,13 @@ class Emitter {
       launch.scalars = true;
     }
     os << ") {\n  typedef " << (wide_ ? "long long" : "int") << " kidx;\n" << body_.str() << "}\n\n";
+    launch.reads = read_;
+    launch.writes = written_;
     text_ = os.str();
+  }
+
+  void access(bool is_store, int buf, std::string index) {
+    accesses_.back().push_back(CudaAccess{is_store, buf, std::move(index)});
   }
 
   // ---- Expressions ----
@@ -946,6 +986,7 @@ class Emitter {
             return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
           }
         }
+        access(false, x.buf, index_str(x.idx));
         const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
         return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
       }
@@ -1079,8 +1120,9 @@ class Emitter {
   std::map<int, std::string> names_, regs_;
   const Vectorized* vec_ = nullptr;  // set while a flat kernel's vector loop is emitted
   std::map<int, Ty> bufs_;
-  std::set<int> read_, written_;  // buffers the kernel loads from / stores to
-  std::vector<int> kvars_;        // a column kernel's kept-dim variables
+  std::set<int> read_, written_;                      // buffers the kernel loads from / stores to
+  std::vector<std::vector<CudaAccess>> accesses_{1};  // memory accesses in source order, by alternative loop
+  std::vector<int> kvars_;                            // a column kernel's kept-dim variables
   std::vector<int64_t> ksizes_;
   int base_ = 1;
   int max_scalar_ = -1;
@@ -1107,7 +1149,8 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
     out.steps.push_back(CudaStep{static_cast<int>(out.launches.size()), -1});
     out.launches.push_back(std::move(launch));
   };
-  for (const Step& step : P.steps) {
+  for (size_t si = 0; si < P.steps.size(); ++si) {
+    const Step& step = P.steps[si];
     if (step.extern_node >= 0) {
       out.steps.push_back(CudaStep{-1, step.extern_node});
       continue;
@@ -1129,8 +1172,26 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
         Emitter e(L, options, wide);
         CudaLaunch launch = e.column(base + "_0", K, width, splits, slot);
         add(e, std::move(launch));
+        // The next kernel joins the combining one when all of it is pointwise stages of the
+        // reduction's shape that read it, and each other, only at their own element.
+        std::vector<int> epilogue;
+        if (si + 1 < P.steps.size() && P.steps[si + 1].kernel >= 0) {
+          const KernelPlan& N = P.kernels.at(static_cast<size_t>(P.steps[si + 1].kernel));
+          std::set<int> joined{K.stages.at(0)};
+          bool joins = !N.column && !N.stages.empty();
+          for (int v : N.stages) {
+            const ValueInfo& sv = L.values[static_cast<size_t>(v)];
+            joins =
+                joins && pointwise_kind(sv) && sv.shape == info.shape && legal_in_kernel(L, v, sv.shape.size(), joined);
+            joined.insert(v);
+          }
+          if (joins) {
+            epilogue = N.stages;
+            ++si;
+          }
+        }
         Emitter f(L, options, wide);
-        CudaLaunch finish = f.column_finish(base + "_1", K, splits, slot);
+        CudaLaunch finish = f.column_finish(base + "_1", K, splits, slot, epilogue);
         add(f, std::move(finish));
       } else {
         Emitter e(L, options, wide);
@@ -1166,6 +1227,55 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   out.scalar_table = max_scalar + 1;
   out.source = os.str();
   return out;
+}
+
+std::vector<int64_t> inplace_outputs(const CudaProgram& prog, size_t num_inputs, const std::vector<int64_t>& wanted,
+                                     const std::vector<std::set<int>>& extern_reads) {
+  std::vector<int64_t> ok(wanted.size(), -1);
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    if (wanted[k] < 0) continue;
+    const int in = static_cast<int>(wanted[k]), out = static_cast<int>(num_inputs + k);
+    // The one launch that writes the output, by step.
+    int writer = -1;
+    bool single = true;
+    for (size_t s = 0; s < prog.steps.size(); ++s) {
+      const int l = prog.steps[s].launch;
+      if (l < 0 || !prog.launches[static_cast<size_t>(l)].writes.count(out)) continue;
+      single = single && writer < 0;
+      writer = static_cast<int>(s);
+    }
+    if (writer < 0 || !single) continue;
+    const CudaLaunch& w = prog.launches[static_cast<size_t>(prog.steps[static_cast<size_t>(writer)].launch)];
+    if (!w.flat || w.writes.count(in)) continue;
+    bool safe = true;
+    for (size_t s = static_cast<size_t>(writer) + 1; s < prog.steps.size() && safe; ++s) {
+      const int l = prog.steps[s].launch;
+      if (l < 0) {
+        safe = s < extern_reads.size() && !extern_reads[s].count(in) && !extern_reads[s].count(-1);
+        continue;
+      }
+      safe = !prog.launches[static_cast<size_t>(l)].reads.count(in) &&
+             !prog.launches[static_cast<size_t>(l)].writes.count(in);
+    }
+    // In each loop of the writer: one store of the output, and every load of the input before it,
+    // at the same element.
+    for (const auto& loop : w.accesses) {
+      if (!safe) break;
+      const std::string* at = nullptr;
+      for (const CudaAccess& a : loop)
+        if (a.store && a.buffer == out) {
+          safe = safe && !at;
+          at = &a.index;
+        }
+      bool stored = false;
+      for (const CudaAccess& a : loop) {
+        if (a.store && a.buffer == out) stored = true;
+        if (!a.store && a.buffer == in) safe = safe && !stored && at && a.index == *at;
+      }
+    }
+    if (safe) ok[k] = wanted[k];
+  }
+  return ok;
 }
 
 }  // namespace kiln::inductor

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,14 +34,29 @@ namespace kiln::inductor {
 
 struct CudaOptions {
   int multiprocessors = 132;  // grid-stride kernels get at most 16 blocks per multiprocessor
+  // Buffer slots that may share memory with another slot at run time (in-place outputs and the
+  // inputs they replace): their kernel parameters are not __restrict__.
+  std::set<int> may_alias;
+};
+
+// One memory access of a flat kernel, in the order the source makes them.
+struct CudaAccess {
+  bool store = false;
+  int buffer = -1;
+  std::string index;  // the element offset, as the loop IR's index (the same text for the same element)
 };
 
 struct CudaLaunch {
   std::string name;  // extern "C" kernel symbol: kiln_k<plan>_<part>
   std::string what;  // "flat f32[64,300], 2 stages", for messages and the profile
   unsigned grid = 1, block = 1;
-  std::vector<int> buffers;  // buffer slots, in parameter order
-  bool scalars = false;      // takes the run-time scalar table (const double*) after them
+  std::vector<int> buffers;     // buffer slots, in parameter order
+  bool scalars = false;         // takes the run-time scalar table (const double*) after them
+  std::set<int> reads, writes;  // buffer slots the kernel loads from and stores to
+  // Flat kernels (one thread per element, every stage at the thread's element): their memory
+  // accesses in source order, one list per alternative loop (the vector loop, the plain one).
+  bool flat = false;
+  std::vector<std::vector<CudaAccess>> accesses;
 };
 
 struct CudaStep {
@@ -60,6 +76,16 @@ struct CudaProgram {
 
 // Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).
 CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options);
+
+// In-place outputs: by output k, -1 or wanted[k] (an input slot) when the program computes output k
+// correctly with its buffer and that input's sharing memory. That holds when one flat kernel
+// writes the output, reads the input only at the element it writes and before writing it (in
+// each of its loops), and nothing after that kernel reads the input. `extern_reads[s]`: the buffer
+// slots extern step s reads (-1 among them: some it cannot name); an extern step without an entry
+// counts as reading every buffer. The program must have been generated with both slots in
+// CudaOptions::may_alias.
+std::vector<int64_t> inplace_outputs(const CudaProgram& prog, size_t num_inputs, const std::vector<int64_t>& wanted,
+                                     const std::vector<std::set<int>>& extern_reads = {});
 
 // The CUDA prelude's text (cuda_prelude.h), which every generated CUDA source begins with.
 std::string_view cuda_prelude();

@@ -983,6 +983,13 @@ class InductorPlugin : public Plugin {
     Program P = schedule(*L);
     CudaOptions co;
     co.multiprocessors = rt.driver->multiprocessors(device);
+    // In-place outputs the host offers (a write-back's new value over the input it replaces).
+    const std::vector<int64_t>& wanted = options.inplace_inputs;
+    for (size_t k = 0; k < wanted.size(); ++k)
+      if (wanted[k] >= 0) {
+        co.may_alias.insert(static_cast<int>(wanted[k]));
+        co.may_alias.insert(static_cast<int>(g.inputs().size() + k));
+      }
     CudaProgram prog = generate_cuda(*L, P, co);
 
     auto exe = std::make_unique<CudaGroup>();
@@ -1007,6 +1014,20 @@ class InductorPlugin : public Plugin {
         exe->table = rt.driver->alloc(static_cast<size_t>(prog.scalar_table) * sizeof(double), "run-time scalars");
     }
     prepare(*exe, g, *L, P);
+    if (!wanted.empty()) {
+      // What each extern call reads: its arguments' buffers, through the views they are.
+      std::vector<std::set<int>> extern_reads(prog.steps.size());
+      for (size_t s = 0; s < prog.steps.size(); ++s) {
+        if (prog.steps[s].extern_node < 0) continue;
+        for (int64_t v : g.node(prog.steps[s].extern_node).inputs()) {
+          int r = static_cast<int>(v);
+          while (L->values[static_cast<size_t>(r)].buffer < 0 && L->values[static_cast<size_t>(r)].src >= 0)
+            r = L->values[static_cast<size_t>(r)].src;
+          extern_reads[s].insert(L->values[static_cast<size_t>(r)].buffer);
+        }
+      }
+      exe->inplace_outputs = inplace_outputs(prog, g.inputs().size(), wanted, extern_reads);
+    }
     exe->launches = prog.launches;
     exe->steps = prog.steps;
     exe->scratch_bytes = L->scratch_bytes;

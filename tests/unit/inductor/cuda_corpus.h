@@ -228,6 +228,22 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // A bias gradient split across blocks, then the bias's momentum SGD update: the update runs in
+      // the kernel that combines the parts, and writes the bias and its buffer over the old ones.
+      {"column_split_then_update", R"(graph {
+  input %0 : {T}[64,40,24]{960,24,1} {D} input "dy"
+  input %1 : {T}[24]{1} {D} param "b"
+  input %2 : {T}[24]{1} {D} state "buf"
+  %3 : {T}[24]{1} {D} = aten::sum.dim_IntList(%0, i[0, 1], false, None)
+  %4 : {T}[24]{1} {D} = aten::mul.Scalar(%2, scalar(0.9))
+  %5 : {T}[24]{1} {D} = aten::add.Tensor(%4, %3, scalar(1))
+  %6 : {T}[24]{1} {D} = aten::add.Tensor(%1, %5, scalar(-0.01))
+  output %3 result "db"
+  output %5 result "buf"
+  output %6 result "b"
+}
+)",
+       -1},
       // Batch norm in training mode (BatchNorm2d's forward with its running stats, and its
       // backward): per-channel reductions over the batch and spatial dims. float32 only (the
       // inductor leaves other dtypes to ATen), so both instantiations are the same graph.

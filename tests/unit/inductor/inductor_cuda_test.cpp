@@ -15,6 +15,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -167,6 +168,26 @@ Generated generate(const ir::Graph& g, const inductor::CudaOptions& options = {}
   return out;
 }
 
+// In-place proposals for a corpus graph: by output, an input of the same dtype, shape and strides.
+// By name: the input the output is the new value of (output "w" over input "w", "exp_avg_sq" over
+// "pos_exp_avg_sq"), as the host proposes write-backs. Otherwise the first such input, whatever it
+// means: the analysis must still only accept what runs right.
+std::vector<int64_t> inplace_wanted(const ir::Graph& g, bool by_name) {
+  std::vector<int64_t> wanted;
+  for (const auto& o : g.outputs) {
+    int64_t j = -1;
+    for (size_t i = 0; i < g.inputs.size() && j < 0; ++i) {
+      const auto& name = g.inputs[i].name;
+      const bool named = name == o.name || name == "pos_" + o.name;
+      if (g.value(g.inputs[i].value).meta == g.value(o.value).meta && (named || !by_name) &&
+          std::find(wanted.begin(), wanted.end(), static_cast<int64_t>(i)) == wanted.end())
+        j = static_cast<int64_t>(i);
+    }
+    wanted.push_back(j);
+  }
+  return wanted;
+}
+
 }  // namespace
 
 // ---- Without a GPU: generation and NVRTC -------------------------------------------------------
@@ -292,6 +313,22 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
   ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{32 * 384 * 4}));  // float partial sums
   // A row's 4 columns are one 8-byte word when the buffer is aligned, 4 loads otherwise.
   EXPECT_NE(g.cuda.source.find("if (aligned) k_vld<4>(a0, b0 + "), std::string::npos) << g.cuda.source;
+  // The bias's optimizer update after its gradient runs in the combining kernel, over the old bias.
+  const ir::Graph update = ir::parse(R"(graph {
+  input %0 : bf16[16384,384]{384,1} on cuda:0 input "dy"
+  input %1 : f32[384]{1} on cuda:0 param "b"
+  %2 : bf16[384]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
+  %3 : f32[384]{1} on cuda:0 = aten::_to_copy(%2, dtype(f32), None, None, None, false, None)
+  %4 : f32[384]{1} on cuda:0 = aten::add.Tensor(%1, %3, scalar(-0.01))
+  output %4 result "b"
+}
+)");
+  inductor::CudaOptions over_b;
+  over_b.may_alias = {1, 2};
+  const Generated u = generate(update, over_b);
+  ASSERT_EQ(u.cuda.launches.size(), 2u) << u.cuda.source;
+  EXPECT_EQ(u.cuda.launches[1].what, "column bf16[384], 32 parts combined, then 1 stage") << u.cuda.source;
+  EXPECT_EQ(inductor::inplace_outputs(u.cuda, 2, {1}), (std::vector<int64_t>{1}));
   // Enough strips to fill the GPU: one kernel, as before.
   const Generated wide = generate(ir::parse(R"(graph {
   input %0 : f32[512,32768]{32768,1} on cuda:0 input "dy"
@@ -410,6 +447,84 @@ TEST(InductorCudaCodegen, ResultSeenThroughAViewIsComputedIntoTheOutput) {
   EXPECT_NE(s.cuda.launches[0].what.find("[16,48]"), std::string::npos) << s.cuda.launches[0].what;
   for (const auto& l : s.cuda.launches)
     for (int b : l.buffers) EXPECT_LE(b, 1) << "the slice's output is written, no scratch: " << s.cuda.source;
+}
+
+// An optimizer update writes the parameter and its state over the old ones: each is read once, by
+// the thread that writes it. Reads at other elements, or after the write, or by a later kernel,
+// keep an output out of its input's memory.
+TEST(InductorCudaCodegen, OutputsReplaceTheirInputsOnlyWhereEveryReadComesFirst) {
+  auto accepted = [](const std::string& text, const std::vector<int64_t>& wanted) {
+    const ir::Graph graph = ir::parse(text);
+    inductor::CudaOptions o;
+    for (size_t k = 0; k < wanted.size(); ++k)
+      if (wanted[k] >= 0)
+        o.may_alias.insert(static_cast<int>(wanted[k])), o.may_alias.insert(int(graph.inputs.size() + k));
+    const Generated gen = generate(graph, o);
+    for (int b : o.may_alias)
+      EXPECT_EQ(gen.cuda.source.find("* __restrict__ b" + std::to_string(b) + ","), std::string::npos)
+          << "buffer " << b << " may share memory, yet is __restrict__:\n"
+          << gen.cuda.source;
+    return inductor::inplace_outputs(gen.cuda, graph.inputs.size(), wanted);
+  };
+  for (const auto& c : kiln::test::cuda_corpus()) {
+    if (c.name != "adamw_runtime_scalars" && c.name != "sgd_momentum") continue;
+    for (const char* dt : {"f32", "bf16"}) {
+      const ir::Graph graph = ir::parse(kiln::test::instantiate(c.text, dt));
+      const auto wanted = inplace_wanted(graph, /*by_name=*/true);
+      EXPECT_EQ(accepted(kiln::test::instantiate(c.text, dt), wanted), wanted) << c.name << " " << dt;
+    }
+  }
+  // y = x + x^T reads x at the transposed element too.
+  EXPECT_EQ(accepted(R"(graph {
+  input %0 : f32[64,64]{64,1} on cuda:0 param "x"
+  %1 : f32[64,64]{1,64} on cuda:0 = aten::t(%0)
+  %2 : f32[64,64]{64,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
+  output %2 result "x"
+}
+)",
+                     {0}),
+            (std::vector<int64_t>{-1}));
+  // x * 0.5 is an output, and a row sum reads it together with x: either the row kernel computes it
+  // (not one thread per element) or a kernel after the one that writes it reads x.
+  EXPECT_EQ(accepted(R"(graph {
+  input %0 : f32[64,300]{300,1} on cuda:0 param "x"
+  %1 : f32[64,300]{300,1} on cuda:0 = aten::mul.Scalar(%0, scalar(0.5))
+  %2 : f32[64,300]{300,1} on cuda:0 = aten::mul.Tensor(%1, %0)
+  %3 : f32[64]{1} on cuda:0 = aten::sum.dim_IntList(%2, i[1], false, None)
+  output %1 result "x"
+  output %3 result "s"
+}
+)",
+                     {0, -1}),
+            (std::vector<int64_t>{-1, -1}));
+  // Extern calls after the writer (cuBLAS for another layer's weight gradient) keep the output in
+  // place unless they read the input, or cannot say what they read.
+  inductor::CudaProgram prog;
+  inductor::CudaLaunch w;
+  w.flat = true;
+  w.reads = {0, 1};
+  w.writes = {2};
+  w.accesses = {{{false, 0, "(0 + 1 * v0)"}, {false, 1, "(0 + 1 * v0)"}, {true, 2, "(0 + 1 * v0)"}}};
+  prog.launches = {w};
+  prog.steps = {{0, -1}, {-1, 7}};
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}, {{}, {1, 3}}), (std::vector<int64_t>{0}));
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}, {{}, {0, 3}}), (std::vector<int64_t>{-1}));
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}, {{}, {-1}}), (std::vector<int64_t>{-1}));
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}), (std::vector<int64_t>{-1}));
+  // Read at another element, or after the write: not in place.
+  prog.launches[0].accesses = {{{false, 0, "(1 + 1 * v0)"}, {true, 2, "(0 + 1 * v0)"}}};
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}, {{}, {}}), (std::vector<int64_t>{-1}));
+  prog.launches[0].accesses = {{{true, 2, "(0 + 1 * v0)"}, {false, 0, "(0 + 1 * v0)"}}};
+  EXPECT_EQ(inductor::inplace_outputs(prog, 2, {0}, {{}, {}}), (std::vector<int64_t>{-1}));
+  // Nothing offered, nothing accepted.
+  EXPECT_EQ(accepted(R"(graph {
+  input %0 : f32[64,300]{300,1} on cuda:0 param "x"
+  %1 : f32[64,300]{300,1} on cuda:0 = aten::mul.Scalar(%0, scalar(0.5))
+  output %1 result "x"
+}
+)",
+                     {-1}),
+            (std::vector<int64_t>{-1}));
 }
 
 TEST(InductorCudaCodegen, BfloatSixteenIsLeftToAtenOnTheCpu) {
@@ -558,8 +673,8 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
   const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
   inductor::CudaOptions options;
   options.multiprocessors = 2;
-  const Generated gen = generate(g, options);
-  Emulated device(gen.cuda.source);
+  const Generated gen0 = generate(g, options);
+  Emulated device0(gen0.cuda.source);
   const ir::Graph on_cpu = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype, ""));
   const ir::Graph wide = ir::parse(kiln::test::instantiate(c.graph->text, "f64", ""));
   const double tol = c.dtype == "f32" ? 1e-5 : 1e-2;
@@ -571,15 +686,38 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
         at::empty({elements + 1}, t.options()).as_strided(t.sizes(), t.strides(), t.storage_offset() + 1);
     return moved.copy_(t);
   };
-  for (int trial = 0; trial < 2; ++trial) {
+  // Trials 2 and 3 write each output the analysis accepts in place over its input (proposed by
+  // name, then by layout alone), in a program generated for that (no __restrict__ on those).
+  std::vector<Generated> inplace_gen;
+  std::vector<std::vector<int64_t>> inplace_ok;
+  for (bool by_name : {true, false}) {
+    const auto wanted = inplace_wanted(g, by_name);
+    inductor::CudaOptions o = options;
+    for (size_t k = 0; k < wanted.size(); ++k)
+      if (wanted[k] >= 0) o.may_alias.insert(static_cast<int>(wanted[k])), o.may_alias.insert(int(g.inputs.size() + k));
+    inplace_gen.push_back(generate(g, o));
+    inplace_ok.push_back(inductor::inplace_outputs(inplace_gen.back().cuda, g.inputs.size(), wanted));
+  }
+  for (int trial = 0; trial < 4; ++trial) {
+    const Generated& gen = trial < 2 ? gen0 : inplace_gen[static_cast<size_t>(trial - 2)];
+    const std::vector<int64_t> none(g.outputs.size(), -1);
+    const std::vector<int64_t>& over = trial < 2 ? none : inplace_ok[static_cast<size_t>(trial - 2)];
+    if (trial >= 2 && std::all_of(over.begin(), over.end(), [](int64_t j) { return j < 0; })) continue;
+    std::unique_ptr<Emulated> own;
+    if (trial >= 2) own = std::make_unique<Emulated>(gen.cuda.source);
+    Emulated& device = own ? *own : device0;
     auto inputs = make_inputs(on_cpu);
     if (trial == 1)
       for (auto& t : inputs) t = shifted(t);
     const auto scalars = make_scalars(g, trial);
+    // The reference reads the inputs as they were: in-place outputs overwrite them.
+    std::vector<at::Tensor> before;
+    for (const auto& t : inputs) before.push_back(t.clone());
     std::vector<at::Tensor> outputs;
-    for (const auto& o : on_cpu.outputs) {
-      const auto& m = on_cpu.value(o.value).meta;
+    for (size_t k = 0; k < on_cpu.outputs.size(); ++k) {
+      const auto& m = on_cpu.value(on_cpu.outputs[k].value).meta;
       at::Tensor out = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype)).fill_(7);
+      if (over[k] >= 0) out = inputs[static_cast<size_t>(over[k])];
       outputs.push_back(trial == 1 ? shifted(out) : out);
     }
     // The buffers by slot, as the plugin binds them: inputs, outputs, scratch.
@@ -601,15 +739,16 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
       ASSERT_EQ(device.launch(l.name, args, l.grid, l.block), "") << l.name << " (" << l.what << ")";
     }
     std::vector<at::Tensor> wide_inputs;
-    for (const auto& t : inputs) wide_inputs.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
+    for (const auto& t : before) wide_inputs.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
     const auto ref = run_eager(wide, wide_inputs, scalars, /*check_meta=*/false);
     // The graph's own types are right (what eager in its dtype makes), as on a GPU; but layer
     // norm's statistics are float32 for bfloat16 input on CUDA only.
     if (trial == 0 && c.graph->text.find("native_layer_norm") == std::string::npos)
-      run_eager(on_cpu, inputs, scalars, /*check_meta=*/true);
+      run_eager(on_cpu, before, scalars, /*check_meta=*/true);
     for (size_t k = 0; k < outputs.size(); ++k) {
       const std::string name = c.graph->name + " " + c.dtype + " output " + std::to_string(k) + " (" +
-                               g.outputs[k].name + ") trial " + std::to_string(trial);
+                               g.outputs[k].name + ") trial " + std::to_string(trial) +
+                               (over[k] >= 0 ? " written over input " + std::to_string(over[k]) : "");
       if (!ref[k].is_floating_point()) {
         EXPECT_TRUE(at::equal(outputs[k], ref[k])) << name << "\n" << outputs[k] << "\n" << ref[k];
         continue;
