@@ -824,8 +824,15 @@ class InductorPlugin : public Plugin {
             all_fused = all_fused && take[static_cast<size_t>(u)] && kind[static_cast<size_t>(u)] != Extern;
           }
           // Of a taken producer and read by taken code, or (a view of an input or an eager result)
-          // read only by generated code, which then does the index math.
-          keep = read && ((p >= 0 && take[static_cast<size_t>(p)]) || all_fused);
+          // read only by generated code, which then does the index math. A view of a graph input
+          // read only by taken nodes (a weight's transpose for its matmuls) costs nothing inside
+          // the group either (the extern gets the input's memory with the view's strides), and
+          // then the group reads the parameter through one input only: kiln can let the group
+          // write the parameter's update over it (a view of it as a second input would forbid it).
+          bool all_taken = !us.empty();
+          for (int64_t u : us) all_taken = all_taken && take[static_cast<size_t>(u)];
+          const bool of_input = p < 0 && g.value(n.arg(0).tensor_index()).device().device_type == kDLCUDA;
+          keep = read && ((p >= 0 && take[static_cast<size_t>(p)]) || all_fused || (of_input && all_taken));
         } else {
           for (int64_t v : n.inputs()) {
             const int64_t p = root_producer(v);

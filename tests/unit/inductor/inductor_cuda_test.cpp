@@ -306,11 +306,11 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
 )"));
   ASSERT_EQ(g.cuda.launches.size(), 2u) << g.cuda.source;
   // 4 columns a thread (three full strips of 128 columns; 8 would leave half a strip idle), and
-  // 32 parts of 512 rows.
-  EXPECT_EQ(g.cuda.launches[0].what, "column bf16[384] over [16384], 4 columns a thread in 32 parts");
-  EXPECT_EQ(g.cuda.launches[0].grid, 3u * 32u);
-  EXPECT_EQ(g.cuda.launches[1].what, "column bf16[384], 32 parts combined");
-  ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{32 * 384 * 4}));  // float partial sums
+  // 128 parts of 128 rows (four blocks a multiprocessor would be 176 parts).
+  EXPECT_EQ(g.cuda.launches[0].what, "column bf16[384] over [16384], 4 columns a thread in 128 parts");
+  EXPECT_EQ(g.cuda.launches[0].grid, 3u * 128u);
+  EXPECT_EQ(g.cuda.launches[1].what, "column bf16[384], 128 parts combined");
+  ASSERT_EQ(g.cuda.extra_scratch_bytes, (std::vector<int64_t>{128 * 384 * 4}));  // float partial sums
   // A row's 4 columns are one 8-byte word when the buffer is aligned, 4 loads otherwise.
   EXPECT_NE(g.cuda.source.find("if (aligned) k_vld<4>(a0, b0 + "), std::string::npos) << g.cuda.source;
   // The bias's optimizer update after its gradient runs in the combining kernel, over the old bias.
@@ -327,7 +327,7 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
   over_b.may_alias = {1, 2};
   const Generated u = generate(update, over_b);
   ASSERT_EQ(u.cuda.launches.size(), 2u) << u.cuda.source;
-  EXPECT_EQ(u.cuda.launches[1].what, "column bf16[384], 32 parts combined, then 1 stage") << u.cuda.source;
+  EXPECT_EQ(u.cuda.launches[1].what, "column bf16[384], 128 parts combined, then 1 stage") << u.cuda.source;
   EXPECT_EQ(inductor::inplace_outputs(u.cuda, 2, {1}), (std::vector<int64_t>{1}));
   // Enough strips to fill the GPU: one kernel, as before.
   const Generated wide = generate(ir::parse(R"(graph {
