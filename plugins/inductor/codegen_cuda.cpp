@@ -1145,8 +1145,9 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   auto add = [&](Emitter& e, CudaLaunch launch) {
     if (e.empty()) return;
     // What each kernel is, for a reader of the source and of a profile (ncu names the kernel).
-    os << "// " << launch.name << ": " << launch.what << "; grid " << launch.grid << ", block " << launch.block << "\n"
-       << e.text();
+    launch.text = "// " + launch.name + ": " + launch.what + "; grid " + std::to_string(launch.grid) + ", block " +
+                  std::to_string(launch.block) + "\n" + e.text();
+    os << launch.text;
     max_scalar = std::max(max_scalar, e.max_scalar());
     out.steps.push_back(CudaStep{static_cast<int>(out.launches.size()), -1});
     out.launches.push_back(std::move(launch));
@@ -1228,6 +1229,30 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   }
   out.scalar_table = max_scalar + 1;
   out.source = os.str();
+  return out;
+}
+
+std::vector<CudaPart> split_program(const CudaProgram& prog, size_t max_bytes) {
+  size_t total = 0;
+  for (const CudaLaunch& l : prog.launches) total += l.text.size();
+  if (total <= max_bytes || prog.launches.size() < 2) {
+    CudaPart whole{prog.source, {}};
+    for (size_t i = 0; i < prog.launches.size(); ++i) whole.launches.push_back(static_cast<int>(i));
+    return {whole};
+  }
+  // Parts of about equal size, in launch order.
+  const size_t parts = (total + max_bytes - 1) / max_bytes, each = (total + parts - 1) / parts;
+  std::vector<CudaPart> out;
+  size_t in_part = 0;
+  for (size_t i = 0; i < prog.launches.size(); ++i) {
+    if (out.empty() || (in_part >= each && out.size() < parts)) {
+      out.push_back(CudaPart{std::string(cuda_prelude()) + "\n", {}});
+      in_part = 0;
+    }
+    out.back().source += prog.launches[i].text;
+    out.back().launches.push_back(static_cast<int>(i));
+    in_part += prog.launches[i].text.size();
+  }
   return out;
 }
 

@@ -52,6 +52,7 @@ struct CudaLaunch {
   unsigned grid = 1, block = 1;
   std::vector<int> buffers;     // buffer slots, in parameter order
   bool scalars = false;         // takes the run-time scalar table (const double*) after them
+  std::string text;             // the kernel's source (after the prelude), its comment line first
   std::set<int> reads, writes;  // buffer slots the kernel loads from and stores to
   // Flat kernels (one thread per element, every stage at the thread's element): their memory
   // accesses in source order, one list per alternative loop (the vector loop, the plain one).
@@ -76,6 +77,16 @@ struct CudaProgram {
 
 // Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).
 CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options);
+
+// A program's kernels in parts of about `max_bytes` of kernel source each (one part when the
+// program is smaller), each part a whole source with the prelude: NVRTC's time grows with the
+// source, and parts compile at once, in threads (the largest group of gpt was 2 s in one piece).
+struct CudaPart {
+  std::string source;
+  std::vector<int> launches;  // indices into CudaProgram::launches
+};
+std::vector<CudaPart> split_program(const CudaProgram& prog, size_t max_bytes);
+inline constexpr size_t kCudaPartBytes = 32 * 1024;
 
 // In-place outputs: by output k, -1 or wanted[k] (an input slot) when the program computes output k
 // correctly with its buffer and that input's sharing memory. That holds when one flat kernel

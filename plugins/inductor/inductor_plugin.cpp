@@ -22,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <exception>
 #include <thread>
 
 #include <kiln/plugin_api.hpp>
@@ -488,8 +489,8 @@ class CudaGroup : public GroupBase {
   std::shared_ptr<CudaDriver> driver;
   std::unique_ptr<Host> host;
   int multiprocessors = 1;
-  CudaDriver::CUmodule module = nullptr;
-  std::string key;  // the compile cache key, for messages
+  std::vector<CudaDriver::CUmodule> modules;  // one per part of the program (split_program)
+  std::string key;                            // the compile cache key, for messages
   std::vector<CudaLaunch> launches;
   std::vector<CudaDriver::CUfunction> fns;  // by launch
   CudaDriver::CUfunction set_scalars = nullptr, copy = nullptr;
@@ -519,7 +520,7 @@ class CudaGroup : public GroupBase {
     if (!driver) return;
     try {
       CudaDriver::Scope scope(*driver, device.device_id);
-      driver->unload_module(module);
+      for (auto m : modules) driver->unload_module(m);
       driver->free(table);
     } catch (...) {
       // Tearing down after the context is gone: nothing left to free.
@@ -1005,18 +1006,45 @@ class InductorPlugin : public Plugin {
     exe->host = std::make_unique<Host>(host());
     exe->multiprocessors = co.multiprocessors;
     const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
-    CacheStats stats;
-    const std::string cubin = cubin_cached(prog.source, *rt.nvrtc, arch, root, host(), &exe->key, &stats);
-    host().debug(std::string(stats.hit ? "cache hit " : "compiled ") + exe->key + ".cubin (" +
-                 std::to_string(prog.launches.size()) + " CUDA kernels, sm_" + std::to_string(arch) +
-                 (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
+    // A large program compiles as several NVRTC programs at once (each its own cache entry).
+    const std::vector<CudaPart> parts = split_program(prog, kCudaPartBytes);
+    std::vector<std::string> cubins(parts.size()), keys(parts.size());
+    std::vector<std::exception_ptr> errors(parts.size());
+    std::vector<CacheStats> stats(parts.size());
+    auto build = [&](size_t p) {
+      try {
+        cubins[p] = cubin_cached(parts[p].source, *rt.nvrtc, arch, root, host(), &keys[p], &stats[p]);
+      } catch (...) {
+        errors[p] = std::current_exception();
+      }
+    };
+    {
+      std::vector<std::thread> threads;
+      for (size_t p = 1; p < parts.size(); ++p) threads.emplace_back(build, p);
+      build(0);
+      for (auto& t : threads) t.join();
+    }
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    exe->key = keys[0] + (parts.size() > 1 ? " (+" + std::to_string(parts.size() - 1) + " more)" : "");
+    for (size_t p = 0; p < parts.size(); ++p)
+      host().debug(std::string(stats[p].hit ? "cache hit " : "compiled ") + keys[p] + ".cubin (" +
+                   std::to_string(parts[p].launches.size()) + " CUDA kernels" +
+                   (parts.size() > 1 ? ", part " + std::to_string(p + 1) + " of " + std::to_string(parts.size()) : "") +
+                   ", sm_" + std::to_string(arch) +
+                   (stats[p].hit ? "" : ", " + std::to_string(stats[p].compile_seconds) + " s") + ")");
     {
       CudaDriver::Scope scope(*rt.driver, device);
       exe->driver = rt.driver;  // from here on the destructor unloads what is loaded
-      exe->module = rt.driver->load_module(cubin, root + "/" + exe->key + ".cubin");
-      for (const CudaLaunch& l : prog.launches) exe->fns.push_back(rt.driver->function(exe->module, l.name));
-      exe->set_scalars = rt.driver->function(exe->module, "kiln_set_scalars");
-      exe->copy = rt.driver->function(exe->module, "kiln_strided_copy");
+      exe->fns.resize(prog.launches.size());
+      for (size_t p = 0; p < parts.size(); ++p) {
+        exe->modules.push_back(rt.driver->load_module(cubins[p], root + "/" + keys[p] + ".cubin"));
+        for (int l : parts[p].launches)
+          exe->fns[static_cast<size_t>(l)] =
+              rt.driver->function(exe->modules.back(), prog.launches[static_cast<size_t>(l)].name);
+      }
+      exe->set_scalars = rt.driver->function(exe->modules.front(), "kiln_set_scalars");
+      exe->copy = rt.driver->function(exe->modules.front(), "kiln_strided_copy");
       if (prog.scalar_table > 0)
         exe->table = rt.driver->alloc(static_cast<size_t>(prog.scalar_table) * sizeof(double), "run-time scalars");
     }

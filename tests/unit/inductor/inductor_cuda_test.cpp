@@ -452,6 +452,31 @@ TEST(InductorCudaCodegen, ResultSeenThroughAViewIsComputedIntoTheOutput) {
 // An optimizer update writes the parameter and its state over the old ones: each is read once, by
 // the thread that writes it. Reads at other elements, or after the write, or by a later kernel,
 // keep an output out of its input's memory.
+// A large program compiles as several NVRTC programs: every kernel in exactly one part, in order,
+// each part a whole source (the prelude's kernels in every one) that compiles on its own.
+TEST(InductorCudaCodegen, LargeProgramsCompileInPartsThatEachStandAlone) {
+  std::string why;
+  auto nvrtc = nvrtc_or_skip_reason(&why);
+  if (!nvrtc) GTEST_SKIP() << "no NVRTC on this machine: " << why;
+  for (const auto& c : kiln::test::cuda_corpus()) {
+    if (c.name != "layer_norm_fwd_bwd" && c.name != "softmax_fwd_bwd") continue;
+    const Generated gen = generate(ir::parse(kiln::test::instantiate(c.text, "bf16")));
+    ASSERT_GE(gen.cuda.launches.size(), 2u);
+    EXPECT_EQ(inductor::split_program(gen.cuda, 1 << 20).size(), 1u) << "a small program is one part";
+    EXPECT_EQ(inductor::split_program(gen.cuda, 1 << 20)[0].source, gen.cuda.source);
+    const auto parts = inductor::split_program(gen.cuda, 1);
+    ASSERT_EQ(parts.size(), gen.cuda.launches.size()) << c.name;
+    int next = 0;
+    for (const auto& part : parts) {
+      for (int l : part.launches) EXPECT_EQ(l, next++);
+      const auto fns = kiln::test::cubin_functions(nvrtc->compile(part.source, 90, c.name + "_part.cu"));
+      for (int l : part.launches) EXPECT_EQ(fns.count(gen.cuda.launches[static_cast<size_t>(l)].name), 1u);
+      for (const char* prelude_kernel : {"kiln_set_scalars", "kiln_strided_copy"})
+        EXPECT_EQ(fns.count(prelude_kernel), 1u) << prelude_kernel;
+    }
+  }
+}
+
 TEST(InductorCudaCodegen, OutputsReplaceTheirInputsOnlyWhereEveryReadComesFirst) {
   auto accepted = [](const std::string& text, const std::vector<int64_t>& wanted) {
     const ir::Graph graph = ir::parse(text);
