@@ -173,14 +173,7 @@ class Emitter {
       collect(roots[s], pending);
       collect_index(stores[s], pending);
       flush(pending, 1, 1);
-      // Later stages of this element read the register, holding what the buffer holds.
-      std::string reg = name(roots[s]);
-      if (val(v).ty == Ty::bf16 && !rounded_bf16(roots[s])) {
-        reg = "rv" + std::to_string(v);
-        body_ << "    const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
-      }
-      store(v, stores[s], reg, 1);
-      regs_[v] = reg;
+      store(v, stores[s], stage_register(v, roots[s], 1), 1);
     }
     body_ << "  }\n";
     if (vz.width > 1) body_ << "  }\n";
@@ -311,17 +304,12 @@ class Emitter {
       std::set<int> pending;
       collect(roots[s], pending);
       flush(pending, 1, 2);
-      std::string reg = name(roots[s]);
+      const std::string reg = stage_register(v, roots[s], 2);
       if (val(v).ty == Ty::bf16) {
-        if (!rounded_bf16(roots[s])) {
-          reg = "rv" + std::to_string(v);
-          body_ << "      const float " << reg << " = k_round_bf16(" << name(roots[s]) << ");\n";
-        }
         body_ << "      " << outs[s] << "[u] = k_f2bf(" << reg << ");\n";
       } else {
         body_ << "      " << outs[s] << "[u] = (" << mem_type(val(v).ty) << ")(" << reg << ");\n";
       }
-      regs_[v] = reg;
     }
     vec_ = nullptr;
     body_ << "    }\n";
@@ -334,6 +322,18 @@ class Emitter {
             << ");\n";
     }
     body_ << "  }\n";
+  }
+
+  // The register that holds stage v's value as its buffer will (a bfloat16 result rounded, unless
+  // it already is), which later stages of the same element read instead of memory.
+  std::string stage_register(int v, int root, int depth) {
+    std::string reg = name(root);
+    if (val(v).ty == Ty::bf16 && !rounded_bf16(root)) {
+      reg = "rv" + std::to_string(v);
+      body_ << ind(depth) << "const float " << reg << " = k_round_bf16(" << name(root) << ");\n";
+    }
+    regs_[v] = reg;
+    return reg;
   }
 
   // Whether the expression is already a value rounded to bfloat16 (a cast to it): rounding it
@@ -709,13 +709,7 @@ class Emitter {
       collect(root, pending);
       collect_index(off, pending);
       flush(pending, 1, 0);
-      std::string reg = name(root);
-      if (val(e).ty == Ty::bf16 && !rounded_bf16(root)) {
-        reg = "rv" + std::to_string(e);
-        body_ << "  const float " << reg << " = k_round_bf16(" << name(root) << ");\n";
-      }
-      store(e, off, reg, 0);
-      regs_[e] = reg;
+      store(e, off, stage_register(e, root, 0), 0);
     }
     // One thread per kept element, every access of the epilogue at it (the partial results it
     // combines are scratch): in-place outputs are judged as in a flat kernel.

@@ -64,9 +64,12 @@ std::vector<std::vector<int64_t>> inplace_proposals(const ir::Graph& g, const Pa
     ++slot;
   }
   std::vector<int> output_uses(g.values.size(), 0), shown(g.values.size(), 0);
+  std::vector<ir::ValueId> written_into(g.values.size(), ir::kNoValue);  // the input a write-back replaces
   for (const auto& o : g.outputs) {
     ++output_uses[static_cast<size_t>(o.value)];
     ++shown[static_cast<size_t>(root[static_cast<size_t>(o.value)])];
+    if (o.role == ir::OutputRole::WriteBack)
+      written_into[static_cast<size_t>(o.value)] = g.inputs[static_cast<size_t>(o.target)].value;
   }
   std::vector<std::vector<int64_t>> proposals(part.groups.size());
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
@@ -74,19 +77,15 @@ std::vector<std::vector<int64_t>> inplace_proposals(const ir::Graph& g, const Pa
     auto& prop = proposals[gi];
     prop.assign(pg.outputs.size(), -1);
     for (size_t k = 0; k < pg.outputs.size(); ++k) {
-      const ir::ValueId v = pg.outputs[k];
-      for (const auto& o : g.outputs) {
-        if (o.role != ir::OutputRole::WriteBack || o.value != v) continue;
-        const ir::ValueId in = g.inputs[static_cast<size_t>(o.target)].value;
-        const auto at = std::find(pg.inputs.begin(), pg.inputs.end(), in);
-        if (at == pg.inputs.end() || output_uses[static_cast<size_t>(v)] != 1 || shown[static_cast<size_t>(in)] != 0 ||
-            last_read[static_cast<size_t>(in)] > slot_of_group[gi] || !(g.value(v).meta == g.value(in).meta))
-          break;
-        bool other_view = false;
-        for (auto w : pg.inputs) other_view = other_view || (w != in && root[static_cast<size_t>(w)] == in);
-        if (!other_view) prop[k] = at - pg.inputs.begin();
-        break;
-      }
+      const ir::ValueId v = pg.outputs[k], in = written_into[static_cast<size_t>(v)];
+      if (in == ir::kNoValue) continue;
+      const auto at = std::find(pg.inputs.begin(), pg.inputs.end(), in);
+      if (at == pg.inputs.end() || output_uses[static_cast<size_t>(v)] != 1 || shown[static_cast<size_t>(in)] != 0 ||
+          last_read[static_cast<size_t>(in)] > slot_of_group[gi] || !(g.value(v).meta == g.value(in).meta))
+        continue;
+      bool other_view = false;
+      for (auto w : pg.inputs) other_view = other_view || (w != in && root[static_cast<size_t>(w)] == in);
+      if (!other_view) prop[k] = at - pg.inputs.begin();
     }
     if (std::none_of(prop.begin(), prop.end(), [](int64_t j) { return j >= 0; })) prop.clear();
   }
