@@ -107,7 +107,7 @@ class Emitter {
 
   // Pointwise stages of one shape, each reading the others only at its own index: one thread per
   // element (grid-stride), later stages reading earlier ones from registers.
-  CudaLaunch flat(const std::string& kernel, const std::vector<int>& stages) {
+  CudaLaunch flat(const std::string& kernel, const std::vector<int>& stages, const CudaChoice& choice = {}) {
     const std::vector<int64_t> shape = val(stages[0]).shape;
     const int64_t n = prod(shape);
     CudaLaunch launch;
@@ -179,9 +179,14 @@ class Emitter {
     if (vz.width > 1) body_ << "  }\n";
     launch.flat = true;
     launch.accesses = accesses_;
-    launch.block = kFlatThreads;
-    launch.grid = static_cast<unsigned>(
-        std::min<int64_t>((n + kFlatThreads - 1) / kFlatThreads, int64_t{16} * std::max(o_.multiprocessors, 1)));
+    const int threads = choice.threads > 0 ? choice.threads : kFlatThreads;
+    const int64_t per_sm = choice.blocks_per_sm != 0 ? choice.blocks_per_sm : 16;
+    int64_t grid = (n / std::max(vz.width, 1) + threads - 1) / threads;
+    if (vz.width <= 1 || choice.blocks_per_sm == 0) grid = (n + threads - 1) / threads;  // the defaults' grid
+    if (per_sm > 0) grid = std::min<int64_t>(grid, per_sm * std::max(o_.multiprocessors, 1));
+    if (grid > 0x7fffffff) grid = 0x7fffffff;  // grid-stride: any grid covers every element
+    launch.block = static_cast<unsigned>(threads);
+    launch.grid = static_cast<unsigned>(std::max<int64_t>(grid, 1));
     finish_launch(launch);
     return launch;
   }
@@ -344,7 +349,7 @@ class Emitter {
   }
 
   // A row plan: one block (or warp) per outer index, the stages in order inside it.
-  CudaLaunch rows(const std::string& kernel, const KernelPlan& K) {
+  CudaLaunch rows(const std::string& kernel, const KernelPlan& K, const CudaChoice& choice = {}) {
     const size_t k = K.outer.size();
     const int64_t n_rows = prod(K.outer);
     CudaLaunch launch;
@@ -383,11 +388,13 @@ class Emitter {
     }
     flush(top, 0, 0);
     // Short rows: a warp each, 8 per block. Long rows: a block each. No outer dims: one block.
-    const bool warp = k > 0 && row_work <= 1024;
+    bool warp = k > 0 && row_work <= 1024;
+    if (k > 0 && choice.rows_per_block > 0) warp = choice.rows_per_block > 1;
     int threads = 256;
     if (k == 0) threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, pow2_at_least(row_work))));
     else if (!warp) threads = row_work >= 16384 ? 1024 : row_work >= 4096 ? 512 : 256;
-    const int warps_per_block = 8;
+    if (!warp && choice.threads > 0) threads = choice.threads;
+    const int warps_per_block = warp && choice.rows_per_block > 1 ? choice.rows_per_block : 8;
     if (warp) {
       body_ << "  const kidx x = (kidx)blockIdx.x * " << warps_per_block << " + (kidx)(threadIdx.x >> 5);\n"
             << "  if (x >= " << lit(n_rows) << ") return;\n"
@@ -1136,8 +1143,10 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   bool wide = false;
   for (const auto& v : L.values) wide = wide || v.numel() >= kWideIndex || v.extent() >= kWideIndex;
   int max_scalar = -1;
+  int plan_ = -1;
   auto add = [&](Emitter& e, CudaLaunch launch) {
     if (e.empty()) return;
+    launch.plan = plan_;
     // What each kernel is, for a reader of the source and of a profile (ncu names the kernel).
     launch.text = "// " + launch.name + ": " + launch.what + "; grid " + std::to_string(launch.grid) + ", block " +
                   std::to_string(launch.block) + "\n" + e.text();
@@ -1152,14 +1161,19 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
       out.steps.push_back(CudaStep{-1, step.extern_node});
       continue;
     }
-    const KernelPlan& K = P.kernels.at(static_cast<size_t>(step.kernel));
+    const size_t plan = static_cast<size_t>(step.kernel);
+    if (!options.only.empty() && (plan >= options.only.size() || !options.only[plan])) continue;
+    const KernelPlan& K = P.kernels.at(plan);
+    const CudaChoice choice = plan < options.choice.size() ? options.choice[plan] : CudaChoice{};
     const std::string base = "kiln_k" + std::to_string(step.kernel);
+    plan_ = step.kernel;
     bool all_pointwise = !K.column;
     for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
     if (K.column) {
       const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
       const int width = Emitter::column_width(info);
-      const int64_t splits = Emitter::column_splits(info, options.multiprocessors, width);
+      const int64_t splits =
+          choice.splits >= 1 ? choice.splits : Emitter::column_splits(info, options.multiprocessors, width);
       if (splits > 1) {
         // The partial results: a scratch slot of this program's own, after the lowering's.
         const int slot =
@@ -1172,7 +1186,7 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
         // The next kernel joins the combining one when all of it is pointwise stages of the
         // reduction's shape that read it, and each other, only at their own element.
         std::vector<int> epilogue;
-        if (si + 1 < P.steps.size() && P.steps[si + 1].kernel >= 0) {
+        if (options.absorb_epilogues && si + 1 < P.steps.size() && P.steps[si + 1].kernel >= 0) {
           const KernelPlan& N = P.kernels.at(static_cast<size_t>(P.steps[si + 1].kernel));
           std::set<int> joined{K.stages.at(0)};
           bool joins = !N.column && !N.stages.empty();
@@ -1197,7 +1211,7 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
       }
     } else if (!all_pointwise) {
       Emitter e(L, options, wide);
-      CudaLaunch launch = e.rows(base, K);
+      CudaLaunch launch = e.rows(base, K, choice);
       add(e, std::move(launch));
     } else {
       // Runs of stages of one shape that read each other only at their own index share a loop.
@@ -1216,13 +1230,78 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
       }
       for (size_t r = 0; r < runs.size(); ++r) {
         Emitter e(L, options, wide);
-        CudaLaunch launch = e.flat(runs.size() == 1 ? base : base + "_" + std::to_string(r), runs[r]);
+        CudaLaunch launch = e.flat(runs.size() == 1 ? base : base + "_" + std::to_string(r), runs[r], choice);
         add(e, std::move(launch));
       }
     }
   }
   out.scalar_table = max_scalar + 1;
   out.source = os.str();
+  return out;
+}
+
+std::string describe(const CudaChoice& c) {
+  std::string r;
+  auto add = [&](const std::string& part) { r += (r.empty() ? "" : ", ") + part; };
+  if (c.rows_per_block > 1) add("a warp a row, " + std::to_string(c.rows_per_block) + " rows a block");
+  if (c.rows_per_block == 1) add("a block a row");
+  if (c.threads > 0) add("block " + std::to_string(c.threads));
+  if (c.blocks_per_sm > 0) add(std::to_string(c.blocks_per_sm) + " blocks a multiprocessor");
+  if (c.blocks_per_sm < 0) add("a thread per element");
+  if (c.splits == 1) add("not split");
+  if (c.splits > 1) add("in " + std::to_string(c.splits) + " parts");
+  return r.empty() ? "defaults" : r;
+}
+
+std::vector<CudaChoice> cuda_variants(const LoweredGraph& L, const Program& P, size_t kernel,
+                                      const CudaOptions& options) {
+  const KernelPlan& K = P.kernels.at(kernel);
+  std::vector<CudaChoice> out{CudaChoice{}};
+  auto add = [&](const CudaChoice& c) {
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  };
+  bool all_pointwise = !K.column;
+  for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
+  if (K.column) {
+    const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
+    const int width = Emitter::column_width(info);
+    const int64_t s0 = Emitter::column_splits(info, options.multiprocessors, width);
+    const int64_t n_red = prod(info.red.red_shape);
+    // Parts of at least 32 rows, at most 128 parts (the combining kernel adds them in turn).
+    const int64_t most = std::min<int64_t>(128, std::max<int64_t>(1, n_red / 32));
+    for (int64_t splits : {int64_t{1}, s0 / 2, s0 * 2, s0 * 4, int64_t{16}})
+      if (splits >= 1 && splits <= most && splits != s0) {
+        CudaChoice c;
+        c.splits = splits;
+        add(c);
+      }
+  } else if (all_pointwise) {
+    for (auto [threads, per_sm] : {std::pair{128, 16}, {512, 8}, {1024, 4}, {256, -1}}) {
+      CudaChoice c;
+      c.threads = threads;
+      c.blocks_per_sm = per_sm;
+      add(c);
+    }
+  } else if (K.outer.empty() || prod(K.outer) == 1) {
+    for (int threads : {256, 512, 1024}) {
+      CudaChoice c;
+      c.rows_per_block = K.outer.empty() ? 0 : 1;  // one row: a block of these threads
+      c.threads = threads;
+      add(c);
+    }
+  } else {
+    for (int rows : {4, 16}) {
+      CudaChoice c;
+      c.rows_per_block = rows;
+      add(c);
+    }
+    for (int threads : {128, 256, 512, 1024}) {
+      CudaChoice c;
+      c.rows_per_block = 1;
+      c.threads = threads;
+      add(c);
+    }
+  }
   return out;
 }
 

@@ -32,11 +32,33 @@
 
 namespace kiln::inductor {
 
+// How to launch one kernel plan other than by the defaults (max-autotune). Zero (or -1 for
+// `splits`) leaves a choice to the defaults' heuristics.
+struct CudaChoice {
+  int threads = 0;         // flat kernels and row blocks: threads a block
+  int blocks_per_sm = 0;   // flat kernels: the grid-stride loop's blocks a multiprocessor (-1: no cap)
+  int rows_per_block = 0;  // row plans: 1 = a block per row, n > 1 = a warp per row, n a block
+  int64_t splits = -1;     // column plans: parts the reduced range is split into (1: not split)
+  bool operator==(const CudaChoice& o) const {
+    return threads == o.threads && blocks_per_sm == o.blocks_per_sm && rows_per_block == o.rows_per_block &&
+           splits == o.splits;
+  }
+};
+std::string describe(const CudaChoice& c);  // "block 512", "a warp a row, 4 rows a block", "defaults"
+
 struct CudaOptions {
   int multiprocessors = 132;  // grid-stride kernels get at most 16 blocks per multiprocessor
   // Buffer slots that may share memory with another slot at run time (in-place outputs and the
   // inputs they replace): their kernel parameters are not __restrict__.
   std::set<int> may_alias;
+  // By kernel plan (Program::kernels): how to generate it (missing entries: the defaults), and,
+  // when not empty, which plans to generate at all (max-autotune's trial programs hold only the
+  // plans that have the trial's variant).
+  std::vector<CudaChoice> choice;
+  std::vector<bool> only;
+  // Whether a split column reduction's combining kernel also runs the pointwise plan after it.
+  // Trial programs time each plan alone, so they generate without it.
+  bool absorb_epilogues = true;
 };
 
 // One memory access of a flat kernel, in the order the source makes them.
@@ -48,6 +70,7 @@ struct CudaAccess {
 
 struct CudaLaunch {
   std::string name;  // extern "C" kernel symbol: kiln_k<plan>_<part>
+  int plan = -1;     // the kernel plan it is (or is part) of
   std::string what;  // "flat f32[64,300], 2 stages", for messages and the profile
   unsigned grid = 1, block = 1;
   std::vector<int> buffers;     // buffer slots, in parameter order
@@ -77,6 +100,13 @@ struct CudaProgram {
 
 // Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).
 CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options);
+
+// The ways max-autotune tries to generate kernel plan `kernel`, the defaults first: block sizes
+// and grid caps of flat kernels, a warp or a block per row (of 128 to 1024 threads) for row
+// plans, the number of parts a column reduction's rows are split into. Every variant computes the
+// same values (in another order of summation for reductions).
+std::vector<CudaChoice> cuda_variants(const LoweredGraph& L, const Program& P, size_t kernel,
+                                      const CudaOptions& options);
 
 // A program's kernels in parts of about `max_bytes` of kernel source each (one part when the
 // program is smaller), each part a whole source with the prelude: NVRTC's time grows with the

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <functional>
 #include <type_traits>
 
 #include <kiln/plugin_api.hpp>
@@ -39,6 +40,13 @@ struct CudaDriver::Fns {
   CUresult (*StreamIsCapturing)(CUstream, int*) = nullptr;
   CUresult (*MemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*MemFree)(CUdeviceptr) = nullptr;
+  CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t) = nullptr;
+  CUresult (*CtxSynchronize)() = nullptr;
+  CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*EventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*EventSynchronize)(CUevent) = nullptr;
+  CUresult (*EventElapsedTime)(float*, CUevent, CUevent) = nullptr;
+  CUresult (*EventDestroy)(CUevent) = nullptr;
 };
 
 std::shared_ptr<CudaDriver> CudaDriver::load() {
@@ -78,6 +86,13 @@ std::shared_ptr<CudaDriver> CudaDriver::load() {
   sym(f.StreamIsCapturing, "cuStreamIsCapturing");
   sym(f.MemAlloc, "cuMemAlloc_v2");
   sym(f.MemFree, "cuMemFree_v2");
+  sym(f.MemsetD32, "cuMemsetD32_v2");
+  sym(f.CtxSynchronize, "cuCtxSynchronize");
+  sym(f.EventCreate, "cuEventCreate");
+  sym(f.EventRecord, "cuEventRecord");
+  sym(f.EventSynchronize, "cuEventSynchronize");
+  sym(f.EventElapsedTime, "cuEventElapsedTime");
+  sym(f.EventDestroy, "cuEventDestroy_v2");
   if (!missing.empty())
     throw Error(KILN_ERROR_UNAVAILABLE, "the CUDA driver " + d->path_ + " lacks " + missing + " (too old?)");
   if (CUresult r = f.Init(0); r != 0)
@@ -201,6 +216,34 @@ CudaDriver::CUdeviceptr CudaDriver::alloc(size_t bytes, const std::string& what)
 
 void CudaDriver::free(CUdeviceptr p) const noexcept {
   if (p) fn_->MemFree(p);
+}
+
+void CudaDriver::fill32(CUdeviceptr p, unsigned value, size_t words) const {
+  if (words) check(fn_->MemsetD32(p, value, words), "cuMemsetD32(" + std::to_string(words) + " words)");
+}
+
+void CudaDriver::synchronize() const { check(fn_->CtxSynchronize(), "cuCtxSynchronize"); }
+
+double CudaDriver::time_ms(const std::function<void()>& enqueue, void* stream) const {
+  CUevent start = nullptr, stop = nullptr;
+  check(fn_->EventCreate(&start, 0), "cuEventCreate");
+  struct Events {
+    const Fns& f;
+    CUevent& a;
+    CUevent& b;
+    ~Events() {
+      if (a) f.EventDestroy(a);
+      if (b) f.EventDestroy(b);
+    }
+  } owned{*fn_, start, stop};
+  check(fn_->EventCreate(&stop, 0), "cuEventCreate");
+  check(fn_->EventRecord(start, static_cast<CUstream>(stream)), "cuEventRecord");
+  enqueue();
+  check(fn_->EventRecord(stop, static_cast<CUstream>(stream)), "cuEventRecord");
+  check(fn_->EventSynchronize(stop), "cuEventSynchronize");
+  float ms = 0;
+  check(fn_->EventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+  return ms;
 }
 
 }  // namespace kiln::inductor

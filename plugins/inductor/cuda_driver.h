@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@ class CudaDriver {
   using CUfunction = struct CUfunc_st*;
   using CUstream = struct CUstream_st*;
   using CUdeviceptr = unsigned long long;
+  using CUevent = struct CUevent_st*;
 
   // Loads libcuda.so.1 and initializes the driver (cuInit). Throws plugin::Error
   // (KILN_ERROR_UNAVAILABLE) saying why: no driver library, a driver without an entry point, or
@@ -67,6 +69,12 @@ class CudaDriver {
   bool capturing(void* stream) const;
   CUdeviceptr alloc(size_t bytes, const std::string& what) const;
   void free(CUdeviceptr p) const noexcept;
+  // `words` 32-bit words of `value` from p (synchronous).
+  void fill32(CUdeviceptr p, unsigned value, size_t words) const;
+  void synchronize() const;  // cuCtxSynchronize
+  // Milliseconds of device time between two events recorded on `stream` around what `enqueue`
+  // enqueues there; waits for it.
+  double time_ms(const std::function<void()>& enqueue, void* stream) const;
 
   // "cuLaunchKernel(kiln_k0): CUDA_ERROR_INVALID_VALUE: invalid argument"
   std::string describe(CUresult r, const std::string& what) const;

@@ -974,11 +974,6 @@ class InductorPlugin : public Plugin {
     if (!s.cuda) throw Unimplemented("[plugin.inductor] cuda = false; these nodes run eagerly");
     if (const std::string why = cuda_unavailable(device, &s.nvrtc); !why.empty())
       throw Unimplemented("no CUDA kernels here (" + why + "); these nodes run eagerly");
-    if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
-      static std::atomic<bool> said{false};
-      if (!said.exchange(true))
-        host().info("max-autotune tunes the C++ kernels; CUDA kernels are generated with their defaults");
-    }
     if (s.profile) {
       static std::atomic<bool> said{false};
       if (!said.exchange(true)) host().info("profile times the C++ kernels; CUDA groups are not timed");
@@ -999,33 +994,51 @@ class InductorPlugin : public Plugin {
         co.may_alias.insert(static_cast<int>(g.inputs().size() + k));
       }
     CudaProgram prog = generate_cuda(*L, P, co);
+    const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
+    if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
+      // The winners are kept per default program, architecture and size of the GPU.
+      const std::string tune_path = root + "/" +
+                                    hash_hex(prog.source + "\ncuda-tune 1 sm_" + std::to_string(arch) + " " +
+                                             std::to_string(co.multiprocessors)) +
+                                    ".cutune";
+      std::vector<std::vector<CudaChoice>> variants;
+      for (size_t k = 0; k < P.kernels.size(); ++k) variants.push_back(cuda_variants(*L, P, k, co));
+      std::vector<std::pair<int, int>> winners;
+      bool cached = read_tune(tune_path, &winners, P.kernels.size());
+      for (size_t k = 0; cached && k < winners.size(); ++k)
+        cached = static_cast<size_t>(winners[k].first) < variants[k].size();
+      if (cached) {
+        host().info("max-autotune: using the tuned CUDA kernels of " + hash_hex(prog.source).substr(0, 12) +
+                    " from the cache");
+      } else {
+        try {
+          winners = tune_cuda(*L, P, co, variants, rt, device, arch, root);
+          write_tune(tune_path, winners);
+        } catch (const Error& e) {
+          host().warn(std::string("max-autotune: cannot time this group's CUDA kernels (") + e.what() +
+                      "); it runs with the default kernels");
+          winners.assign(P.kernels.size(), {0, 1});
+        }
+      }
+      bool tuned = false;
+      co.choice.assign(P.kernels.size(), CudaChoice{});
+      for (size_t k = 0; k < winners.size(); ++k) {
+        co.choice[k] = variants[k][static_cast<size_t>(winners[k].first)];
+        tuned = tuned || winners[k].first != 0;
+      }
+      if (tuned) prog = generate_cuda(*L, P, co);
+    }
 
     auto exe = std::make_unique<CudaGroup>();
     exe->host_api = host().raw();
     exe->device = DLDevice{kDLCUDA, device};
     exe->host = std::make_unique<Host>(host());
     exe->multiprocessors = co.multiprocessors;
-    const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
     // A large program compiles as several NVRTC programs at once (each its own cache entry).
     const std::vector<CudaPart> parts = split_program(prog, kCudaPartBytes);
     std::vector<std::string> cubins(parts.size()), keys(parts.size());
-    std::vector<std::exception_ptr> errors(parts.size());
     std::vector<CacheStats> stats(parts.size());
-    auto build = [&](size_t p) {
-      try {
-        cubins[p] = cubin_cached(parts[p].source, *rt.nvrtc, arch, root, host(), &keys[p], &stats[p]);
-      } catch (...) {
-        errors[p] = std::current_exception();
-      }
-    };
-    {
-      std::vector<std::thread> threads;
-      for (size_t p = 1; p < parts.size(); ++p) threads.emplace_back(build, p);
-      build(0);
-      for (auto& t : threads) t.join();
-    }
-    for (const auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    build_cubins(parts, rt, arch, root, &cubins, &keys, &stats);
     exe->key = keys[0] + (parts.size() > 1 ? " (+" + std::to_string(parts.size() - 1) + " more)" : "");
     for (size_t p = 0; p < parts.size(); ++p)
       host().debug(std::string(stats[p].hit ? "cache hit " : "compiled ") + keys[p] + ".cubin (" +
@@ -1076,6 +1089,193 @@ class InductorPlugin : public Plugin {
       exe->table_defaults.push_back(p.value);
     }
     return exe;
+  }
+
+  // NVRTC on each part (from the cache when it is there), the parts at once in threads (at most
+  // as many as the machine has cores); rethrows the first part's error.
+  void build_cubins(const std::vector<CudaPart>& parts, const CudaRuntime& rt, int arch, const std::string& root,
+                    std::vector<std::string>* cubins, std::vector<std::string>* keys,
+                    std::vector<CacheStats>* stats) const {
+    cubins->assign(parts.size(), "");
+    keys->assign(parts.size(), "");
+    stats->assign(parts.size(), CacheStats{});
+    std::vector<std::exception_ptr> errors(parts.size());
+    std::atomic<size_t> next{0};
+    auto worker = [&] {
+      for (size_t p = next++; p < parts.size(); p = next++) {
+        try {
+          (*cubins)[p] = cubin_cached(parts[p].source, *rt.nvrtc, arch, root, host(), &(*keys)[p], &(*stats)[p]);
+        } catch (...) {
+          errors[p] = std::current_exception();
+        }
+      }
+    };
+    const size_t cores = std::max<size_t>(std::thread::hardware_concurrency(), 1);
+    std::vector<std::thread> threads;
+    for (size_t t = 1; t < std::min(parts.size(), cores); ++t) threads.emplace_back(worker);
+    worker();
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+  // max-autotune on CUDA: every variant of every kernel plan (cuda_variants) is generated into
+  // trial programs (trial t holds the plans that have a variant t, each plan's text only once),
+  // compiled, and each launch timed on the device with scratch buffers of the group's sizes.
+  // Returns by plan (variant, 1): the fastest, the defaults unless another is 3% faster.
+  std::vector<std::pair<int, int>> tune_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& co,
+                                             const std::vector<std::vector<CudaChoice>>& variants,
+                                             const CudaRuntime& rt, int device, int arch, const std::string& root) {
+    const size_t nk = P.kernels.size();
+    size_t trials = 1, total = 0;
+    for (const auto& v : variants) trials = std::max(trials, v.size()), total += v.size();
+    // Which trial holds each plan's variant (or the earlier variant with the same text).
+    std::vector<std::vector<int>> same_as(nk);
+    std::vector<std::vector<std::string>> texts(nk);
+    std::vector<CudaProgram> programs;
+    std::vector<std::vector<CudaPart>> trial_parts;
+    std::vector<std::string> what(nk);
+    for (size_t t = 0; t < trials; ++t) {
+      CudaOptions o = co;
+      o.absorb_epilogues = false;
+      o.choice.assign(nk, CudaChoice{});
+      o.only.assign(nk, false);
+      for (size_t k = 0; k < nk; ++k)
+        if (t < variants[k].size()) o.choice[k] = variants[k][t], o.only[k] = true;
+      CudaProgram prog = generate_cuda(L, P, o);
+      std::vector<std::string> plan_text(nk);
+      for (const CudaLaunch& l : prog.launches) plan_text[static_cast<size_t>(l.plan)] += l.text;
+      std::vector<bool> keep(nk, false);
+      for (size_t k = 0; k < nk; ++k) {
+        if (t >= variants[k].size()) continue;
+        if (what[k].empty())
+          for (const CudaLaunch& l : prog.launches)
+            if (l.plan == static_cast<int>(k) && what[k].empty()) what[k] = l.what;
+        const auto earlier =
+            static_cast<size_t>(std::find(texts[k].begin(), texts[k].end(), plan_text[k]) - texts[k].begin());
+        const bool fresh = earlier == texts[k].size();
+        same_as[k].push_back(static_cast<int>(fresh ? t : earlier));
+        texts[k].push_back(plan_text[k]);
+        keep[k] = fresh && !plan_text[k].empty();
+      }
+      CudaProgram kept = prog;
+      kept.launches.clear();
+      for (const CudaLaunch& l : prog.launches)
+        if (keep[static_cast<size_t>(l.plan)]) kept.launches.push_back(l);
+      kept.source = std::string(cuda_prelude()) + "\n";
+      for (const CudaLaunch& l : kept.launches) kept.source += l.text;
+      trial_parts.push_back(split_program(kept, kCudaPartBytes));
+      programs.push_back(std::move(kept));
+    }
+    std::vector<CudaPart> all_parts;
+    for (const auto& tp : trial_parts) all_parts.insert(all_parts.end(), tp.begin(), tp.end());
+    std::vector<std::string> cubins, keys;
+    std::vector<CacheStats> stats;
+    const auto t0 = std::chrono::steady_clock::now();
+    build_cubins(all_parts, rt, arch, root, &cubins, &keys, &stats);
+    const double compile_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    // One group times at a time: kernels of groups compiling beside it would skew the timings.
+    static std::mutex gpu;
+    std::lock_guard<std::mutex> one_at_a_time(gpu);
+    const CudaDriver& drv = *rt.driver;
+    CudaDriver::Scope scope(drv, device);
+    struct Owned {
+      const CudaDriver& d;
+      std::vector<CudaDriver::CUdeviceptr> ptrs;
+      std::vector<CudaDriver::CUmodule> modules;
+      ~Owned() {
+        try {
+          d.synchronize();
+        } catch (...) {
+        }
+        for (auto m : modules) d.unload_module(m);
+        for (auto p : ptrs) d.free(p);
+      }
+    } own{drv, {}, {}};
+    // The group's inputs and outputs, filled with 0.5 (floats) or 0 (integers, booleans: valid
+    // indices), and its scratch.
+    const size_t n_io = L.num_inputs + L.num_outputs;
+    std::vector<int64_t> io_bytes(n_io, 1);
+    std::vector<unsigned> io_fill(n_io, 0);
+    for (const ValueInfo& v : L.values) {
+      if (v.buffer < 0 || static_cast<size_t>(v.buffer) >= n_io) continue;
+      const auto b = static_cast<size_t>(v.buffer);
+      io_bytes[b] = std::max<int64_t>(
+          io_bytes[b], (v.storage_offset + std::max<int64_t>(v.extent(), 1)) * static_cast<int64_t>(ty_size(v.ty)));
+      io_fill[b] = v.ty == Ty::f32 ? 0x3f000000u : v.ty == Ty::bf16 ? 0x3f003f00u : v.ty == Ty::f64 ? 0x3fe00000u : 0u;
+    }
+    auto alloc = [&](int64_t bytes, unsigned fill, const std::string& what) {
+      const size_t words = (static_cast<size_t>(std::max<int64_t>(bytes, 4)) + 3) / 4 + 4;
+      own.ptrs.push_back(drv.alloc(words * 4, what));
+      drv.fill32(own.ptrs.back(), fill, words);
+      return own.ptrs.back();
+    };
+    std::vector<CudaDriver::CUdeviceptr> base;
+    for (size_t b = 0; b < n_io; ++b) base.push_back(alloc(io_bytes[b], io_fill[b], "max-autotune buffers"));
+    for (int64_t bytes : L.scratch_bytes) base.push_back(alloc(bytes, 0, "max-autotune scratch"));
+    CudaDriver::CUdeviceptr table = 0;
+    if (trials > 0) {
+      int entries = 0;
+      for (const auto& prog : programs) entries = std::max(entries, prog.scalar_table);
+      if (entries > 0) table = alloc(int64_t{8} * entries, 0x3fe00000u, "max-autotune scalars");
+    }
+    std::vector<std::vector<double>> cost(nk);
+    for (size_t k = 0; k < nk; ++k) cost[k].assign(variants[k].size(), 0.0);
+    size_t part = 0;
+    for (size_t t = 0; t < trials; ++t) {
+      const CudaProgram& prog = programs[t];
+      std::vector<CudaDriver::CUdeviceptr> B = base;
+      for (int64_t bytes : prog.extra_scratch_bytes) B.push_back(alloc(bytes, 0, "max-autotune partial results"));
+      std::map<std::string, CudaDriver::CUfunction> fns;
+      for (size_t p = 0; p < trial_parts[t].size(); ++p, ++part) {
+        own.modules.push_back(drv.load_module(cubins[part], root + "/" + keys[part] + ".cubin"));
+        for (int l : trial_parts[t][p].launches)
+          fns[prog.launches[static_cast<size_t>(l)].name] =
+              drv.function(own.modules.back(), prog.launches[static_cast<size_t>(l)].name);
+      }
+      for (const CudaLaunch& l : prog.launches) {
+        std::vector<void*> vals;
+        for (int b : l.buffers) vals.push_back(reinterpret_cast<void*>(B.at(static_cast<size_t>(b))));
+        if (l.scalars) vals.push_back(reinterpret_cast<void*>(table));
+        std::vector<void*> args;
+        for (auto& v : vals) args.push_back(&v);
+        const unsigned grid[3] = {l.grid, 1, 1}, block[3] = {l.block, 1, 1};
+        auto run = [&](int times) {
+          for (int r = 0; r < times; ++r) drv.launch(fns.at(l.name), grid, block, 0, nullptr, args.data(), l.name);
+        };
+        double ms = 1e30;
+        try {
+          const double first = drv.time_ms([&] { run(1); }, nullptr);
+          // Batches of about 0.2 ms; the best of three.
+          const int reps = static_cast<int>(std::clamp(0.2 / std::max(first, 1e-4), 2.0, 200.0));
+          for (int b = 0; b < 3; ++b) ms = std::min(ms, drv.time_ms([&] { run(reps); }, nullptr) / reps);
+        } catch (const Error& e) {
+          // Too many registers for a block this large, say: this variant cannot run here.
+          host().debug("max-autotune: " + l.name + " (" + l.what + ") does not run: " + e.what());
+          ms = 1e30;
+        }
+        cost[static_cast<size_t>(l.plan)][t] += ms;
+      }
+    }
+    std::vector<std::pair<int, int>> winners(nk, {0, 1});
+    for (size_t k = 0; k < nk; ++k) {
+      // A variant with the text of an earlier one was not compiled again: it costs what that did.
+      for (size_t v = 0; v < variants[k].size(); ++v) cost[k][v] = cost[k][static_cast<size_t>(same_as[k][v])];
+      size_t best = 0;
+      for (size_t v = 1; v < variants[k].size(); ++v)
+        if (cost[k][v] < cost[k][best] && cost[k][v] < 0.97 * cost[k][0]) best = v;
+      winners[k] = {static_cast<int>(best), 1};
+      if (what[k].empty()) continue;  // a plan with nothing to run (no elements)
+      auto us = [](double ms) { return ms >= 1e29 ? std::string("cannot run") : std::to_string(ms * 1e3) + " us"; };
+      host().info("max-autotune: CUDA kernel " + std::to_string(k + 1) + "/" + std::to_string(nk) + " (" + what[k] +
+                  "): " + kiln::inductor::describe(variants[k][best]) + ", " + us(cost[k][best]) +
+                  (best ? " (defaults " + us(cost[k][0]) + ")" : "") + "; " + std::to_string(variants[k].size()) +
+                  " variants");
+    }
+    host().debug("max-autotune: " + std::to_string(total) + " variants of " + std::to_string(nk) + " kernels in " +
+                 std::to_string(trials) + " trial programs, compiled in " + std::to_string(compile_s) + " s");
+    return winners;
   }
 
   // The CPU's buffers and parameters, then everything else but the kernels (prepare).

@@ -1,5 +1,6 @@
 #include "plan_step.h"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -7,6 +8,7 @@
 
 #include "kiln/log.h"
 #include "kiln/internal/op_info.h"
+#include "kiln/internal/partition.h"
 #include "kiln/internal/plugin_registry.h"
 
 namespace kiln {
@@ -193,6 +195,31 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
     runner.run("batch_optimizer", [&] { folded = batch_optimizer_updates(g); });
     log_info(
         c10::str("kiln: [experimental] batch_optimizer: ", folded, " optimizer nodes folded into multi-tensor ops"));
+  }
+
+  // cuDNN batch norm in native form where the backend takes both ends (it cannot compute cuDNN's
+  // reserve space): asked with the plugin's own claim on the rewritten graph.
+  if (backend.plugin && plan->device.is_cuda()) {
+    if (auto pairs = cudnn_batch_norm_pairs(g); !pairs.empty()) {
+      ir::Graph trial = g;
+      to_native_batch_norm(trial, pairs);
+      std::vector<int64_t> claimed;
+      {
+        GraphView view(trial);
+        claimed = backend.plugin->claim(view.view());
+      }
+      std::sort(claimed.begin(), claimed.end());
+      auto taken = [&](int32_t i) { return std::binary_search(claimed.begin(), claimed.end(), int64_t{i}); };
+      std::vector<BatchNormPair> kept;
+      for (const auto& p : pairs)
+        if (taken(p.forward) && std::all_of(p.backwards.begin(), p.backwards.end(), taken)) kept.push_back(p);
+      if (!kept.empty()) {
+        runner.run("native_batch_norm", [&] { to_native_batch_norm(g, kept); });
+        runner.run("dce_batch_norm", [&] { eliminate_dead_code(g); });
+      }
+      log_debug(c10::str("kiln: ", kept.size(), " of ", pairs.size(), " cuDNN batch norms in native form for backend '",
+                         backend.plugin->name(), "' (it claims both ends)"));
+    }
   }
 
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.

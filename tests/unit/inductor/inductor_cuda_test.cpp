@@ -340,6 +340,140 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
   EXPECT_TRUE(wide.cuda.extra_scratch_bytes.empty());
 }
 
+// max-autotune's variants: the defaults first, then other launch shapes, each generated as asked.
+TEST(InductorCudaCodegen, MaxAutotuneVariantsLaunchAsChosen) {
+  // A flat kernel: other blocks and grid caps.
+  const ir::Graph flat = ir::parse(R"(graph {
+  input %0 : f32[1024,1024]{1024,1} on cuda:0 input "x"
+  %1 : f32[1024,1024]{1024,1} on cuda:0 = aten::exp(%0)
+  output %1 result "y"
+}
+)");
+  inductor::CudaOptions o;
+  const Generated f = generate(flat, o);
+  const auto fv = inductor::cuda_variants(*f.lowered, f.program, 0, o);
+  ASSERT_EQ(fv.size(), 5u);
+  EXPECT_EQ(inductor::describe(fv[0]), "defaults");
+  EXPECT_EQ(f.cuda.launches[0].block, 256u);
+  EXPECT_EQ(f.cuda.launches[0].grid, 16u * 132u);
+  for (const auto& v : fv) {
+    o.choice = {v};
+    const Generated g = generate(flat, o);
+    ASSERT_EQ(g.cuda.launches.size(), 1u);
+    const auto& l = g.cuda.launches[0];
+    EXPECT_EQ(l.plan, 0);
+    if (v.threads) {
+      EXPECT_EQ(l.block, static_cast<unsigned>(v.threads)) << inductor::describe(v);
+    }
+    // Four floats a thread: a thread per element is 2^20 / 4 / block blocks.
+    if (v.blocks_per_sm < 0) {
+      EXPECT_EQ(l.grid, (1u << 20) / 4 / l.block) << inductor::describe(v);
+    }
+    if (v.blocks_per_sm > 0) {
+      EXPECT_LE(l.grid, static_cast<unsigned>(v.blocks_per_sm * 132)) << inductor::describe(v);
+    }
+  }
+  // A row plan (a softmax of 64 rows of 300): a warp a row by default; a block a row or 4 rows a
+  // block when asked.
+  const ir::Graph rows = ir::parse(R"(graph {
+  input %0 : f32[64,300]{300,1} on cuda:0 input "x"
+  %1 : f32[64,300]{300,1} on cuda:0 = aten::_softmax(%0, 1, false)
+  output %1 result "y"
+}
+)");
+  o = {};
+  const Generated r = generate(rows, o);
+  ASSERT_EQ(r.cuda.launches.size(), 1u);
+  EXPECT_EQ(r.cuda.launches[0].block, 256u);  // 8 warps, a row each
+  EXPECT_EQ(r.cuda.launches[0].grid, 8u);
+  const auto rv = inductor::cuda_variants(*r.lowered, r.program, 0, o);
+  EXPECT_EQ(rv.size(), 7u);
+  inductor::CudaChoice block_rows;
+  block_rows.rows_per_block = 1;
+  block_rows.threads = 512;
+  inductor::CudaChoice four;
+  four.rows_per_block = 4;
+  ASSERT_NE(std::find(rv.begin(), rv.end(), block_rows), rv.end());
+  ASSERT_NE(std::find(rv.begin(), rv.end(), four), rv.end());
+  o.choice = {block_rows};
+  const Generated rb = generate(rows, o);
+  EXPECT_EQ(rb.cuda.launches[0].block, 512u);
+  EXPECT_EQ(rb.cuda.launches[0].grid, 64u);
+  EXPECT_NE(rb.cuda.source.find("k_block_reduce"), std::string::npos);
+  o.choice = {four};
+  const Generated r4 = generate(rows, o);
+  EXPECT_EQ(r4.cuda.launches[0].block, 128u);
+  EXPECT_EQ(r4.cuda.launches[0].grid, 16u);
+  // A column reduction: split into other numbers of parts, or not at all.
+  const ir::Graph col = ir::parse(R"(graph {
+  input %0 : f32[16384,384]{384,1} on cuda:0 input "dy"
+  %1 : f32[384]{1} on cuda:0 = aten::sum.dim_IntList(%0, i[0], false, None)
+  output %1 result "db"
+}
+)");
+  o = {};
+  const Generated c = generate(col, o);
+  ASSERT_EQ(c.cuda.launches.size(), 2u);
+  const auto cv = inductor::cuda_variants(*c.lowered, c.program, 0, o);
+  ASSERT_GE(cv.size(), 3u);
+  for (const auto& v : cv) {
+    if (v.splits < 1) continue;
+    EXPECT_LE(v.splits, 128);
+    o.choice = {v};
+    const Generated g = generate(col, o);
+    ASSERT_EQ(g.cuda.launches.size(), v.splits == 1 ? 1u : 2u) << inductor::describe(v);
+    if (v.splits > 1) {
+      EXPECT_EQ(g.cuda.launches[1].what, "column f32[384], " + std::to_string(v.splits) + " parts combined");
+    }
+  }
+  // Trial programs hold only the plans asked for.
+  o = {};
+  o.only = {false};
+  EXPECT_TRUE(generate(col, o).cuda.launches.empty());
+}
+
+// Every max-autotune variant of every corpus graph compiles under NVRTC for sm_90: one program per
+// graph holding each variant's kernels under names of their own.
+TEST_P(InductorCudaCodegen, EveryMaxAutotuneVariantCompilesWithNvrtc) {
+  std::string why;
+  auto nvrtc = nvrtc_or_skip_reason(&why);
+  if (!nvrtc) GTEST_SKIP() << "no NVRTC on this machine: " << why;
+  const Case& c = GetParam();
+  const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
+  inductor::CudaOptions o;
+  const Generated base = generate(g, o);
+  std::vector<std::vector<inductor::CudaChoice>> variants;
+  size_t most = 1;
+  for (size_t k = 0; k < base.program.kernels.size(); ++k) {
+    variants.push_back(inductor::cuda_variants(*base.lowered, base.program, k, o));
+    most = std::max(most, variants.back().size());
+  }
+  std::string source(inductor::cuda_prelude());
+  std::vector<std::string> names;
+  for (size_t t = 1; t < most; ++t) {
+    o.choice.clear();
+    for (const auto& v : variants) o.choice.push_back(v[std::min(t, v.size() - 1)]);
+    const Generated gen = generate(g, o);
+    const std::string tag = "kiln_v" + std::to_string(t) + "_k";
+    for (const auto& l : gen.cuda.launches) {
+      std::string text = l.text;
+      for (size_t at = text.find("kiln_k"); at != std::string::npos; at = text.find("kiln_k", at + tag.size()))
+        text.replace(at, 6, tag);
+      source += text;
+      names.push_back(tag + l.name.substr(6));
+    }
+  }
+  if (names.empty()) GTEST_SKIP() << "no kernel of this graph has another variant";
+  std::string cubin;
+  try {
+    cubin = nvrtc->compile(source, 90, c.graph->name + "_" + c.dtype + "_variants.cu");
+  } catch (const plugin::Error& e) {
+    FAIL() << e.what() << "\n---- source ----\n" << source;
+  }
+  const auto fns = kiln::test::cubin_functions(cubin);
+  for (const auto& n : names) EXPECT_EQ(fns.count(n), 1u) << n;
+}
+
 // A flat kernel's consecutive threads walk the output in memory order: for a transposed weight
 // cast to bfloat16, the innermost variable (the flat index modulo the row length) is the one with
 // stride 1, in the store and in the load.
@@ -686,6 +820,74 @@ std::vector<Case> cases_without_externs() {
   return cases;
 }
 
+// Runs a generated program's launches on the emulated device over fresh inputs (trial 1: every
+// tensor one element into its storage, so unaligned) and checks each output against eager in
+// float64 on the CPU: float32 within 1e-5, bfloat16 within 1e-2. `over`: by output, the input it is
+// written over (in place), or -1.
+void run_emulated(const Generated& gen, Emulated& device, const Case& c, int trial, const std::vector<int64_t>& over,
+                  const std::string& label) {
+  const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
+  const ir::Graph on_cpu = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype, ""));
+  const ir::Graph wide = ir::parse(kiln::test::instantiate(c.graph->text, "f64", ""));
+  const double tol = c.dtype == "f32" ? 1e-5 : 1e-2;
+  // The second trial moves every tensor one element into its storage: kernels that move 16-byte
+  // words find their buffers unaligned and must take their one-element loop.
+  auto shifted = [](const at::Tensor& t) {
+    const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+    at::Tensor moved =
+        at::empty({elements + 1}, t.options()).as_strided(t.sizes(), t.strides(), t.storage_offset() + 1);
+    return moved.copy_(t);
+  };
+  auto inputs = make_inputs(on_cpu);
+  if (trial == 1)
+    for (auto& t : inputs) t = shifted(t);
+  const auto scalars = make_scalars(g, trial);
+  // The reference reads the inputs as they were: in-place outputs overwrite them.
+  std::vector<at::Tensor> before;
+  for (const auto& t : inputs) before.push_back(t.clone());
+  std::vector<at::Tensor> outputs;
+  for (size_t k = 0; k < on_cpu.outputs.size(); ++k) {
+    const auto& m = on_cpu.value(on_cpu.outputs[k].value).meta;
+    at::Tensor out = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype)).fill_(7);
+    if (over[k] >= 0) out = inputs[static_cast<size_t>(over[k])];
+    outputs.push_back(trial == 1 ? shifted(out) : out);
+  }
+  // The buffers by slot, as the plugin binds them: inputs, outputs, scratch.
+  std::vector<void*> B;
+  for (const auto& t : inputs) B.push_back(t.data_ptr());
+  for (const auto& t : outputs) B.push_back(t.data_ptr());
+  std::vector<std::vector<char>> scratch;
+  for (int64_t bytes : gen.lowered->scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
+  for (int64_t bytes : gen.cuda.extra_scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
+  for (auto& s : scratch) B.push_back(s.data());
+  std::vector<double> table(static_cast<size_t>(gen.cuda.scalar_table));
+  for (size_t k = 0; k < table.size(); ++k) table[k] = scalars[k].toDouble();
+  for (const auto& st : gen.cuda.steps) {
+    ASSERT_GE(st.launch, 0) << "an extern kernel";
+    const auto& l = gen.cuda.launches[static_cast<size_t>(st.launch)];
+    std::vector<void*> args;
+    for (int b : l.buffers) args.push_back(B.at(static_cast<size_t>(b)));
+    if (l.scalars) args.push_back(table.data());
+    ASSERT_EQ(device.launch(l.name, args, l.grid, l.block), "") << l.name << " (" << l.what << ") " << label;
+  }
+  std::vector<at::Tensor> wide_inputs;
+  for (const auto& t : before) wide_inputs.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
+  const auto ref = run_eager(wide, wide_inputs, scalars, /*check_meta=*/false);
+  // The graph's own types are right (what eager in its dtype makes), as on a GPU; but layer
+  // norm's statistics are float32 for bfloat16 input on CUDA only.
+  if (trial == 0 && c.graph->text.find("native_layer_norm") == std::string::npos)
+    run_eager(on_cpu, before, scalars, /*check_meta=*/true);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const std::string name = c.graph->name + " " + c.dtype + " output " + std::to_string(k) + " (" + g.outputs[k].name +
+                             ") " + label + (over[k] >= 0 ? " written over input " + std::to_string(over[k]) : "");
+    if (!ref[k].is_floating_point()) {
+      EXPECT_TRUE(at::equal(outputs[k], ref[k])) << name << "\n" << outputs[k] << "\n" << ref[k];
+      continue;
+    }
+    EXPECT_LE(rel_error(outputs[k], ref[k]), tol) << name << "\n" << outputs[k] << "\n" << ref[k];
+  }
+}
+
 }  // namespace
 
 class InductorCudaEmulated : public ::testing::TestWithParam<Case> {};
@@ -700,17 +902,6 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
   options.multiprocessors = 2;
   const Generated gen0 = generate(g, options);
   Emulated device0(gen0.cuda.source);
-  const ir::Graph on_cpu = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype, ""));
-  const ir::Graph wide = ir::parse(kiln::test::instantiate(c.graph->text, "f64", ""));
-  const double tol = c.dtype == "f32" ? 1e-5 : 1e-2;
-  // The second trial moves every tensor one element into its storage: kernels that move 16-byte
-  // words find their buffers unaligned and must take their one-element loop.
-  auto shifted = [](const at::Tensor& t) {
-    const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
-    at::Tensor moved =
-        at::empty({elements + 1}, t.options()).as_strided(t.sizes(), t.strides(), t.storage_offset() + 1);
-    return moved.copy_(t);
-  };
   // Trials 2 and 3 write each output the analysis accepts in place over its input (proposed by
   // name, then by layout alone), in a program generated for that (no __restrict__ on those).
   std::vector<Generated> inplace_gen;
@@ -730,57 +921,50 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
     if (trial >= 2 && std::all_of(over.begin(), over.end(), [](int64_t j) { return j < 0; })) continue;
     std::unique_ptr<Emulated> own;
     if (trial >= 2) own = std::make_unique<Emulated>(gen.cuda.source);
-    Emulated& device = own ? *own : device0;
-    auto inputs = make_inputs(on_cpu);
-    if (trial == 1)
-      for (auto& t : inputs) t = shifted(t);
-    const auto scalars = make_scalars(g, trial);
-    // The reference reads the inputs as they were: in-place outputs overwrite them.
-    std::vector<at::Tensor> before;
-    for (const auto& t : inputs) before.push_back(t.clone());
-    std::vector<at::Tensor> outputs;
-    for (size_t k = 0; k < on_cpu.outputs.size(); ++k) {
-      const auto& m = on_cpu.value(on_cpu.outputs[k].value).meta;
-      at::Tensor out = at::empty_strided(m.shape, m.strides, at::TensorOptions(m.dtype)).fill_(7);
-      if (over[k] >= 0) out = inputs[static_cast<size_t>(over[k])];
-      outputs.push_back(trial == 1 ? shifted(out) : out);
+    run_emulated(gen, own ? *own : device0, c, trial, over, "trial " + std::to_string(trial));
+  }
+}
+
+// max-autotune's variants (cuda_variants: other blocks, grids, rows a block, column splits) of
+// every kernel of every corpus graph compute what the defaults compute.
+TEST_P(InductorCudaEmulated, EveryMaxAutotuneVariantMatchesFloat64Eager) {
+  const Case& c = GetParam();
+  const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
+  inductor::CudaOptions options;
+  options.multiprocessors = 2;
+  const Generated base = generate(g, options);
+  size_t most = 1;
+  std::vector<std::vector<inductor::CudaChoice>> variants;
+  for (size_t k = 0; k < base.program.kernels.size(); ++k) {
+    variants.push_back(inductor::cuda_variants(*base.lowered, base.program, k, options));
+    most = std::max(most, variants.back().size());
+    EXPECT_EQ(variants.back()[0], inductor::CudaChoice{}) << "the defaults come first";
+  }
+  // One emulated library holds every variant, its kernels renamed kiln_v<t>_k...
+  std::vector<Generated> gens;
+  std::vector<std::string> labels;
+  std::string source(inductor::cuda_prelude());
+  for (size_t t = 1; t < most; ++t) {
+    inductor::CudaOptions o = options;
+    std::string label = "variant " + std::to_string(t) + ":";
+    for (const auto& v : variants) {
+      o.choice.push_back(v[std::min(t, v.size() - 1)]);
+      label += " [" + inductor::describe(o.choice.back()) + "]";
     }
-    // The buffers by slot, as the plugin binds them: inputs, outputs, scratch.
-    std::vector<void*> B;
-    for (const auto& t : inputs) B.push_back(t.data_ptr());
-    for (const auto& t : outputs) B.push_back(t.data_ptr());
-    std::vector<std::vector<char>> scratch;
-    for (int64_t bytes : gen.lowered->scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
-    for (int64_t bytes : gen.cuda.extra_scratch_bytes) scratch.emplace_back(static_cast<size_t>(bytes) + 64, 0x7f);
-    for (auto& s : scratch) B.push_back(s.data());
-    std::vector<double> table(static_cast<size_t>(gen.cuda.scalar_table));
-    for (size_t k = 0; k < table.size(); ++k) table[k] = scalars[k].toDouble();
-    for (const auto& st : gen.cuda.steps) {
-      ASSERT_GE(st.launch, 0) << "an extern kernel";
-      const auto& l = gen.cuda.launches[static_cast<size_t>(st.launch)];
-      std::vector<void*> args;
-      for (int b : l.buffers) args.push_back(B.at(static_cast<size_t>(b)));
-      if (l.scalars) args.push_back(table.data());
-      ASSERT_EQ(device.launch(l.name, args, l.grid, l.block), "") << l.name << " (" << l.what << ")";
-    }
-    std::vector<at::Tensor> wide_inputs;
-    for (const auto& t : before) wide_inputs.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
-    const auto ref = run_eager(wide, wide_inputs, scalars, /*check_meta=*/false);
-    // The graph's own types are right (what eager in its dtype makes), as on a GPU; but layer
-    // norm's statistics are float32 for bfloat16 input on CUDA only.
-    if (trial == 0 && c.graph->text.find("native_layer_norm") == std::string::npos)
-      run_eager(on_cpu, before, scalars, /*check_meta=*/true);
-    for (size_t k = 0; k < outputs.size(); ++k) {
-      const std::string name = c.graph->name + " " + c.dtype + " output " + std::to_string(k) + " (" +
-                               g.outputs[k].name + ") trial " + std::to_string(trial) +
-                               (over[k] >= 0 ? " written over input " + std::to_string(over[k]) : "");
-      if (!ref[k].is_floating_point()) {
-        EXPECT_TRUE(at::equal(outputs[k], ref[k])) << name << "\n" << outputs[k] << "\n" << ref[k];
-        continue;
-      }
-      EXPECT_LE(rel_error(outputs[k], ref[k]), tol) << name << "\n" << outputs[k] << "\n" << ref[k];
+    gens.push_back(generate(g, o));
+    labels.push_back(label);
+    const std::string tag = "kiln_v" + std::to_string(t) + "_k";
+    for (auto& l : gens.back().cuda.launches) {
+      for (size_t at = l.text.find("kiln_k"); at != std::string::npos; at = l.text.find("kiln_k", at + tag.size()))
+        l.text.replace(at, 6, tag);
+      l.name = tag + l.name.substr(6);
+      source += l.text;
     }
   }
+  if (gens.empty()) GTEST_SKIP() << "no kernel of this graph has another variant";
+  Emulated device(source);
+  for (size_t i = 0; i < gens.size(); ++i)
+    run_emulated(gens[i], device, c, 0, std::vector<int64_t>(g.outputs.size(), -1), labels[i]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Corpus, InductorCudaEmulated, ::testing::ValuesIn(cases_without_externs()), case_name);
@@ -920,6 +1104,46 @@ TEST(InductorCacheCuda, ASecondCompileOfTheSameGroupIsACacheHit) {
   }
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) cubins += e.path().extension() == ".cubin";
   EXPECT_EQ(cubins, 1u);
+}
+
+// max-autotune on CUDA times every variant of every kernel on the first compile (a progress line
+// per kernel), keeps the winners in the cache, so that the next compile times nothing, and the
+// tuned group computes what eager computes: rows, a split column with its epilogue, and AdamW's
+// run-time scalars.
+TEST(InductorTuneCuda, MaxAutotuneTimesTheVariantsOnceAndKeepsTheWinners) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  for (const std::string name : {"layer_norm_fwd_bwd", "column_split_then_update", "adamw_runtime_scalars"}) {
+    const auto& corpus = kiln::test::cuda_corpus();
+    const auto it = std::find_if(corpus.begin(), corpus.end(), [&](const auto& c) { return c.name == name; });
+    ASSERT_NE(it, corpus.end()) << name;
+    const ir::Graph g = ir::parse(kiln::test::instantiate(it->text, "f32"));
+    const std::string dir = fresh_dir("tune");
+    for (int run = 0; run < 2; ++run) {
+      auto plugin = load_plugin(dir);
+      kiln::test::start_log_capture();
+      PartitionedExecutor exec(g, plugin, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS);
+      const std::string log = kiln::test::captured_log();
+      ASSERT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
+      EXPECT_GE(exec.stats().groups_compiled, 1u);
+      EXPECT_EQ(log.find("cannot time"), std::string::npos) << log;
+      if (run == 0) {
+        EXPECT_NE(log.find("max-autotune: CUDA kernel 1/"), std::string::npos) << log;
+      } else {
+        EXPECT_NE(log.find("max-autotune: using the tuned CUDA kernels"), std::string::npos) << log;
+        EXPECT_EQ(log.find("max-autotune: CUDA kernel"), std::string::npos) << log;
+      }
+      const auto inputs = make_inputs(g);
+      const auto scalars = make_scalars(g, run);
+      const auto ref = run_eager(g, inputs, scalars);
+      std::vector<at::Tensor> env(g.values.size());
+      for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+      exec.run(env, &scalars);
+      expect_close(g, inputs, scalars, outputs_of(g, env), ref, 1e-5, name + " run " + std::to_string(run));
+    }
+    size_t tunes = 0;
+    for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) tunes += e.path().extension() == ".cutune";
+    EXPECT_EQ(tunes, 1u) << name;
+  }
 }
 
 // ---- On a GPU: whole training steps --------------------------------------------------------------

@@ -603,3 +603,115 @@ TEST(BatchOptimizerUpdatesCuda, EachMultiTensorOpRoundsAsTheSingleOps) {
   }
   EXPECT_EQ(failures, 0) << "multi-tensor ops that do not round as the single ops (see the lines above)";
 }
+
+namespace {
+
+// A training step's batch norm as a CUDA step records it after functionalization: the running
+// statistics cloned, cuDNN's forward updating the clones (written back), its backward reading the
+// reserve. `device`: " on cuda:0" or "" (the CPU: the rewritten graph runs there).
+std::string cudnn_batch_norm_step(const std::string& device, const std::string& extra = "") {
+  return c10::str(R"(graph {
+  input %0 : f32[8,6,5,5]{150,25,5,1})",
+                  device, R"( input "x"
+  input %1 : f32[6]{1})",
+                  device, R"( param "w"
+  input %2 : f32[6]{1})",
+                  device, R"( param "b"
+  input %3 : f32[6]{1})",
+                  device, R"( buffer "running_mean"
+  input %4 : f32[6]{1})",
+                  device, R"( buffer "running_var"
+  input %5 : f32[8,6,5,5]{150,25,5,1})",
+                  device, R"( input "go"
+  %6 : f32[6]{1})",
+                  device, R"( = aten::clone(%3, None)
+  %7 : f32[6]{1})",
+                  device, R"( = aten::clone(%4, None)
+  %8 : f32[8,6,5,5]{150,25,5,1})",
+                  device, R"(, %9 : f32[6]{1})", device, R"(, %10 : f32[6]{1})", device, R"(, %11 : u8[0]{1})", device,
+                  R"( = aten::cudnn_batch_norm(%0, %1, %2, %6, %7, true, 0.1, 1e-05)
+  %12 : f32[8,6,5,5]{150,25,5,1})",
+                  device, R"(, %13 : f32[6]{1})", device, R"(, %14 : f32[6]{1})", device,
+                  R"( = aten::cudnn_batch_norm_backward(%0, %5, %1, %6, %7, %9, %10, 1e-05, %11)
+)",
+                  extra, R"(  output %8 result "y"
+  output %12 result "dx"
+  output %13 result "dw"
+  output %14 result "db"
+  output %6 writeback 3 "running_mean"
+  output %7 writeback 4 "running_var"
+}
+)");
+}
+
+}  // namespace
+
+// cuDNN's batch norm pair becomes ATen's native pair: the forward on the clones' sources returning
+// the new running statistics (which the write-backs then read), the backward in training mode
+// without the reserve; and the rewritten step computes what autograd through at::batch_norm does.
+TEST(NativeBatchNorm, RewritesCudnnPairsIntoTheNativeOpsAndComputesTheSameStep) {
+  ir::Graph g = ir::parse(cudnn_batch_norm_step(""));
+  const auto pairs = cudnn_batch_norm_pairs(g);
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].forward, 2);
+  EXPECT_EQ(pairs[0].backwards, (std::vector<int32_t>{3}));
+  EXPECT_EQ(to_native_batch_norm(g, pairs), 1u);
+  eliminate_dead_code(g);
+  g.verify();
+  const std::string text = ir::print(g);
+  EXPECT_EQ(text.find("cudnn"), std::string::npos) << text;
+  EXPECT_EQ(text.find("aten::clone"), std::string::npos) << text;
+  EXPECT_NE(text.find("aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("aten::native_batch_norm_backward(%5, %0, %1, None, None, %9, %10, true, 1e-05, "
+                      "b[true, true, true])"),
+            std::string::npos)
+      << text;
+
+  const auto opts = at::TensorOptions(at::kDouble);
+  at::Tensor x = at::randn({8, 6, 5, 5}, opts), w = at::rand({6}, opts) + 0.5, b = at::randn({6}, opts);
+  at::Tensor rm = at::randn({6}, opts), rv = at::rand({6}, opts) + 0.5, go = at::randn({8, 6, 5, 5}, opts);
+  // The graph in float64 (its values are f32; the ops follow their inputs' dtype).
+  const auto outs = evaluate(g, {x, w, b, rm, rv, go});
+  at::Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
+  at::Tensor rm_ref = rm.clone(), rv_ref = rv.clone();
+  at::Tensor y = at::batch_norm(xr, wr, br, rm_ref, rv_ref, true, 0.1, 1e-5, false);
+  y.backward(go);
+  const std::vector<at::Tensor> want = {y.detach(), xr.grad(), wr.grad(), br.grad(), rm_ref, rv_ref};
+  const char* names[] = {"y", "dx", "dw", "db", "running_mean", "running_var"};
+  ASSERT_EQ(outs.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(at::allclose(outs[k], want[k], 1e-10, 1e-12)) << names[k];
+}
+
+// Nothing is rewritten where the reserve is read by anything but the backward, or the forward is
+// in evaluation mode (no pair to begin with).
+TEST(NativeBatchNorm, LeavesAReserveReadElsewhereAlone) {
+  const ir::Graph g = ir::parse(cudnn_batch_norm_step("", R"(  output %11 result "reserve"
+)"));
+  EXPECT_TRUE(cudnn_batch_norm_pairs(g).empty());
+  std::string eval = cudnn_batch_norm_step("");
+  eval.replace(eval.find("%7, true, 0.1"), 13, "%7, false, 0.1");
+  EXPECT_TRUE(cudnn_batch_norm_pairs(ir::parse(eval)).empty());
+}
+
+// On the GPU: the native pair computes what cuDNN's does (its saved variance is the inverse
+// standard deviation, as the native backward reads it), within float32 rounding.
+TEST(NativeBatchNormCuda, TheNativePairMatchesCudnnOnTheGpu) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine (scripts/device-check capture)";
+  const ir::Graph orig = ir::parse(cudnn_batch_norm_step(" on cuda:0"));
+  ir::Graph g = orig;
+  ASSERT_EQ(to_native_batch_norm(g, cudnn_batch_norm_pairs(g)), 1u);
+  eliminate_dead_code(g);
+  const auto opts = at::TensorOptions(at::kFloat).device(at::kCUDA);
+  const std::vector<at::Tensor> ins = {at::randn({8, 6, 5, 5}, opts), at::rand({6}, opts) + 0.5,
+                                       at::randn({6}, opts),          at::randn({6}, opts),
+                                       at::rand({6}, opts) + 0.5,     at::randn({8, 6, 5, 5}, opts)};
+  const auto want = evaluate(orig, ins);
+  const auto got = evaluate(g, ins);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    const double rel = (got[k] - want[k]).abs().max().item<double>() / (want[k].abs().max().item<double>() + 1e-30);
+    EXPECT_LE(rel, 1e-5) << "output " << k << " (" << orig.outputs[k].name << ")";
+  }
+}

@@ -63,6 +63,18 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<Lift
 // they are free. Returns how many nodes were folded into multi-tensor nodes.
 size_t batch_optimizer_updates(ir::Graph& graph);
 
+// cuDNN batch norm (cudnn_batch_norm and the cudnn_batch_norm_backward nodes that read its
+// reserve space) in ATen's native form, for a backend that compiles batch norm itself
+// (core/src/passes/native_batch_norm.cpp). Not bit-exact: the planner rewrites only pairs whose
+// every node the backend claims. Node indices are kept; the running statistics' clones become
+// dead (run DCE after).
+struct BatchNormPair {
+  int32_t forward = -1;            // the cudnn_batch_norm node
+  std::vector<int32_t> backwards;  // the cudnn_batch_norm_backward nodes reading its reserve
+};
+std::vector<BatchNormPair> cudnn_batch_norm_pairs(const ir::Graph& graph);
+size_t to_native_batch_norm(ir::Graph& graph, const std::vector<BatchNormPair>& pairs);
+
 struct PassRecord {
   std::string name;
   size_t nodes_before = 0, nodes_after = 0;
