@@ -318,7 +318,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         // Not under verify_groups, which reruns the group on the inputs afterwards.
         const int64_t j = inplace.empty() || verify_groups_ ? -1 : inplace[k];
         const at::Tensor* over = j >= 0 ? &env[grp.group.inputs[static_cast<size_t>(j)]] : nullptr;
-        if (over && over->defined() && over->sizes().vec() == m.shape && over->strides().vec() == m.strides &&
+        if (over && over->defined() && over->sizes().equals(m.shape) && over->strides().equals(m.strides) &&
             over->scalar_type() == m.dtype && over->device() == m.device) {
           t = *over;
         } else {
