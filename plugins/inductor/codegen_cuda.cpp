@@ -181,8 +181,10 @@ class Emitter {
     launch.accesses = accesses_;
     const int threads = choice.threads > 0 ? choice.threads : kFlatThreads;
     const int64_t per_sm = choice.blocks_per_sm != 0 ? choice.blocks_per_sm : 16;
-    int64_t grid = (n / std::max(vz.width, 1) + threads - 1) / threads;
-    if (vz.width <= 1 || choice.blocks_per_sm == 0) grid = (n + threads - 1) / threads;  // the defaults' grid
+    // A thread per element (or per vector of them, when a variant asks for no cap); the defaults
+    // count elements.
+    const int64_t per_thread = vz.width > 1 && choice.blocks_per_sm != 0 ? vz.width : 1;
+    int64_t grid = (n / per_thread + threads - 1) / threads;
     if (per_sm > 0) grid = std::min<int64_t>(grid, per_sm * std::max(o_.multiprocessors, 1));
     if (grid > 0x7fffffff) grid = 0x7fffffff;  // grid-stride: any grid covers every element
     launch.block = static_cast<unsigned>(threads);

@@ -997,10 +997,9 @@ class InductorPlugin : public Plugin {
     const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
     if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
       // The winners are kept per default program, architecture and size of the GPU.
-      const std::string tune_path = root + "/" +
-                                    hash_hex(prog.source + "\ncuda-tune 1 sm_" + std::to_string(arch) + " " +
-                                             std::to_string(co.multiprocessors)) +
-                                    ".cutune";
+      const std::string tune_key =
+          hash_hex(prog.source + "\ncuda-tune 1 sm_" + std::to_string(arch) + " " + std::to_string(co.multiprocessors));
+      const std::string tune_path = root + "/" + tune_key + ".cutune";
       std::vector<std::vector<CudaChoice>> variants;
       for (size_t k = 0; k < P.kernels.size(); ++k) variants.push_back(cuda_variants(*L, P, k, co));
       std::vector<std::pair<int, int>> winners;
@@ -1008,8 +1007,7 @@ class InductorPlugin : public Plugin {
       for (size_t k = 0; cached && k < winners.size(); ++k)
         cached = static_cast<size_t>(winners[k].first) < variants[k].size();
       if (cached) {
-        host().info("max-autotune: using the tuned CUDA kernels of " + hash_hex(prog.source).substr(0, 12) +
-                    " from the cache");
+        host().info("max-autotune: using the tuned CUDA kernels of " + tune_key.substr(0, 12) + " from the cache");
       } else {
         try {
           winners = tune_cuda(*L, P, co, variants, rt, device, arch, root);
@@ -1215,11 +1213,9 @@ class InductorPlugin : public Plugin {
     for (size_t b = 0; b < n_io; ++b) base.push_back(alloc(io_bytes[b], io_fill[b], "max-autotune buffers"));
     for (int64_t bytes : L.scratch_bytes) base.push_back(alloc(bytes, 0, "max-autotune scratch"));
     CudaDriver::CUdeviceptr table = 0;
-    if (trials > 0) {
-      int entries = 0;
-      for (const auto& prog : programs) entries = std::max(entries, prog.scalar_table);
-      if (entries > 0) table = alloc(int64_t{8} * entries, 0x3fe00000u, "max-autotune scalars");
-    }
+    int entries = 0;
+    for (const auto& prog : programs) entries = std::max(entries, prog.scalar_table);
+    if (entries > 0) table = alloc(int64_t{8} * entries, 0x3fe00000u, "max-autotune scalars");
     std::vector<std::vector<double>> cost(nk);
     for (size_t k = 0; k < nk; ++k) cost[k].assign(variants[k].size(), 0.0);
     size_t part = 0;

@@ -188,6 +188,46 @@ std::vector<int64_t> inplace_wanted(const ir::Graph& g, bool by_name) {
   return wanted;
 }
 
+// Every max-autotune variant of a graph: program t (t >= 1) generated with variant t of each
+// kernel plan (its last variant where it has fewer), its kernels renamed kiln_v<t>_k... so that all
+// of them fit in one source (after the prelude). No programs when no plan has a second variant.
+struct VariantPrograms {
+  std::vector<Generated> gens;
+  std::vector<std::string> labels;  // "variant 2: [block 512] [defaults] ..."
+  std::string source;
+};
+
+VariantPrograms variant_programs(const ir::Graph& g, const inductor::CudaOptions& options) {
+  const Generated base = generate(g, options);
+  size_t most = 1;
+  std::vector<std::vector<inductor::CudaChoice>> variants;
+  for (size_t k = 0; k < base.program.kernels.size(); ++k) {
+    variants.push_back(inductor::cuda_variants(*base.lowered, base.program, k, options));
+    most = std::max(most, variants.back().size());
+    EXPECT_EQ(variants.back()[0], inductor::CudaChoice{}) << "the defaults come first";
+  }
+  VariantPrograms out;
+  out.source = std::string(inductor::cuda_prelude());
+  for (size_t t = 1; t < most; ++t) {
+    inductor::CudaOptions o = options;
+    std::string label = "variant " + std::to_string(t) + ":";
+    for (const auto& v : variants) {
+      o.choice.push_back(v[std::min(t, v.size() - 1)]);
+      label += " [" + inductor::describe(o.choice.back()) + "]";
+    }
+    out.gens.push_back(generate(g, o));
+    out.labels.push_back(label);
+    const std::string tag = "kiln_v" + std::to_string(t) + "_k";
+    for (auto& l : out.gens.back().cuda.launches) {
+      for (size_t at = l.text.find("kiln_k"); at != std::string::npos; at = l.text.find("kiln_k", at + tag.size()))
+        l.text.replace(at, 6, tag);
+      l.name = tag + l.name.substr(6);
+      out.source += l.text;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- Without a GPU: generation and NVRTC -------------------------------------------------------
@@ -440,29 +480,11 @@ TEST_P(InductorCudaCodegen, EveryMaxAutotuneVariantCompilesWithNvrtc) {
   if (!nvrtc) GTEST_SKIP() << "no NVRTC on this machine: " << why;
   const Case& c = GetParam();
   const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
-  inductor::CudaOptions o;
-  const Generated base = generate(g, o);
-  std::vector<std::vector<inductor::CudaChoice>> variants;
-  size_t most = 1;
-  for (size_t k = 0; k < base.program.kernels.size(); ++k) {
-    variants.push_back(inductor::cuda_variants(*base.lowered, base.program, k, o));
-    most = std::max(most, variants.back().size());
-  }
-  std::string source(inductor::cuda_prelude());
+  const VariantPrograms programs = variant_programs(g, {});
+  const std::string& source = programs.source;
   std::vector<std::string> names;
-  for (size_t t = 1; t < most; ++t) {
-    o.choice.clear();
-    for (const auto& v : variants) o.choice.push_back(v[std::min(t, v.size() - 1)]);
-    const Generated gen = generate(g, o);
-    const std::string tag = "kiln_v" + std::to_string(t) + "_k";
-    for (const auto& l : gen.cuda.launches) {
-      std::string text = l.text;
-      for (size_t at = text.find("kiln_k"); at != std::string::npos; at = text.find("kiln_k", at + tag.size()))
-        text.replace(at, 6, tag);
-      source += text;
-      names.push_back(tag + l.name.substr(6));
-    }
-  }
+  for (const auto& gen : programs.gens)
+    for (const auto& l : gen.cuda.launches) names.push_back(l.name);
   if (names.empty()) GTEST_SKIP() << "no kernel of this graph has another variant";
   std::string cubin;
   try {
@@ -938,37 +960,12 @@ TEST_P(InductorCudaEmulated, EveryMaxAutotuneVariantMatchesFloat64Eager) {
   const ir::Graph g = ir::parse(kiln::test::instantiate(c.graph->text, c.dtype));
   inductor::CudaOptions options;
   options.multiprocessors = 2;
-  const Generated base = generate(g, options);
-  size_t most = 1;
-  std::vector<std::vector<inductor::CudaChoice>> variants;
-  for (size_t k = 0; k < base.program.kernels.size(); ++k) {
-    variants.push_back(inductor::cuda_variants(*base.lowered, base.program, k, options));
-    most = std::max(most, variants.back().size());
-    EXPECT_EQ(variants.back()[0], inductor::CudaChoice{}) << "the defaults come first";
-  }
-  // One emulated library holds every variant, its kernels renamed kiln_v<t>_k...
-  std::vector<Generated> gens;
-  std::vector<std::string> labels;
-  std::string source(inductor::cuda_prelude());
-  for (size_t t = 1; t < most; ++t) {
-    inductor::CudaOptions o = options;
-    std::string label = "variant " + std::to_string(t) + ":";
-    for (const auto& v : variants) {
-      o.choice.push_back(v[std::min(t, v.size() - 1)]);
-      label += " [" + inductor::describe(o.choice.back()) + "]";
-    }
-    gens.push_back(generate(g, o));
-    labels.push_back(label);
-    const std::string tag = "kiln_v" + std::to_string(t) + "_k";
-    for (auto& l : gens.back().cuda.launches) {
-      for (size_t at = l.text.find("kiln_k"); at != std::string::npos; at = l.text.find("kiln_k", at + tag.size()))
-        l.text.replace(at, 6, tag);
-      l.name = tag + l.name.substr(6);
-      source += l.text;
-    }
-  }
+  // One emulated library holds every variant.
+  const VariantPrograms programs = variant_programs(g, options);
+  const auto& gens = programs.gens;
+  const auto& labels = programs.labels;
   if (gens.empty()) GTEST_SKIP() << "no kernel of this graph has another variant";
-  Emulated device(source);
+  Emulated device(programs.source);
   for (size_t i = 0; i < gens.size(); ++i)
     run_emulated(gens[i], device, c, 0, std::vector<int64_t>(g.outputs.size(), -1), labels[i]);
 }
