@@ -701,12 +701,28 @@ class Emitter {
     const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v), res = "rv" + std::to_string(v);
     use_buf(partial_slot, acc_ty(info));
     read_.insert(partial_slot);
-    body_ << "  const kidx x = (kidx)blockIdx.x * blockDim.x + threadIdx.x;\n"
-          << "  if (x >= " << lit(n_kept) << ") return;\n";
+    // 32 columns a block, one a lane; the parts split over the block's warps (warp w takes parts
+    // w, w + warps, ... in order: a few independent loads each, not `splits` in a row), then the
+    // first warp combines the warps' sums in order. The order is fixed: the result does not
+    // depend on scheduling.
+    const int64_t warps = std::min<int64_t>(16, pow2_at_most(std::max<int64_t>(splits, 1)));
+    const std::string P = "b" + std::to_string(partial_slot);
+    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
+          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
+          << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
+          << "  const kidx xs = col < " << lit(n_kept) << " ? col : " << lit(n_kept - 1) << ";\n"
+          << "  " << acc_t << " part_acc = " << acc_init(info) << ";\n"
+          << "#pragma unroll 4\n"
+          << "  for (int p = ty; p < " << splits << "; p += " << warps << ") part_acc = " << op_struct(info)
+          << "()(part_acc, " << P << "[(kidx)p * " << lit(n_kept) << " + xs]);\n"
+          << "  kiln_col[ty * 33 + tx] = part_acc;\n"
+          << "  __syncthreads();\n"
+          << "  if (ty != 0 || col >= " << lit(n_kept) << ") return;\n"
+          << "  const kidx x = col;\n";
     decompose("x", kvars_, ksizes_, 0);
-    body_ << "  " << acc_t << " " << acc << " = b" << partial_slot << "[x];\n"
-          << "  for (int p = 1; p < " << splits << "; ++p) " << acc << " = " << op_struct(info) << "()(" << acc << ", b"
-          << partial_slot << "[p * " << lit(n_kept) << " + x]);\n"
+    body_ << "  " << acc_t << " " << acc << " = kiln_col[tx];\n"
+          << "  for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
+          << ", kiln_col[w * 33 + tx]);\n"
           << "  const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
     store(v, out, res, 0);
     regs_[v] = res;
@@ -724,8 +740,8 @@ class Emitter {
     // combines are scratch): in-place outputs are judged as in a flat kernel.
     launch.flat = true;
     launch.accesses = accesses_;
-    launch.block = kFlatThreads;
-    launch.grid = static_cast<unsigned>((n_kept + kFlatThreads - 1) / kFlatThreads);
+    launch.block = static_cast<unsigned>(32 * warps);
+    launch.grid = static_cast<unsigned>((n_kept + 31) / 32);
     finish_launch(launch);
     return launch;
   }

@@ -169,6 +169,7 @@ std::vector<OpEntry> make_registry() {
       any_result(compute("aten::ones_like", [](Lowerer& l, const Node& n) { lower_constant(l, n, 1.0); })),
       compute("aten::nll_loss_backward", lower_nll_loss_backward, claim_nll_loss),
       compute("aten::max_pool2d_with_indices", lower_max_pool2d_with_indices, claim_max_pool2d),
+      compute("aten::embedding", lower_embedding, claim_embedding),
 
       // ---- Reductions and composites with reductions ----
       sum_or_mean("aten::sum.dim_IntList", /*mean=*/false, /*all_dims=*/false),
@@ -216,7 +217,6 @@ std::vector<OpEntry> make_registry() {
       extern_kernel("aten::convolution_backward"),
       extern_kernel("aten::_scaled_dot_product_flash_attention_for_cpu"),
       extern_kernel("aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
-      extern_kernel("aten::embedding"),
       extern_kernel("aten::embedding_dense_backward"),
   };
 }

@@ -43,6 +43,8 @@ void lower_lerp(Lowerer& l, const plugin::Node& n);
 void lower_fill(Lowerer& l, const plugin::Node& n);  // the value is argument 1
 void lower_constant(Lowerer& l, const plugin::Node& n, double value);
 void lower_nll_loss_backward(Lowerer& l, const plugin::Node& n);
+void lower_embedding(Lowerer& l, const plugin::Node& n);
+std::string claim_embedding(const plugin::Graph& g, const plugin::Node& n);
 void lower_max_pool2d_with_indices(Lowerer& l, const plugin::Node& n);
 
 // ---- Reductions and composites with reductions (ops_reduction.cpp) ----

@@ -303,6 +303,34 @@ void lower_nll_loss_backward(Lowerer& l, const Node& n) {
   });
 }
 
+std::string claim_embedding(const Graph& g, const Node& n) {
+  if (g.value(n.arg(0).tensor_index()).ndim() != 2) return "weight not 2-D";
+  const auto t = ty_of(g.value(n.arg(1).tensor_index()).dtype());
+  if (!t || (*t != Ty::i64 && *t != Ty::i32)) return "indices not int64 or int32";
+  return "";
+}
+
+void lower_embedding(Lowerer& l, const Node& n) {
+  // out[i..., c] = weight[indices[i...], c]: a gather, exact, that the kernels reading it fuse
+  // (padding_idx and the other flags only matter to the backward). An index out of range is
+  // clamped into the table, so that no kernel ever reads outside it; eager stops on one.
+  const int64_t out = n.outputs()[0];
+  const Ty ty = l.val(out).ty;
+  const LoweredGraph* G = l.lowered();
+  const int w = static_cast<int>(n.arg(0).tensor_index());
+  const int ind = static_cast<int>(n.arg(1).tensor_index());
+  const int64_t rows = l.val(w).shape[0];
+  const size_t k = l.val(ind).shape.size();
+  l.pointwise(out, [G, w, ind, rows, k, ty](ExprPool& p, const Idx& idx) {
+    const Idx at(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k));
+    const int t = p.cast(G->load(p, ind, at), Ty::i64);
+    const int tc = p.op(
+        "minimum", Ty::i64,
+        {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(rows - 1), Ty::i64)});
+    return p.cast(G->load(p, w, {Index::expr(tc), idx[k]}), ty);
+  });
+}
+
 void lower_max_pool2d_with_indices(Lowerer& l, const Node& n) {
   // out[.., oh, ow] = the window's maximum and its index h * W + w in the input plane, taken in
   // ATen's order (rows, then columns): a later element replaces the maximum when it is larger or

@@ -150,6 +150,25 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // A language model's first kernel: token and position embeddings (gathers at int64 indices)
+      // read inside the row kernel of their sum's layer norm, which also stores the sum.
+      {"embeddings_layer_norm", R"(graph {
+  input %0 : {T}[7,96]{96,1} {D} input "tok_w"
+  input %1 : {T}[16,96]{96,1} {D} input "pos_w"
+  input %2 : i64[2,16]{16,1} {D} input "idx"
+  input %3 : i64[16]{1} {D} input "pos_idx"
+  input %4 : {T}[96]{1} {D} input "w"
+  input %5 : {T}[96]{1} {D} input "b"
+  %6 : {T}[2,16,96]{1536,96,1} {D} = aten::embedding(%0, %2, -1, false, false)
+  %7 : {T}[16,96]{96,1} {D} = aten::embedding(%1, %3, -1, false, false)
+  %8 : {T}[2,16,96]{1536,96,1} {D} = aten::add.Tensor(%6, %7, scalar(1))
+  %9 : {T}[2,16,96]{1536,96,1} {D}, %10 : f32[2,16,1]{16,1,1} {D}, %11 : f32[2,16,1]{16,1,1} {D} = aten::native_layer_norm(%8, i[96], %4, %5, 1e-05)
+  output %8 result "x"
+  output %9 result "y"
+  output %11 result "rstd"
+}
+)",
+       1},
       // Long rows (a block each).
       {"layer_norm_long_rows", R"(graph {
   input %0 : {T}[16,4100]{4100,1} {D} input "x"

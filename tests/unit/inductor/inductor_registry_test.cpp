@@ -29,7 +29,6 @@ const Names kExterns = {"aten::mm",
                         "aten::convolution_backward",
                         "aten::_scaled_dot_product_flash_attention_for_cpu",
                         "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-                        "aten::embedding",
                         "aten::embedding_dense_backward"};
 
 const Names kCompareScalar = {"aten::eq.Scalar", "aten::ne.Scalar", "aten::lt.Scalar",
@@ -81,6 +80,7 @@ const Names kCompute = [] {
              "aten::full_like",
              "aten::nll_loss_backward",
              "aten::max_pool2d_with_indices",
+             "aten::embedding",
              "aten::sum.dim_IntList",
              "aten::sum",
              "aten::mean.dim",
@@ -127,6 +127,7 @@ const Names kNonemptyInputs = {"aten::amax",
                                "aten::native_batch_norm_backward"};
 
 const Names kOwnClaimRule = {"aten::_to_copy",
+                             "aten::embedding",
                              "aten::_native_batch_norm_legit_functional",
                              "aten::native_batch_norm_backward",
                              "aten::sum.dim_IntList",
