@@ -43,11 +43,12 @@ void alias_extern_output(LoweredGraph* L, int64_t out) {
 }
 
 // An output that is a view of a value computed in the group (a reshape of a GELU's result that the
-// backward keeps, a layer norm's output seen as [rows, features] for the next matmul) takes the
+// backward keeps, a layer norm's output seen as [rows, features] for the next matmul, a matmul's
+// [rows, features] result seen as [batch, time, features] for the attention's backward) takes the
 // value's place in memory when the two are the same memory: the value is computed straight into
-// the output's buffer instead of into scratch and copied. Same memory means the same dtype, both
-// dense (as many elements as their buffers span) and every index of the output addressing the
-// element the view reads.
+// the output's buffer (an extern kernel writes it there) instead of into scratch and copied. Same memory means the same
+// dtype, both dense (as many elements as their buffers span) and every index of the output addressing the element the
+// view reads.
 void alias_computed_output(LoweredGraph* L, int64_t out) {
   auto val = [L](int64_t v) -> ValueInfo& { return L->values[static_cast<size_t>(v)]; };
   ValueInfo& o = val(out);
@@ -55,7 +56,8 @@ void alias_computed_output(LoweredGraph* L, int64_t out) {
   int root = o.src;
   while (val(root).kind == ValueInfo::Kind::View && !val(root).materialized) root = val(root).src;
   ValueInfo& r = val(root);
-  if (r.kind != ValueInfo::Kind::Pointwise && r.kind != ValueInfo::Kind::Reduction) return;
+  if (r.kind != ValueInfo::Kind::Pointwise && r.kind != ValueInfo::Kind::Reduction && r.kind != ValueInfo::Kind::Extern)
+    return;
   if (r.buffer >= 0 || r.ty != o.ty || r.storage_offset != 0 || o.storage_offset != 0) return;
   if (r.numel() == 0 || r.numel() != o.numel() || r.extent() != r.numel() || o.extent() != o.numel()) return;
   const bool was_materialized = r.materialized;

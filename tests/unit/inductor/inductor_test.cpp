@@ -618,6 +618,27 @@ TEST(InductorLoops, AnExternResultThatIsAnOutputIsWrittenStraightIntoIt) {
   EXPECT_EQ(count(src, "] = t"), 1u) << src;
 }
 
+TEST(InductorLoops, AReshapedExternResultThatIsAnOutputIsWrittenStraightIntoIt) {
+  // A matmul's [rows, features] result leaves the group as [batch, time, features] (what the
+  // attention's backward reads in a transformer) and is read by a pointwise stage: the matmul
+  // writes the output's buffer itself, nothing copies it out of scratch.
+  const std::string dir = fresh_dir("loops_alias_reshape");
+  auto c = check(R"(graph {
+  input %0 : f32[24,16]{16,1} input "a"
+  input %1 : f32[16,32]{32,1} input "b"
+  %2 : f32[24,32]{32,1} = aten::mm(%0, %1)
+  %3 : f32[2,12,32]{384,32,1} = aten::view(%2, i[2, 12, 32])
+  %4 : f32[2,12,32]{384,32,1} = aten::mul.Scalar(%3, scalar(0.5))
+  output %3 result "y"
+  output %4 result "half"
+}
+)",
+                 1e-5, dir);
+  expect_all_compiled(c);
+  const std::string src = generated_sources(dir);
+  EXPECT_EQ(count(src, "] = t"), 1u) << src;
+}
+
 TEST(InductorNumerics, MaxPoolValuesAndIndicesAreAtensBitForBit) {
   // Windows that tile the input (MNIST's 2x2), overlapping ones with rows left over (3x2 windows,
   // stride 2x1, on a 3-D input), and ties, NaN and -inf, where ATen's order decides the index.
