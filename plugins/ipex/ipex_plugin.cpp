@@ -5,6 +5,7 @@
 // in float32 and, where the CPU has AVX-512-BF16 or AMX, in bfloat16. oneDNN is loaded at run
 // time (dnnl_loader.h); no LibTorch.
 #include <cstring>
+#include <filesystem>
 
 #include <kiln/plugin_api.hpp>
 
@@ -73,7 +74,21 @@ class IpexPlugin : public Plugin {
     if (!options.options.empty())
       throw Error(KILN_ERROR_INVALID_ARGUMENT,
                   "unknown option '" + options.options.begin()->first + "' in [plugin.ipex] (it takes none)");
-    return kiln::ipex::compile_group(g, support());
+    kiln::ipex::Tuning tuning;
+    tuning.enabled = options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    if (tuning.enabled) {
+      const std::string root = options.cache_dir.empty() ? host().cache_dir() : options.cache_dir;
+      if (!root.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(root + "/ipex", ec);
+        if (ec)
+          host().warn("max-autotune: cannot create " + root + "/ipex (" + ec.message() + "): winners are not kept");
+        else tuning.dir = root + "/ipex";
+      }
+      tuning.info = [this](const std::string& m) { host().info(m); };
+      tuning.warn = [this](const std::string& m) { host().warn(m); };
+    }
+    return kiln::ipex::compile_group(g, support(), tuning);
   }
 
  private:

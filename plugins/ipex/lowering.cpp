@@ -1,12 +1,20 @@
 #include "lowering.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <unordered_map>
+
+#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_debug.h>
@@ -512,6 +520,171 @@ class Builder {
   size_t temp_bytes_ = 0;
 };
 
+// ---- max-autotune-no-cudagraphs: oneDNN's implementations of a matmul, timed ------------------
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string md_text(const memory::desc& md) {
+  std::string t = std::to_string(static_cast<int>(md.get_data_type())) + ":";
+  for (auto d : md.get_dims()) t += " " + std::to_string(d);
+  t += " /";
+  for (auto st : md.get_strides()) t += " " + std::to_string(st);
+  return t;
+}
+
+// Scratch memory for each argument of a primitive (0.5 in every float element, zeros elsewhere).
+struct ScratchArgs {
+  std::vector<std::unique_ptr<char[]>> buffers;
+  std::unordered_map<int, memory> mem;
+  explicit ScratchArgs(const std::vector<std::pair<int, memory::desc>>& args) {
+    for (const auto& [arg, md] : args) {
+      const size_t bytes = md.get_size();
+      buffers.emplace_back(new char[bytes + 64]());
+      char* p = buffers.back().get();
+      p += (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+      if (md.get_data_type() == memory::data_type::f32)
+        for (size_t i = 0; i + 4 <= bytes; i += 4) {
+          const float h = 0.5f;
+          std::memcpy(p + i, &h, 4);
+        }
+      else if (md.get_data_type() == memory::data_type::bf16)
+        for (size_t i = 0; i + 2 <= bytes; i += 2) {
+          const uint16_t h = 0x3f00;
+          std::memcpy(p + i, &h, 2);
+        }
+      mem.emplace(arg, memory(md, engine(), p));
+    }
+  }
+};
+
+// The median time in milliseconds of each primitive on the same scratch arguments: each run once
+// to warm up, then in turns (one run of each per round, so that a slower moment of the machine
+// falls on all of them) until 20 ms a primitive or 25 rounds have passed.
+std::vector<double> time_in_turns(const std::vector<dnnl::primitive>& prims,
+                                  const std::vector<std::pair<int, memory::desc>>& args, dnnl::stream& stream) {
+  ScratchArgs scratch(args);
+  for (const auto& p : prims) p.execute(stream, scratch.mem);
+  stream.wait();
+  std::vector<std::vector<double>> runs(prims.size());
+  double total = 0;
+  for (int round = 0; round < 25 && (round < 3 || total < 20.0 * static_cast<double>(prims.size())); ++round)
+    for (size_t i = 0; i < prims.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      prims[i].execute(stream, scratch.mem);
+      stream.wait();
+      runs[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      total += runs[i].back();
+    }
+  std::vector<double> median;
+  for (auto& r : runs) {
+    std::sort(r.begin(), r.end());
+    median.push_back(r[r.size() / 2]);
+  }
+  return median;
+}
+
+// The matmul implementation to use: oneDNN's first choice, or under tuning the fastest of those
+// it offers (`make` builds the first choice afresh: next_impl moves a descriptor in place).
+dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<dnnl::matmul::primitive_desc()>& make,
+                                          const std::vector<std::pair<int, memory::desc>>& args,
+                                          const std::string& post_text, const std::string& what) {
+  dnnl::matmul::primitive_desc first = make();
+  if (!t.enabled) return first;
+  auto nth = [&](int k) {
+    dnnl::matmul::primitive_desc pd = make();
+    for (int j = 0; j < k; ++j)
+      if (!pd.next_impl()) return std::optional<dnnl::matmul::primitive_desc>();
+    return std::optional<dnnl::matmul::primitive_desc>(pd);
+  };
+  std::string key_text = "ipex-matmul-tune 1\noneDNN " + dnnl_library().version + " isa " +
+                         std::to_string(static_cast<unsigned>(dnnl_get_effective_cpu_isa())) + "\n" + post_text;
+  for (const auto& [arg, md] : args) key_text += "\n" + std::to_string(arg) + " " + md_text(md);
+  char key[17];
+  std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(key_text)));
+  const std::string path = t.dir.empty() ? "" : t.dir + "/" + key + ".tune";
+  if (!path.empty()) {
+    std::ifstream in(path);
+    std::string word, name;
+    if (in && in >> word && word == "impl" && std::getline(in >> std::ws, name)) {
+      for (int k = 0; k < 64; ++k) {
+        auto pd = nth(k);
+        if (!pd) break;
+        if (pd->impl_info_str() == name) {
+          if (t.info) t.info("max-autotune: " + what + ": " + name + " (tuned earlier: " + path + ")");
+          return *pd;
+        }
+      }
+      if (t.warn)
+        t.warn("max-autotune: " + path + " names " + name + ", which oneDNN does not offer here: timing again");
+    } else if (std::filesystem::exists(path) && t.warn) {
+      t.warn("max-autotune: " + path + " is not a tuning record (first line 'impl <name>'): timing again");
+    }
+  }
+  // oneDNN's list, each implementation once (the list may name one implementation several
+  // times), in its order: index 0 is its first choice. On a CPU with AVX2 only, f32 matmuls have
+  // one (gemm:jit), and tuning only records that.
+  std::vector<int> index;
+  std::vector<std::string> names;
+  std::vector<dnnl::primitive> prims;
+  for (int k = 0; k < 32; ++k) {
+    auto pd = nth(k);
+    if (!pd) break;
+    const std::string name = pd->impl_info_str();
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    // The reference implementations (ref:...) are oneDNN's correctness baseline, hundreds of
+    // times slower: never a candidate.
+    if (k > 0 && name.rfind("ref:", 0) == 0) continue;
+    try {
+      prims.push_back(dnnl::matmul(*pd));
+    } catch (const dnnl::error&) {
+      continue;  // an implementation that cannot be made here is not a candidate
+    }
+    index.push_back(k);
+    names.push_back(name);
+  }
+  if (prims.empty()) return first;
+  size_t best = 0;
+  std::string line = "max-autotune: " + what + ": ";
+  std::vector<double> ms;
+  if (prims.size() == 1) {
+    line += "oneDNN offers one implementation, " + names[0];
+  } else {
+    dnnl::stream stream(engine());
+    ms = time_in_turns(prims, args, stream);
+    for (size_t i = 1; i < ms.size(); ++i)
+      if (ms[i] < ms[best]) best = i;
+    if (!(ms[best] <= 0.97 * ms[0])) best = 0;
+    line += std::to_string(prims.size()) + " implementations timed (";
+    char t_ms[32];
+    for (size_t i = 0; i < ms.size(); ++i) {
+      std::snprintf(t_ms, sizeof t_ms, "%.3f", ms[i]);
+      line += (i ? ", " : "") + names[i] + " " + t_ms + " ms";
+    }
+    line += "): " + names[best] + (best == 0 ? " (oneDNN's first choice)" : "");
+  }
+  if (t.info) t.info(line);
+  if (!path.empty()) {
+    std::ostringstream rec;
+    rec << "impl " << names[best] << "\n";
+    for (size_t i = 0; i < ms.size(); ++i) rec << "timed " << ms[i] << " ms " << names[i] << "\n";
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    std::ofstream out(tmp);
+    out << rec.str();
+    out.close();
+    std::error_code ec;
+    if (out) std::filesystem::rename(tmp, path, ec);
+    if (!out || ec) {
+      std::filesystem::remove(tmp, ec);
+      if (t.warn) t.warn("max-autotune: could not write " + path + ": the next compile times this matmul again");
+    }
+  }
+  return *nth(index[best]);
+}
+
 // ---- Lowerings ----------------------------------------------------------------------------------
 
 algorithm gelu_algorithm(const Node& n) {
@@ -519,7 +692,7 @@ algorithm gelu_algorithm(const Node& n) {
 }
 
 // A matmul node and the element-wise nodes fused after it: relu, gelu, add of a tensor.
-void lower_matmul(Builder& b, const std::vector<Node>& chain, std::vector<Step>& steps) {
+void lower_matmul(Builder& b, const std::vector<Node>& chain, std::vector<Step>& steps, const Tuning& tuning) {
   const Graph& g = b.graph();
   const Node& n = chain[0];
   const bool addmm = n.op() == "aten::addmm";
@@ -584,10 +757,26 @@ void lower_matmul(Builder& b, const std::vector<Node>& chain, std::vector<Step>&
   }
   dnnl::primitive_attr attr;
   attr.set_post_ops(po);
+  auto make = [&] {
+    return bias ? dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), bias_md, dst_md, attr)
+                : dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), dst_md, attr);
+  };
+  // What the tuner keys and times: the operands' descriptors and the post-ops.
+  std::vector<std::pair<int, memory::desc>> timing_args = {
+      {DNNL_ARG_SRC, b.md(src)}, {DNNL_ARG_WEIGHTS, b.md(wei)}, {DNNL_ARG_DST, dst_md}};
+  if (bias) timing_args.emplace_back(DNNL_ARG_BIAS, bias_md);
+  for (auto [idx, slot] : post_srcs)
+    timing_args.emplace_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(idx) | DNNL_ARG_SRC_1, binary_md(slot));
+  std::string post_text = n.op();
+  if (addmm)
+    post_text += " beta " + std::to_string(*constant_number(n, "beta")) + " alpha " +
+                 std::to_string(*constant_number(n, "alpha"));
+  for (size_t i = 1; i < chain.size(); ++i)
+    post_text +=
+        " " + chain[i].op() + (chain[i].op() == "aten::gelu" ? ":" + *string_arg(chain[i], "approximate") : "");
   dnnl::matmul::primitive_desc pd;
   try {
-    pd = bias ? dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), bias_md, dst_md, attr)
-              : dnnl::matmul::primitive_desc(engine(), b.md(src), b.md(wei), dst_md, attr);
+    pd = tuned_matmul(tuning, make, timing_args, post_text, st.what);
   } catch (const dnnl::error& e) {
     throw Unimplemented(st.what + ": oneDNN has no matmul for these layouts (status dnnl_" + status_name(e.status) +
                         ")");
@@ -929,7 +1118,7 @@ std::string why_not(const Graph& g, int64_t i, const Support& support) {
   return why_not_node(g, n, support);
 }
 
-std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support) {
+std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support, const Tuning& tuning) {
   const DnnlLibrary& lib = dnnl_library();
   if (!lib.loaded) throw Error(KILN_ERROR_UNAVAILABLE, lib.error);
   const int64_t num_nodes = static_cast<int64_t>(g.num_nodes());
@@ -1009,7 +1198,7 @@ std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support
       if (auto it = chain_at.find(i); it != chain_at.end()) {
         std::vector<Node> chain;
         for (int64_t k : it->second) chain.push_back(g.node(k));
-        lower_matmul(b, chain, steps);
+        lower_matmul(b, chain, steps, tuning);
         continue;
       }
       if (absorbed[static_cast<size_t>(i)] || is_matmul(op)) continue;  // runs in a fused step

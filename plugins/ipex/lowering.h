@@ -6,6 +6,7 @@
 // compiled group (its shapes are fixed) and reused by every execute.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,7 +25,20 @@ bool cpu_has_bf16();
 // Why node `i` is not taken, or "" when it is.
 std::string why_not(const kiln::plugin::Graph& g, int64_t i, const Support& support);
 
+// max-autotune-no-cudagraphs: every implementation oneDNN offers for a matmul (the same layouts and
+// post-ops) is timed once on scratch data and the fastest kept when it beats oneDNN's own first
+// choice by 3% or more; the winner goes into `dir` (<dir>/<key>.tune, one per matmul shape and
+// post-ops, oneDNN version and CPU ISA) and later compiles read it instead of timing again.
+// Convolutions keep oneDNN's first choice (docs/backends/ipex.md says why).
+struct Tuning {
+  bool enabled = false;
+  std::string dir;                               // "" : winners are not kept
+  std::function<void(const std::string&)> info;  // one line per tuned matmul
+  std::function<void(const std::string&)> warn;  // a cache file that could not be used
+};
+
 // The compiled group; throws Unimplemented for what it does not lower and Error otherwise.
-std::unique_ptr<kiln::plugin::Executable> compile_group(const kiln::plugin::Graph& g, const Support& support);
+std::unique_ptr<kiln::plugin::Executable> compile_group(const kiln::plugin::Graph& g, const Support& support,
+                                                        const Tuning& tuning = {});
 
 }  // namespace kiln::ipex

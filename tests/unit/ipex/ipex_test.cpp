@@ -5,10 +5,14 @@
 // its oneDNN in one process with LibTorch's own, both in use.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
+
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
@@ -24,8 +28,9 @@ using namespace kiln;
 
 namespace {
 
-std::shared_ptr<LoadedPlugin> load() {
+std::shared_ptr<LoadedPlugin> load(const std::string& cache_dir = "") {
   TrainingArguments args;
+  if (!cache_dir.empty()) args.runtime.cache_dir = cache_dir;
   return PluginRegistry::load_file(KILN_IPEX_PLUGIN, torch_host_services(args));
 }
 
@@ -49,10 +54,11 @@ struct Checked {
 };
 
 // Compiles `text` with the ipex backend and runs it three times on fresh inputs against eager.
-Checked check(const std::string& text, double tol) {
+Checked check(const std::string& text, double tol, KilnMode mode = KILN_MODE_DEFAULT,
+              const std::string& cache_dir = "") {
   ir::Graph g = ir::parse(text);
-  auto plugin = load();
-  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  auto plugin = load(cache_dir);
+  PartitionedExecutor exec(g, plugin, mode);
   Checked c;
   c.stats = exec.stats();
   for (int trial = 0; trial < 3; ++trial) {
@@ -325,6 +331,51 @@ TEST(IpexNumerics, Bf16MatmulSoftmaxAndConvolution) {
 )",
                  1e-2);
   expect_all_compiled(c);
+}
+
+// max-autotune-no-cudagraphs: each matmul (the mlp's addmm + relu, its second addmm and the
+// backward's two mm, four shapes)
+// gets a tuning record naming the implementation it runs; a second compile reads the records
+// instead of timing again (they are not rewritten); a record that is not one is timed again and
+// replaced. Results as in the default mode.
+TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_ipex_tune_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string mlp = with_dtype(kMlp, "f32");
+  // Everything but the two transposes (views, left to eager), as in the default mode.
+  auto compiled_as_in_default = [](const Checked& c) {
+    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 2);
+    EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+    EXPECT_TRUE(c.stats.compile_errors.empty());
+  };
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  std::map<std::string, std::pair<fs::file_time_type, std::string>> records;
+  for (const auto& e : fs::directory_iterator(dir / "ipex")) {
+    ASSERT_EQ(e.path().extension(), ".tune") << e.path();
+    std::ifstream in(e.path());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.rfind("impl ", 0), 0u) << text;
+    EXPECT_GT(text.size(), 6u) << text;
+    records[e.path().string()] = {fs::last_write_time(e.path()), text};
+  }
+  EXPECT_EQ(records.size(), 4u);
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  for (const auto& [path, rec] : records) {
+    EXPECT_EQ(fs::last_write_time(path), rec.first) << path << " was written again";
+  }
+  const std::string bad = records.begin()->first;
+  std::ofstream(bad) << "not a record\n";
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  std::ifstream again(bad);
+  std::string first_word;
+  again >> first_word;
+  EXPECT_EQ(first_word, "impl");
+  // The default mode neither reads nor writes records.
+  const fs::path other = dir / "default";
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_DEFAULT, other.string()));
+  EXPECT_FALSE(fs::exists(other / "ipex"));
+  fs::remove_all(dir);
 }
 
 TEST(IpexClaims, LeavesWhatItDoesNotLowerToEager) {
