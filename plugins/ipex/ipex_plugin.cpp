@@ -71,9 +71,14 @@ class IpexPlugin : public Plugin {
     if (options.mode != KILN_MODE_DEFAULT && options.mode != KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS)
       throw Error(KILN_ERROR_INVALID_ARGUMENT,
                   std::string("mode ") + mode_name(options.mode) + " is not one the ipex backend lists");
-    if (!options.options.empty())
-      throw Error(KILN_ERROR_INVALID_ARGUMENT,
-                  "unknown option '" + options.options.begin()->first + "' in [plugin.ipex] (it takes none)");
+    bool profile = false;
+    for (const auto& [key, value] : options.options) {
+      if (key != "profile")
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key + "' in [plugin.ipex] (it takes: profile)");
+      if (value == "true" || value == "1") profile = true;
+      else if (value != "false" && value != "0")
+        throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.ipex] profile = '" + value + "': expected true or false");
+    }
     kiln::ipex::Tuning tuning;
     tuning.enabled = options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
     if (tuning.enabled) {
@@ -88,7 +93,7 @@ class IpexPlugin : public Plugin {
       tuning.info = [this](const std::string& m) { host().info(m); };
       tuning.warn = [this](const std::string& m) { host().warn(m); };
     }
-    return kiln::ipex::compile_group(g, support(), tuning);
+    return kiln::ipex::compile_group(g, support(), tuning, profile);
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -363,10 +364,63 @@ struct Step {
   std::function<void(const std::vector<char*>&)> host;
 };
 
+// `profile = true`: every step of every group compiled with it, timed; printed at exit (stderr),
+// by kind (primitive, reorder, host) and by step (the op and its shapes), median ms per call times
+// calls, so that a few slow calls on a busy machine do not decide.
+class Profile {
+ public:
+  static Profile& get() {
+    static Profile* p = [] {
+      auto* prof = new Profile;
+      std::atexit([] { Profile::get().print(); });
+      return prof;
+    }();
+    return *p;
+  }
+  void add(const std::string& kind, const std::string& name, double ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    by_kind_[kind].push_back(ms);
+    by_name_[kind + "  " + name].push_back(ms);
+  }
+
+ private:
+  static double estimate(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+    return v[v.size() / 2] * static_cast<double>(v.size());
+  }
+  void print() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fprintf(stderr, "ipex profile (all executions of the process; median ms per call x calls):\n");
+    std::vector<std::pair<double, std::string>> rows;
+    std::map<std::string, double> kind_ms;
+    for (const auto& [k, v] : by_name_) {
+      rows.emplace_back(estimate(v), k);
+      kind_ms[k.substr(0, k.find("  "))] += rows.back().first;
+    }
+    for (const auto& [k, v] : by_kind_)
+      std::fprintf(stderr, "  %-10s %10.1f ms  %8zu calls\n", k.c_str(), kind_ms[k], v.size());
+    std::sort(rows.rbegin(), rows.rend());
+    for (size_t i = 0; i < rows.size() && i < 40; ++i) {
+      const auto& v = by_name_[rows[i].second];
+      std::fprintf(stderr, "  %10.1f ms %7zu x %8.3f ms  %s\n", rows[i].first, v.size(),
+                   rows[i].first / static_cast<double>(v.size()), rows[i].second.c_str());
+    }
+  }
+  std::mutex mu_;
+  std::map<std::string, std::vector<double>> by_kind_, by_name_;
+};
+
 class Program : public Executable {
  public:
-  Program(std::vector<Slot> slots, size_t n_in, size_t n_out, std::vector<Step> steps, size_t temp_bytes)
-      : slots_(std::move(slots)), n_in_(n_in), n_out_(n_out), steps_(std::move(steps)), stream_(engine()) {
+  Program(std::vector<Slot> slots, size_t n_in, size_t n_out, std::vector<Step> steps, size_t temp_bytes,
+          bool profile = false)
+      : slots_(std::move(slots)),
+        n_in_(n_in),
+        n_out_(n_out),
+        steps_(std::move(steps)),
+        stream_(engine()),
+        profile_(profile) {
     if (temp_bytes > 0) {
       void* p = std::aligned_alloc(64, (temp_bytes + 63) / 64 * 64);
       if (!p) throw std::bad_alloc();
@@ -403,8 +457,15 @@ class Program : public Executable {
     for (Step& st : steps_) {
       try {
         for (auto& [mem, slot] : st.binds) mem.set_data_handle(ptr[slot]);
+        const auto t0 = std::chrono::steady_clock::now();
         if (st.host) st.host(ptr);
         else st.prim.execute(stream_, st.args);
+        if (profile_) {
+          stream_.wait();
+          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          const bool reorder = st.what.size() > 7 && st.what.compare(st.what.size() - 7, 7, "layout)") == 0;
+          Profile::get().add(st.host ? "host" : reorder ? "reorder" : "primitive", st.what, ms);
+        }
       } catch (const dnnl::error& e) {
         fail(st.what, e);
       }
@@ -421,6 +482,7 @@ class Program : public Executable {
   std::vector<Step> steps_;
   dnnl::stream stream_;
   std::unique_ptr<char, Free> temps_;
+  bool profile_ = false;
 };
 
 class Builder {
@@ -1118,7 +1180,7 @@ std::string why_not(const Graph& g, int64_t i, const Support& support) {
   return why_not_node(g, n, support);
 }
 
-std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support, const Tuning& tuning) {
+std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support, const Tuning& tuning, bool profile) {
   const DnnlLibrary& lib = dnnl_library();
   if (!lib.loaded) throw Error(KILN_ERROR_UNAVAILABLE, lib.error);
   const int64_t num_nodes = static_cast<int64_t>(g.num_nodes());
@@ -1216,7 +1278,7 @@ std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support
     }
   }
   const size_t temp_bytes = b.temp_bytes();
-  return std::make_unique<Program>(b.take_slots(), n_in, g.outputs().size(), std::move(steps), temp_bytes);
+  return std::make_unique<Program>(b.take_slots(), n_in, g.outputs().size(), std::move(steps), temp_bytes, profile);
 }
 
 }  // namespace kiln::ipex

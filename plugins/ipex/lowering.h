@@ -38,7 +38,9 @@ struct Tuning {
 };
 
 // The compiled group; throws Unimplemented for what it does not lower and Error otherwise.
+// `profile` ([plugin.ipex] profile = true): every primitive, reorder and host loop of the group is
+// timed on each execute, and where the time went is printed to stderr when the process exits.
 std::unique_ptr<kiln::plugin::Executable> compile_group(const kiln::plugin::Graph& g, const Support& support,
-                                                        const Tuning& tuning = {});
+                                                        const Tuning& tuning = {}, bool profile = false);
 
 }  // namespace kiln::ipex

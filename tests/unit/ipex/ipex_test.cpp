@@ -28,9 +28,12 @@ using namespace kiln;
 
 namespace {
 
-std::shared_ptr<LoadedPlugin> load(const std::string& cache_dir = "") {
+using Options = std::map<std::string, std::string>;
+
+std::shared_ptr<LoadedPlugin> load(const std::string& cache_dir = "", const Options& opts = {}) {
   TrainingArguments args;
   if (!cache_dir.empty()) args.runtime.cache_dir = cache_dir;
+  if (!opts.empty()) args.plugin_options["ipex"] = opts;
   return PluginRegistry::load_file(KILN_IPEX_PLUGIN, torch_host_services(args));
 }
 
@@ -54,10 +57,10 @@ struct Checked {
 };
 
 // Compiles `text` with the ipex backend and runs it three times on fresh inputs against eager.
-Checked check(const std::string& text, double tol, KilnMode mode = KILN_MODE_DEFAULT,
-              const std::string& cache_dir = "") {
+Checked check(const std::string& text, double tol, KilnMode mode = KILN_MODE_DEFAULT, const std::string& cache_dir = "",
+              const Options& opts = {}) {
   ir::Graph g = ir::parse(text);
-  auto plugin = load(cache_dir);
+  auto plugin = load(cache_dir, opts);
   PartitionedExecutor exec(g, plugin, mode);
   Checked c;
   c.stats = exec.stats();
@@ -376,6 +379,17 @@ TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
   compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_DEFAULT, other.string()));
   EXPECT_FALSE(fs::exists(other / "ipex"));
   fs::remove_all(dir);
+}
+
+TEST(IpexOptions, UnknownKeyAndBadProfileValueAreRejectedByName) {
+  ir::Graph g = ir::parse(with_dtype(kMlp, "f32"));
+  for (const auto& [opts, want] : std::vector<std::pair<Options, std::string>>{
+           {{{"profil", "true"}}, "'profil'"}, {{{"profile", "yes"}}, "profile = 'yes'"}}) {
+    PartitionedExecutor exec(g, load("", opts), KILN_MODE_DEFAULT);
+    ASSERT_FALSE(exec.stats().compile_errors.empty());
+    EXPECT_NE(exec.stats().compile_errors[0].find(want), std::string::npos) << exec.stats().compile_errors[0];
+    EXPECT_EQ(exec.stats().groups_compiled, 0u);
+  }
 }
 
 TEST(IpexClaims, LeavesWhatItDoesNotLowerToEager) {
