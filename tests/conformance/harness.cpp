@@ -1,4 +1,6 @@
 #include "harness.h"
+
+#include "kiln/internal/elf_check.h"
 #include "op_catalogue.h"
 
 #include <dlfcn.h>
@@ -255,6 +257,9 @@ const KilnGraphView* copy_view(const KilnGraphView& v, Arena& arena, StructLayou
 }
 
 RawLibrary::RawLibrary(const std::string& path) {
+  // The loader's checks first: a library cut short would be mapped past its end (SIGBUS).
+  if (std::string why = kiln::elf_precheck(path); !why.empty())
+    throw std::runtime_error(path + ": not a loadable library: " + why);
   handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) {
     const char* e = ::dlerror();

@@ -1,4 +1,5 @@
 #include "runner.h"
+#include "kiln/internal/elf_check.h"
 
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -187,6 +188,12 @@ std::string fmt_seconds(double s) {
 int run_suite(const RunnerOptions& o, const std::vector<std::string>& cases) {
   if (!fs::exists(o.plugin)) {
     std::fprintf(stderr, "kiln conformance: %s: no such file\n", o.plugin.c_str());
+    return 2;
+  }
+  // A file no case could load (a library cut short, another machine's, not a library at all):
+  // said once, before any case runs.
+  if (std::string why = kiln::elf_precheck(o.plugin); !why.empty()) {
+    std::fprintf(stderr, "kiln conformance: %s: not a loadable library: %s\n", o.plugin.c_str(), why.c_str());
     return 2;
   }
   const std::string exe = self_exe();

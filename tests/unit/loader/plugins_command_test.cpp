@@ -105,7 +105,8 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   const Json empty = entry(list, "libkiln_empty.so");
   EXPECT_EQ(keys(empty), (std::vector<std::string>{"loaded", "path", "error"}));
   EXPECT_EQ(empty.at("path"), corpus + "/libkiln_empty.so");
-  EXPECT_EQ(empty.at("error"), "not a loadable library: " + corpus + "/libkiln_empty.so: file too short");
+  EXPECT_EQ(empty.at("error"),
+            "not a loadable library: file too short for an ELF header (0 bytes, at least 64 needed)");
   EXPECT_EQ(entry(list, "libkiln_bad_abi_major.so").at("error"),
             "plugin was built for kiln plugin ABI 3." + std::to_string(KILN_ABI_VERSION_MINOR) +
                 "; this kiln speaks 2." + std::to_string(KILN_ABI_VERSION_MINOR) +
