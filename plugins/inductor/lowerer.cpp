@@ -91,6 +91,12 @@ int index_value(ExprPool& p, const Index& ix) {
   return p.add(std::move(e));
 }
 
+int clamped_index(ExprPool& p, int i64_value, int64_t n) {
+  return p.op(
+      "minimum", Ty::i64,
+      {p.op("maximum", Ty::i64, {i64_value, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(n - 1), Ty::i64)});
+}
+
 int Lowerer::param(const Arg& a) {
   ScalarParam p;
   p.value = a.as_double();

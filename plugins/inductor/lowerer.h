@@ -40,6 +40,10 @@ std::optional<PoolWindow> pool_window(const plugin::Node& n, size_t first_arg, s
 // An index as an i64 value of the expression pool (max-pool's argmax).
 int index_value(ExprPool& p, const Index& ix);
 
+// An i64 index value clamped into [0, n - 1], so that a bad index read from data (a class target,
+// an embedding row) can never address outside its tensor; eager rejects such an index anyway.
+int clamped_index(ExprPool& p, int i64_value, int64_t n);
+
 class Lowerer {
  public:
   Lowerer(const plugin::Graph& g, LoweredGraph* out) : g_(g), L_(out) {}

@@ -46,9 +46,9 @@ void alias_extern_output(LoweredGraph* L, int64_t out) {
 // backward keeps, a layer norm's output seen as [rows, features] for the next matmul, a matmul's
 // [rows, features] result seen as [batch, time, features] for the attention's backward) takes the
 // value's place in memory when the two are the same memory: the value is computed straight into
-// the output's buffer (an extern kernel writes it there) instead of into scratch and copied. Same memory means the same
-// dtype, both dense (as many elements as their buffers span) and every index of the output addressing the element the
-// view reads.
+// the output's buffer (an extern kernel writes it there) instead of into scratch and copied. Same
+// memory means the same dtype, both dense (as many elements as their buffers span) and every index
+// of the output addressing the element the view reads.
 void alias_computed_output(LoweredGraph* L, int64_t out) {
   auto val = [L](int64_t v) -> ValueInfo& { return L->values[static_cast<size_t>(v)]; };
   ValueInfo& o = val(out);

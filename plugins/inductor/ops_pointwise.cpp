@@ -324,10 +324,7 @@ void lower_embedding(Lowerer& l, const Node& n) {
   l.pointwise(out, [G, w, ind, rows, k, ty](ExprPool& p, const Idx& idx) {
     const Idx at(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k));
     const int t = p.cast(G->load(p, ind, at), Ty::i64);
-    const int tc = p.op(
-        "minimum", Ty::i64,
-        {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(rows - 1), Ty::i64)});
-    return p.cast(G->load(p, w, {Index::expr(tc), idx[k]}), ty);
+    return p.cast(G->load(p, w, {Index::expr(clamped_index(p, t, rows)), idx[k]}), ty);
   });
 }
 

@@ -225,11 +225,7 @@ void lower_nll_loss_forward(Lowerer& l, const Node& n) {
   const int s = l.hidden({}, ty);
   l.reduction(s, {shape[0]}, {0}, false, "sum", 1.0, [G, x, valid, C, ty](ExprPool& p, const Idx& i) {
     auto [t, ok] = valid(p, i);
-    // Clamped so that a bad target can never read outside the row (eager rejects it anyway).
-    int tc =
-        p.op("minimum", Ty::i64,
-             {p.op("maximum", Ty::i64, {t, p.constant(0, Ty::i64)}), p.constant(static_cast<double>(C - 1), Ty::i64)});
-    int v = p.cast(G->load(p, x, {i[0], Index::expr(tc)}), ty);
+    int v = p.cast(G->load(p, x, {i[0], Index::expr(clamped_index(p, t, C))}), ty);
     return p.op("where", ty, {ok, p.op("neg", ty, {v}), p.constant(0.0, ty)});
   });
   l.pointwise(out, [G, s, tw, mean, ty](ExprPool& p, const Idx&) {

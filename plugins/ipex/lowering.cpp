@@ -362,6 +362,7 @@ struct Step {
   std::unordered_map<int, memory> args;
   std::vector<std::pair<memory, size_t>> binds;  // memory object, slot whose pointer it gets
   std::function<void(const std::vector<char*>&)> host;
+  bool reorder = false;  // a layout conversion around a primitive (for the profile)
 };
 
 // `profile = true`: every step of every group compiled with it, timed; printed at exit (stderr),
@@ -457,15 +458,19 @@ class Program : public Executable {
     for (Step& st : steps_) {
       try {
         for (auto& [mem, slot] : st.binds) mem.set_data_handle(ptr[slot]);
-        const auto t0 = std::chrono::steady_clock::now();
-        if (st.host) st.host(ptr);
-        else st.prim.execute(stream_, st.args);
-        if (profile_) {
-          stream_.wait();
-          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          const bool reorder = st.what.size() > 7 && st.what.compare(st.what.size() - 7, 7, "layout)") == 0;
-          Profile::get().add(st.host ? "host" : reorder ? "reorder" : "primitive", st.what, ms);
+        auto run = [&] {
+          if (st.host) st.host(ptr);
+          else st.prim.execute(stream_, st.args);
+        };
+        if (!profile_) {
+          run();
+          continue;
         }
+        const auto t0 = std::chrono::steady_clock::now();  // only when profiling: no clock read per step
+        run();
+        stream_.wait();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        Profile::get().add(st.host ? "host" : st.reorder ? "reorder" : "primitive", st.what, ms);
       } catch (const dnnl::error& e) {
         fail(st.what, e);
       }
@@ -656,6 +661,8 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
                                           const std::string& post_text, const std::string& what) {
   dnnl::matmul::primitive_desc first = make();
   if (!t.enabled) return first;
+  // oneDNN's implementation list is short (a handful for matmul); 32 entries cover it.
+  constexpr int kMaxImpls = 32;
   auto nth = [&](int k) {
     dnnl::matmul::primitive_desc pd = make();
     for (int j = 0; j < k; ++j)
@@ -672,7 +679,7 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
     std::ifstream in(path);
     std::string word, name;
     if (in && in >> word && word == "impl" && std::getline(in >> std::ws, name)) {
-      for (int k = 0; k < 64; ++k) {
+      for (int k = 0; k < kMaxImpls; ++k) {
         auto pd = nth(k);
         if (!pd) break;
         if (pd->impl_info_str() == name) {
@@ -689,10 +696,10 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
   // oneDNN's list, each implementation once (the list may name one implementation several
   // times), in its order: index 0 is its first choice. On a CPU with AVX2 only, f32 matmuls have
   // one (gemm:jit), and tuning only records that.
-  std::vector<int> index;
+  std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<std::string> names;
   std::vector<dnnl::primitive> prims;
-  for (int k = 0; k < 32; ++k) {
+  for (int k = 0; k < kMaxImpls; ++k) {
     auto pd = nth(k);
     if (!pd) break;
     const std::string name = pd->impl_info_str();
@@ -705,7 +712,7 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
     } catch (const dnnl::error&) {
       continue;  // an implementation that cannot be made here is not a candidate
     }
-    index.push_back(k);
+    pds.push_back(*pd);
     names.push_back(name);
   }
   if (prims.empty()) return first;
@@ -744,7 +751,7 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
       if (t.warn) t.warn("max-autotune: could not write " + path + ": the next compile times this matmul again");
     }
   }
-  return *nth(index[best]);
+  return pds[best];
 }
 
 // ---- Lowerings ----------------------------------------------------------------------------------
@@ -1055,6 +1062,7 @@ size_t reorder_in(Builder& b, std::vector<Step>& steps, const std::string& what,
   const size_t to = b.scratch_bytes(want.get_size());
   Step st;
   st.what = what;
+  st.reorder = true;
   st.prim = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), plain, engine(), want));
   b.bind(st, DNNL_ARG_FROM, plain, slot);
   b.bind(st, DNNL_ARG_TO, want, to);
@@ -1073,6 +1081,7 @@ Out reorder_out(Builder& b, const std::string& what, size_t slot, const memory::
   const size_t from = b.scratch_bytes(have.get_size());
   Step st;
   st.what = what;
+  st.reorder = true;
   st.prim = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), have, engine(), plain));
   b.bind(st, DNNL_ARG_FROM, have, from);
   b.bind(st, DNNL_ARG_TO, plain, slot);

@@ -46,6 +46,18 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
+// Reads up to buf.size() bytes from the start of `fd`; how many it read.
+size_t read_start(int fd, std::vector<unsigned char>& buf) {
+  size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t n = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  return got;
+}
+
 }  // namespace
 
 std::string elf_precheck_bytes(const unsigned char* data, size_t size, uint64_t file_size) {
@@ -112,13 +124,7 @@ std::string elf_precheck(const std::string& path) {
   const uint64_t file_size = static_cast<uint64_t>(fst.st_size);
   // The ELF header, then as much as the program headers need (they sit near the start).
   std::vector<unsigned char> buf(static_cast<size_t>(std::min<uint64_t>(file_size, 64 * 1024)));
-  size_t got = 0;
-  while (got < buf.size()) {
-    const ssize_t n = ::pread(fd, buf.data() + got, buf.size() - got, static_cast<off_t>(got));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
+  const size_t got = read_start(fd, buf);
   std::string why = elf_precheck_bytes(buf.data(), got, file_size);
   if (why.empty() && got >= sizeof(Elf64_Ehdr)) {
     Elf64_Ehdr eh;
@@ -126,13 +132,7 @@ std::string elf_precheck(const std::string& path) {
     const uint64_t ph_end = eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr);
     if (ph_end > got) {  // program headers far into the file: read them where they are
       std::vector<unsigned char> all(static_cast<size_t>(ph_end));
-      size_t n_all = 0;
-      while (n_all < all.size()) {
-        const ssize_t n = ::pread(fd, all.data() + n_all, all.size() - n_all, static_cast<off_t>(n_all));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        n_all += static_cast<size_t>(n);
-      }
+      const size_t n_all = read_start(fd, all);
       why = n_all < all.size() ? "cannot be read to its program headers"
                                : elf_precheck_bytes(all.data(), n_all, file_size);
     }
