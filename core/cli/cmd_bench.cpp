@@ -160,6 +160,7 @@ struct Run {
   std::vector<float> losses;   // every step's
   double faults_per_step = 0;  // minor page faults of the process per steady-state step
   double peak_mb = 0;          // CUDA: peak allocated above what was allocated when the side started
+  double host_ms = 0;          // CUDA: the host's time per step within a block, before its sync (median block)
 };
 
 long minor_faults() {
@@ -187,14 +188,23 @@ Run run_steps(F&& step, Workload& w, int steps) {
   }
   const int rest = steps - s, blocks = std::min(5, rest);
   const long f0 = minor_faults();
+  std::vector<double> host;
   for (int b = 0; b < blocks; ++b) {
     const int n = rest / blocks + (b < rest % blocks ? 1 : 0);
     std::vector<at::Tensor> losses;
     const auto t = Clock::now();
     for (int k = 0; k < n; ++k) losses.push_back(step(std::vector<at::Tensor>{w.input, w.target})[0]);
-    if (losses.back().is_cuda()) torch::cuda::synchronize();
+    if (losses.back().is_cuda()) {
+      // What the host spent issuing the block: close to the step time, the side is bound by the host.
+      host.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count() / n);
+      torch::cuda::synchronize();
+    }
     r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count() / n);
     for (const auto& l : losses) r.losses.push_back(l.template item<float>());
+  }
+  if (!host.empty()) {
+    std::sort(host.begin(), host.end());
+    r.host_ms = host[host.size() / 2];
   }
   if (rest > 0) r.faults_per_step = static_cast<double>(minor_faults() - f0) / rest;
   return r;
@@ -596,6 +606,8 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   j["graph_skip"] = st.last_graph_skip;
   j["eager_peak_mb"] = rounded(r.eager.peak_mb, 1);
   j["kiln_peak_mb"] = rounded(r.kiln.peak_mb, 1);
+  j["eager_host_ms_per_step"] = rounded(r.eager.host_ms, 4);
+  j["kiln_host_ms_per_step"] = rounded(r.kiln.host_ms, 4);
   j["probe_ms_per_step"] = rounded(t.probe_ms, 4);
   j["adopted_writebacks"] = static_cast<int64_t>(st.adopted_writebacks);
   j["copied_writebacks"] = static_cast<int64_t>(st.copied_writebacks);
@@ -699,9 +711,13 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   if (st.graphs_recorded > 0)
     std::printf("  CUDA graphs: %d recorded, %d steps replayed (first step above includes the recording)\n",
                 st.graphs_recorded, st.graph_replays);
-  if (o.device == "cuda")
+  if (o.device == "cuda") {
     std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", r.eager.peak_mb,
                 r.kiln.peak_mb);
+    if (!o.interleave)
+      std::printf("  host time issuing a step (near the step time: bound by the host): eager %.3f ms, kiln %.3f ms\n",
+                  r.eager.host_ms, r.kiln.host_ms);
+  }
   if (c) {
     std::printf("  check: %s (max loss rel err %.3e, max parameter%s rel err %.3e%s%s, tolerance %g)%s%s\n",
                 c->ok ? "PASS" : "FAIL", c->worst_loss, o.check_grads ? " or gradient" : "", c->worst_param,
