@@ -11,7 +11,10 @@
 //    float (double for float64) per thread and combine with warp shuffles (and shared memory across
 //    warps), every thread gets the result in a register, and a stage that reads what another thread
 //    of the row wrote waits at a barrier first. So a layer norm, softmax or log-softmax row is one
-//    kernel; a plan without outer dims (a full reduction) is one block;
+//    kernel; a plan without outer dims (a full reduction) is one block. With few long rows (batch
+//    norm's channels) on sm_90 and later, each row is shared by the blocks of a thread-block
+//    cluster, which combine their partial results through distributed shared memory in a fixed
+//    order (every block gets the same bits);
 //  - column plans (bias gradients): 32 kept elements per block across the lanes of a warp
 //    (coalesced), the reduced range split over the block's warps, combined in shared memory; with
 //    few columns also split across blocks into partial results that a second kernel combines in
@@ -39,15 +42,19 @@ struct CudaChoice {
   int blocks_per_sm = 0;   // flat kernels: the grid-stride loop's blocks a multiprocessor (-1: no cap)
   int rows_per_block = 0;  // row plans: 1 = a block per row, n > 1 = a warp per row, n a block
   int64_t splits = -1;     // column plans: parts the reduced range is split into (1: not split)
+  int cluster = 0;         // row plans of a block a row: blocks of a cluster that share a row (1: one block)
   bool operator==(const CudaChoice& o) const {
     return threads == o.threads && blocks_per_sm == o.blocks_per_sm && rows_per_block == o.rows_per_block &&
-           splits == o.splits;
+           splits == o.splits && cluster == o.cluster;
   }
 };
 std::string describe(const CudaChoice& c);  // "block 512", "a warp a row, 4 rows a block", "defaults"
 
 struct CudaOptions {
   int multiprocessors = 132;  // grid-stride kernels get at most 16 blocks per multiprocessor
+  // major * 10 + minor of the GPU: from 90 on, a row plan with few rows may split each row across
+  // a thread-block cluster.
+  int compute_capability = 90;
   // Buffer slots that may share memory with another slot at run time (in-place outputs and the
   // inputs they replace): their kernel parameters are not __restrict__.
   std::set<int> may_alias;
@@ -73,6 +80,7 @@ struct CudaLaunch {
   int plan = -1;     // the kernel plan it is (or is part) of
   std::string what;  // "flat f32[64,300], 2 stages", for messages and the profile
   unsigned grid = 1, block = 1;
+  unsigned cluster = 1;         // blocks a cluster (set in the kernel's source: __cluster_dims__)
   std::vector<int> buffers;     // buffer slots, in parameter order
   bool scalars = false;         // takes the run-time scalar table (const double*) after them
   std::string text;             // the kernel's source (after the prelude), its comment line first

@@ -14,6 +14,9 @@ typedef long long kiln_i64;
 typedef unsigned short kiln_bf16;
 
 #define KILN_KERNEL(threads) extern "C" __global__ void __launch_bounds__(threads)
+// A kernel whose blocks run in clusters of `blocks` (sm_90 on): a plain launch of it makes them.
+#define KILN_CLUSTER_KERNEL(threads, blocks) \
+  extern "C" __global__ void __cluster_dims__(blocks, 1, 1) __launch_bounds__(threads)
 
 // ---- bfloat16 -------------------------------------------------------------------------------
 
@@ -154,6 +157,63 @@ __device__ __forceinline__ T k_block_reduce(T v) {
   __syncthreads();
   return r;
 }
+
+// ---- Thread-block clusters (sm_90 on) ----------------------------------------------------------
+// Blocks of a cluster that share a row: their rank, a barrier across all their threads (release and
+// acquire: what one block wrote before it, global memory included, the others see after it), and a
+// block-reduced value combined over the cluster through distributed shared memory, the blocks'
+// values in rank order, so that every block gets the same bits. The emulated device of the tests
+// brings its own (it defines KILN_EMULATED_CLUSTERS).
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(KILN_EMULATED_CLUSTERS)
+__device__ __forceinline__ unsigned k_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void k_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The shared-memory address `local` has in block `rank` of the cluster.
+__device__ __forceinline__ unsigned k_cluster_map(const void* local, unsigned rank) {
+  unsigned a, r;
+  asm volatile("{ .reg .u64 g; cvta.to.shared.u64 g, %1; cvt.u32.u64 %0, g; }" : "=r"(a) : "l"(local));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float k_cluster_load(const float* p, unsigned rank) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(k_cluster_map(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ double k_cluster_load(const double* p, unsigned rank) {
+  double v;
+  asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(k_cluster_map(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ long long k_cluster_load(const long long* p, unsigned rank) {
+  long long v;
+  asm volatile("ld.shared::cluster.s64 %0, [%1];" : "=l"(v) : "r"(k_cluster_map(p, rank)) : "memory");
+  return v;
+}
+__device__ __forceinline__ int k_cluster_load(const int* p, unsigned rank) {
+  int v;
+  asm volatile("ld.shared::cluster.s32 %0, [%1];" : "=r"(v) : "r"(k_cluster_map(p, rank)) : "memory");
+  return v;
+}
+// `v`: the block's value, the same in all its threads (k_block_reduce's result). Every thread of
+// every block of the cluster calls it.
+template <class Op, int C, class T>
+__device__ __forceinline__ T k_cluster_reduce(T v) {
+  __shared__ T part;
+  if (threadIdx.x == 0) part = v;
+  k_cluster_sync();
+  T r = k_cluster_load(&part, 0);
+  for (int q = 1; q < C; ++q) r = Op()(r, k_cluster_load(&part, (unsigned)q));
+  k_cluster_sync();  // no block writes `part` again, or exits, while another reads it
+  return r;
+}
+#endif
 
 // ---- Kernels every module has ----------------------------------------------------------------
 

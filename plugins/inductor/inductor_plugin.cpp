@@ -986,6 +986,7 @@ class InductorPlugin : public Plugin {
     Program P = schedule(*L);
     CudaOptions co;
     co.multiprocessors = rt.driver->multiprocessors(device);
+    co.compute_capability = arch;
     // In-place outputs the host offers (a write-back's new value over the input it replaces).
     const std::vector<int64_t>& wanted = options.inplace_inputs;
     for (size_t k = 0; k < wanted.size(); ++k)
@@ -998,7 +999,7 @@ class InductorPlugin : public Plugin {
     if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
       // The winners are kept per default program, architecture and size of the GPU.
       const std::string tune_key =
-          hash_hex(prog.source + "\ncuda-tune 1 sm_" + std::to_string(arch) + " " + std::to_string(co.multiprocessors));
+          hash_hex(prog.source + "\ncuda-tune 2 sm_" + std::to_string(arch) + " " + std::to_string(co.multiprocessors));
       const std::string tune_path = root + "/" + tune_key + ".cutune";
       std::vector<std::vector<CudaChoice>> variants;
       for (size_t k = 0; k < P.kernels.size(); ++k) variants.push_back(cuda_variants(*L, P, k, co));

@@ -141,8 +141,11 @@ void lower_compare(Lowerer& l, const Node& n, const std::string& ir_op, bool sca
     if (is_float(l.val(b).ty) && !is_float(ct)) ct = l.val(b).ty;
     y = l.bload(b, ct);
   } else {
+    // ATen compares against the scalar converted to the tensor's type: a bfloat16 tensor against
+    // 0.3 compares with bfloat16(0.3) = 0.30078125 (so x = 0.30078125 is <= 0.3).
     const int k = l.param(n.arg(1));
-    y = [k, ct](ExprPool& p, const Idx&) { return p.param(k, ct); };
+    if (ct == Ty::bf16) y = [k](ExprPool& p, const Idx&) { return p.cast(p.param(k, Ty::f32), Ty::bf16); };
+    else y = [k, ct](ExprPool& p, const Idx&) { return p.param(k, ct); };
   }
   auto x = l.bload(a, ct);
   l.pointwise(out, [x, y, ir_op](ExprPool& p, const Idx& idx) { return p.op(ir_op, Ty::b8, {x(p, idx), y(p, idx)}); });

@@ -286,6 +286,30 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // The same with few long rows (3 channels of 12,288 elements), as a small convolutional
+      // net's batch norms have: on a GPU with clusters each row is shared by a cluster's blocks.
+      {"batch_norm_long_rows", R"(graph {
+  input %0 : f32[4,3,48,64]{9216,3072,64,1} {D} input "x"
+  input %1 : f32[3]{1} {D} input "w"
+  input %2 : f32[3]{1} {D} input "b"
+  input %3 : f32[3]{1} {D} input "running_mean"
+  input %4 : f32[3]{1} {D} input "pos_running_var"
+  input %5 : f32[4,3,48,64]{9216,3072,64,1} {D} input "go"
+  %6 : f32[4,3,48,64]{9216,3072,64,1} {D}, %7 : f32[3]{1} {D}, %8 : f32[3]{1} {D}, %9 : f32[3]{1} {D}, %10 : f32[3]{1} {D} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %11 : f32[4,3,48,64]{9216,3072,64,1} {D} = aten::relu(%6)
+  %12 : f32[4,3,48,64]{9216,3072,64,1} {D} = aten::threshold_backward(%5, %11, 0)
+  %13 : f32[4,3,48,64]{9216,3072,64,1} {D}, %14 : f32[3]{1} {D}, %15 : f32[3]{1} {D} = aten::native_batch_norm_backward(%12, %0, %1, %9, %10, %7, %8, true, 1e-05, b[true, true, true])
+  output %11 result "y"
+  output %7 result "save_mean"
+  output %8 result "save_invstd"
+  output %9 result "running_mean"
+  output %10 result "running_var"
+  output %13 result "dx"
+  output %14 result "dw"
+  output %15 result "db"
+}
+)",
+       -1},
       {"reductions", R"(graph {
   input %0 : {T}[37,53]{53,1} {D} input "x"
   input %1 : {T}[3,11,7]{77,7,1} {D} input "z"
@@ -351,7 +375,7 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
   %3 : bool[6,10]{10,1} {D} = aten::gt.Tensor(%0, %1)
   %4 : {T}[6,10]{10,1} {D} = aten::where.self(%3, %0, %1)
   %5 : {T}[6,10]{10,1} {D} = aten::where.self(%2, %4, %1)
-  %6 : bool[6,10]{10,1} {D} = aten::le.Scalar(%0, scalar(0.3))
+  %6 : bool[6,10]{10,1} {D} = aten::le.Scalar(%0, scalar(0.25))
   %7 : {T}[6,10]{10,1} {D} = aten::zeros_like(%0, None, None, None, None, None)
   %8 : {T}[6,10]{10,1} {D} = aten::full(i[6, 10], scalar(2.5), dtype({T}), None, device("cuda:0"), None)
   %9 : {T}[6,10]{10,1} {D} = aten::where.self(%6, %8, %7)

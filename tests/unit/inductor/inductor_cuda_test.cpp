@@ -287,7 +287,8 @@ TEST_P(InductorCudaCodegen, NoRestrictBufferIsBothStoredAndLoadedInOneKernel) {
   const Generated gen = generate(ir::parse(kiln::test::instantiate(c.graph->text, c.dtype)));
   const std::string& src = gen.cuda.source;
   size_t checked = 0;
-  for (size_t at = src.find("KILN_KERNEL("); at != std::string::npos; at = src.find("KILN_KERNEL(", at + 1)) {
+  // Each kernel's head, KILN_KERNEL(threads) or KILN_CLUSTER_KERNEL(threads, blocks), then its parameters.
+  for (size_t at = src.find("_KERNEL("); at != std::string::npos; at = src.find("_KERNEL(", at + 1)) {
     const size_t open = src.find('(', src.find(')', at) + 1), close = src.find(')', open);
     const size_t end = src.find("\n}\n", close);
     ASSERT_NE(end, std::string::npos);
@@ -378,6 +379,62 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
 )"));
   ASSERT_EQ(wide.cuda.launches.size(), 1u) << wide.cuda.source;
   EXPECT_TRUE(wide.cuda.extra_scratch_bytes.empty());
+}
+
+// Batch norm over [128, 32, 32, 32] has 32 rows (channels) of 131,072 elements: a block a row
+// would keep 32 of 132 multiprocessors busy, so on sm_90 each row is shared by a cluster of 8
+// blocks, which combine their sums through distributed shared memory (the kernel's source sets the
+// cluster size, so a plain launch makes the clusters). Not before sm_90, and never for the many
+// short rows of a layer norm.
+TEST(InductorCudaCodegen, FewLongRowsAreSharedByTheBlocksOfACluster) {
+  const std::string bn = R"(graph {
+  input %0 : f32[128,32,32,32]{32768,1024,32,1} on cuda:0 input "x"
+  input %1 : f32[32]{1} on cuda:0 input "w"
+  input %2 : f32[32]{1} on cuda:0 input "b"
+  input %3 : f32[32]{1} on cuda:0 input "running_mean"
+  input %4 : f32[32]{1} on cuda:0 input "running_var"
+  %5 : f32[128,32,32,32]{32768,1024,32,1} on cuda:0, %6 : f32[32]{1} on cuda:0, %7 : f32[32]{1} on cuda:0, %8 : f32[32]{1} on cuda:0, %9 : f32[32]{1} on cuda:0 = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  output %5 result "y"
+  output %6 result "save_mean"
+  output %7 result "save_invstd"
+  output %8 result "running_mean"
+  output %9 result "running_var"
+}
+)";
+  const Generated g = generate(ir::parse(bn));
+  ASSERT_FALSE(g.cuda.launches.empty());
+  const auto& stats = g.cuda.launches[0];
+  EXPECT_EQ(stats.what, "rows [32], 3 stages, first f32[32], a cluster of 8 blocks a row") << g.cuda.source;
+  EXPECT_EQ(stats.cluster, 8u);
+  EXPECT_EQ(stats.grid, 32u * 8u);
+  EXPECT_EQ(stats.block, 1024u);
+  EXPECT_NE(stats.text.find("KILN_CLUSTER_KERNEL(1024, 8) kiln_k0("), std::string::npos) << stats.text;
+  EXPECT_NE(stats.text.find("k_cluster_reduce<KSum, 8>("), std::string::npos) << stats.text;
+  // Only the first thread of the cluster stores a row's statistic.
+  EXPECT_NE(stats.text.find("if (ct == 0) {"), std::string::npos) << stats.text;
+  // 16 elements a thread: the loop is unrolled, so that several loads are in flight.
+  EXPECT_NE(stats.text.find("#pragma unroll 4\n  for (kidx r = ct; r < 131072; r += cnt) {"), std::string::npos)
+      << stats.text;
+  inductor::CudaOptions ampere;
+  ampere.compute_capability = 80;
+  const Generated a = generate(ir::parse(bn), ampere);
+  EXPECT_EQ(a.cuda.launches[0].cluster, 1u);
+  EXPECT_EQ(a.cuda.launches[0].grid, 32u);
+  EXPECT_EQ(a.cuda.launches[0].text.find("cluster"), std::string::npos) << a.cuda.launches[0].text;
+  // A choice of 1 (max-autotune's "no cluster") is a block a row again.
+  inductor::CudaOptions none;
+  none.choice.assign(g.program.kernels.size(), inductor::CudaChoice{});
+  none.choice[0].cluster = 1;
+  EXPECT_EQ(generate(ir::parse(bn), none).cuda.launches[0].cluster, 1u);
+  const Generated ln = generate(ir::parse(R"(graph {
+  input %0 : f32[16384,384]{384,1} on cuda:0 input "x"
+  input %1 : f32[384]{1} on cuda:0 input "w"
+  input %2 : f32[384]{1} on cuda:0 input "b"
+  %3 : f32[16384,384]{384,1} on cuda:0, %4 : f32[16384,1]{1,1} on cuda:0, %5 : f32[16384,1]{1,1} on cuda:0 = aten::native_layer_norm(%0, i[384], %1, %2, 1e-05)
+  output %3 result "y"
+}
+)"));
+  for (const auto& l : ln.cuda.launches) EXPECT_EQ(l.cluster, 1u) << l.what;
 }
 
 // max-autotune's variants: the defaults first, then other launch shapes, each generated as asked.
@@ -822,15 +879,16 @@ class Emulated {
     if (handle_) dlclose(handle_);
   }
   // Runs a kernel; "" on success, else what went wrong.
-  std::string launch(const std::string& kernel, std::vector<void*> args, unsigned grid, unsigned block) {
+  std::string launch(const std::string& kernel, std::vector<void*> args, unsigned grid, unsigned block,
+                     unsigned cluster) {
     void* fn = dlsym(handle_, kernel.c_str());
     if (!fn) return "no kernel " + kernel;
-    const char* err = launch_(fn, static_cast<int>(args.size()), args.data(), grid, block);
+    const char* err = launch_(fn, static_cast<int>(args.size()), args.data(), grid, block, cluster);
     return err ? err : "";
   }
 
  private:
-  using Launch = const char* (*)(void*, int, void**, unsigned, unsigned);
+  using Launch = const char* (*)(void*, int, void**, unsigned, unsigned, unsigned);
   void* handle_ = nullptr;
   Launch launch_ = nullptr;
 };
@@ -890,7 +948,7 @@ void run_emulated(const Generated& gen, Emulated& device, const Case& c, int tri
     std::vector<void*> args;
     for (int b : l.buffers) args.push_back(B.at(static_cast<size_t>(b)));
     if (l.scalars) args.push_back(table.data());
-    ASSERT_EQ(device.launch(l.name, args, l.grid, l.block), "") << l.name << " (" << l.what << ") " << label;
+    ASSERT_EQ(device.launch(l.name, args, l.grid, l.block, l.cluster), "") << l.name << " (" << l.what << ") " << label;
   }
   std::vector<at::Tensor> wide_inputs;
   for (const auto& t : before) wide_inputs.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
@@ -919,6 +977,42 @@ void run_emulated(const Generated& gen, Emulated& device, const Case& c, int tri
 }  // namespace
 
 class InductorCudaEmulated : public ::testing::TestWithParam<Case> {};
+
+// ATen compares a bfloat16 tensor against a Scalar converted to bfloat16: 0.3 is 0.30078125 there,
+// so x = 0.30078125 is <= 0.3 and > 0.3 is false for it. The generated kernel must say the same
+// (comparing in float against 0.3 says the opposite), on the values around the rounded scalar.
+TEST(InductorCudaEmulatedOps, ABfloat16TensorComparesWithTheScalarRoundedToBfloat16) {
+  const Generated gen = generate(ir::parse(R"(graph {
+  input %0 : bf16[4]{1} on cuda:0 input "x"
+  %1 : bool[4]{1} on cuda:0 = aten::le.Scalar(%0, scalar(0.3))
+  %2 : bool[4]{1} on cuda:0 = aten::gt.Scalar(%0, scalar(0.3))
+  %3 : bool[4]{1} on cuda:0 = aten::eq.Scalar(%0, scalar(0.3))
+  output %1 result "le"
+  output %2 result "gt"
+  output %3 result "eq"
+}
+)"));
+  Emulated device(gen.cuda.source);
+  const at::Tensor x = at::tensor({0.298828125, 0.30078125, 0.302734375, -0.3}).to(at::kBFloat16);
+  std::vector<at::Tensor> outs;
+  for (int k = 0; k < 3; ++k) outs.push_back(at::zeros({4}, at::kBool));
+  std::vector<void*> B{x.data_ptr()};
+  for (auto& t : outs) B.push_back(t.data_ptr());
+  for (const auto& st : gen.cuda.steps) {
+    ASSERT_GE(st.launch, 0);
+    const auto& l = gen.cuda.launches[static_cast<size_t>(st.launch)];
+    std::vector<void*> args;
+    for (int b : l.buffers) args.push_back(B.at(static_cast<size_t>(b)));
+    ASSERT_FALSE(l.scalars);
+    ASSERT_EQ(device.launch(l.name, args, l.grid, l.block, l.cluster), "") << l.name;
+  }
+  // What LibTorch eager says in bfloat16, and the values written out.
+  EXPECT_TRUE(at::equal(outs[0], x.le(0.3))) << outs[0];
+  EXPECT_TRUE(at::equal(outs[1], x.gt(0.3))) << outs[1];
+  EXPECT_TRUE(at::equal(outs[2], x.eq(0.3))) << outs[2];
+  EXPECT_TRUE(at::equal(outs[0], at::tensor({1, 1, 0, 1}).to(at::kBool)));
+  EXPECT_TRUE(at::equal(outs[2], at::tensor({0, 1, 0, 0}).to(at::kBool)));
+}
 
 // The launches of each corpus graph, with their grids and blocks, on the emulated device (2
 // multiprocessors: grid-stride loops go round), against eager in float64 on the CPU: float32
