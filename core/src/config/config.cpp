@@ -794,11 +794,27 @@ void TrainingArguments::validate() const {
 
 void TrainingArguments::validate_backend(const std::vector<std::string>& available) const {
   if (torch_compile_backend == "auto") return;
-  if (std::find(available.begin(), available.end(), torch_compile_backend) != available.end()) return;
-  std::string msg = "unknown backend '" + torch_compile_backend + "'";
-  if (auto near = nearest_name(torch_compile_backend, available)) msg += "; did you mean '" + *near + "'?";
-  msg += " Backends found: " + (available.empty() ? std::string("(none)") : join(available));
-  throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend", msg);
+  // "a+b" composes backends: b takes what a leaves. Each part is a backend's name ("auto" and
+  // "eager" are not: what a composition leaves runs eagerly anyway).
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    const size_t plus = torch_compile_backend.find('+', start);
+    parts.push_back(torch_compile_backend.substr(start, plus == std::string::npos ? plus : plus - start));
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  for (const auto& part : parts) {
+    const bool composed = parts.size() > 1;
+    if (composed && (part == "auto" || part == "eager" || part.empty()))
+      throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend",
+                        "'" + torch_compile_backend + "': a composition of backends (\"a+b\": b takes the nodes a " +
+                            "leaves) names backends, not '" + part + "'");
+    if (std::find(available.begin(), available.end(), part) != available.end()) continue;
+    std::string msg = "unknown backend '" + part + "'" + (composed ? " in '" + torch_compile_backend + "'" : "");
+    if (auto near = nearest_name(part, available)) msg += "; did you mean '" + *near + "'?";
+    msg += " Backends found: " + (available.empty() ? std::string("(none)") : join(available));
+    throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend", msg);
+  }
 }
 
 }  // namespace kiln

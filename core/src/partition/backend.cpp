@@ -58,6 +58,18 @@ std::shared_ptr<const LoadedPlugin> graph_recorder(const LoadedBackends& lb) {
 
 }  // namespace
 
+std::vector<std::string> split_backends(const std::string& backend) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t plus = backend.find('+', start);
+    parts.push_back(backend.substr(start, plus == std::string::npos ? std::string::npos : plus - start));
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  return parts;
+}
+
 KilnMode mode_from_string(const std::string& mode) {
   if (mode == "default") return KILN_MODE_DEFAULT;
   if (mode == "reduce-overhead") return KILN_MODE_REDUCE_OVERHEAD;
@@ -87,8 +99,21 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
     names.push_back("eager");
     args.validate_backend(names);
   }
-  r.choice = select_backend(lb.devices, lb.candidates, args.torch_compile_backend);
+  // "a+b": backend a, then b for the nodes a does not claim (each must be available here).
+  const std::vector<std::string> parts = split_backends(args.torch_compile_backend);
+  r.choice = select_backend(lb.devices, lb.candidates, parts.front());
   if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
+  for (size_t k = 1; k < parts.size(); ++k) {
+    const BackendChoice c = select_backend(lb.devices, lb.candidates, parts[k]);
+    auto p = lb.registry->find(c.backend);
+    if (!p || p == r.plugin || std::find(r.then.begin(), r.then.end(), p) != r.then.end())
+      throw BackendSelectionError("backend '" + args.torch_compile_backend + "' names '" + parts[k] + "' twice",
+                                  lb.registry->names());
+    r.then.push_back(p);
+    r.choice.reasons.push_back(c.backend + " takes the nodes the backends before it leave");
+  }
+  r.name = r.choice.backend;
+  for (const auto& p : r.then) r.name += "+" + p->name();
   const bool has_cuda = std::any_of(lb.devices.begin(), lb.devices.end(),
                                     [](const hw::Device& d) { return d.kind == hw::DeviceKind::cuda; });
   if (!has_cuda && r.mode == KILN_MODE_REDUCE_OVERHEAD) {
@@ -115,6 +140,15 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
     }
   } else if (backend_asks && !has_cuda) {
     r.cuda_graphs_reason = "no CUDA device";
+  }
+  for (const auto& p : r.then) {
+    KilnMode m = r.mode;
+    if (!p->supports_mode(m)) {
+      r.notes.push_back(c10::str("backend '", p->name(), "' does not support mode '", mode_to_string(m),
+                                 "'; its groups compile in 'default'"));
+      m = KILN_MODE_DEFAULT;
+    }
+    r.then_modes.push_back(m);
   }
   if (r.plugin && !r.plugin->supports_mode(r.mode)) {
     r.notes.push_back(c10::str("backend '", r.plugin->name(), "' does not support mode '", args.torch_compile_mode,

@@ -87,7 +87,7 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
       for (auto ub : succ[ua]) {
         if (ub < static_cast<int32_t>(n_nodes)) continue;
         const int32_t b = ub - static_cast<int32_t>(n_nodes);
-        if (other_path(ua, ub)) continue;
+        if (p.groups[b].backend != p.groups[a].backend || other_path(ua, ub)) continue;
         merged_into[b] = a;
         changed = true;
         break;
@@ -102,6 +102,8 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
     for (int32_t k = 0; k < n_groups; ++k)
       if (merged_into[k] >= 0) new_id[k] = new_id[merged_into[k]];
     std::vector<PartitionGroup> groups(static_cast<size_t>(next));
+    for (int32_t k = 0; k < n_groups; ++k)
+      if (merged_into[k] < 0) groups[new_id[k]].backend = p.groups[k].backend;
     for (size_t i = 0; i < n_nodes; ++i)
       if (p.group_of[i] >= 0) {
         p.group_of[i] = new_id[p.group_of[i]];
@@ -113,12 +115,19 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
 
 }  // namespace
 
-Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed) {
+Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed,
+                          const std::vector<int32_t>& claimed_by) {
   Partition p;
   const size_t n_nodes = g.nodes.size();
   p.group_of.assign(n_nodes, -1);
+  if (!claimed_by.empty() && claimed_by.size() != claimed.size())
+    throw std::logic_error("kiln partition: a backend for each claimed node, or none");
   std::vector<char> is_claimed(n_nodes, 0);
-  for (auto c : claimed) is_claimed.at(static_cast<size_t>(c)) = 1;
+  std::vector<int32_t> owner(n_nodes, 0);  // the claiming backend of each claimed node
+  for (size_t k = 0; k < claimed.size(); ++k) {
+    is_claimed.at(static_cast<size_t>(claimed[k])) = 1;
+    if (!claimed_by.empty()) owner[static_cast<size_t>(claimed[k])] = claimed_by[k];
+  }
 
   // Groups a value depends on (its producer's group included). Small sorted vectors: most values
   // depend on few groups.
@@ -160,7 +169,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
     if (is_claimed[i]) {
       for (auto v : inputs) {
         const int32_t candidate = producer_group(v);
-        if (candidate < 0) continue;
+        if (candidate < 0 || p.groups[candidate].backend != owner[i]) continue;
         bool ok = true;
         for (auto u : inputs)
           if (producer_group(u) != candidate && contains(reach[u], candidate)) ok = false;
@@ -173,7 +182,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
       }
       if (group < 0) {
         group = static_cast<int32_t>(p.groups.size());
-        p.groups.emplace_back();
+        p.groups.emplace_back().backend = owner[i];
         group_deps.emplace_back();
       }
       for (auto x : deps)

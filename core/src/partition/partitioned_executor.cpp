@@ -1,5 +1,6 @@
 #include "kiln/internal/partitioned_executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <thread>
@@ -97,24 +98,47 @@ std::vector<std::vector<int64_t>> inplace_proposals(const ir::Graph& g, const Pa
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
                                                            std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
                                                            int compile_threads) {
+  return compile_partition(g, std::vector<std::shared_ptr<const LoadedPlugin>>{std::move(plugin)},
+                           std::vector<KilnMode>{mode}, compile_threads);
+}
+
+std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
+                                                           std::vector<std::shared_ptr<const LoadedPlugin>> plugins,
+                                                           std::vector<KilnMode> modes, int compile_threads) {
+  if (plugins.empty() || plugins.size() != modes.size())
+    throw std::logic_error("compile_partition: one mode for each of one or more plugins");
   auto cp = std::make_shared<CompiledPartition>();
-  cp->plugin = plugin;
+  cp->plugin = plugins.front();
+  cp->plugins = plugins;
   auto& stats = cp->stats;
   stats.nodes = g.nodes.size();
-  const bool takes_scalars = plugin->accepts_runtime_scalars();
-  std::vector<int64_t> claimed;
+  // Each backend in turn claims among what the ones before it left: a node another backend took
+  // first is not its to take, however it answers.
+  std::vector<std::pair<int64_t, int32_t>> taken;  // (node, backend)
   {
     GraphView view(g);
-    std::vector<int64_t> raw = plugin->claim(view.view());  // checked in range, no duplicates
-    validate_claims(g, raw, plugin->name());
-    stats.claimed = raw.size();
-    for (auto c : raw) {
-      if (node_can_be_claimed(g.nodes[c], takes_scalars)) claimed.push_back(c);
-      else ++stats.claims_dropped;
+    std::vector<char> owned(g.nodes.size(), 0);
+    for (size_t b = 0; b < plugins.size(); ++b) {
+      const bool takes_scalars = plugins[b]->accepts_runtime_scalars();
+      std::vector<int64_t> raw = plugins[b]->claim(view.view());  // checked in range, no duplicates
+      validate_claims(g, raw, plugins[b]->name());
+      for (auto c : raw) {
+        if (owned[c]) continue;
+        ++stats.claimed;
+        if (node_can_be_claimed(g.nodes[c], takes_scalars)) {
+          taken.emplace_back(c, static_cast<int32_t>(b));
+          owned[c] = 1;
+        } else {
+          ++stats.claims_dropped;
+        }
+      }
     }
   }
-  std::sort(claimed.begin(), claimed.end());
-  cp->partition = partition_graph(g, claimed);
+  std::sort(taken.begin(), taken.end());
+  std::vector<int64_t> claimed;
+  std::vector<int32_t> claimed_by;
+  for (const auto& [node, b] : taken) claimed.push_back(node), claimed_by.push_back(b);
+  cp->partition = partition_graph(g, claimed, claimed_by);
   const Partition& part = cp->partition;
   stats.groups = part.groups.size();
 
@@ -131,17 +155,19 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   auto attempt = [&](size_t gi) {
     const auto& pg = part.groups[gi];
     GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
+    const auto& plugin = plugins[static_cast<size_t>(pg.backend)];
     try {
-      attempts[gi].exe = plugin->compile(sub.view(), mode, proposals[gi]);
+      attempts[gi].exe = plugin->compile(sub.view(), modes[static_cast<size_t>(pg.backend)], proposals[gi]);
     } catch (const PluginError& e) {
       attempts[gi].error = e;
     } catch (...) {
       attempts[gi].other = std::current_exception();
     }
   };
-  const size_t threads = plugin->concurrent_compile_safe()
-                             ? std::min<size_t>(part.groups.size(), static_cast<size_t>(std::max(compile_threads, 1)))
-                             : 1;
+  const bool concurrent =
+      std::all_of(plugins.begin(), plugins.end(), [](const auto& p) { return p->concurrent_compile_safe(); });
+  const size_t threads =
+      concurrent ? std::min<size_t>(part.groups.size(), static_cast<size_t>(std::max(compile_threads, 1))) : 1;
   if (threads <= 1) {
     for (size_t gi = 0; gi < part.groups.size(); ++gi) {
       attempt(gi);
@@ -163,6 +189,7 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
     if (attempts[gi].other) std::rethrow_exception(attempts[gi].other);
     const auto& pg = part.groups[gi];
+    const auto& plugin = plugins[static_cast<size_t>(pg.backend)];
     auto& grp = cp->groups[gi];
     grp.group = pg;
     GroupOutcome& outcome = cp->outcomes.emplace_back();
@@ -207,7 +234,9 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
       for (auto ni : part.groups[-u - 1].nodes) cp->position[ni] = slot++;
     }
   }
-  log_debug(c10::str("backend '", plugin->name(), "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
+  std::string names;
+  for (const auto& p : plugins) names += (names.empty() ? "" : "+") + p->name();
+  log_debug(c10::str("backend '", names, "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
                      stats.groups_compiled, " compiled groups",
                      threads > 1 ? c10::str(" (", threads, " compiling at once)") : "", "; ", stats.inplace_accepted,
                      " of ", stats.inplace_offered, " write-backs offered in place computed over their inputs"));
@@ -217,9 +246,13 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
 std::string print_compiled_partition(const ir::Graph& g, const CompiledPartition& cp) {
   const auto& stats = cp.stats;
   std::string text = print_partition(g, cp.partition);
-  text += c10::str("plugin ", cp.plugin->name(), ": claimed ", stats.claimed, ", dropped ", stats.claims_dropped,
-                   ", groups ", stats.groups, ", compiled ", stats.groups_compiled, " (", stats.nodes_compiled,
-                   " nodes), in place ", stats.inplace_accepted, " of ", stats.inplace_offered, "\n");
+  std::string names;
+  for (const auto& p : cp.plugins) names += (names.empty() ? "" : "+") + p->name();
+  for (size_t gi = 0; gi < cp.partition.groups.size() && cp.plugins.size() > 1; ++gi)
+    text += c10::str("group ", gi, " belongs to ", cp.plugins[cp.partition.groups[gi].backend]->name(), "\n");
+  text += c10::str("plugin ", names, ": claimed ", stats.claimed, ", dropped ", stats.claims_dropped, ", groups ",
+                   stats.groups, ", compiled ", stats.groups_compiled, " (", stats.nodes_compiled, " nodes), in place ",
+                   stats.inplace_accepted, " of ", stats.inplace_offered, "\n");
   for (const auto& e : stats.compile_errors) text += "compile error: " + e + "\n";
   return text;
 }
@@ -241,7 +274,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
 void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId> keep) {
   const auto& part = partition_->partition;
   const auto& groups = partition_->groups;
-  pass_scalars_ = partition_->plugin->accepts_runtime_scalars();
+  for (const auto& p : partition_->plugins) pass_scalars_.push_back(p->accepts_runtime_scalars());
   // Units in partition order; a group that did not compile becomes its nodes, in order. Each
   // unit's reads, for liveness: eager units from their node, groups from their inputs.
   std::vector<std::vector<ir::ValueId>> reads;
@@ -287,7 +320,8 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
   // The run-time scalars as KilnArgs, for plugins that take them (KILN_CAPABILITY_RUNTIME_SCALARS).
   std::vector<KilnArg> scalar_args;
   std::vector<const KilnArg*> scalar_ptrs;
-  if (pass_scalars_ && scalars && !scalars->empty()) {
+  if (std::any_of(pass_scalars_.begin(), pass_scalars_.end(), [](char c) { return c != 0; }) && scalars &&
+      !scalars->empty()) {
     scalar_args.resize(scalars->size());
     for (size_t k = 0; k < scalars->size(); ++k) {
       KilnArg& a = scalar_args[k];
@@ -326,7 +360,9 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         }
         out.push_back(to_dl_tensor(t));
       }
-      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
+      const bool with_scalars = pass_scalars_[static_cast<size_t>(grp.group.backend)] != 0;
+      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), with_scalars ? scalar_ptrs.data() : nullptr,
+                       with_scalars ? scalar_ptrs.size() : 0, stream);
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();

@@ -289,7 +289,7 @@ CompiledStep::CompiledStep(StepFn fn, StepState state, TrainingArguments args) :
       s.backend_reasons.push_back(n);
     }
   } else {
-    s.resolved.choice.backend = "eager";
+    s.resolved.choice.backend = s.resolved.name = "eager";
     s.backend_reasons = {"torch_compile is off: LibTorch runs the step"};
   }
 }
@@ -307,7 +307,7 @@ const ir::Graph* CompiledStep::compiled_graph() const {
   return impl_->last && impl_->last->runner ? &impl_->last->runner->plan().graph : nullptr;
 }
 const TrainingArguments& CompiledStep::args() const { return impl_->args; }
-const std::string& CompiledStep::backend() const { return impl_->resolved.choice.backend; }
+const std::string& CompiledStep::backend() const { return impl_->resolved.name; }
 const std::vector<std::string>& CompiledStep::backend_reasons() const { return impl_->backend_reasons; }
 
 CompiledStep compile_step(StepFn fn, StepState state, TrainingArguments args) {

@@ -224,7 +224,11 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
 
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.
   if (backend.plugin) {
-    plan->partition = compile_partition(g, backend.plugin, backend.mode, options.compile_threads);
+    std::vector<std::shared_ptr<const LoadedPlugin>> plugins{backend.plugin};
+    std::vector<KilnMode> modes{backend.mode};
+    plugins.insert(plugins.end(), backend.then.begin(), backend.then.end());
+    modes.insert(modes.end(), backend.then_modes.begin(), backend.then_modes.end());
+    plan->partition = compile_partition(g, plugins, modes, options.compile_threads);
     runner.dump("partition.txt", print_compiled_partition(g, *plan->partition));
   }
   plan->graph = g;

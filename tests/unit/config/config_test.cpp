@@ -464,6 +464,32 @@ TEST_F(ConfigTest, UnknownBackendIsCheckedAgainstPluginsFound) {
   EXPECT_NO_THROW(a.validate_backend({}));
 }
 
+// "a+b" composes backends (b takes the nodes a leaves): each part is checked by name, and "auto"
+// or "eager" cannot be a part.
+TEST_F(ConfigTest, AComposedBackendChecksEachOfItsNames) {
+  auto path = write("c.toml", "torch_compile_backend = \"ipex+inductr\"\n");
+  auto a = TrainingArguments::from_toml(path);
+  try {
+    a.validate_backend({"inductor", "ipex"});
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), path +
+                                         ":1:25: unknown backend 'inductr' in 'ipex+inductr'; did you mean "
+                                         "'inductor'? Backends found: inductor, ipex");
+  }
+  a.torch_compile_backend = "ipex+inductor";
+  EXPECT_NO_THROW(a.validate_backend({"inductor", "ipex"}));
+  for (const char* bad : {"ipex+auto", "eager+inductor", "ipex+"}) {
+    a.torch_compile_backend = bad;
+    try {
+      a.validate_backend({"inductor", "ipex", "eager"});
+      FAIL() << bad << ": expected an error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("a composition of backends"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(ConfigTest, MissingFileIsAnError) {
   EXPECT_EQ(error_of("/nonexistent/kiln.toml"), "/nonexistent/kiln.toml: cannot open the configuration file");
 }

@@ -162,6 +162,59 @@ TEST(Partition, RandomGraphsGiveConvexGroupsAndAValidOrder) {
   }
 }
 
+// With two claiming backends, groups are still convex, the order valid, and no group mixes the
+// nodes of two backends.
+TEST(Partition, GroupsOfTwoBackendsStayApartConvexAndOrdered) {
+  std::mt19937 rng(std::random_device{}());
+  for (int trial = 0; trial < 200; ++trial) {
+    ir::Graph g;
+    ir::TensorMeta m;
+    m.shape = {2};
+    m.strides = {1};
+    std::vector<ir::ValueId> avail = {g.add_input(m, ir::InputRole::UserInput, "x")};
+    const int n = 2 + static_cast<int>(rng() % 30);
+    std::vector<int64_t> claimed;
+    std::vector<int32_t> by;
+    for (int i = 0; i < n; ++i) {
+      ir::Node node;
+      node.op = "aten::add.Tensor";
+      node.args = {ir::Arg::tensor(avail[rng() % avail.size()]), ir::Arg::tensor(avail[rng() % avail.size()]),
+                   ir::Arg::integer(1)};
+      node.outputs = {g.add_value(m)};
+      avail.push_back(node.outputs[0]);
+      g.add_node(node);
+      if (rng() % 4) {
+        claimed.push_back(i);
+        by.push_back(static_cast<int32_t>(rng() % 2));
+      }
+    }
+    g.outputs.push_back({avail.back(), ir::OutputRole::Result, -1, "y"});
+    Partition p = partition_graph(g, claimed, by);
+    check_partition(g, p, claimed);
+    for (size_t k = 0; k < claimed.size(); ++k) {
+      const int32_t grp = p.group_of[static_cast<size_t>(claimed[k])];
+      ASSERT_GE(grp, 0);
+      EXPECT_EQ(p.groups[static_cast<size_t>(grp)].backend, by[k]) << "node " << claimed[k];
+    }
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << ir::print(g) << print_partition(g, p);
+      return;
+    }
+  }
+  // A chain a -> b -> a: the two nodes of backend 0 cannot share a group around backend 1's.
+  const ir::Graph chain = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  %1 : f32[4]{1} = aten::relu(%0)
+  %2 : f32[4]{1} = aten::sin(%1)
+  %3 : f32[4]{1} = aten::neg(%2)
+  output %3 result "y"
+}
+)");
+  const Partition p = partition_graph(chain, {0, 1, 2}, {0, 1, 0});
+  ASSERT_EQ(p.groups.size(), 3u);
+  EXPECT_EQ(p.order, (std::vector<int32_t>{-1, -2, -3}));
+}
+
 TEST(GraphView, DescribesValuesNodesAndArguments) {
   ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[2,3]{3,1} input "x"

@@ -4,6 +4,8 @@
 // result, and groups() records for each claimed group whether the plugin's code runs it.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <ATen/ATen.h>
 #include <ATen/core/function_schema.h>
 
@@ -12,6 +14,7 @@
 #include "kiln/internal/host_services.h"
 #include "kiln/internal/ir_text.h"
 #include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/passes.h"
 #include "kiln/internal/plugin_registry.h"
 
 using namespace kiln;
@@ -117,6 +120,58 @@ TEST(PartitionedExecutor, CustomBackendRunsItsElementwiseNodesAndResultsMatchEag
     EXPECT_FALSE(env[2].defined());
     EXPECT_FALSE(env[5].defined());
   }
+}
+
+// Two backends share the graph ("custom_elementwise+inductor"): the first claims its element-wise
+// nodes, the second takes among what is left (the permute, the clone and the sum; a node the first
+// took is not the second's, whatever it claims). Each group holds one backend's nodes and is
+// compiled by it, the outcomes name the backend of each group, and the results match eager.
+TEST(PartitionedExecutor, ASecondBackendTakesWhatTheFirstLeaves) {
+  const ir::Graph g = ir::parse(kGraph);
+  auto custom = PluginRegistry::load_file(KILN_CUSTOM_PLUGIN, host());
+  auto inductor = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, host());
+  auto cp = compile_partition(g, {custom, inductor}, {KILN_MODE_DEFAULT, KILN_MODE_DEFAULT});
+  ASSERT_EQ(cp->plugins.size(), 2u);
+  EXPECT_EQ(cp->plugin, custom);
+  // Every node is some backend's; the element-wise ones are the custom backend's.
+  EXPECT_EQ(cp->stats.nodes_compiled, g.nodes.size()) << print_compiled_partition(g, *cp);
+  std::map<std::string, size_t> nodes_of;
+  for (size_t gi = 0; gi < cp->partition.groups.size(); ++gi) {
+    const auto& grp = cp->partition.groups[gi];
+    const std::string backend = cp->plugins[static_cast<size_t>(grp.backend)]->name();
+    EXPECT_EQ(cp->outcomes[gi].backend, backend);
+    EXPECT_TRUE(cp->outcomes[gi].compiled) << cp->outcomes[gi].reason;
+    ASSERT_TRUE(cp->groups[gi].exe);
+    EXPECT_EQ(&cp->groups[gi].exe->plugin(), cp->plugins[static_cast<size_t>(grp.backend)].get());
+    for (auto ni : grp.nodes) {
+      const std::string& op = g.nodes[static_cast<size_t>(ni)].op;
+      const bool elementwise = op != "aten::permute" && op != "aten::clone" && op != "aten::sum";
+      EXPECT_EQ(backend, elementwise ? "custom_elementwise" : "inductor") << op;
+      ++nodes_of[backend];
+    }
+  }
+  EXPECT_EQ(nodes_of["custom_elementwise"], 5u);
+  EXPECT_EQ(nodes_of["inductor"], 3u);
+  ir::Graph planned = g;
+  compute_writebacks_in_place(planned, cp->position);
+  PartitionedExecutor exec(planned, cp);
+  for (int trial = 0; trial < 2; ++trial) {
+    std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16, 8})};
+    auto ref = run_eager(g, inputs);
+    std::vector<at::Tensor> env(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+    exec.run(env);
+    for (size_t k = 0; k < g.outputs.size(); ++k) {
+      const at::Tensor& out = env[g.outputs[k].value];
+      ASSERT_TRUE(out.defined()) << "output " << k;
+      const double rel = (out - ref[k]).norm().item<double>() / std::max(ref[k].norm().item<double>(), 1e-30);
+      EXPECT_LE(rel, 1e-6) << "output " << k;
+    }
+  }
+  // The other way round, inductor claims every node and leaves the custom backend nothing.
+  auto reversed = compile_partition(g, {inductor, custom}, {KILN_MODE_DEFAULT, KILN_MODE_DEFAULT});
+  for (const auto& grp : reversed->partition.groups) EXPECT_EQ(grp.backend, 0);
+  EXPECT_EQ(reversed->stats.nodes_compiled, g.nodes.size());
 }
 
 // A write-back computed by a plugin goes straight into the written tensor's memory when the plugin

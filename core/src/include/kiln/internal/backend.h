@@ -20,6 +20,11 @@ struct ResolvedBackend {
   std::shared_ptr<const LoadedPlugin> plugin;  // null when the step runs eagerly ("eager")
   BackendChoice choice;
   KilnMode mode = KILN_MODE_DEFAULT;
+  // Backends that take what `plugin` leaves ("ipex+inductor": inductor), in order, each with the
+  // mode it compiles in (the step's mode, or "default" where it lacks it).
+  std::vector<std::shared_ptr<const LoadedPlugin>> then;
+  std::vector<KilnMode> then_modes;
+  std::string name;                // what runs the step: eager, inductor, ipex+inductor
   std::vector<std::string> notes;  // mode adjustments, plugin load failures worth a word
   // Whole-step CUDA graphs (docs/backends/cudagraphs.md): asked for by mode reduce-overhead or
   // max-autotune, or by a backend with KILN_CAPABILITY_WHOLE_STEP_GRAPH, on a machine with a CUDA
@@ -34,6 +39,9 @@ struct ResolvedBackend {
 // Throws BackendSelectionError (a named backend that cannot run here) or ConfigError (an unknown
 // mode). Thread-safe.
 ResolvedBackend resolve_backend(const TrainingArguments& args);
+
+// "ipex+inductor" -> {"ipex", "inductor"}; a name without '+' is itself.
+std::vector<std::string> split_backends(const std::string& backend);
 
 // "reduce-overhead" -> KILN_MODE_REDUCE_OVERHEAD; throws std::invalid_argument listing the modes.
 KilnMode mode_from_string(const std::string& mode);

@@ -40,6 +40,7 @@ class GraphView {
 };
 
 struct PartitionGroup {
+  int32_t backend = 0;               // which of the claiming backends owns the group (claim order)
   std::vector<int32_t> nodes;        // indices into graph.nodes, in graph order
   std::vector<ir::ValueId> inputs;   // read by the group, defined outside it
   std::vector<ir::ValueId> outputs;  // defined in the group, read outside it or graph outputs
@@ -57,7 +58,10 @@ struct Partition {
 void validate_claims(const ir::Graph& graph, const std::vector<int64_t>& claimed, const std::string& plugin);
 
 // Forms convex groups from the claimed nodes. A pure function of the graph and the claims.
-Partition partition_graph(const ir::Graph& graph, const std::vector<int64_t>& claimed);
+// `claimed_by[k]`: the backend (0, 1, ...) that claimed node claimed[k] when several backends
+// share the graph (empty: all backend 0); a group holds the nodes of one backend only.
+Partition partition_graph(const ir::Graph& graph, const std::vector<int64_t>& claimed,
+                          const std::vector<int32_t>& claimed_by = {});
 
 // Text for KILN_DEBUG_DIR: each group with its nodes, inputs and outputs, then the eager nodes.
 std::string print_partition(const ir::Graph& graph, const Partition& partition);

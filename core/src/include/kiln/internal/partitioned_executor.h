@@ -53,7 +53,10 @@ struct CompiledGroup {
 // The partition stage of a plan: what the plugin claimed, the convex groups, and each group
 // compiled. Immutable once made; executors share it.
 struct CompiledPartition {
-  std::shared_ptr<const LoadedPlugin> plugin;
+  std::shared_ptr<const LoadedPlugin> plugin;  // the chosen backend: plugins[0]
+  // The backends that claimed nodes, in the order they were asked (PartitionGroup::backend): the
+  // chosen one first, then those that take what it leaves ("ipex+inductor").
+  std::vector<std::shared_ptr<const LoadedPlugin>> plugins;
   Partition partition;
   std::vector<CompiledGroup> groups;
   PartitionStats stats;
@@ -72,6 +75,11 @@ struct CompiledPartition {
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
                                                            std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
                                                            int compile_threads = 1);
+// Several backends: each claims, in turn, among the nodes the ones before it left; a group holds
+// one backend's nodes and is compiled by it. `modes[k]`: the mode backend k compiles in.
+std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
+                                                           std::vector<std::shared_ptr<const LoadedPlugin>> plugins,
+                                                           std::vector<KilnMode> modes, int compile_threads = 1);
 // The partition and its outcome as text, for the debug dump.
 std::string print_compiled_partition(const ir::Graph& graph, const CompiledPartition& partition);
 
@@ -108,7 +116,7 @@ class PartitionedExecutor {
   };
   std::shared_ptr<const CompiledPartition> partition_;
   bool verify_groups_ = false;
-  bool pass_scalars_ = false;
+  std::vector<char> pass_scalars_;  // by backend: it takes run-time scalars
   std::vector<Unit> units_;
 };
 
