@@ -78,3 +78,19 @@ else()
   message(STATUS "kiln: no oneDNN 3.2+ CMake package under KILN_ONEDNN_ROOT=${KILN_ONEDNN_ROOT}; the ipex backend "
                  "is skipped (run scripts/setup, or pass -DKILN_ONEDNN_ROOT=<prefix with lib/cmake/dnnl>)")
 endif()
+
+# The PJRT C API header (pjrt_c_api.h) and XLA's CPU PJRT plugin, for the neuron backend: PyPI's
+# xla-cpu-pjrt 0.0.1, installed by scripts/setup with pip --target into KILN_PJRT_ROOT. The backend
+# builds against the header; the tests run every PJRT call through the CPU plugin. Without the
+# header the neuron backend is skipped.
+set(KILN_PJRT_ROOT "/opt/kiln/pjrt" CACHE PATH "pip --target directory holding xla_plugins/xla_cpu_pjrt (neuron backend)")
+set(KILN_HAVE_PJRT OFF)
+set(KILN_PJRT_INCLUDE_DIR "${KILN_PJRT_ROOT}/xla_plugins/xla_cpu_pjrt/include")
+set(KILN_PJRT_CPU_PLUGIN "${KILN_PJRT_ROOT}/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+if(EXISTS "${KILN_PJRT_INCLUDE_DIR}/pjrt_c_api.h")
+  set(KILN_HAVE_PJRT ON)
+  message(STATUS "kiln: PJRT C API header found at ${KILN_PJRT_INCLUDE_DIR}; the neuron backend is built")
+else()
+  message(STATUS "kiln: no pjrt_c_api.h under KILN_PJRT_ROOT=${KILN_PJRT_ROOT}; the neuron backend is skipped "
+                 "(run scripts/setup)")
+endif()

@@ -1,16 +1,28 @@
-// The neuron backend: lowers claimed subgraphs to StableHLO, compiles a NEFF with neuronx-cc and
-// runs it through the Neuron runtime on AWS Trainium/Inferentia. libnrt.so is opened at run time,
-// so the plugin loads everywhere and says why it is unavailable where there is no Neuron device.
-// The lowering is not written yet; until then compile answers "unimplemented".
+// The neuron backend: claimed subgraphs become StableHLO (stablehlo_emit.h), compiled and run
+// through a PJRT plugin (pjrt_runtime.h) - Neuron's libneuronpjrt.so on Trainium and Inferentia, the
+// way JAX programs them. `[plugin.neuron] pjrt_plugin = "<path>"` points the backend at any other
+// PJRT plugin (XLA's CPU plugin in the tests, JAX's CUDA plugin), which is how all of kiln's side is
+// tested where there is no Neuron device. Tensors stay LibTorch CPU tensors; the PJRT client moves
+// them to its device and back. libnrt.so and the PJRT plugin are opened at run time, so the plugin
+// loads everywhere and says why it is unavailable.
 #include <dlfcn.h>
 
+#include <cstring>
 #include <kiln/plugin_api.hpp>
+
+#include "pjrt_runtime.h"
+#include "stablehlo_emit.h"
 
 namespace {
 
 using namespace kiln::plugin;
+using kiln::neuron::HostTensor;
+using kiln::neuron::PjrtClient;
+using kiln::neuron::PjrtError;
+using kiln::neuron::PjrtExecutable;
 
 constexpr const char* kRuntime = "libnrt.so";
+constexpr const char* kNeuronPjrt = "libneuronpjrt.so";  // in Neuron's libneuronxla package
 
 // "" when the runtime opens (its versioned soname first, as installed by aws-neuronx-runtime-lib).
 std::string try_open_runtime() {
@@ -24,6 +36,79 @@ std::string try_open_runtime() {
   return why ? why : "unknown dlopen error";
 }
 
+PJRT_Buffer_Type pjrt_type(DLDataType t) {
+  if (is_float32(t)) return PJRT_Buffer_Type_F32;
+  throw Unimplemented("a " + dtype_name(t) + " tensor at the group's boundary");
+}
+
+// A DLTensor as PJRT reads it: its dims, and its strides in bytes when it is not dense row-major.
+HostTensor host_view(const DLTensor& t) {
+  HostTensor h;
+  h.type = pjrt_type(t.dtype);
+  h.dims.assign(t.shape, t.shape + t.ndim);
+  h.data = static_cast<char*>(t.data) + t.byte_offset;
+  const int64_t es = t.dtype.bits / 8;
+  int64_t n = 1, expect = 1;
+  bool dense = true;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    const int64_t st = t.strides ? t.strides[d] : expect;
+    if (t.shape[d] != 1 && st != expect) dense = false;
+    expect *= t.shape[d];
+    n *= t.shape[d];
+  }
+  h.bytes = static_cast<size_t>(n * es);
+  if (!dense)
+    for (int d = 0; d < t.ndim; ++d) h.byte_strides.push_back(t.strides[d] * es);
+  return h;
+}
+
+class PjrtGroup : public Executable {
+ public:
+  PjrtGroup(std::unique_ptr<PjrtExecutable> exe) : exe_(std::move(exe)) {}
+
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
+    std::vector<HostTensor> ins, outs;
+    for (size_t i = 0; i < num_inputs; ++i) ins.push_back(host_view(inputs[i]));
+    // Results come back dense: an output with other strides gets a dense copy, scattered after.
+    std::vector<std::vector<char>> dense(num_outputs);
+    for (size_t k = 0; k < num_outputs; ++k) {
+      HostTensor o = host_view(outputs[k]);
+      if (!o.byte_strides.empty()) {
+        dense[k].resize(o.bytes);
+        o.data = dense[k].data();
+        o.byte_strides.clear();
+      }
+      outs.push_back(o);
+    }
+    try {
+      exe_->run(ins, outs);
+    } catch (const PjrtError& e) {
+      throw Error(KILN_ERROR_INTERNAL, e.what());
+    }
+    for (size_t k = 0; k < num_outputs; ++k)
+      if (!dense[k].empty()) scatter(dense[k].data(), outputs[k]);
+  }
+
+ private:
+  static void scatter(const char* src, const DLTensor& t) {
+    const int64_t es = t.dtype.bits / 8;
+    int64_t n = 1;
+    for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
+    char* base = static_cast<char*>(t.data) + t.byte_offset;
+    std::vector<int64_t> idx(static_cast<size_t>(t.ndim), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t off = 0;
+      for (int d = 0; d < t.ndim; ++d) off += idx[static_cast<size_t>(d)] * t.strides[d];
+      std::memcpy(base + off * es, src + i * es, static_cast<size_t>(es));
+      for (int d = t.ndim - 1; d >= 0; --d) {
+        if (++idx[static_cast<size_t>(d)] < t.shape[d]) break;
+        idx[static_cast<size_t>(d)] = 0;
+      }
+    }
+  }
+  std::unique_ptr<PjrtExecutable> exe_;
+};
+
 class NeuronPlugin : public Plugin {
  public:
   using Plugin::Plugin;
@@ -31,10 +116,12 @@ class NeuronPlugin : public Plugin {
   static Descriptor describe() {
     Descriptor d;
     d.name = "neuron";
-    d.version = "0.1.0";
+    d.version = "0.2.0";
     d.vendor = "kiln";
-    d.description = "AWS Trainium/Inferentia: StableHLO, neuronx-cc, the Neuron runtime (libnrt.so)";
-    d.device_kinds = KILN_DEVICE_MASK_NEURON;
+    d.description =
+        "AWS Trainium/Inferentia: StableHLO through PJRT (libneuronpjrt.so, or [plugin.neuron] pjrt_plugin)";
+    // CPU: with pjrt_plugin set, any PJRT plugin runs the groups of a step on LibTorch CPU tensors.
+    d.device_kinds = KILN_DEVICE_MASK_NEURON | KILN_DEVICE_MASK_CPU;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
     return d;
@@ -42,25 +129,84 @@ class NeuronPlugin : public Plugin {
 
   Availability available(const Devices& devices) override {
     const KilnDeviceInfo* dev = devices.first(KILN_DEVICE_NEURON);
+    const auto configured = host().option("pjrt_plugin");
+    if (!dev) {
+      if (configured && !devices.first(KILN_DEVICE_CPU))
+        return Availability::no("no AWS Neuron device and no CPU offered (pjrt_plugin runs groups of CPU tensors)");
+      if (!configured) {
+        const std::string runtime_error = try_open_runtime();
+        if (!runtime_error.empty())
+          return Availability::no(std::string("no AWS Neuron device found, and ") + kRuntime + " cannot be loaded (" +
+                                  runtime_error + ")");
+        return Availability::no(std::string("no AWS Neuron device found (") + kRuntime + " loads)");
+      }
+      // Only when named: a CPU PJRT plugin is a test bed, not a better backend for the CPU.
+      try {
+        auto client = PjrtClient::open(*configured);
+        return Availability::yes("PJRT plugin " + *configured + " (platform " + client->platform() + ", PJRT C API " +
+                                     std::to_string(client->api_major()) + "." + std::to_string(client->api_minor()) +
+                                     ") set by [plugin.neuron] pjrt_plugin",
+                                 0);
+      } catch (const PjrtError& e) {
+        return Availability::no(e.what());
+      }
+    }
     const std::string runtime_error = try_open_runtime();
-    if (!dev && !runtime_error.empty())
-      return Availability::no(std::string("no AWS Neuron device found, and ") + kRuntime + " cannot be loaded (" +
-                              runtime_error + ")");
-    if (!dev) return Availability::no(std::string("no AWS Neuron device found (") + kRuntime + " loads)");
     if (!runtime_error.empty())
       return Availability::no(std::string("AWS Neuron device found, but ") + kRuntime + " cannot be loaded (" +
                               runtime_error + ")");
     // The device's own compiler comes before any general one (inductor scores 200); a Gaudi's
     // (hpu_backend, 400) before it on a machine with both.
     return Availability::yes(std::to_string(devices.count(KILN_DEVICE_NEURON)) + " Neuron device(s), first " +
-                                 dev->name + "; " + kRuntime + " loads",
+                                 dev->name + "; " + kRuntime + " loads; PJRT plugin " +
+                                 configured.value_or(kNeuronPjrt),
                              300);
   }
 
-  std::vector<int64_t> claim(const Graph&) override { return {}; }
+  std::vector<int64_t> claim(const Graph& g) override {
+    std::vector<int64_t> taken;
+    // Nothing to claim for where no PJRT plugin opens (it is named by pjrt_plugin, or Neuron's).
+    try {
+      PjrtClient::open(host().option("pjrt_plugin").value_or(kNeuronPjrt));
+    } catch (const PjrtError& e) {
+      host().debug(std::string("neuron: claims nothing: ") + e.what());
+      return taken;
+    }
+    for (size_t i = 0; i < g.num_nodes(); ++i) {
+      const Node n = g.node(static_cast<int64_t>(i));
+      std::string why;
+      for (int64_t v : n.outputs())
+        if (v < 0) why = "an undefined result";
+      for (int64_t v : n.outputs())
+        if (why.empty() && g.value(v).device().device_type != kDLCPU) why = "tensors not on the CPU";
+      for (int64_t v : n.inputs())
+        if (why.empty() && g.value(v).device().device_type != kDLCPU) why = "tensors not on the CPU";
+      if (why.empty()) why = kiln::neuron::why_not_emitted(g, n);
+      if (why.empty()) taken.push_back(static_cast<int64_t>(i));
+      else host().debug("neuron: node " + std::to_string(i) + " (" + n.op() + ") stays eager: " + why);
+    }
+    return taken;
+  }
 
-  std::unique_ptr<Executable> compile(const Graph&, const CompileOptions&) override {
-    throw Unimplemented("the StableHLO lowering is not built yet; kiln runs these nodes eagerly");
+  std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
+    for (const auto& [key, value] : options.options)
+      if (key != "pjrt_plugin")
+        throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                    "unknown option '" + key + "' in [plugin.neuron] (it takes: pjrt_plugin)");
+    auto it = options.options.find("pjrt_plugin");
+    const std::string path = it != options.options.end() ? it->second : kNeuronPjrt;
+    const std::string module = kiln::neuron::emit_stablehlo(g);
+    std::shared_ptr<PjrtClient> client;
+    try {
+      client = PjrtClient::open(path);
+    } catch (const PjrtError& e) {
+      throw Unimplemented(std::string(e.what()) + "; these nodes run eagerly");
+    }
+    try {
+      return std::make_unique<PjrtGroup>(client->compile(module));
+    } catch (const PjrtError& e) {
+      throw Error(KILN_ERROR_INTERNAL, std::string(e.what()) + "\nthe module:\n" + module);
+    }
   }
 };
 

@@ -1,0 +1,288 @@
+#include "pjrt_runtime.h"
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <cstring>
+#include <map>
+
+namespace kiln::neuron {
+
+namespace {
+
+template <class Args>
+Args args_of(size_t struct_size) {
+  Args a;
+  std::memset(&a, 0, sizeof a);
+  a.struct_size = struct_size;
+  return a;
+}
+
+// Whether the plugin's PJRT_Api has the function at byte `offset` (its struct is as long as the
+// API version it was built with) and sets it.
+bool has_fn(const PJRT_Api* api, size_t offset) {
+  if (api->struct_size < offset + sizeof(void*)) return false;
+  void* fn = nullptr;
+  std::memcpy(&fn, reinterpret_cast<const char*>(api) + offset, sizeof fn);
+  return fn != nullptr;
+}
+
+#define KILN_PJRT_FN(name) \
+  { #name, offsetof(PJRT_Api, name) }
+const std::vector<std::pair<const char*, size_t>>& used_functions() {
+  static const std::vector<std::pair<const char*, size_t>> fns = {
+      KILN_PJRT_FN(PJRT_Error_Destroy),
+      KILN_PJRT_FN(PJRT_Error_Message),
+      KILN_PJRT_FN(PJRT_Error_GetCode),
+      KILN_PJRT_FN(PJRT_Plugin_Initialize),
+      KILN_PJRT_FN(PJRT_Event_Destroy),
+      KILN_PJRT_FN(PJRT_Event_Await),
+      KILN_PJRT_FN(PJRT_Client_Create),
+      KILN_PJRT_FN(PJRT_Client_Destroy),
+      KILN_PJRT_FN(PJRT_Client_PlatformName),
+      KILN_PJRT_FN(PJRT_Client_AddressableDevices),
+      KILN_PJRT_FN(PJRT_Client_Compile),
+      KILN_PJRT_FN(PJRT_Client_BufferFromHostBuffer),
+      KILN_PJRT_FN(PJRT_LoadedExecutable_Destroy),
+      KILN_PJRT_FN(PJRT_LoadedExecutable_GetExecutable),
+      KILN_PJRT_FN(PJRT_LoadedExecutable_Execute),
+      KILN_PJRT_FN(PJRT_Executable_NumOutputs),
+      KILN_PJRT_FN(PJRT_Executable_Destroy),
+      KILN_PJRT_FN(PJRT_Buffer_Destroy),
+      KILN_PJRT_FN(PJRT_Buffer_ToHostBuffer),
+  };
+  return fns;
+}
+#undef KILN_PJRT_FN
+
+// A buffer or event destroyed when it goes out of scope (errors in destruction are dropped).
+struct BufferGuard {
+  const PJRT_Api* api;
+  PJRT_Buffer* b = nullptr;
+  ~BufferGuard() {
+    if (!b) return;
+    auto a = args_of<PJRT_Buffer_Destroy_Args>(PJRT_Buffer_Destroy_Args_STRUCT_SIZE);
+    a.buffer = b;
+    if (PJRT_Error* e = api->PJRT_Buffer_Destroy(&a)) {
+      auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+      d.error = e;
+      api->PJRT_Error_Destroy(&d);
+    }
+  }
+};
+
+}  // namespace
+
+std::string single_device_compile_options() {
+  // CompileOptionsProto field 3 (executable_build_options, length-delimited) holding
+  // ExecutableBuildOptionsProto field 4 (num_replicas) = 1 and field 5 (num_partitions) = 1.
+  return std::string("\x1a\x04\x20\x01\x28\x01", 6);
+}
+
+void PjrtClient::check(PJRT_Error* e, const char* call) const {
+  if (!e) return;
+  auto m = args_of<PJRT_Error_Message_Args>(PJRT_Error_Message_Args_STRUCT_SIZE);
+  m.error = e;
+  api_->PJRT_Error_Message(&m);
+  std::string message = m.message ? std::string(m.message, m.message_size) : "(no message)";
+  auto c = args_of<PJRT_Error_GetCode_Args>(PJRT_Error_GetCode_Args_STRUCT_SIZE);
+  c.error = e;
+  int code = -1;
+  PJRT_Error* ce = api_->PJRT_Error_GetCode(&c);
+  if (!ce) code = static_cast<int>(c.code);
+  auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+  d.error = e;
+  api_->PJRT_Error_Destroy(&d);
+  if (ce) {
+    d.error = ce;
+    api_->PJRT_Error_Destroy(&d);
+  }
+  throw PjrtError("PJRT plugin " + path_ + ": " + call + " failed" +
+                      (code >= 0 ? " (PJRT error code " + std::to_string(code) + ")" : "") + ": " + message,
+                  code);
+}
+
+std::shared_ptr<PjrtClient> PjrtClient::open(const std::string& path) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<PjrtClient>> clients;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto c = clients[path].lock()) return c;
+  // RTLD_NODELETE: XLA's plugins keep threads and static state that outlive a dlclose.
+  void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!h) {
+    const char* why = dlerror();
+    throw PjrtError("cannot load the PJRT plugin " + path + ": " + (why ? why : "dlopen failed"), -1);
+  }
+  using GetApi = const PJRT_Api* (*)();
+  auto get = reinterpret_cast<GetApi>(dlsym(h, "GetPjrtApi"));
+  if (!get) throw PjrtError(path + " is not a PJRT plugin: it exports no GetPjrtApi", -1);
+  const PJRT_Api* api = get();
+  if (!api) throw PjrtError("PJRT plugin " + path + ": GetPjrtApi returned NULL", -1);
+  if (api->pjrt_api_version.major_version != PJRT_API_MAJOR)
+    throw PjrtError("PJRT plugin " + path + " has PJRT C API " + std::to_string(api->pjrt_api_version.major_version) +
+                        "." + std::to_string(api->pjrt_api_version.minor_version) + "; kiln speaks " +
+                        std::to_string(PJRT_API_MAJOR) + ".x (built against " + std::to_string(PJRT_API_MAJOR) + "." +
+                        std::to_string(PJRT_API_MINOR) + ")",
+                    -1);
+  for (const auto& [name, offset] : used_functions())
+    if (!has_fn(api, offset))
+      throw PjrtError("PJRT plugin " + path + " (PJRT C API " + std::to_string(api->pjrt_api_version.major_version) +
+                          "." + std::to_string(api->pjrt_api_version.minor_version) + ") lacks " + name +
+                          ", which kiln needs",
+                      -1);
+  std::shared_ptr<PjrtClient> c(new PjrtClient(path, api));
+  auto init = args_of<PJRT_Plugin_Initialize_Args>(PJRT_Plugin_Initialize_Args_STRUCT_SIZE);
+  c->check(api->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
+  auto create = args_of<PJRT_Client_Create_Args>(PJRT_Client_Create_Args_STRUCT_SIZE);
+  c->check(api->PJRT_Client_Create(&create), "PJRT_Client_Create");
+  c->client_ = create.client;
+  auto devs = args_of<PJRT_Client_AddressableDevices_Args>(PJRT_Client_AddressableDevices_Args_STRUCT_SIZE);
+  devs.client = c->client_;
+  c->check(api->PJRT_Client_AddressableDevices(&devs), "PJRT_Client_AddressableDevices");
+  if (devs.num_addressable_devices == 0) throw PjrtError("PJRT plugin " + path + ": the client has no device", -1);
+  c->device_ = devs.addressable_devices[0];
+  clients[path] = c;
+  return c;
+}
+
+PjrtClient::~PjrtClient() {
+  if (!client_) return;
+  auto a = args_of<PJRT_Client_Destroy_Args>(PJRT_Client_Destroy_Args_STRUCT_SIZE);
+  a.client = client_;
+  if (PJRT_Error* e = api_->PJRT_Client_Destroy(&a)) {
+    auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+    d.error = e;
+    api_->PJRT_Error_Destroy(&d);
+  }
+}
+
+std::string PjrtClient::platform() const {
+  auto a = args_of<PJRT_Client_PlatformName_Args>(PJRT_Client_PlatformName_Args_STRUCT_SIZE);
+  a.client = client_;
+  check(api_->PJRT_Client_PlatformName(&a), "PJRT_Client_PlatformName");
+  return a.platform_name ? std::string(a.platform_name, a.platform_name_size) : "";
+}
+
+std::unique_ptr<PjrtExecutable> PjrtClient::compile(const std::string& mlir) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string code = mlir;
+  static const char kFormat[] = "mlir";
+  auto program = args_of<PJRT_Program>(PJRT_Program_STRUCT_SIZE);
+  program.code = code.data();
+  program.code_size = code.size();
+  program.format = kFormat;
+  program.format_size = sizeof kFormat - 1;
+  const std::string options = single_device_compile_options();
+  auto a = args_of<PJRT_Client_Compile_Args>(PJRT_Client_Compile_Args_STRUCT_SIZE);
+  a.client = client_;
+  a.program = &program;
+  a.compile_options = options.data();
+  a.compile_options_size = options.size();
+  check(api_->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
+  PJRT_LoadedExecutable* loaded = a.executable;
+  auto g = args_of<PJRT_LoadedExecutable_GetExecutable_Args>(PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE);
+  g.loaded_executable = loaded;
+  size_t n = 0;
+  try {
+    check(api_->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable");
+    auto no = args_of<PJRT_Executable_NumOutputs_Args>(PJRT_Executable_NumOutputs_Args_STRUCT_SIZE);
+    no.executable = g.executable;
+    PJRT_Error* e = api_->PJRT_Executable_NumOutputs(&no);
+    auto d = args_of<PJRT_Executable_Destroy_Args>(PJRT_Executable_Destroy_Args_STRUCT_SIZE);
+    d.executable = g.executable;
+    check(api_->PJRT_Executable_Destroy(&d), "PJRT_Executable_Destroy");
+    check(e, "PJRT_Executable_NumOutputs");
+    n = no.num_outputs;
+  } catch (...) {
+    auto d = args_of<PJRT_LoadedExecutable_Destroy_Args>(PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE);
+    d.executable = loaded;
+    if (PJRT_Error* e = api_->PJRT_LoadedExecutable_Destroy(&d)) check(e, "PJRT_LoadedExecutable_Destroy");
+    throw;
+  }
+  return std::unique_ptr<PjrtExecutable>(new PjrtExecutable(shared_from_this(), loaded, n));
+}
+
+PjrtExecutable::~PjrtExecutable() {
+  const PJRT_Api* api = client_->api();
+  auto d = args_of<PJRT_LoadedExecutable_Destroy_Args>(PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE);
+  d.executable = exe_;
+  if (PJRT_Error* e = api->PJRT_LoadedExecutable_Destroy(&d)) {
+    auto ed = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+    ed.error = e;
+    api->PJRT_Error_Destroy(&ed);
+  }
+}
+
+void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const {
+  const PjrtClient& c = *client_;
+  const PJRT_Api* api = c.api();
+  std::lock_guard<std::mutex> lock(c.mu_);
+  if (outputs.size() != num_outputs_)
+    throw PjrtError("the executable has " + std::to_string(num_outputs_) + " results, " +
+                        std::to_string(outputs.size()) + " outputs were given",
+                    -1);
+  auto await_event = [&](PJRT_Event* ev, const char* what) {
+    if (!ev) return;
+    auto w = args_of<PJRT_Event_Await_Args>(PJRT_Event_Await_Args_STRUCT_SIZE);
+    w.event = ev;
+    PJRT_Error* e = api->PJRT_Event_Await(&w);
+    auto d = args_of<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
+    d.event = ev;
+    PJRT_Error* de = api->PJRT_Event_Destroy(&d);
+    c.check(e, what);
+    c.check(de, "PJRT_Event_Destroy");
+  };
+  std::vector<BufferGuard> in(inputs.size(), BufferGuard{api});
+  std::vector<PJRT_Buffer*> args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const HostTensor& t = inputs[i];
+    auto b = args_of<PJRT_Client_BufferFromHostBuffer_Args>(PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE);
+    b.client = c.raw();
+    b.data = t.data;
+    b.type = t.type;
+    b.dims = t.dims.data();
+    b.num_dims = t.dims.size();
+    b.byte_strides = t.byte_strides.empty() ? nullptr : t.byte_strides.data();
+    b.num_byte_strides = t.byte_strides.size();
+    // The data is copied before the call returns (or its event fires): the tensor may change after.
+    b.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+    b.device = c.device();
+    c.check(api->PJRT_Client_BufferFromHostBuffer(&b), "PJRT_Client_BufferFromHostBuffer");
+    in[i].b = b.buffer;
+    await_event(b.done_with_host_buffer, "PJRT_Event_Await (input copy)");
+    args.push_back(b.buffer);
+  }
+  std::vector<PJRT_Buffer*> results(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = results.data();
+  PJRT_Event* done = nullptr;
+  auto opts = args_of<PJRT_ExecuteOptions>(PJRT_ExecuteOptions_STRUCT_SIZE);
+  auto x = args_of<PJRT_LoadedExecutable_Execute_Args>(PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE);
+  x.executable = exe_;
+  x.options = &opts;
+  x.argument_lists = &arg_list;
+  x.num_devices = 1;
+  x.num_args = args.size();
+  x.output_lists = &out_list;
+  x.device_complete_events = &done;
+  c.check(api->PJRT_LoadedExecutable_Execute(&x), "PJRT_LoadedExecutable_Execute");
+  std::vector<BufferGuard> out(num_outputs_, BufferGuard{api});
+  for (size_t k = 0; k < num_outputs_; ++k) out[k].b = results[k];
+  await_event(done, "PJRT_Event_Await (execution)");
+  for (size_t k = 0; k < num_outputs_; ++k) {
+    auto h = args_of<PJRT_Buffer_ToHostBuffer_Args>(PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE);
+    h.src = results[k];
+    h.dst = nullptr;  // first: ask for the size
+    c.check(api->PJRT_Buffer_ToHostBuffer(&h), "PJRT_Buffer_ToHostBuffer (size)");
+    if (h.dst_size != outputs[k].bytes)
+      throw PjrtError("result " + std::to_string(k) + " has " + std::to_string(h.dst_size) + " bytes, its output " +
+                          std::to_string(outputs[k].bytes),
+                      -1);
+    h.dst = outputs[k].data;
+    h.event = nullptr;
+    c.check(api->PJRT_Buffer_ToHostBuffer(&h), "PJRT_Buffer_ToHostBuffer");
+    await_event(h.event, "PJRT_Event_Await (result copy)");
+  }
+}
+
+}  // namespace kiln::neuron

@@ -1,0 +1,94 @@
+// A PJRT client inside the neuron plugin: any PJRT plugin (Neuron's libneuronpjrt.so on Trainium
+// and Inferentia, XLA's CPU or CUDA plugin elsewhere) opened at run time through its one exported
+// symbol, GetPjrtApi, and driven through the PJRT C API (pjrt_c_api.h, the header PyPI's
+// xla-cpu-pjrt ships). Every PJRT_Error becomes a PjrtError carrying PJRT's own message and code,
+// the plugin's path and the call that failed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pjrt_c_api.h"
+
+namespace kiln::neuron {
+
+class PjrtError : public std::runtime_error {
+ public:
+  PjrtError(const std::string& what, int code) : std::runtime_error(what), code_(code) {}
+  int code() const { return code_; }  // PJRT_Error_Code, or -1 when the failure is not PJRT's
+
+ private:
+  int code_;
+};
+
+// A host tensor handed to or taken from an executable: dense, row-major strides given in bytes.
+struct HostTensor {
+  PJRT_Buffer_Type type = PJRT_Buffer_Type_F32;
+  std::vector<int64_t> dims;
+  std::vector<int64_t> byte_strides;  // empty: row-major contiguous
+  void* data = nullptr;
+  size_t bytes = 0;  // of the dense data (outputs: the destination's size)
+};
+
+class PjrtClient;
+
+// A compiled StableHLO module on the client's first device.
+class PjrtExecutable {
+ public:
+  ~PjrtExecutable();
+  PjrtExecutable(const PjrtExecutable&) = delete;
+  PjrtExecutable& operator=(const PjrtExecutable&) = delete;
+  size_t num_outputs() const { return num_outputs_; }
+  // Copies the inputs to device buffers, runs, and copies each result into outputs[k] (dense,
+  // row-major; its bytes must be the result's). Waits for the copies back.
+  void run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const;
+
+ private:
+  friend class PjrtClient;
+  PjrtExecutable(std::shared_ptr<const PjrtClient> client, PJRT_LoadedExecutable* exe, size_t num_outputs)
+      : client_(std::move(client)), exe_(exe), num_outputs_(num_outputs) {}
+  std::shared_ptr<const PjrtClient> client_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_;
+};
+
+class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
+ public:
+  // Opens the PJRT plugin at `path` (kept loaded for the life of the process), checks that its API
+  // is version 0.x with every function used here, initializes it and creates a client. One client
+  // per path per process (PJRT plugins may not take a second).
+  static std::shared_ptr<PjrtClient> open(const std::string& path);
+  ~PjrtClient();
+
+  const std::string& path() const { return path_; }
+  std::string platform() const;  // "cpu", "cuda", "neuron", ...
+  int api_major() const { return api_->pjrt_api_version.major_version; }
+  int api_minor() const { return api_->pjrt_api_version.minor_version; }
+  // Compiles a StableHLO module in MLIR text for one replica and one partition.
+  std::unique_ptr<PjrtExecutable> compile(const std::string& mlir) const;
+
+  // Throws PjrtError for a non-null error, destroying it.
+  void check(PJRT_Error* e, const char* call) const;
+  const PJRT_Api* api() const { return api_; }
+  PJRT_Client* raw() const { return client_; }
+  PJRT_Device* device() const { return device_; }
+
+ private:
+  PjrtClient(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
+  std::string path_;
+  const PJRT_Api* api_;
+  PJRT_Client* client_ = nullptr;
+  PJRT_Device* device_ = nullptr;
+  mutable std::mutex mu_;  // executions and compiles one at a time
+  friend class PjrtExecutable;
+};
+
+// CompileOptionsProto with executable_build_options { num_replicas: 1, num_partitions: 1 },
+// serialized (XLA's CPU plugin crashes on an empty message).
+std::string single_device_compile_options();
+
+}  // namespace kiln::neuron

@@ -1,0 +1,218 @@
+#include "stablehlo_emit.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace kiln::neuron {
+
+namespace {
+
+using kiln::plugin::Graph;
+using kiln::plugin::Node;
+using kiln::plugin::Unimplemented;
+
+// Element-wise ops with one tensor operand: ATen name -> StableHLO op.
+const std::map<std::string, std::string>& unary_ops() {
+  static const std::map<std::string, std::string> m = {
+      {"aten::neg", "stablehlo.negate"},      {"aten::abs", "stablehlo.abs"},
+      {"aten::exp", "stablehlo.exponential"}, {"aten::log", "stablehlo.log"},
+      {"aten::sqrt", "stablehlo.sqrt"},       {"aten::rsqrt", "stablehlo.rsqrt"},
+      {"aten::tanh", "stablehlo.tanh"},       {"aten::sigmoid", "stablehlo.logistic"},
+  };
+  return m;
+}
+
+// Binary ops of two tensors (broadcast to the result's shape) or of a tensor and a Scalar.
+const std::map<std::string, std::string>& binary_ops() {
+  static const std::map<std::string, std::string> m = {
+      {"aten::add.Tensor", "stablehlo.add"},      {"aten::sub.Tensor", "stablehlo.subtract"},
+      {"aten::mul.Tensor", "stablehlo.multiply"}, {"aten::div.Tensor", "stablehlo.divide"},
+      {"aten::add.Scalar", "stablehlo.add"},      {"aten::sub.Scalar", "stablehlo.subtract"},
+      {"aten::mul.Scalar", "stablehlo.multiply"}, {"aten::div.Scalar", "stablehlo.divide"},
+      {"aten::maximum", "stablehlo.maximum"},     {"aten::minimum", "stablehlo.minimum"},
+  };
+  return m;
+}
+
+std::string tensor_type(const std::vector<int64_t>& shape) {
+  std::string t = "tensor<";
+  for (int64_t s : shape) t += std::to_string(s) + "x";
+  return t + "f32>";
+}
+
+// An f32 literal MLIR reads back to the same float: 9 significant digits, always with an exponent.
+std::string f32_literal(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.8e", static_cast<double>(static_cast<float>(v)));
+  return buf;
+}
+
+class Emitter {
+ public:
+  explicit Emitter(const Graph& g) : g_(g) {}
+
+  std::string module() {
+    std::ostringstream head;
+    const auto ins = g_.inputs(), outs = g_.outputs();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const auto& v = g_.value(ins[i]);
+      check_value(ins[i], "input");
+      names_[ins[i]] = "%arg" + std::to_string(i);
+      head << (i ? ", " : "") << names_[ins[i]] << ": " << tensor_type(v.shape());
+    }
+    for (size_t i = 0; i < g_.num_nodes(); ++i) node(g_.node(static_cast<int64_t>(i)));
+    std::string ret_values, ret_types;
+    for (size_t k = 0; k < outs.size(); ++k) {
+      auto it = names_.find(outs[k]);
+      if (it == names_.end()) throw Unimplemented("output value " + std::to_string(outs[k]) + " is not computed");
+      ret_values += (k ? ", " : "") + it->second;
+      ret_types += (k ? ", " : "") + tensor_type(g_.value(outs[k]).shape());
+    }
+    std::ostringstream m;
+    m << "module @kiln_group {\n"
+      << "  func.func public @main(" << head.str() << ") -> (" << ret_types << ") {\n"
+      << body_.str() << "    \"func.return\"(" << ret_values << ") : (" << ret_types << ") -> ()\n"
+      << "  }\n"
+      << "}\n";
+    return m.str();
+  }
+
+ private:
+  void check_value(int64_t v, const char* what) const {
+    if (!kiln::plugin::is_float32(g_.value(v).dtype()))
+      throw Unimplemented(std::string(what) + " value " + std::to_string(v) + " is " +
+                          kiln::plugin::dtype_name(g_.value(v).dtype()) + "; only float32 is emitted yet");
+  }
+
+  std::string fresh() { return "%" + std::to_string(next_++); }
+
+  std::string op(const std::string& name, const std::vector<std::string>& args, const std::vector<std::string>& types,
+                 const std::string& result_type, const std::string& attrs = "") {
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"" << name << "\"(";
+    for (size_t i = 0; i < args.size(); ++i) body_ << (i ? ", " : "") << args[i];
+    body_ << ")" << (attrs.empty() ? "" : " {" + attrs + "}") << " : (";
+    for (size_t i = 0; i < types.size(); ++i) body_ << (i ? ", " : "") << types[i];
+    body_ << ") -> " << result_type << "\n";
+    return r;
+  }
+
+  std::string splat(double c, const std::vector<int64_t>& shape) {
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"stablehlo.constant\"() {value = dense<" << f32_literal(c)
+          << "> : " << tensor_type(shape) << "} : () -> " << tensor_type(shape) << "\n";
+    return r;
+  }
+
+  // Value v as a tensor of `shape` (ATen's broadcasting: trailing dims line up, size-1 dims grow).
+  std::string broadcast(int64_t v, const std::vector<int64_t>& shape) {
+    const auto from = g_.value(v).shape();
+    const std::string name = names_.at(v);
+    if (from == shape) return name;
+    if (from.size() > shape.size()) throw Unimplemented("an operand of more dims than the result");
+    const size_t lead = shape.size() - from.size();
+    std::string dims = "array<i64";
+    for (size_t d = 0; d < from.size(); ++d) {
+      if (from[d] != 1 && from[d] != shape[lead + d]) throw Unimplemented("operand shapes that do not broadcast");
+      dims += (d ? ", " : ": ") + std::to_string(lead + d);
+    }
+    dims += ">";
+    // A size-1 dim that grows is left out of the mapping, with its operand reshaped without it.
+    std::vector<int64_t> kept;
+    std::string kept_dims = "array<i64";
+    bool first = true;
+    for (size_t d = 0; d < from.size(); ++d) {
+      if (from[d] == 1 && shape[lead + d] != 1) continue;
+      kept.push_back(from[d]);
+      kept_dims += (first ? ": " : ", ") + std::to_string(lead + d);
+      first = false;
+    }
+    kept_dims += ">";
+    std::string src = name;
+    if (kept.size() != from.size()) src = op("stablehlo.reshape", {name}, {tensor_type(from)}, tensor_type(kept));
+    return op("stablehlo.broadcast_in_dim", {src}, {tensor_type(kept)}, tensor_type(shape),
+              "broadcast_dimensions = " + kept_dims);
+  }
+
+  void node(const Node& n) {
+    const std::string why = why_not_emitted(g_, n);
+    if (!why.empty()) throw Unimplemented("node " + std::to_string(n.index()) + " (" + n.op() + "): " + why);
+    const std::string o = n.op();
+    const int64_t out = n.outputs().at(0);
+    const auto shape = g_.value(out).shape();
+    const std::string T = tensor_type(shape);
+    std::string r;
+    if (o == "aten::clone" || o == "aten::alias") {
+      r = names_.at(n.arg(0).tensor_index());
+    } else if (auto u = unary_ops().find(o); u != unary_ops().end()) {
+      r = op(u->second, {broadcast(n.arg(0).tensor_index(), shape)}, {T}, T);
+    } else if (o == "aten::relu") {
+      r = op("stablehlo.maximum", {broadcast(n.arg(0).tensor_index(), shape), splat(0.0, shape)}, {T, T}, T);
+    } else if (o == "aten::threshold_backward") {
+      // grad where self > threshold, else 0.
+      const std::string x = broadcast(n.arg(1).tensor_index(), shape);
+      const std::string p =
+          op("stablehlo.compare", {x, splat(n.arg(2).as_double(), shape)}, {T, T}, "tensor<" + dims_of(shape) + "i1>",
+             "comparison_direction = #stablehlo<comparison_direction GT>");
+      r = op("stablehlo.select", {p, broadcast(n.arg(0).tensor_index(), shape), splat(0.0, shape)},
+             {"tensor<" + dims_of(shape) + "i1>", T, T}, T);
+    } else {
+      const std::string& hlo = binary_ops().at(o);
+      const std::string a = broadcast(n.arg(0).tensor_index(), shape);
+      std::string b =
+          n.arg(1).is_tensor() ? broadcast(n.arg(1).tensor_index(), shape) : splat(n.arg(1).as_double(), shape);
+      // add/sub: other * alpha first, as ATen does.
+      if (auto alpha = n.find_arg("alpha"); alpha && (o == "aten::add.Tensor" || o == "aten::sub.Tensor" ||
+                                                      o == "aten::add.Scalar" || o == "aten::sub.Scalar")) {
+        const double al = alpha->as_double();
+        if (al != 1.0) b = op("stablehlo.multiply", {b, splat(al, shape)}, {T, T}, T);
+      }
+      r = op(hlo, {a, b}, {T, T}, T);
+    }
+    names_[out] = r;
+  }
+
+  static std::string dims_of(const std::vector<int64_t>& shape) {
+    std::string d;
+    for (int64_t s : shape) d += std::to_string(s) + "x";
+    return d;
+  }
+
+  const Graph& g_;
+  std::map<int64_t, std::string> names_;
+  std::ostringstream body_;
+  int next_ = 0;
+};
+
+}  // namespace
+
+std::string why_not_emitted(const Graph& g, const Node& n) {
+  const std::string o = n.op();
+  const bool known = unary_ops().count(o) || binary_ops().count(o) || o == "aten::relu" ||
+                     o == "aten::threshold_backward" || o == "aten::clone" || o == "aten::alias";
+  if (!known) return "no StableHLO lowering for " + o + " yet";
+  if (n.outputs().size() != 1) return "more than one result";
+  if (n.outputs()[0] < 0) return "an undefined result";
+  for (int64_t v : n.outputs())
+    if (!kiln::plugin::is_float32(g.value(v).dtype()))
+      return "a " + kiln::plugin::dtype_name(g.value(v).dtype()) + " result";
+  for (int64_t v : n.inputs())
+    if (!kiln::plugin::is_float32(g.value(v).dtype()))
+      return "a " + kiln::plugin::dtype_name(g.value(v).dtype()) + " operand";
+  for (size_t i = 1; i < n.num_args(); ++i) {
+    const auto a = n.arg(i);
+    if (a.runtime_scalar() >= 0) return "a run-time scalar argument";
+  }
+  if (o == "aten::clone") {
+    if (auto mf = n.find_arg("memory_format"); mf && !mf->is_none() && mf->raw()->i != KILN_MEMORY_FORMAT_PRESERVE &&
+                                               mf->raw()->i != KILN_MEMORY_FORMAT_CONTIGUOUS)
+      return "a clone into another memory format";
+  }
+  return "";
+}
+
+std::string emit_stablehlo(const Graph& g) { return Emitter(g).module(); }
+
+}  // namespace kiln::neuron

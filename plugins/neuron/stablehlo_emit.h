@@ -1,0 +1,24 @@
+// StableHLO from kiln's graph view: a claimed subgraph as one MLIR module in text, whose
+// `func.func public @main` takes the subgraph's inputs in order and returns its outputs. kiln's own
+// emitter, with no MLIR dependency: ops are written in MLIR's generic form
+// ("stablehlo.add"(%a, %b) : (types) -> type), which every StableHLO parser reads the same way.
+//
+// What it takes today: float32 element-wise arithmetic and activations with broadcasting (add, sub,
+// mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu
+// and its backward (threshold_backward), maximum, minimum, clone). Matmuls, convolutions,
+// reductions, gathers and the optimizers' updates are not emitted yet: those nodes stay eager.
+#pragma once
+
+#include <string>
+
+#include <kiln/plugin_api.hpp>
+
+namespace kiln::neuron {
+
+// "" when emit_stablehlo can take node `n`, else why not (for the debug log).
+std::string why_not_emitted(const kiln::plugin::Graph& g, const kiln::plugin::Node& n);
+
+// The whole subgraph as a module. Throws kiln::plugin::Unimplemented for a node it cannot take.
+std::string emit_stablehlo(const kiln::plugin::Graph& g);
+
+}  // namespace kiln::neuron

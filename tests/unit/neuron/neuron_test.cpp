@@ -1,0 +1,173 @@
+// The neuron backend: the StableHLO it emits for a graph (golden text), the PJRT runtime against
+// XLA's CPU PJRT plugin (compile, run, errors carrying PJRT's message), and the plugin through the
+// real host, its groups checked against the eager executor on fresh random inputs.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "kiln/config.h"
+#include "kiln/internal/executor.h"
+#include "kiln/internal/host_services.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/partition.h"
+#include "kiln/internal/partitioned_executor.h"
+#include "kiln/internal/passes.h"
+#include "kiln/internal/plugin_registry.h"
+#include "pjrt_runtime.h"
+#include "stablehlo_emit.h"
+
+using namespace kiln;
+
+namespace {
+
+// The whole graph as one subgraph view, as the host hands a group to the plugin.
+struct View {
+  explicit View(const ir::Graph& g) : graph(g) {
+    std::vector<int32_t> nodes;
+    for (size_t i = 0; i < g.nodes.size(); ++i) nodes.push_back(static_cast<int32_t>(i));
+    std::vector<ir::ValueId> ins, outs;
+    for (const auto& in : g.inputs) ins.push_back(in.value);
+    for (const auto& o : g.outputs) outs.push_back(o.value);
+    view = std::make_unique<GraphView>(g, nodes, ins, outs);
+  }
+  plugin::Graph pg() const { return plugin::Graph(&view->view()); }
+  const ir::Graph& graph;
+  std::unique_ptr<GraphView> view;
+};
+
+const char* kBroadcastGraph = R"(graph {
+  input %0 : f32[2,3]{3,1} input "x"
+  input %1 : f32[3]{1} input "b"
+  %2 : f32[2,3]{3,1} = aten::add.Tensor(%0, %1, scalar(0.5))
+  %3 : f32[2,3]{3,1} = aten::relu(%2)
+  output %3 result "y"
+}
+)";
+
+}  // namespace
+
+// MLIR-test style: the exact module for a small graph (broadcast of a bias, alpha, relu).
+TEST(NeuronStablehlo, EmitsTheExpectedModuleForABroadcastAddAndRelu) {
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  View v(g);
+  EXPECT_EQ(neuron::emit_stablehlo(v.pg()),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<3xf32>) -> (tensor<2x3xf32>) {\n"
+            "    %0 = \"stablehlo.broadcast_in_dim\"(%arg1) {broadcast_dimensions = array<i64: 1>} : "
+            "(tensor<3xf32>) -> tensor<2x3xf32>\n"
+            "    %1 = \"stablehlo.constant\"() {value = dense<5.00000000e-01> : tensor<2x3xf32>} : () -> "
+            "tensor<2x3xf32>\n"
+            "    %2 = \"stablehlo.multiply\"(%0, %1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+            "    %3 = \"stablehlo.add\"(%arg0, %2) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+            "    %4 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2x3xf32>} : () -> "
+            "tensor<2x3xf32>\n"
+            "    %5 = \"stablehlo.maximum\"(%3, %4) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>\n"
+            "    \"func.return\"(%5) : (tensor<2x3xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
+}
+
+TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4,4]{4,1} input "x"
+  input %1 : f64[4]{1} input "d"
+  %2 : f32[4,4]{4,1} = aten::mm(%0, %0)
+  %3 : f64[4]{1} = aten::neg(%1)
+  output %2 result "y"
+  output %3 result "z"
+}
+)");
+  View v(g);
+  const auto pg = v.pg();
+  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::mm yet");
+  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(1)), "a float64 result");
+  EXPECT_THROW(neuron::emit_stablehlo(pg), plugin::Unimplemented);
+}
+
+// The runtime through XLA's CPU PJRT plugin: the module above compiles and computes what eager does;
+// a module PJRT rejects gives PJRT's own message, with the call and the plugin's path.
+TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
+  auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
+  EXPECT_EQ(client->platform(), "cpu");
+  EXPECT_EQ(client->api_major(), 0);
+  EXPECT_EQ(neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN), client);  // one client per plugin
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  View v(g);
+  auto exe = client->compile(neuron::emit_stablehlo(v.pg()));
+  ASSERT_EQ(exe->num_outputs(), 1u);
+  for (int trial = 0; trial < 3; ++trial) {
+    at::Tensor x = at::randn({2, 3}), b = at::randn({3}), y = at::empty({2, 3});
+    neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
+    neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
+    neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+    exe->run({hx, hb}, {hy});
+    EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7)) << y << x << b;
+  }
+  try {
+    client->compile("module { this is not mlir }");
+    FAIL() << "expected a PJRT error";
+  } catch (const neuron::PjrtError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::string("PJRT plugin ") + KILN_PJRT_CPU_PLUGIN + ": PJRT_Client_Compile failed"),
+              std::string::npos)
+        << what;
+    EXPECT_GE(e.code(), 0) << what;
+  }
+  EXPECT_THROW(neuron::PjrtClient::open("/nonexistent/libpjrt.so"), neuron::PjrtError);
+}
+
+// The plugin through the real host: with [plugin.neuron] pjrt_plugin it is available on the CPU
+// (only when named), claims the element-wise nodes of a step-like graph, and its groups match eager
+// on fresh inputs, strided ones included; without the option it says why it is unavailable.
+TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[8,16]{16,1} input "x"
+  input %1 : f32[16]{1} input "b"
+  input %2 : f32[8,16]{16,1} input "go"
+  %3 : f32[8,16]{16,1} = aten::add.Tensor(%0, %1, scalar(1))
+  %4 : f32[8,16]{16,1} = aten::relu(%3)
+  %5 : f32[8,16]{16,1} = aten::threshold_backward(%2, %4, 0)
+  %6 : f32[16,8]{1,16} = aten::permute(%5, i[1, 0])
+  %7 : f32[16,8]{8,1} = aten::sigmoid(%6)
+  %8 : f32[16,8]{8,1} = aten::mul.Scalar(%7, scalar(3))
+  %9 : f32[]{} = aten::sum(%8, None)
+  output %9 result "loss"
+  output %5 result "dx"
+  output %8 result "s"
+}
+)");
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  // The permute and the sum stay eager; the rest is two groups around them.
+  EXPECT_EQ(exec.stats().nodes_compiled, 5u);
+  EXPECT_EQ(exec.stats().groups_compiled, 2u);
+  for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
+  for (int trial = 0; trial < 3; ++trial) {
+    std::vector<at::Tensor> inputs = {at::randn({8, 16}), at::randn({16}), at::randn({16, 8}).t()};
+    std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i];
+    EagerExecutor(g).run(ref);
+    exec.run(env);
+    for (const auto& o : g.outputs) {
+      const at::Tensor& got = env[o.value];
+      const at::Tensor& want = ref[o.value];
+      const double rel = (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-30);
+      EXPECT_LE(rel, 1e-6) << o.name;
+    }
+  }
+  // On a CPU: available only when named (score 0), naming the PJRT plugin and its platform.
+  std::vector<PluginDevice> cpu(1);
+  cpu[0].name = "test CPU";
+  const PluginAvailability a = plugin->available(cpu);
+  EXPECT_TRUE(a.available) << a.reason;
+  EXPECT_EQ(a.score, 0);
+  EXPECT_NE(a.reason.find("platform cpu"), std::string::npos) << a.reason;
+  // Without pjrt_plugin and without a Neuron device: unavailable, saying so.
+  TrainingArguments plain;
+  auto bare = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(plain));
+  const PluginAvailability b = bare->available(cpu);
+  EXPECT_FALSE(b.available);
+  EXPECT_EQ(b.reason.rfind("no AWS Neuron device found", 0), 0u) << b.reason;
+}
