@@ -418,11 +418,12 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   // Generated kernels (inductor's, on the CPU and on CUDA) fuse and reorder float arithmetic: kiln
   // holds them to 1e-4 over 20 steps; ATen's own kernels (the eager executor, CUDA graphs of it)
   // to 1e-5.
-  // inductor alone, or composed with another backend ("ipex+inductor").
+  // inductor's kernels or XLA's (neuron, through PJRT), alone or composed ("ipex+inductor").
   bool generated_code = false;
   for (size_t at = 0; at != std::string::npos;) {
     const size_t plus = u.runs_on.find('+', at);
-    generated_code = generated_code || u.runs_on.substr(at, plus == std::string::npos ? plus : plus - at) == "inductor";
+    const std::string part = u.runs_on.substr(at, plus == std::string::npos ? plus : plus - at);
+    generated_code = generated_code || part == "inductor" || part == "neuron";
     at = plus == std::string::npos ? plus : plus + 1;
   }
   c.tolerance = o.tolerance >= 0 ? o.tolerance : r.kiln_w->autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;

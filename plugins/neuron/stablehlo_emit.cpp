@@ -1,5 +1,6 @@
 #include "stablehlo_emit.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -158,6 +159,31 @@ class Emitter {
              "comparison_direction = #stablehlo<comparison_direction GT>");
       r = op("stablehlo.select", {p, broadcast(n.arg(0).tensor_index(), shape), splat(0.0, shape)},
              {"tensor<" + dims_of(shape) + "i1>", T, T}, T);
+    } else if (o == "aten::mm" || o == "aten::bmm" || o == "aten::addmm") {
+      r = matmul(n, shape);
+    } else if (o == "aten::t" || o == "aten::permute" || o == "aten::transpose.int") {
+      const int64_t x = n.arg(0).tensor_index();
+      const auto in = g_.value(x).shape();
+      const int64_t rank = static_cast<int64_t>(in.size());
+      std::vector<int64_t> perm(in.size());
+      for (size_t d = 0; d < perm.size(); ++d) perm[d] = static_cast<int64_t>(d);
+      if (o == "aten::permute") {
+        perm = n.arg(1).as_ints();
+        for (auto& d : perm) d = d < 0 ? d + rank : d;
+      } else if (o == "aten::transpose.int") {
+        int64_t a = n.arg(1).as_int(), b = n.arg(2).as_int();
+        std::swap(perm[static_cast<size_t>(a < 0 ? a + rank : a)], perm[static_cast<size_t>(b < 0 ? b + rank : b)]);
+      } else if (rank == 2) {
+        std::swap(perm[0], perm[1]);
+      }
+      r = op("stablehlo.transpose", {names_.at(x)}, {tensor_type(in)}, T, "permutation = " + i64_array(perm));
+    } else if (o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape") {
+      const int64_t x = n.arg(0).tensor_index();
+      r = op("stablehlo.reshape", {names_.at(x)}, {tensor_type(g_.value(x).shape())}, T);
+    } else if (o == "aten::expand") {
+      r = broadcast(n.arg(0).tensor_index(), shape);
+    } else if (o == "aten::sum" || o == "aten::sum.dim_IntList") {
+      r = sum(n, shape);
     } else {
       const std::string& hlo = binary_ops().at(o);
       const std::string a = broadcast(n.arg(0).tensor_index(), shape);
@@ -172,6 +198,76 @@ class Emitter {
       r = op(hlo, {a, b}, {T, T}, T);
     }
     names_[out] = r;
+  }
+
+  static std::string i64_array(const std::vector<int64_t>& v) {
+    std::string a = "array<i64";
+    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : ": ") + std::to_string(v[i]);
+    return a + ">";
+  }
+
+  static std::string int_list(const std::vector<int64_t>& v) {
+    std::string a = "[";
+    for (size_t i = 0; i < v.size(); ++i) a += (i ? ", " : "") + std::to_string(v[i]);
+    return a + "]";
+  }
+
+  // mm, bmm (contracting the last dim of a with the one before last of b, bmm's batch dim 0), and
+  // addmm as beta * bias + alpha * (a @ b), as ATen computes it.
+  std::string matmul(const Node& n, const std::vector<int64_t>& shape) {
+    const std::string o = n.op();
+    const size_t first = o == "aten::addmm" ? 1 : 0;
+    const int64_t a = n.arg(first).tensor_index(), b = n.arg(first + 1).tensor_index();
+    const auto as = g_.value(a).shape(), bs = g_.value(b).shape();
+    const bool batched = o == "aten::bmm";
+    const std::string dims = batched
+                                 ? "#stablehlo.dot<lhs_batching_dimensions = [0], rhs_batching_dimensions = [0], "
+                                   "lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [1]>"
+                                 : "#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>";
+    const std::string T = tensor_type(shape);
+    std::string r = op("stablehlo.dot_general", {names_.at(a), names_.at(b)}, {tensor_type(as), tensor_type(bs)}, T,
+                       "dot_dimension_numbers = " + dims);
+    if (o != "aten::addmm") return r;
+    const double beta = n.arg(3).as_double(), alpha = n.arg(4).as_double();
+    if (alpha != 1.0) r = op("stablehlo.multiply", {r, splat(alpha, shape)}, {T, T}, T);
+    if (beta == 0.0) return r;  // ATen ignores the bias then (NaN in it included)
+    std::string bias = broadcast(n.arg(0).tensor_index(), shape);
+    if (beta != 1.0) bias = op("stablehlo.multiply", {bias, splat(beta, shape)}, {T, T}, T);
+    return op("stablehlo.add", {bias, r}, {T, T}, T);
+  }
+
+  // A float32 sum over some dims (all for aten::sum), kept as size 1 with keepdim.
+  std::string sum(const Node& n, const std::vector<int64_t>& shape) {
+    const int64_t x = n.arg(0).tensor_index();
+    const auto in = g_.value(x).shape();
+    const int64_t rank = static_cast<int64_t>(in.size());
+    std::vector<int64_t> dims;
+    bool keepdim = false;
+    if (n.op() == "aten::sum.dim_IntList" && !n.arg(1).is_none() && !n.arg(1).as_ints().empty()) {
+      for (int64_t d : n.arg(1).as_ints()) dims.push_back(d < 0 ? d + rank : d);
+      keepdim = n.arg(2).as_bool();
+    } else {
+      for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+      keepdim = n.op() == "aten::sum.dim_IntList" && n.arg(2).as_bool();
+    }
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    std::vector<int64_t> reduced;
+    for (int64_t d = 0; d < rank; ++d)
+      if (!std::binary_search(dims.begin(), dims.end(), d)) reduced.push_back(in[static_cast<size_t>(d)]);
+    const std::string zero = fresh();
+    body_ << "    " << zero << " = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> "
+          << "tensor<f32>\n";
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"stablehlo.reduce\"(" << names_.at(x) << ", " << zero << ") ({\n"
+          << "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+          << "      %sum = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+          << "      \"stablehlo.return\"(%sum) : (tensor<f32>) -> ()\n"
+          << "    }) {dimensions = " << i64_array(dims) << "} : (" << tensor_type(in) << ", tensor<f32>) -> "
+          << tensor_type(reduced) << "\n";
+    if (reduced == shape) return r;
+    (void)keepdim;  // the kept size-1 dims: the result's own shape says where
+    return op("stablehlo.reshape", {r}, {tensor_type(reduced)}, tensor_type(shape));
   }
 
   static std::string dims_of(const std::vector<int64_t>& shape) {
@@ -190,8 +286,15 @@ class Emitter {
 
 std::string why_not_emitted(const Graph& g, const Node& n) {
   const std::string o = n.op();
-  const bool known = unary_ops().count(o) || binary_ops().count(o) || o == "aten::relu" ||
-                     o == "aten::threshold_backward" || o == "aten::clone" || o == "aten::alias";
+  static const std::set<std::string> structural = {"aten::relu",    "aten::threshold_backward",
+                                                   "aten::clone",   "aten::alias",
+                                                   "aten::mm",      "aten::bmm",
+                                                   "aten::addmm",   "aten::t",
+                                                   "aten::permute", "aten::transpose.int",
+                                                   "aten::view",    "aten::_unsafe_view",
+                                                   "aten::reshape", "aten::expand",
+                                                   "aten::sum",     "aten::sum.dim_IntList"};
+  const bool known = unary_ops().count(o) || binary_ops().count(o) || structural.count(o);
   if (!known) return "no StableHLO lowering for " + o + " yet";
   if (n.outputs().size() != 1) return "more than one result";
   if (n.outputs()[0] < 0) return "an undefined result";
@@ -205,6 +308,8 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
     const auto a = n.arg(i);
     if (a.runtime_scalar() >= 0) return "a run-time scalar argument";
   }
+  if (o == "aten::sum" || o == "aten::sum.dim_IntList")
+    if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a sum into another dtype";
   if (o == "aten::clone") {
     if (auto mf = n.find_arg("memory_format"); mf && !mf->is_none() && mf->raw()->i != KILN_MEMORY_FORMAT_PRESERVE &&
                                                mf->raw()->i != KILN_MEMORY_FORMAT_CONTIGUOUS)

@@ -3,10 +3,12 @@
 // emitter, with no MLIR dependency: ops are written in MLIR's generic form
 // ("stablehlo.add"(%a, %b) : (types) -> type), which every StableHLO parser reads the same way.
 //
-// What it takes today: float32 element-wise arithmetic and activations with broadcasting (add, sub,
-// mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu
-// and its backward (threshold_backward), maximum, minimum, clone). Matmuls, convolutions,
-// reductions, gathers and the optimizers' updates are not emitted yet: those nodes stay eager.
+// What it takes today, float32: element-wise arithmetic and activations with broadcasting (add,
+// sub, mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid,
+// relu and its backward (threshold_backward), maximum, minimum, clone); matmuls (mm, bmm, addmm as
+// dot_general); views (t, permute, transpose, view, reshape, expand); sums over dims. Convolutions,
+// other reductions, gathers and the optimizers' run-time scalars are not emitted yet: those nodes
+// stay eager.
 #pragma once
 
 #include <string>

@@ -71,7 +71,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[4,4]{4,1} input "x"
   input %1 : f64[4]{1} input "d"
-  %2 : f32[4,4]{4,1} = aten::mm(%0, %0)
+  %2 : f32[4,4]{4,1} = aten::_softmax(%0, 1, false)
   %3 : f64[4]{1} = aten::neg(%1)
   output %2 result "y"
   output %3 result "z"
@@ -79,7 +79,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
 )");
   View v(g);
   const auto pg = v.pg();
-  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::mm yet");
+  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::_softmax yet");
   EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(1)), "a float64 result");
   EXPECT_THROW(neuron::emit_stablehlo(pg), plugin::Unimplemented);
 }
@@ -116,6 +116,55 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
   EXPECT_THROW(neuron::PjrtClient::open("/nonexistent/libpjrt.so"), neuron::PjrtError);
 }
 
+// Matmuls (addmm with beta and alpha, bmm), views (t, view, permute, expand) and sums (over some
+// dims with and without keepdim, and whole) as one module through XLA's CPU plugin, against ATen.
+TEST(NeuronPjrt, MatmulsViewsAndSumsMatchAten) {
+  auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[6]{1} input "bias"
+  input %1 : f32[4,5]{5,1} input "a"
+  input %2 : f32[6,5]{5,1} input "w"
+  input %3 : f32[2,3,4]{12,4,1} input "p"
+  input %4 : f32[2,4,5]{20,5,1} input "q"
+  %5 : f32[5,6]{1,5} = aten::t(%2)
+  %6 : f32[4,6]{6,1} = aten::addmm(%0, %1, %5, scalar(0.5), scalar(2))
+  %7 : f32[2,3,5]{15,5,1} = aten::bmm(%3, %4)
+  %8 : f32[6,5]{5,1} = aten::view(%7, i[6, 5])
+  %9 : f32[5,6]{1,5} = aten::permute(%8, i[1, 0])
+  %10 : f32[5,1]{1,1} = aten::sum.dim_IntList(%9, i[-1], true, None)
+  %11 : f32[5,4]{4,1} = aten::expand(%10, i[5, 4], false)
+  %12 : f32[6]{1} = aten::sum.dim_IntList(%6, i[0], false, None)
+  %13 : f32[]{} = aten::sum(%11, None)
+  output %6 result "y"
+  output %11 result "e"
+  output %12 result "s"
+  output %13 result "total"
+}
+)");
+  View v(g);
+  auto exe = client->compile(neuron::emit_stablehlo(v.pg()));
+  ASSERT_EQ(exe->num_outputs(), 4u);
+  for (int trial = 0; trial < 2; ++trial) {
+    std::vector<at::Tensor> in = {at::randn({6}), at::randn({4, 5}), at::randn({6, 5}), at::randn({2, 3, 4}),
+                                  at::randn({2, 4, 5})};
+    std::vector<at::Tensor> env(g.values.size());
+    for (size_t i = 0; i < in.size(); ++i) env[g.inputs[i].value] = in[i];
+    EagerExecutor(g).run(env);
+    std::vector<neuron::HostTensor> hin, hout;
+    for (auto& t : in)
+      hin.push_back({PJRT_Buffer_Type_F32, t.sizes().vec(), {}, t.data_ptr(), static_cast<size_t>(t.nbytes())});
+    std::vector<at::Tensor> got;
+    for (const auto& o : g.outputs) got.push_back(at::empty(env[o.value].sizes()));
+    for (auto& t : got)
+      hout.push_back({PJRT_Buffer_Type_F32, t.sizes().vec(), {}, t.data_ptr(), static_cast<size_t>(t.nbytes())});
+    exe->run(hin, hout);
+    for (size_t k = 0; k < got.size(); ++k) {
+      const at::Tensor want = env[g.outputs[k].value].contiguous();
+      EXPECT_TRUE(at::allclose(got[k], want, 1e-5, 1e-5)) << g.outputs[k].name << "\n" << got[k] << "\n" << want;
+    }
+  }
+}
+
 // The plugin through the real host: with [plugin.neuron] pjrt_plugin it is available on the CPU
 // (only when named), claims the element-wise nodes of a step-like graph, and its groups match eager
 // on fresh inputs, strided ones included; without the option it says why it is unavailable.
@@ -131,7 +180,7 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   %4 : f32[8,16]{16,1} = aten::relu(%3)
   %5 : f32[8,16]{16,1} = aten::threshold_backward(%2, %4, 0)
   %6 : f32[16,8]{1,16} = aten::permute(%5, i[1, 0])
-  %7 : f32[16,8]{8,1} = aten::sigmoid(%6)
+  %7 : f32[16,8]{8,1} = aten::_softmax(%6, 1, false)
   %8 : f32[16,8]{8,1} = aten::mul.Scalar(%7, scalar(3))
   %9 : f32[]{} = aten::sum(%8, None)
   output %9 result "loss"
@@ -140,8 +189,8 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
 }
 )");
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
-  // The permute and the sum stay eager; the rest is two groups around them.
-  EXPECT_EQ(exec.stats().nodes_compiled, 5u);
+  // The softmax stays eager; the rest is two groups around it.
+  EXPECT_EQ(exec.stats().nodes_compiled, 6u);
   EXPECT_EQ(exec.stats().groups_compiled, 2u);
   for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
   for (int trial = 0; trial < 3; ++trial) {
