@@ -184,6 +184,8 @@ class Emitter {
       r = broadcast(n.arg(0).tensor_index(), shape);
     } else if (o == "aten::sum" || o == "aten::sum.dim_IntList") {
       r = sum(n, shape);
+    } else if (o == "aten::_log_softmax" || o == "aten::_log_softmax_backward_data") {
+      r = log_softmax(n, shape, o == "aten::_log_softmax_backward_data");
     } else {
       const std::string& hlo = binary_ops().at(o);
       const std::string a = broadcast(n.arg(0).tensor_index(), shape);
@@ -236,38 +238,77 @@ class Emitter {
     return op("stablehlo.add", {bias, r}, {T, T}, T);
   }
 
-  // A float32 sum over some dims (all for aten::sum), kept as size 1 with keepdim.
+  // `x` (of shape `in`) reduced over `dims` (sorted) with `combine` ("stablehlo.add",
+  // "stablehlo.maximum") from `init` (an f32 literal); the result has the other dims, in order.
+  std::string reduce(const std::string& x, const std::vector<int64_t>& in, const std::vector<int64_t>& dims,
+                     const std::string& combine, const std::string& init, std::vector<int64_t>* out_shape) {
+    std::vector<int64_t> reduced;
+    for (size_t d = 0; d < in.size(); ++d)
+      if (!std::binary_search(dims.begin(), dims.end(), static_cast<int64_t>(d))) reduced.push_back(in[d]);
+    const std::string start = fresh();
+    body_ << "    " << start << " = \"stablehlo.constant\"() {value = dense<" << init << "> : tensor<f32>} : () -> "
+          << "tensor<f32>\n";
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"stablehlo.reduce\"(" << x << ", " << start << ") ({\n"
+          << "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+          << "      %acc = \"" << combine << "\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+          << "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+          << "    }) {dimensions = " << i64_array(dims) << "} : (" << tensor_type(in) << ", tensor<f32>) -> "
+          << tensor_type(reduced) << "\n";
+    *out_shape = reduced;
+    return r;
+  }
+
+  // A reduction's result (the dims of `full` but `d`) broadcast back along dim `d`.
+  std::string spread(const std::string& r, const std::vector<int64_t>& full, int64_t d) {
+    std::vector<int64_t> kept_dims, kept;
+    for (size_t k = 0; k < full.size(); ++k)
+      if (static_cast<int64_t>(k) != d) kept_dims.push_back(static_cast<int64_t>(k)), kept.push_back(full[k]);
+    return op("stablehlo.broadcast_in_dim", {r}, {tensor_type(kept)}, tensor_type(full),
+              "broadcast_dimensions = " + i64_array(kept_dims));
+  }
+
+  // A float32 sum over some dims (all for aten::sum); kept size-1 dims come back by a reshape to
+  // the result's own shape.
   std::string sum(const Node& n, const std::vector<int64_t>& shape) {
     const int64_t x = n.arg(0).tensor_index();
     const auto in = g_.value(x).shape();
     const int64_t rank = static_cast<int64_t>(in.size());
     std::vector<int64_t> dims;
-    bool keepdim = false;
     if (n.op() == "aten::sum.dim_IntList" && !n.arg(1).is_none() && !n.arg(1).as_ints().empty()) {
       for (int64_t d : n.arg(1).as_ints()) dims.push_back(d < 0 ? d + rank : d);
-      keepdim = n.arg(2).as_bool();
     } else {
       for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
-      keepdim = n.op() == "aten::sum.dim_IntList" && n.arg(2).as_bool();
     }
     std::sort(dims.begin(), dims.end());
     dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
     std::vector<int64_t> reduced;
-    for (int64_t d = 0; d < rank; ++d)
-      if (!std::binary_search(dims.begin(), dims.end(), d)) reduced.push_back(in[static_cast<size_t>(d)]);
-    const std::string zero = fresh();
-    body_ << "    " << zero << " = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> "
-          << "tensor<f32>\n";
-    const std::string r = fresh();
-    body_ << "    " << r << " = \"stablehlo.reduce\"(" << names_.at(x) << ", " << zero << ") ({\n"
-          << "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
-          << "      %sum = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
-          << "      \"stablehlo.return\"(%sum) : (tensor<f32>) -> ()\n"
-          << "    }) {dimensions = " << i64_array(dims) << "} : (" << tensor_type(in) << ", tensor<f32>) -> "
-          << tensor_type(reduced) << "\n";
+    const std::string r = reduce(names_.at(x), in, dims, "stablehlo.add", "0.00000000e+00", &reduced);
     if (reduced == shape) return r;
-    (void)keepdim;  // the kept size-1 dims: the result's own shape says where
     return op("stablehlo.reshape", {r}, {tensor_type(reduced)}, tensor_type(shape));
+  }
+
+  // log_softmax as ATen's CPU kernel computes it: x - max - log(sum(exp(x - max))); its backward
+  // grad - exp(output) * sum(grad).
+  std::string log_softmax(const Node& n, const std::vector<int64_t>& shape, bool backward) {
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    int64_t d = backward ? n.arg(2).as_int() : n.arg(1).as_int();
+    d = d < 0 ? d + rank : d;
+    const std::string T = tensor_type(shape);
+    std::vector<int64_t> red;
+    if (backward) {
+      const std::string grad = names_.at(n.arg(0).tensor_index()), out = names_.at(n.arg(1).tensor_index());
+      const std::string s = spread(reduce(grad, shape, {d}, "stablehlo.add", "0.00000000e+00", &red), shape, d);
+      const std::string p = op("stablehlo.exponential", {out}, {T}, T);
+      return op("stablehlo.subtract", {grad, op("stablehlo.multiply", {p, s}, {T, T}, T)}, {T, T}, T);
+    }
+    const std::string x = names_.at(n.arg(0).tensor_index());
+    const std::string m = spread(reduce(x, shape, {d}, "stablehlo.maximum", "0xFF800000", &red), shape, d);
+    const std::string shifted = op("stablehlo.subtract", {x, m}, {T, T}, T);
+    const std::string e = op("stablehlo.exponential", {shifted}, {T}, T);
+    const std::string sr = reduce(e, shape, {d}, "stablehlo.add", "0.00000000e+00", &red);
+    const std::string l = spread(op("stablehlo.log", {sr}, {tensor_type(red)}, tensor_type(red)), shape, d);
+    return op("stablehlo.subtract", {shifted, l}, {T, T}, T);
   }
 
   static std::string dims_of(const std::vector<int64_t>& shape) {
@@ -286,14 +327,15 @@ class Emitter {
 
 std::string why_not_emitted(const Graph& g, const Node& n) {
   const std::string o = n.op();
-  static const std::set<std::string> structural = {"aten::relu",    "aten::threshold_backward",
-                                                   "aten::clone",   "aten::alias",
-                                                   "aten::mm",      "aten::bmm",
-                                                   "aten::addmm",   "aten::t",
-                                                   "aten::permute", "aten::transpose.int",
-                                                   "aten::view",    "aten::_unsafe_view",
-                                                   "aten::reshape", "aten::expand",
-                                                   "aten::sum",     "aten::sum.dim_IntList"};
+  static const std::set<std::string> structural = {"aten::relu",         "aten::threshold_backward",
+                                                   "aten::clone",        "aten::alias",
+                                                   "aten::mm",           "aten::bmm",
+                                                   "aten::addmm",        "aten::t",
+                                                   "aten::permute",      "aten::transpose.int",
+                                                   "aten::view",         "aten::_unsafe_view",
+                                                   "aten::reshape",      "aten::expand",
+                                                   "aten::sum",          "aten::sum.dim_IntList",
+                                                   "aten::_log_softmax", "aten::_log_softmax_backward_data"};
   const bool known = unary_ops().count(o) || binary_ops().count(o) || structural.count(o);
   if (!known) return "no StableHLO lowering for " + o + " yet";
   if (n.outputs().size() != 1) return "more than one result";
@@ -310,6 +352,7 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   }
   if (o == "aten::sum" || o == "aten::sum.dim_IntList")
     if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a sum into another dtype";
+  if (o == "aten::_log_softmax" && n.arg(2).as_bool()) return "half_to_float";
   if (o == "aten::clone") {
     if (auto mf = n.find_arg("memory_format"); mf && !mf->is_none() && mf->raw()->i != KILN_MEMORY_FORMAT_PRESERVE &&
                                                mf->raw()->i != KILN_MEMORY_FORMAT_CONTIGUOUS)

@@ -6,9 +6,9 @@
 // What it takes today, float32: element-wise arithmetic and activations with broadcasting (add,
 // sub, mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid,
 // relu and its backward (threshold_backward), maximum, minimum, clone); matmuls (mm, bmm, addmm as
-// dot_general); views (t, permute, transpose, view, reshape, expand); sums over dims. Convolutions,
-// other reductions, gathers and the optimizers' run-time scalars are not emitted yet: those nodes
-// stay eager.
+// dot_general); views (t, permute, transpose, view, reshape, expand); sums over dims; log_softmax
+// and its backward. Convolutions, other reductions, gathers and the optimizers' run-time scalars
+// are not emitted yet: those nodes stay eager.
 #pragma once
 
 #include <string>

@@ -116,9 +116,10 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
   EXPECT_THROW(neuron::PjrtClient::open("/nonexistent/libpjrt.so"), neuron::PjrtError);
 }
 
-// Matmuls (addmm with beta and alpha, bmm), views (t, view, permute, expand) and sums (over some
-// dims with and without keepdim, and whole) as one module through XLA's CPU plugin, against ATen.
-TEST(NeuronPjrt, MatmulsViewsAndSumsMatchAten) {
+// Matmuls (addmm with beta and alpha, bmm), views (t, view, permute, expand), sums (over some dims
+// with and without keepdim, and whole) and log_softmax with its backward as one module through
+// XLA's CPU plugin, against ATen.
+TEST(NeuronPjrt, MatmulsViewsSumsAndLogSoftmaxMatchAten) {
   auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[6]{1} input "bias"
@@ -126,6 +127,7 @@ TEST(NeuronPjrt, MatmulsViewsAndSumsMatchAten) {
   input %2 : f32[6,5]{5,1} input "w"
   input %3 : f32[2,3,4]{12,4,1} input "p"
   input %4 : f32[2,4,5]{20,5,1} input "q"
+  input %16 : f32[4,6]{6,1} input "g"
   %5 : f32[5,6]{1,5} = aten::t(%2)
   %6 : f32[4,6]{6,1} = aten::addmm(%0, %1, %5, scalar(0.5), scalar(2))
   %7 : f32[2,3,5]{15,5,1} = aten::bmm(%3, %4)
@@ -135,18 +137,22 @@ TEST(NeuronPjrt, MatmulsViewsAndSumsMatchAten) {
   %11 : f32[5,4]{4,1} = aten::expand(%10, i[5, 4], false)
   %12 : f32[6]{1} = aten::sum.dim_IntList(%6, i[0], false, None)
   %13 : f32[]{} = aten::sum(%11, None)
+  %14 : f32[4,6]{6,1} = aten::_log_softmax(%6, 1, false)
+  %15 : f32[4,6]{6,1} = aten::_log_softmax_backward_data(%16, %14, -1, dtype(f32))
   output %6 result "y"
   output %11 result "e"
   output %12 result "s"
   output %13 result "total"
+  output %14 result "logp"
+  output %15 result "dlogits"
 }
 )");
   View v(g);
   auto exe = client->compile(neuron::emit_stablehlo(v.pg()));
-  ASSERT_EQ(exe->num_outputs(), 4u);
+  ASSERT_EQ(exe->num_outputs(), 6u);
   for (int trial = 0; trial < 2; ++trial) {
-    std::vector<at::Tensor> in = {at::randn({6}), at::randn({4, 5}), at::randn({6, 5}), at::randn({2, 3, 4}),
-                                  at::randn({2, 4, 5})};
+    std::vector<at::Tensor> in = {at::randn({6}),       at::randn({4, 5}),    at::randn({6, 5}),
+                                  at::randn({2, 3, 4}), at::randn({2, 4, 5}), at::randn({4, 6})};
     std::vector<at::Tensor> env(g.values.size());
     for (size_t i = 0; i < in.size(); ++i) env[g.inputs[i].value] = in[i];
     EagerExecutor(g).run(env);
