@@ -5,7 +5,7 @@
 //     input %0 : f32[512,784]{784,1} param "model.0.weight"
 //     input %1 : i64[256]{1} input "target"
 //     %2 : f32[784,512]{1,784} = aten::t(%0) forward
-//     %3 : f32[] = aten::add.Tensor(%2, %2, scalar(1)) backward
+//     %3 : f32[]{} = aten::sum(%2, None) backward
 //     %4 : f32[2]{1}, %5 : f32[2]{1} = aten::split.Tensor(%3, 2, 0) list forward
 //     () = aten::_foreach_add_.Scalar(t[%4, %5], scalar(1.5))
 //     %7 : f32[4]{1} &2, _ = aten::some_op($0:scalar(0.5)) optimizer
