@@ -37,6 +37,7 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
+#include "kiln/internal/backend.h"
 #include "kiln/internal/command_line.h"
 #include "kiln/workloads.h"
 
@@ -420,12 +421,8 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   // to 1e-5.
   // inductor's kernels or XLA's (neuron, through PJRT), alone or composed ("ipex+inductor").
   bool generated_code = false;
-  for (size_t at = 0; at != std::string::npos;) {
-    const size_t plus = u.runs_on.find('+', at);
-    const std::string part = u.runs_on.substr(at, plus == std::string::npos ? plus : plus - at);
+  for (const auto& part : split_backends(u.runs_on))
     generated_code = generated_code || part == "inductor" || part == "neuron";
-    at = plus == std::string::npos ? plus : plus + 1;
-  }
   c.tolerance = o.tolerance >= 0 ? o.tolerance : r.kiln_w->autocast_bf16 ? 1e-2 : generated_code ? 1e-4 : 1e-5;
   // A loss or parameter whose trajectory is ill-conditioned is judged against the noise floor:
   // ten times how far LibTorch eager itself moves from weights one ulp away. A parameter whose

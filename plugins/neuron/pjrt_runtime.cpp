@@ -55,7 +55,15 @@ const std::vector<std::pair<const char*, size_t>>& used_functions() {
 }
 #undef KILN_PJRT_FN
 
-// A buffer or event destroyed when it goes out of scope (errors in destruction are dropped).
+// Frees an error nobody reports (one from a destructor or cleanup); NULL is fine.
+void drop(const PJRT_Api* api, PJRT_Error* e) {
+  if (!e) return;
+  auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+  d.error = e;
+  api->PJRT_Error_Destroy(&d);
+}
+
+// A device buffer destroyed when it goes out of scope.
 struct BufferGuard {
   const PJRT_Api* api;
   PJRT_Buffer* b = nullptr;
@@ -63,11 +71,7 @@ struct BufferGuard {
     if (!b) return;
     auto a = args_of<PJRT_Buffer_Destroy_Args>(PJRT_Buffer_Destroy_Args_STRUCT_SIZE);
     a.buffer = b;
-    if (PJRT_Error* e = api->PJRT_Buffer_Destroy(&a)) {
-      auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
-      d.error = e;
-      api->PJRT_Error_Destroy(&d);
-    }
+    drop(api, api->PJRT_Buffer_Destroy(&a));
   }
 };
 
@@ -90,13 +94,8 @@ void PjrtClient::check(PJRT_Error* e, const char* call) const {
   int code = -1;
   PJRT_Error* ce = api_->PJRT_Error_GetCode(&c);
   if (!ce) code = static_cast<int>(c.code);
-  auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
-  d.error = e;
-  api_->PJRT_Error_Destroy(&d);
-  if (ce) {
-    d.error = ce;
-    api_->PJRT_Error_Destroy(&d);
-  }
+  drop(api_, e);
+  drop(api_, ce);
   throw PjrtError("PJRT plugin " + path_ + ": " + call + " failed" +
                       (code >= 0 ? " (PJRT error code " + std::to_string(code) + ")" : "") + ": " + message,
                   code);
@@ -149,11 +148,7 @@ PjrtClient::~PjrtClient() {
   if (!client_) return;
   auto a = args_of<PJRT_Client_Destroy_Args>(PJRT_Client_Destroy_Args_STRUCT_SIZE);
   a.client = client_;
-  if (PJRT_Error* e = api_->PJRT_Client_Destroy(&a)) {
-    auto d = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
-    d.error = e;
-    api_->PJRT_Error_Destroy(&d);
-  }
+  drop(api_, api_->PJRT_Client_Destroy(&a));
 }
 
 std::string PjrtClient::platform() const {
@@ -196,7 +191,7 @@ std::unique_ptr<PjrtExecutable> PjrtClient::compile(const std::string& mlir) con
   } catch (...) {
     auto d = args_of<PJRT_LoadedExecutable_Destroy_Args>(PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE);
     d.executable = loaded;
-    if (PJRT_Error* e = api_->PJRT_LoadedExecutable_Destroy(&d)) check(e, "PJRT_LoadedExecutable_Destroy");
+    drop(api_, api_->PJRT_LoadedExecutable_Destroy(&d));
     throw;
   }
   return std::unique_ptr<PjrtExecutable>(new PjrtExecutable(shared_from_this(), loaded, n));
@@ -206,11 +201,7 @@ PjrtExecutable::~PjrtExecutable() {
   const PJRT_Api* api = client_->api();
   auto d = args_of<PJRT_LoadedExecutable_Destroy_Args>(PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE);
   d.executable = exe_;
-  if (PJRT_Error* e = api->PJRT_LoadedExecutable_Destroy(&d)) {
-    auto ed = args_of<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
-    ed.error = e;
-    api->PJRT_Error_Destroy(&ed);
-  }
+  drop(api, api->PJRT_LoadedExecutable_Destroy(&d));
 }
 
 void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const {

@@ -88,7 +88,7 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
 };
 
 // CompileOptionsProto with executable_build_options { num_replicas: 1, num_partitions: 1 },
-// serialized (XLA's CPU plugin crashes on an empty message).
+// serialized (XLA's CPU plugin needs the build options; it is reported to crash on an empty message).
 std::string single_device_compile_options();
 
 }  // namespace kiln::neuron

@@ -20,6 +20,8 @@
 
 #include <toml++/toml.h>
 
+#include "kiln/internal/selection.h"
+
 namespace kiln {
 namespace {
 
@@ -796,13 +798,7 @@ void TrainingArguments::validate_backend(const std::vector<std::string>& availab
   if (torch_compile_backend == "auto") return;
   // "a+b" composes backends: b takes what a leaves. Each part is a backend's name ("auto" and
   // "eager" are not: what a composition leaves runs eagerly anyway).
-  std::vector<std::string> parts;
-  for (size_t start = 0;;) {
-    const size_t plus = torch_compile_backend.find('+', start);
-    parts.push_back(torch_compile_backend.substr(start, plus == std::string::npos ? plus : plus - start));
-    if (plus == std::string::npos) break;
-    start = plus + 1;
-  }
+  const std::vector<std::string> parts = split_backends(torch_compile_backend);
   for (const auto& part : parts) {
     const bool composed = parts.size() > 1;
     if (composed && (part == "auto" || part == "eager" || part.empty()))

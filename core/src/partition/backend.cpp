@@ -58,18 +58,6 @@ std::shared_ptr<const LoadedPlugin> graph_recorder(const LoadedBackends& lb) {
 
 }  // namespace
 
-std::vector<std::string> split_backends(const std::string& backend) {
-  std::vector<std::string> parts;
-  size_t start = 0;
-  for (;;) {
-    const size_t plus = backend.find('+', start);
-    parts.push_back(backend.substr(start, plus == std::string::npos ? std::string::npos : plus - start));
-    if (plus == std::string::npos) break;
-    start = plus + 1;
-  }
-  return parts;
-}
-
 KilnMode mode_from_string(const std::string& mode) {
   if (mode == "default") return KILN_MODE_DEFAULT;
   if (mode == "reduce-overhead") return KILN_MODE_REDUCE_OVERHEAD;

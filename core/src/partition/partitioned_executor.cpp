@@ -274,7 +274,7 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
 void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId> keep) {
   const auto& part = partition_->partition;
   const auto& groups = partition_->groups;
-  for (const auto& p : partition_->plugins) pass_scalars_.push_back(p->accepts_runtime_scalars());
+  for (const auto& p : partition_->plugins) pass_scalars_ = pass_scalars_ || p->accepts_runtime_scalars();
   // Units in partition order; a group that did not compile becomes its nodes, in order. Each
   // unit's reads, for liveness: eager units from their node, groups from their inputs.
   std::vector<std::vector<ir::ValueId>> reads;
@@ -320,8 +320,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
   // The run-time scalars as KilnArgs, for plugins that take them (KILN_CAPABILITY_RUNTIME_SCALARS).
   std::vector<KilnArg> scalar_args;
   std::vector<const KilnArg*> scalar_ptrs;
-  if (std::any_of(pass_scalars_.begin(), pass_scalars_.end(), [](char c) { return c != 0; }) && scalars &&
-      !scalars->empty()) {
+  if (pass_scalars_ && scalars && !scalars->empty()) {
     scalar_args.resize(scalars->size());
     for (size_t k = 0; k < scalars->size(); ++k) {
       KilnArg& a = scalar_args[k];
@@ -360,9 +359,8 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         }
         out.push_back(to_dl_tensor(t));
       }
-      const bool with_scalars = pass_scalars_[static_cast<size_t>(grp.group.backend)] != 0;
-      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), with_scalars ? scalar_ptrs.data() : nullptr,
-                       with_scalars ? scalar_ptrs.size() : 0, stream);
+      // (a plugin that does not take run-time scalars is called with none: PluginExecutable::execute)
+      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();

@@ -183,4 +183,16 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::
   return c;
 }
 
+std::vector<std::string> split_backends(const std::string& backend) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (;;) {
+    const size_t plus = backend.find('+', start);
+    parts.push_back(backend.substr(start, plus == std::string::npos ? std::string::npos : plus - start));
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  return parts;
+}
+
 }  // namespace kiln

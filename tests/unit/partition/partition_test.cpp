@@ -66,6 +66,32 @@ void check_partition(const ir::Graph& g, const Partition& p, const std::vector<i
   EXPECT_EQ(groups_seen.size(), p.groups.size());
 }
 
+// A random DAG of 2 to 31 adds over `inputs` graph inputs (each node reads two earlier values),
+// its last value the output; `claim(i)` is called for each node i as it is added.
+template <class Claim>
+ir::Graph random_graph(std::mt19937& rng, int inputs, Claim&& claim) {
+  ir::Graph g;
+  ir::TensorMeta m;
+  m.shape = {2};
+  m.strides = {1};
+  std::vector<ir::ValueId> avail;
+  for (int k = 0; k < inputs; ++k)
+    avail.push_back(g.add_input(m, k == 0 ? ir::InputRole::UserInput : ir::InputRole::Parameter, k == 0 ? "x" : "w"));
+  const int n = 2 + static_cast<int>(rng() % 30);
+  for (int i = 0; i < n; ++i) {
+    ir::Node node;
+    node.op = "aten::add.Tensor";
+    node.args = {ir::Arg::tensor(avail[rng() % avail.size()]), ir::Arg::tensor(avail[rng() % avail.size()]),
+                 ir::Arg::integer(1)};
+    node.outputs = {g.add_value(m)};
+    avail.push_back(node.outputs[0]);
+    g.add_node(node);
+    claim(i);
+  }
+  g.outputs.push_back({avail.back(), ir::OutputRole::Result, -1, "y"});
+  return g;
+}
+
 ir::Graph chain_with_escape() {
   // n0 claimed -> n1 eager -> n2 claimed, and n2 also reads n0 directly: merging n2 into n0's group
   // would need n1 in the middle of the group.
@@ -134,25 +160,10 @@ TEST(Partition, ValidateClaimsNamesThePluginAndTheNode) {
 TEST(Partition, RandomGraphsGiveConvexGroupsAndAValidOrder) {
   std::mt19937 rng(std::random_device{}());
   for (int trial = 0; trial < 200; ++trial) {
-    ir::Graph g;
-    ir::TensorMeta m;
-    m.shape = {2};
-    m.strides = {1};
-    std::vector<ir::ValueId> avail = {g.add_input(m, ir::InputRole::UserInput, "x"),
-                                      g.add_input(m, ir::InputRole::Parameter, "w")};
-    const int n = 2 + static_cast<int>(rng() % 30);
     std::vector<int64_t> claimed;
-    for (int i = 0; i < n; ++i) {
-      ir::Node node;
-      node.op = "aten::add.Tensor";
-      node.args = {ir::Arg::tensor(avail[rng() % avail.size()]), ir::Arg::tensor(avail[rng() % avail.size()]),
-                   ir::Arg::integer(1)};
-      node.outputs = {g.add_value(m)};
-      avail.push_back(node.outputs[0]);
-      g.add_node(node);
+    const ir::Graph g = random_graph(rng, 2, [&](int i) {
       if (rng() % 3) claimed.push_back(i);
-    }
-    g.outputs.push_back({avail.back(), ir::OutputRole::Result, -1, "y"});
+    });
     Partition p = partition_graph(g, claimed);
     check_partition(g, p, claimed);
     if (::testing::Test::HasFailure()) {
@@ -167,28 +178,14 @@ TEST(Partition, RandomGraphsGiveConvexGroupsAndAValidOrder) {
 TEST(Partition, GroupsOfTwoBackendsStayApartConvexAndOrdered) {
   std::mt19937 rng(std::random_device{}());
   for (int trial = 0; trial < 200; ++trial) {
-    ir::Graph g;
-    ir::TensorMeta m;
-    m.shape = {2};
-    m.strides = {1};
-    std::vector<ir::ValueId> avail = {g.add_input(m, ir::InputRole::UserInput, "x")};
-    const int n = 2 + static_cast<int>(rng() % 30);
     std::vector<int64_t> claimed;
     std::vector<int32_t> by;
-    for (int i = 0; i < n; ++i) {
-      ir::Node node;
-      node.op = "aten::add.Tensor";
-      node.args = {ir::Arg::tensor(avail[rng() % avail.size()]), ir::Arg::tensor(avail[rng() % avail.size()]),
-                   ir::Arg::integer(1)};
-      node.outputs = {g.add_value(m)};
-      avail.push_back(node.outputs[0]);
-      g.add_node(node);
+    const ir::Graph g = random_graph(rng, 1, [&](int i) {
       if (rng() % 4) {
         claimed.push_back(i);
         by.push_back(static_cast<int32_t>(rng() % 2));
       }
-    }
-    g.outputs.push_back({avail.back(), ir::OutputRole::Result, -1, "y"});
+    });
     Partition p = partition_graph(g, claimed, by);
     check_partition(g, p, claimed);
     for (size_t k = 0; k < claimed.size(); ++k) {

@@ -40,9 +40,6 @@ struct ResolvedBackend {
 // mode). Thread-safe.
 ResolvedBackend resolve_backend(const TrainingArguments& args);
 
-// "ipex+inductor" -> {"ipex", "inductor"}; a name without '+' is itself.
-std::vector<std::string> split_backends(const std::string& backend);
-
 // "reduce-overhead" -> KILN_MODE_REDUCE_OVERHEAD; throws std::invalid_argument listing the modes.
 KilnMode mode_from_string(const std::string& mode);
 const char* mode_to_string(KilnMode mode);

@@ -116,7 +116,7 @@ class PartitionedExecutor {
   };
   std::shared_ptr<const CompiledPartition> partition_;
   bool verify_groups_ = false;
-  std::vector<char> pass_scalars_;  // by backend: it takes run-time scalars
+  bool pass_scalars_ = false;  // some backend of the partition takes run-time scalars
   std::vector<Unit> units_;
 };
 

@@ -87,4 +87,8 @@ std::string probe_report_json(const ProbeReport& report);
 // the probe's warnings.
 std::string probe_report_text(const ProbeReport& report, bool explain);
 
+// A composed backend's parts, in order: "ipex+inductor" -> {"ipex", "inductor"}; a name without
+// '+' is itself.
+std::vector<std::string> split_backends(const std::string& backend);
+
 }  // namespace kiln
