@@ -759,6 +759,125 @@ class Emitter {
     return launch;
   }
 
+  // A scatter-add (Reduction::scatter, an embedding's gradient), first half: the reduced range
+  // (the tokens) in `parts` consecutive parts, the output's columns in strips of 32. A block takes
+  // one part of one strip with `lanes` warps; each warp keeps its own table of rows x 32 columns
+  // in shared memory, each thread one column of it, and adds every lanes-th token of the part (its
+  // key's row), in token order, with no atomics (no other thread touches its column). The first
+  // warp then adds the other warps' tables to its own in warp order and stores the block's table
+  // as part `part` of the partial results (`partial_slot`: parts x rows x columns), which
+  // column_finish() combines in part order: every run gives the same bits.
+  CudaLaunch scatter(const std::string& kernel, const KernelPlan& K, int64_t parts, int partial_slot) {
+    const int v = K.stages.at(0);
+    const ValueInfo& info = val(v);
+    const Scatter& sc = *info.red.scatter;
+    const int64_t rows = info.shape.at(0);
+    const std::vector<int64_t> cols(info.shape.begin() + 1, info.shape.end());
+    const int64_t n_cols = prod(cols), n_red = prod(info.red.red_shape), n_kept = rows * n_cols;
+    const int lanes = scatter_lanes(info);
+    const int64_t strips = (n_cols + 31) / 32, chunk = (n_red + parts - 1) / parts;
+    CudaLaunch launch;
+    launch.name = kernel;
+    launch.what = "scatter-add " + std::string(ty_name(info.ty)) + shape_str(info.shape) + " from " +
+                  shape_str(info.red.red_shape) + " in " + std::to_string(parts) + " parts, " + std::to_string(lanes) +
+                  (lanes == 1 ? " table" : " tables") + " a block";
+    if (n_kept == 0) {
+      empty_ = true;
+      return launch;
+    }
+    in_kernel_.insert(v);
+    base_ = 1;
+    Idx idx{Index::constant(0)};  // the row is the key's, not an index of the loops
+    kvars_.clear();
+    ksizes_.clear();
+    for (int64_t c : cols) {
+      if (c == 1) {
+        idx.push_back(Index::constant(0));
+        continue;
+      }
+      kvars_.push_back(new_var(1));
+      ksizes_.push_back(c);
+      idx.push_back(Index::var(kvars_.back()));
+    }
+    std::vector<int> rvars;
+    std::vector<int64_t> rsizes;
+    Idx red_idx;
+    for (int64_t r : info.red.red_shape) {
+      if (r == 1) {
+        red_idx.push_back(Index::constant(0));
+        continue;
+      }
+      rvars.push_back(new_var(2));
+      rsizes.push_back(r);
+      red_idx.push_back(Index::var(rvars.back()));
+    }
+    const int key = sc.key(pool_, red_idx), term = sc.term(pool_, idx, red_idx);
+    std::set<int> pending;
+    collect(key, pending);
+    collect(term, pending);
+    flush(pending, 0, 0);
+    const std::string acc_t = acc_type(info), R = std::to_string(rows);
+    body_ << "  __shared__ " << acc_t << " kiln_tab[" << lanes * rows * 32 << "];\n"
+          << "  const int tx = threadIdx.x & 31, lane = threadIdx.x >> 5;\n"
+          << "  " << acc_t << "* const tab = kiln_tab + lane * " << rows * 32 << ";\n"
+          << "  const kidx strip = (kidx)blockIdx.x % " << lit(strips) << ", part = (kidx)blockIdx.x / " << lit(strips)
+          << ";\n"
+          << "  const kidx col = strip * 32 + tx;\n"
+          << "  const bool active = col < " << lit(n_cols) << ";\n"
+          << "  // Threads past the end add into the last column (in range) and store nothing.\n"
+          << "  const kidx x = active ? col : " << lit(n_cols - 1) << ";\n";
+    decompose("x", kvars_, ksizes_, 0);
+    flush(pending, 1, 0);
+    body_ << "  for (int k = 0; k < " << R << "; ++k) tab[k * 32 + tx] = " << acc_init(info) << ";\n"
+          << "  const kidx r_end = part * " << lit(chunk) << " + " << lit(chunk) << " < " << lit(n_red) << " ? part * "
+          << lit(chunk) << " + " << lit(chunk) << " : " << lit(n_red) << ";\n"
+          << "  // Eight tokens' loads in flight; the table adds them in token order.\n"
+          << "#pragma unroll 8\n"
+          << "  for (kidx r = part * " << lit(chunk) << " + lane; r < r_end; r += " << lanes << ") {\n";
+    decompose("r", rvars, rsizes, 1);
+    flush(pending, 2, 1);
+    body_ << "    const long long key = (long long)" << name(key) << ";\n"
+          << "    if (key >= 0 && key < " << R << "LL) tab[key * 32 + tx] += (" << acc_t << ")" << name(term) << ";\n"
+          << "  }\n";
+    if (lanes > 1) body_ << "  __syncthreads();\n  if (lane != 0) return;\n";
+    use_buf(partial_slot, acc_ty(info));
+    written_.insert(partial_slot);
+    body_ << "  if (!active) return;\n"
+          << "  for (int k = 0; k < " << R << "; ++k) {\n"
+          << "    " << acc_t << " sum = tab[k * 32 + tx];\n";
+    if (lanes > 1)
+      body_ << "    for (int w = 1; w < " << lanes << "; ++w) sum += kiln_tab[(w * " << R << " + k) * 32 + tx];\n";
+    body_ << "    b" << partial_slot << "[part * " << lit(n_kept) << " + k * " << lit(n_cols) << " + col] = sum;\n"
+          << "  }\n";
+    launch.block = static_cast<unsigned>(32 * lanes);
+    if (strips * parts > 0x7fffffff)
+      throw std::logic_error("scatter kernel " + kernel + " needs more than 2^31 blocks");
+    launch.grid = static_cast<unsigned>(strips * parts);
+    finish_launch(launch);
+    return launch;
+  }
+
+  // A scatter-add's warps a block (each with its table of rows x 32 columns): as many as fit a
+  // block's shared memory, at most 8.
+  static int scatter_lanes(const ValueInfo& info) {
+    const int64_t table = info.shape.at(0) * 32 * (info.ty == Ty::f64 ? 8 : 4);
+    int lanes = 1;
+    while (lanes < 8 && 2 * lanes * table <= kScatterTableBytes) lanes *= 2;
+    return lanes;
+  }
+  // How many parts a scatter-add's tokens are split into: blocks enough to fill every
+  // multiprocessor's shared memory (at most 8 blocks each), each warp still with 16 tokens or
+  // more; the combining kernel then reads parts x rows x columns of partial results.
+  static int64_t scatter_parts(const ValueInfo& info, int multiprocessors) {
+    const int lanes = scatter_lanes(info);
+    const int64_t table = lanes * info.shape.at(0) * 32 * (info.ty == Ty::f64 ? 8 : 4);
+    const int64_t per_sm = std::clamp<int64_t>(200 * 1024 / table, 1, 8);
+    const int64_t n_cols = prod(std::vector<int64_t>(info.shape.begin() + 1, info.shape.end()));
+    const int64_t strips = (n_cols + 31) / 32, n_red = prod(info.red.red_shape);
+    const int64_t want = (per_sm * multiprocessors + strips - 1) / strips;
+    return std::max<int64_t>(1, std::min<int64_t>({want, n_red / (16 * lanes), 256}));
+  }
+
   // How many blocks to split a column reduction's reduced range over, and whether to: only when
   // its column strips alone leave most multiprocessors idle and each part still has rows enough.
   // Four blocks a multiprocessor: with about one (at most 64 parts of 512 rows), a [16384, 384]
@@ -1200,6 +1319,27 @@ class Emitter {
 
 }  // namespace
 
+namespace {
+
+// The stages of the step after `si` that join a combining kernel (column_finish) of `info`: all of
+// that kernel plan when it is pointwise stages of the reduction's shape that read it, and each
+// other, only at their own element; else none.
+std::vector<int> absorbed_epilogue(const LoweredGraph& L, const Program& P, size_t si, const ValueInfo& info) {
+  if (si + 1 >= P.steps.size() || P.steps[si + 1].kernel < 0) return {};
+  const int v0 = P.kernels.at(static_cast<size_t>(P.steps[si].kernel)).stages.at(0);
+  const KernelPlan& N = P.kernels.at(static_cast<size_t>(P.steps[si + 1].kernel));
+  std::set<int> joined{v0};
+  bool joins = !N.column && !N.stages.empty();
+  for (int v : N.stages) {
+    const ValueInfo& sv = L.values[static_cast<size_t>(v)];
+    joins = joins && pointwise_kind(sv) && sv.shape == info.shape && legal_in_kernel(L, v, sv.shape.size(), joined);
+    joined.insert(v);
+  }
+  return joins ? N.stages : std::vector<int>{};
+}
+
+}  // namespace
+
 CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options) {
   CudaProgram out;
   std::ostringstream os;
@@ -1234,7 +1374,24 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
     plan_ = step.kernel;
     bool all_pointwise = !K.column;
     for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
-    if (K.column) {
+    if (K.column && L.values[static_cast<size_t>(K.stages.at(0))].red.scatter) {
+      // A scatter-add: the parts' tables, then their combination in order (which, as a split
+      // column reduction's, also runs the pointwise plan after it when that reads it elementwise).
+      const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
+      const int64_t parts = choice.splits >= 1 ? choice.splits : Emitter::scatter_parts(info, options.multiprocessors);
+      const int slot =
+          static_cast<int>(L.num_inputs + L.num_outputs + L.scratch_bytes.size() + out.extra_scratch_bytes.size());
+      out.extra_scratch_bytes.push_back(parts * info.numel() * static_cast<int64_t>(ty_size(Emitter::acc_ty(info))));
+      Emitter e(L, options, wide);
+      CudaLaunch launch = e.scatter(base + "_0", K, parts, slot);
+      add(e, std::move(launch));
+      std::vector<int> epilogue;
+      if (options.absorb_epilogues) epilogue = absorbed_epilogue(L, P, si, info);
+      if (!epilogue.empty()) ++si;
+      Emitter f(L, options, wide);
+      CudaLaunch finish = f.column_finish(base + "_1", K, parts, slot, epilogue);
+      add(f, std::move(finish));
+    } else if (K.column) {
       const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
       const int width = Emitter::column_width(info);
       const int64_t splits =
@@ -1251,21 +1408,8 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
         // The next kernel joins the combining one when all of it is pointwise stages of the
         // reduction's shape that read it, and each other, only at their own element.
         std::vector<int> epilogue;
-        if (options.absorb_epilogues && si + 1 < P.steps.size() && P.steps[si + 1].kernel >= 0) {
-          const KernelPlan& N = P.kernels.at(static_cast<size_t>(P.steps[si + 1].kernel));
-          std::set<int> joined{K.stages.at(0)};
-          bool joins = !N.column && !N.stages.empty();
-          for (int v : N.stages) {
-            const ValueInfo& sv = L.values[static_cast<size_t>(v)];
-            joins =
-                joins && pointwise_kind(sv) && sv.shape == info.shape && legal_in_kernel(L, v, sv.shape.size(), joined);
-            joined.insert(v);
-          }
-          if (joins) {
-            epilogue = N.stages;
-            ++si;
-          }
-        }
+        if (options.absorb_epilogues) epilogue = absorbed_epilogue(L, P, si, info);
+        if (!epilogue.empty()) ++si;
         Emitter f(L, options, wide);
         CudaLaunch finish = f.column_finish(base + "_1", K, splits, slot, epilogue);
         add(f, std::move(finish));
@@ -1329,7 +1473,19 @@ std::vector<CudaChoice> cuda_variants(const LoweredGraph& L, const Program& P, s
   };
   bool all_pointwise = !K.column;
   for (int v : K.stages) all_pointwise = all_pointwise && pointwise_kind(L.values[static_cast<size_t>(v)]);
-  if (K.column) {
+  if (K.column && L.values[static_cast<size_t>(K.stages.at(0))].red.scatter) {
+    // A scatter-add's parts: fewer, longer ones write fewer partial tables; more, shorter ones
+    // keep more loads in flight.
+    const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
+    const int64_t p0 = Emitter::scatter_parts(info, options.multiprocessors);
+    const int64_t most = std::min<int64_t>(256, std::max<int64_t>(1, prod(info.red.red_shape) / 16));
+    for (int64_t parts : {p0 / 2, p0 / 4, std::min(p0 * 2, most)})
+      if (parts >= 1 && parts <= most && parts != p0) {
+        CudaChoice c;
+        c.splits = parts;
+        add(c);
+      }
+  } else if (K.column) {
     const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
     const int width = Emitter::column_width(info);
     const int64_t s0 = Emitter::column_splits(info, options.multiprocessors, width);

@@ -18,7 +18,10 @@
 //  - column plans (bias gradients): 32 kept elements per block across the lanes of a warp
 //    (coalesced), the reduced range split over the block's warps, combined in shared memory; with
 //    few columns also split across blocks into partial results that a second kernel combines in
-//    a fixed order.
+//    a fixed order;
+//  - scatter plans (an embedding's gradient, Reduction::scatter): the tokens in parts, each block
+//    adding its part into a table of rows x its columns in shared memory (a thread a column, in
+//    token order, no atomics), the parts' tables combined in part order by a second kernel.
 // bfloat16 is loaded into float, computed in float and rounded to nearest even on store. Index
 // math is 32-bit unless a buffer or a loop reaches 2^30 elements. Run-time scalars are read from a
 // device table (P[k] is run-time scalar k); constant scalars are literals.
@@ -41,7 +44,7 @@ struct CudaChoice {
   int threads = 0;         // flat kernels and row blocks: threads a block
   int blocks_per_sm = 0;   // flat kernels: the grid-stride loop's blocks a multiprocessor (-1: no cap)
   int rows_per_block = 0;  // row plans: 1 = a block per row, n > 1 = a warp per row, n a block
-  int64_t splits = -1;     // column plans: parts the reduced range is split into (1: not split)
+  int64_t splits = -1;     // column and scatter plans: parts the reduced range is split into (1: not split)
   int cluster = 0;         // row plans of a block a row: blocks of a cluster that share a row (1: one block)
   bool operator==(const CudaChoice& o) const {
     return threads == o.threads && blocks_per_sm == o.blocks_per_sm && rows_per_block == o.rows_per_block &&

@@ -780,7 +780,7 @@ class InductorPlugin : public Plugin {
       const std::optional<Target> target = target_of(g, n);
       if (!target || (*target == Target::Cuda && !why_not_cuda(n).empty())) take[i] = 0;
       else take[i] = why_not_claimed(g, n, *target == Target::Cuda ? cuda_opts : cpu_opts).empty();
-      kind[i] = is_view_op(n.op()) ? View : is_extern_op(n.op()) ? Extern : Compute;
+      kind[i] = is_view_op(n.op()) ? View : is_extern_node(g, n, target ? *target : Target::Cpu) ? Extern : Compute;
       for (int64_t v : n.outputs())
         if (v >= 0) producer[static_cast<size_t>(v)] = static_cast<int64_t>(i);
       for (int64_t v : n.inputs()) users[static_cast<size_t>(v)].push_back(static_cast<int64_t>(i));

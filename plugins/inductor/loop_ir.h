@@ -85,12 +85,27 @@ class ExprPool {
 
 using Idx = std::vector<Index>;
 
+// The shared memory a block of the CUDA scatter-add keeps its table in (rows x at least 32
+// columns of the accumulator's type): the static limit of a block.
+inline constexpr int64_t kScatterTableBytes = 48 * 1024;
+
+// A scatter-add into the rows of a table (an embedding's gradient): out[k, c...] = sum over r,
+// in order, of term(c..., r) for the r whose key(r) is k (a key outside [0, rows) adds nowhere).
+// The reduction's body says the same as a plain reduction (the term where the key equals the
+// output's row), which every emitter can run; the CUDA emitter runs it as a scatter instead.
+struct Scatter {
+  std::function<int(ExprPool&, const Idx& red_idx)> key;  // an i64 value
+  // The term at the output's columns (out_idx[0], the row, is not read) and a reduced index.
+  std::function<int(ExprPool&, const Idx& out_idx, const Idx& red_idx)> term;
+};
+
 // A reduction: out[o] = scale * combine over r of body(o, r).
 struct Reduction {
   std::string combine;  // "sum", "max", "min"
   double scale = 1.0;
   std::vector<int64_t> red_shape;  // sizes of the reduced loops
   std::function<int(ExprPool&, const Idx& out_idx, const Idx& red_idx)> body;
+  std::optional<Scatter> scatter;  // a sum that is a scatter-add over the output's first dim
 };
 
 // An op left to ATen through the host's call_eager.

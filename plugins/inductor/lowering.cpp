@@ -13,10 +13,19 @@ using plugin::Unimplemented;
 
 // The rules every op follows; the entry's flags say which apply, its claim rule adds its own. The
 // order of the checks is the order of the reasons a debug log gives.
+namespace {
+
+// Whether the CUDA kernels compute this node of an extern op themselves (OpEntry::cuda_claim).
+bool generated_on_cuda(const OpEntry& op, const Graph& g, const Node& n, Target target) {
+  return target == Target::Cuda && op.cuda_claim && op.cuda_claim(g, n).empty();
+}
+
+}  // namespace
+
 std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions& opts) {
   const OpEntry* op = find_op(n.op());
   if (!op) return "not an op the inductor lowers";
-  const bool is_extern = op->kind == OpKind::Extern;
+  const bool is_extern = op->kind == OpKind::Extern && !generated_on_cuda(*op, g, n, opts.target);
   if (is_extern && !opts.extern_kernels) return "extern kernels are off";
   for (size_t i = 0; i < n.num_args(); ++i) {
     Arg a = n.arg(i);
@@ -81,6 +90,11 @@ bool is_extern_op(const std::string& op) {
   return e && e->kind == OpKind::Extern;
 }
 
+bool is_extern_node(const Graph& g, const Node& n, Target target) {
+  const OpEntry* e = find_op(n.op());
+  return e && e->kind == OpKind::Extern && !generated_on_cuda(*e, g, n, target);
+}
+
 std::unique_ptr<LoweredGraph> lower(const Graph& g, const LoweringOptions& opts) {
   // The loaders capture the LoweredGraph's address: it lives on the heap and never moves.
   auto out = std::make_unique<LoweredGraph>();
@@ -110,7 +124,8 @@ std::unique_ptr<LoweredGraph> lower(const Graph& g, const LoweringOptions& opts)
     std::string why = why_not_claimed(g, n, opts);
     if (!why.empty()) throw Unimplemented(n.op() + ": " + why);
     for (int64_t v : n.inputs()) L->values[static_cast<size_t>(v)].users++;
-    find_op(n.op())->lower(lowerer, n);
+    const OpEntry& op = *find_op(n.op());
+    (generated_on_cuda(op, g, n, opts.target) ? op.cuda_lower : op.lower)(lowerer, n);
     for (int64_t v : n.outputs()) L->values[static_cast<size_t>(v)].order = lowerer.next_order();
   }
   materialize(g, L);

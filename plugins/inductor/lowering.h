@@ -34,6 +34,9 @@ std::string why_not_claimed(const plugin::Graph& g, const plugin::Node& node, co
 // The op's kind in the registry: a pure view (index math only) or an extern kernel (call_eager).
 bool is_view_op(const std::string& op);
 bool is_extern_op(const std::string& op);
+// Whether `node` runs as an extern kernel when generated for `target`: an extern op, unless the
+// CUDA kernels compute it themselves there (OpEntry::cuda_claim).
+bool is_extern_node(const plugin::Graph& g, const plugin::Node& node, Target target);
 
 // Lowers a whole subgraph. Throws plugin::Unimplemented for anything it does not take. The result's
 // loaders point into it, so it stays where it was made.

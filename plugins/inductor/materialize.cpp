@@ -100,7 +100,8 @@ void materialize(const Graph& g, LoweredGraph* L) {
   // Extern arguments must be tensors in memory.
   for (size_t i = 0; i < g.num_nodes(); ++i) {
     Node n = g.node(static_cast<int64_t>(i));
-    if (!is_extern_op(n.op())) continue;
+    // Lowered as an extern kernel (an extern op the CUDA kernels compute is not one).
+    if (n.outputs().empty() || n.outputs()[0] < 0 || val(n.outputs()[0]).kind != ValueInfo::Kind::Extern) continue;
     for (int64_t v : n.inputs()) {
       int root = static_cast<int>(v);
       while (!val(root).materialized &&

@@ -100,6 +100,13 @@ OpEntry extern_kernel(std::string name) {
   return e;
 }
 
+// An extern kernel that the CUDA kernels compute themselves where `claim` takes the node.
+OpEntry cuda_scatter(OpEntry e, Lowering lower, ClaimRule claim) {
+  e.cuda_lower = std::move(lower);
+  e.cuda_claim = claim;
+  return e;
+}
+
 std::vector<OpEntry> make_registry() {
   return {
       // ---- Pointwise ----
@@ -217,7 +224,9 @@ std::vector<OpEntry> make_registry() {
       extern_kernel("aten::convolution_backward"),
       extern_kernel("aten::_scaled_dot_product_flash_attention_for_cpu"),
       extern_kernel("aten::_scaled_dot_product_flash_attention_for_cpu_backward"),
-      extern_kernel("aten::embedding_dense_backward"),
+      // A scatter-add of generated code on CUDA (tables of up to a few hundred rows), else ATen's.
+      cuda_scatter(extern_kernel("aten::embedding_dense_backward"), lower_embedding_backward,
+                   claim_embedding_backward_cuda),
   };
 }
 

@@ -36,6 +36,11 @@ struct OpEntry {
   bool nonempty_inputs = false;
   ClaimRule claim = nullptr;  // the op's own rules: why not, or ""
   Lowering lower;
+  // An extern kernel that the CUDA kernels compute themselves where `cuda_claim` takes the node
+  // (the embedding's backward as a scatter-add): there it is generated code, lowered by
+  // `cuda_lower`; elsewhere, and on CUDA where the rule says no, it stays an extern kernel.
+  ClaimRule cuda_claim = nullptr;
+  Lowering cuda_lower;
 };
 
 // Every entry, in the order of the table.

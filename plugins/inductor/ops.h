@@ -58,6 +58,9 @@ void lower_layer_norm_backward(Lowerer& l, const plugin::Node& n);
 void lower_batch_norm(Lowerer& l, const plugin::Node& n);
 void lower_batch_norm_backward(Lowerer& l, const plugin::Node& n);
 void lower_nll_loss_forward(Lowerer& l, const plugin::Node& n);
+// The embedding's backward as a scatter-add (Reduction::scatter), for the CUDA kernels.
+void lower_embedding_backward(Lowerer& l, const plugin::Node& n);
+std::string claim_embedding_backward_cuda(const plugin::Graph& g, const plugin::Node& n);
 
 // ---- Views: index math (ops_view.cpp) ----
 void lower_same_index_view(Lowerer& l, const plugin::Node& n);  // alias, detach

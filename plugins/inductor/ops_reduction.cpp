@@ -29,6 +29,28 @@ std::string claim_nll_loss(const Graph& g, const Node& n) {
   return "";
 }
 
+std::string claim_embedding_backward_cuda(const Graph& g, const Node& n) {
+  // embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+  if (n.num_args() != 5 || !n.arg(0).is_tensor() || !n.arg(1).is_tensor()) return "arguments";
+  if (n.arg(4).tag() != KILN_ARG_BOOL || n.arg(4).as_bool()) return "scale_grad_by_freq";
+  if (n.arg(3).tag() != KILN_ARG_INT) return "padding_idx not an int";
+  const auto grad = g.value(n.arg(0).tensor_index()), ind = g.value(n.arg(1).tensor_index());
+  const auto out = g.value(n.outputs()[0]);
+  const auto t = ty_of(ind.dtype());
+  if (!t || (*t != Ty::i64 && *t != Ty::i32)) return "indices not int64 or int32";
+  auto gs = grad.shape();
+  if (out.ndim() != 2 || gs.empty() || gs.back() != out.shape()[1] ||
+      std::vector<int64_t>(gs.begin(), gs.end() - 1) != ind.shape())
+    return "shapes other than grad [indices..., C] and weight [rows, C]";
+  if (ind.numel() == 0 || out.numel() == 0) return "empty input";
+  const auto ty = ty_of(out.dtype());
+  const int64_t acc_bytes = ty && *ty == Ty::f64 ? 8 : 4;
+  if (out.shape()[0] * 32 * acc_bytes > kScatterTableBytes)
+    return "table of " + std::to_string(out.shape()[0]) + " rows: a block's shared memory holds " +
+           std::to_string(kScatterTableBytes / (32 * acc_bytes)) + " rows of 32 columns";
+  return "";
+}
+
 // ---- Lowerings ----
 
 void lower_reduce(Lowerer& l, const Node& n, const std::string& combine, bool mean, bool all_dims) {
@@ -380,6 +402,40 @@ void lower_batch_norm_backward(Lowerer& l, const Node& n) {
     int scale = w >= 0 ? p.op("mul", ty, {is, p.cast(G->load(p, w, c), ty)}) : is;
     return p.op("mul", ty, {t, scale});
   });
+}
+
+void lower_embedding_backward(Lowerer& l, const Node& n) {
+  // grad_weight[k, c] = sum over the tokens t (in order) whose index is k of grad[t..., c]; a
+  // token at padding_idx adds nowhere (its row's gradient stays zero), nor does an index outside
+  // the table (eager stops on one).
+  const int64_t out = n.outputs()[0];
+  ValueInfo& info = l.val(out);
+  const Ty ty = info.ty;
+  const LoweredGraph* G = l.lowered();
+  const int grad = static_cast<int>(n.arg(0).tensor_index()), ind = static_cast<int>(n.arg(1).tensor_index());
+  const int64_t padding = n.arg(3).as_int();
+  Scatter sc;
+  sc.key = [G, ind, padding](ExprPool& p, const Idx& r) {
+    const int t = p.cast(G->load(p, ind, r), Ty::i64);
+    if (padding < 0) return t;
+    return p.op(
+        "where", Ty::i64,
+        {p.op("eq", Ty::b8, {t, p.constant(static_cast<double>(padding), Ty::i64)}), p.constant(-1, Ty::i64), t});
+  };
+  sc.term = [G, grad, ty](ExprPool& p, const Idx& o, const Idx& r) {
+    Idx at = r;
+    at.push_back(o.at(1));
+    return p.cast(G->load(p, grad, at), ty);
+  };
+  info.kind = ValueInfo::Kind::Reduction;
+  info.red.combine = "sum";
+  info.red.scale = 1.0;
+  info.red.red_shape = l.val(ind).shape;
+  info.red.body = [sc, ty](ExprPool& p, const Idx& o, const Idx& r) {
+    const int hit = p.op("eq", Ty::b8, {sc.key(p, r), index_value(p, o.at(0))});
+    return p.op("where", ty, {hit, sc.term(p, o, r), p.constant(0, ty)});
+  };
+  info.red.scatter = std::move(sc);
 }
 
 }  // namespace kiln::inductor

@@ -207,7 +207,8 @@ Program schedule(const LoweredGraph& L) {
     const auto shape = stage_shape(info);
     const int64_t work =
         std::max<int64_t>(info.numel(), 1) * (red ? std::max<int64_t>(prod(info.red.red_shape), 1) : 1);
-    if (red && is_column(L, v)) {
+    // A scatter-add is a kernel of its own (the CUDA emitter's scatter); so is a column reduction.
+    if (red && (info.red.scatter || is_column(L, v))) {
       close();
       cur.outer = shape;
       cur.stages = {v};

@@ -169,6 +169,24 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        1},
+      // A language model's embedding gradients: scatter-adds of the tokens' gradients into the
+      // table's rows (the token table's SGD update after it, in the combining kernel), and the
+      // position table's, summed over the batch first, with a padding row that gets nothing.
+      {"embedding_backward", R"(graph {
+  input %0 : {T}[8,64,96]{6144,96,1} {D} input "go"
+  input %1 : i64[8,64]{64,1} {D} input "idx"
+  input %2 : {T}[7,96]{96,1} {D} input "w"
+  input %3 : i64[64]{1} {D} input "pos_idx"
+  %4 : {T}[7,96]{96,1} {D} = aten::embedding_dense_backward(%0, %1, 7, -1, false)
+  %5 : {T}[7,96]{96,1} {D} = aten::add.Tensor(%2, %4, scalar(-0.1))
+  %6 : {T}[64,96]{96,1} {D} = aten::sum.dim_IntList(%0, i[0], false, None)
+  %7 : {T}[6,96]{96,1} {D} = aten::embedding_dense_backward(%6, %3, 6, 2, false)
+  output %4 result "dw"
+  output %5 result "w"
+  output %7 result "dpos"
+}
+)",
+       -1},
       // Long rows (a block each).
       {"layer_norm_long_rows", R"(graph {
   input %0 : {T}[16,4100]{4100,1} {D} input "x"

@@ -45,6 +45,7 @@
 #include "codegen_cuda.h"
 #include "cuda_nvrtc.h"
 #include "lowering.h"
+#include "ops.h"
 #include "schedule.h"
 #include "toolchain.h"
 
@@ -386,6 +387,75 @@ TEST(InductorCudaCodegen, FewColumnsSplitTheirRowsAcrossBlocks) {
 // blocks, which combine their sums through distributed shared memory (the kernel's source sets the
 // cluster size, so a plain launch makes the clusters). Not before sm_90, and never for the many
 // short rows of a layer norm.
+// A language model's token-embedding gradient ([64, 256] tokens of 384 features into 65 rows): on
+// CUDA a scatter-add of generated code (parts of the tokens into tables in shared memory, combined
+// in order by a second kernel, which also runs the weight's update), not ATen's sort; on the CPU,
+// and on CUDA for a table too large for a block's shared memory, ATen's kernel as before.
+TEST(InductorCudaCodegen, TheEmbeddingsGradientIsAScatterAddIntoTablesCombinedInOrder) {
+  auto graph = [](int64_t rows, const std::string& device) {
+    const std::string r = std::to_string(rows), d = device.empty() ? "" : " on " + device;
+    return ir::parse(R"(graph {
+  input %0 : f32[64,256,384]{98304,384,1})" +
+                     d + R"( input "go"
+  input %1 : i64[64,256]{256,1})" +
+                     d + R"( input "idx"
+  input %2 : f32[)" + r +
+                     R"(,384]{384,1})" + d + R"( input "w"
+  %3 : f32[)" + r + R"(,384]{384,1})" +
+                     d + R"( = aten::embedding_dense_backward(%0, %1, )" + r + R"(, -1, false)
+  %4 : f32[)" + r + R"(,384]{384,1})" +
+                     d + R"( = aten::add.Tensor(%2, %3, scalar(-0.001))
+  output %3 result "dw"
+  output %4 result "w"
+}
+)");
+  };
+  const Generated g = generate(graph(65, "cuda:0"));
+  for (const auto& st : g.cuda.steps) EXPECT_LT(st.extern_node, 0) << "no extern kernel";
+  ASSERT_EQ(g.cuda.launches.size(), 2u) << g.cuda.source;
+  const auto& tables = g.cuda.launches[0];
+  const auto& combine = g.cuda.launches[1];
+  // 384 columns in 12 strips of 32; four warps a block, each with a table of 65 x 32 floats, and
+  // six blocks a multiprocessor: 66 parts (792 blocks), 62 tokens a warp.
+  EXPECT_EQ(tables.what, "scatter-add f32[65,384] from [64,256] in 66 parts, 4 tables a block") << tables.text;
+  EXPECT_EQ(tables.block, 128u);
+  EXPECT_EQ(tables.grid, 12u * 66u);
+  EXPECT_NE(tables.text.find("__shared__ float kiln_tab[8320];"), std::string::npos) << tables.text;
+  EXPECT_EQ(tables.text.find("atomic"), std::string::npos) << tables.text;
+  EXPECT_EQ(combine.what, "column f32[65,384], 66 parts combined, then 1 stage") << combine.text;
+  ASSERT_EQ(g.cuda.extra_scratch_bytes.size(), 1u);
+  EXPECT_EQ(g.cuda.extra_scratch_bytes[0], 66 * 65 * 384 * 4);
+  // max-autotune tries other numbers of parts.
+  const auto variants = inductor::cuda_variants(*g.lowered, g.program, 0, {});
+  ASSERT_EQ(variants.size(), 4u);
+  EXPECT_EQ(variants[1].splits, 33);
+  EXPECT_EQ(variants[3].splits, 132);
+
+  // 1000 rows do not fit a block's shared memory: ATen's kernel, and the reason says why.
+  const ir::Graph big = graph(1000, "cuda:0");
+  std::vector<int32_t> nodes{0, 1};
+  std::vector<ir::ValueId> ins, outs;
+  for (const auto& in : big.inputs) ins.push_back(in.value);
+  for (const auto& o : big.outputs) outs.push_back(o.value);
+  GraphView view(big, nodes, ins, outs);
+  plugin::Graph pg(&view.view());
+  inductor::LoweringOptions cuda;
+  cuda.target = inductor::Target::Cuda;
+  EXPECT_TRUE(inductor::is_extern_node(pg, pg.node(0), inductor::Target::Cuda));
+  EXPECT_EQ(inductor::why_not_claimed(pg, pg.node(0), cuda), "");
+  EXPECT_NE(inductor::claim_embedding_backward_cuda(pg, pg.node(0)).find("table of 1000 rows"), std::string::npos);
+  const auto lowered = inductor::lower(pg, cuda);
+  EXPECT_EQ(lowered->values[static_cast<size_t>(pg.node(0).outputs()[0])].kind, inductor::ValueInfo::Kind::Extern);
+
+  // On the CPU: ATen's kernel.
+  const ir::Graph cpu = graph(65, "");
+  GraphView cview(cpu, nodes, ins, outs);
+  plugin::Graph cg(&cview.view());
+  EXPECT_TRUE(inductor::is_extern_node(cg, cg.node(0), inductor::Target::Cpu));
+  EXPECT_EQ(inductor::lower(cg, {})->values[static_cast<size_t>(cg.node(0).outputs()[0])].kind,
+            inductor::ValueInfo::Kind::Extern);
+}
+
 TEST(InductorCudaCodegen, FewLongRowsAreSharedByTheBlocksOfACluster) {
   const std::string bn = R"(graph {
   input %0 : f32[128,32,32,32]{32768,1024,32,1} on cuda:0 input "x"
