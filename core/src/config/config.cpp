@@ -10,11 +10,13 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -37,6 +39,100 @@ SettingOrigin at(const toml::source_region& r, const std::string& source) {
 SettingOrigin origin_of(const toml::node& n, const std::string& source) { return at(n.source(), source); }
 
 SettingOrigin env_origin(const std::string& var) { return {"environment (" + var + ")", 0, 0}; }
+
+// "U+00E9" for the UTF-8 sequence at text[i], or "byte 0xC3" where it is not one.
+std::string code_point_at(const std::string& text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = b(i);
+  const int len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+  uint32_t cp = len == 4 ? c & 0x07u : len == 3 ? c & 0x0Fu : c & 0x1Fu;
+  bool ok = len > 0 && i + static_cast<size_t>(len) <= text.size();
+  for (int k = 1; ok && k < len; ++k) {
+    ok = (b(i + static_cast<size_t>(k)) & 0xC0) == 0x80;
+    cp = (cp << 6) | (b(i + static_cast<size_t>(k)) & 0x3Fu);
+  }
+  char buf[32];
+  if (ok) std::snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(cp));
+  else std::snprintf(buf, sizeof buf, "byte 0x%02X", static_cast<unsigned>(c));
+  return buf;
+}
+
+// TOML allows characters outside ASCII only in strings and comments. Debian 12's TOML++ (3.3)
+// reaches __builtin_unreachable - undefined behaviour - when it tests some of them for whitespace
+// at a token boundary (U+00A1 to U+0499, é among them: found by fuzzing the configuration), so
+// kiln refuses every one of them outside strings and comments itself, first, saying where.
+void refuse_non_ascii_outside_strings(const std::string& text, const std::string& source) {
+  enum class In { Plain, Comment, Basic, Literal, MultiBasic, MultiLiteral };
+  In in = In::Plain;
+  // A quote opens a string only where TOML has one: a key (a line's start, after '.', '[', '{' or
+  // ',') or a value (after '=', '[' or ','). Elsewhere (`00Z07"...`, a bad date) it is junk that the
+  // parser reads on as part of a value, so what follows it is not a string's.
+  char last = '\n';  // the last character outside strings other than a space or tab
+  int line = 1, column = 1;
+  size_t i = 0;
+  // Moves past n bytes, counting lines and columns (a column per character, not per byte).
+  auto advance = [&](size_t n) {
+    for (size_t end = std::min(text.size(), i + n); i < end; ++i) {
+      if (text[i] == '\n') ++line, column = 1;
+      else if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++column;
+    }
+  };
+  auto at = [&](const char* s) { return text.compare(i, std::char_traits<char>::length(s), s) == 0; };
+  // A multi-line string closes at its last three of up to five quotes.
+  auto close_run = [&](char q) {
+    size_t n = 0;
+    while (i + n < text.size() && text[i + n] == q && n < 5) ++n;
+    advance(n);
+    in = In::Plain;
+  };
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    switch (in) {
+      case In::Plain:
+        if (c >= 0x80)
+          throw ConfigError({source, line, column}, "",
+                            "TOML syntax error: " + code_point_at(text, i) +
+                                " outside a string or comment (TOML allows only ASCII there; quote the value)");
+        if (c == '#') {
+          in = In::Comment;
+        } else if ((c == '"' || c == '\'') && std::string_view("\n.[{,=").find(last) != std::string_view::npos) {
+          if (at("\"\"\"")) in = In::MultiBasic, advance(2);
+          else if (at("'''")) in = In::MultiLiteral, advance(2);
+          else in = c == '"' ? In::Basic : In::Literal;
+          last = c;
+        } else if (c != ' ' && c != '\t') {
+          last = static_cast<char>(c);
+        }
+        break;
+      case In::Comment:
+        if (c == '\n') in = In::Plain, last = '\n';
+        break;
+      case In::Basic:
+        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') advance(1);  // an escape: skip its next byte
+        else if (c == '"') in = In::Plain;
+        else if (c == '\n') in = In::Plain, last = '\n';  // unterminated: the parser says so
+        break;
+      case In::Literal:
+        if (c == '\'') in = In::Plain;
+        else if (c == '\n') in = In::Plain, last = '\n';
+        break;
+      case In::MultiBasic:
+        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') advance(1);
+        else if (at("\"\"\"")) {
+          close_run('"');
+          continue;
+        }
+        break;
+      case In::MultiLiteral:
+        if (at("'''")) {
+          close_run('\'');
+          continue;
+        }
+        break;
+    }
+    advance(1);
+  }
+}
 
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
@@ -742,6 +838,7 @@ void TrainingArguments::apply_toml(const std::string& path) {
 }
 
 void TrainingArguments::apply_toml_string(const std::string& text, const std::string& source) {
+  refuse_non_ascii_outside_strings(text, source);
   toml::table root;
   try {
     root = toml::parse(text, source);
