@@ -297,6 +297,18 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
     }
   }
 
+  first_writing_unit_ = units_.size();
+  for (size_t ui = 0; ui < units_.size() && first_writing_unit_ == units_.size(); ++ui) {
+    const Unit& unit = units_[ui];
+    bool writes = false;
+    if (unit.node) {
+      writes = unit.node->writes_arguments();
+    } else if (!verify_groups_) {
+      for (int64_t j : groups[unit.group].exe->inplace_outputs()) writes = writes || j >= 0;
+    }
+    if (writes) first_writing_unit_ = ui;
+  }
+
   // Liveness: free each value after the last unit that reads it, unless it must be kept.
   std::vector<char> kept(planned.values.size(), 0);
   for (const auto& o : planned.outputs) kept[o.value] = 1;
@@ -311,8 +323,8 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
 
 PartitionedExecutor::~PartitionedExecutor() = default;
 
-void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars,
-                              void* stream) const {
+void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars, void* stream,
+                              size_t* reached) const {
   // Like the eager executor: below autograd and autocast, whose work the graph already holds.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -334,7 +346,9 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
       scalar_ptrs.push_back(&a);
     }
   }
-  for (const auto& unit : units_) {
+  for (size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& unit = units_[ui];
+    if (reached) *reached = ui;
     if (unit.node) {
       unit.node->run(env, scalars);
     } else {

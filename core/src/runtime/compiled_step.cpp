@@ -14,11 +14,13 @@
 #include "kiln/compile.h"
 
 #include <algorithm>
+#include <mutex>
 #include <chrono>
 #include <map>
 #include <set>
 #include <thread>
 
+#include <ATen/Context.h>
 #include <c10/util/StringUtil.h>
 
 #include "kiln/internal/backend.h"
@@ -253,10 +255,36 @@ struct CompiledStep::Impl {
         return eager(inputs);
       }
     }
+    // The random generators, when the step draws random numbers: a failed compiled step may have
+    // drawn some before it failed, and the eager step that replaces it must draw what eager would.
+    std::vector<std::pair<at::Generator, at::Tensor>> rng;
+    if (e.runner->plan().draws_random) {
+      for (const c10::Device d : {c10::Device(c10::kCPU), e.runner->plan().device}) {
+        if (!rng.empty() && d == rng.front().first.device()) continue;
+        at::Generator g = at::globalContext().defaultGenerator(d);
+        std::lock_guard<std::mutex> lock(g.mutex());
+        rng.emplace_back(g, g.get_state());
+      }
+    }
     try {
       auto results = e.runner->run(inputs, e.scalars);
       last_compiled = true;
       return results;
+    } catch (const StepFailedUntouched& ex) {
+      // Nothing the step was given has changed: put back the host state and the generators and
+      // run the step eagerly, which is what eager training computes. The signature stays eager.
+      undo();
+      for (auto& [g, st] : rng) {
+        std::lock_guard<std::mutex> lock(g.mutex());
+        g.set_state(st);
+      }
+      e.compiled = false;
+      e.reason = std::string(
+                     "kiln: the compiled step failed before it changed any parameter, buffer, gradient or "
+                     "optimizer state: ") +
+                 ex.what();
+      fallback(e.reason + "; nothing was lost, and the later steps of this input signature run eagerly too");
+      return eager(inputs);
     } catch (const std::exception& ex) {
       undo();
       e.compiled = false;

@@ -77,6 +77,8 @@ c10::IValue arg_to_ivalue(const ir::Arg& a, const c10::Argument& sa, const std::
 
 // ---- PreparedNode ----
 
+bool PreparedNode::writes_arguments() const { return handle_->schema().is_mutable(); }
+
 PreparedNode::PreparedNode(const ir::Node& node)
     : op_(node.op), outputs_(node.outputs), returns_list_(node.returns_list) {
   auto [name, overload] = split_op(node.op);

@@ -48,10 +48,20 @@ bool adopt_storage(const at::Tensor& target, at::Tensor& v) {
 struct StepRunner::Executor {
   std::optional<EagerExecutor> eager;
   std::optional<PartitionedExecutor> partitioned;
+  // How far the last run got: the partitioned executor's unit, or SIZE_MAX once it has finished
+  // (or for the eager executor, whose failures are ATen's own and would be eager's too).
+  mutable size_t reached = SIZE_MAX;
   void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream) const {
-    if (partitioned) partitioned->run(env, &scalars, stream);
-    else eager->run(env, &scalars);
+    reached = SIZE_MAX;
+    if (partitioned) {
+      partitioned->run(env, &scalars, stream, &reached);
+      reached = SIZE_MAX;
+      return;
+    }
+    eager->run(env, &scalars);
   }
+  // Whether the run that just failed had written into no tensor it was given.
+  bool failed_untouched() const { return partitioned && reached < partitioned->first_writing_unit(); }
 };
 
 StepRunner::StepRunner(std::shared_ptr<const StepPlan> plan, std::shared_ptr<const LoadedPlugin> graph_plugin,
@@ -180,7 +190,14 @@ std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
     if (!plan_->device.is_cuda() && options_.cpu_block_cache)
       cache.emplace(static_cast<size_t>(options_.cpu_block_cache_max_mb) << 20);
     // On CUDA, LibTorch's current stream: a plugin's kernels run where the ATen ops around them do.
-    run_body(scalars, cudagraph::current_stream(plan_->device));
+    try {
+      run_body(scalars, cudagraph::current_stream(plan_->device));
+    } catch (const std::exception& ex) {
+      const bool untouched = exec_->failed_untouched();
+      for (auto& t : env_) t.reset();
+      if (untouched) throw StepFailedUntouched(ex.what());
+      throw;
+    }
   }
   return finish(false);
 }

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,14 @@ struct RunOptions {
   bool verify_groups = false;  // [debug] verify_groups
 };
 
+// A compiled step that failed (a plugin's execute threw) before it had written into any tensor it
+// was given: parameters, buffers, optimizer state and gradients are as they were before the step,
+// so the step can run eagerly in its place.
+class StepFailedUntouched : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class StepRunner {
  public:
   using Warn = std::function<void(const std::string&)>;
@@ -43,6 +52,8 @@ class StepRunner {
 
   // One compiled step: `scalars` holds the current run-time scalars (StepPlan::num_scalars).
   // Returns the step's results; the parameters' .grad and every written tensor are updated.
+  // Throws StepFailedUntouched when it fails before writing into any tensor it was given (outside
+  // CUDA graphs), anything else when it fails later.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars);
 
   const StepPlan& plan() const { return *plan_; }

@@ -1,5 +1,6 @@
 // kiln::Trainer and compile_step: fallback, fullgraph, guards and recompilation, run-time
 // optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
+#include <cstdlib>
 #include <functional>
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <torch/utils.h>
 
 #include <fstream>
+#include <cstdlib>
 #include <functional>
 
 #include "kiln/compile.h"
@@ -372,4 +374,75 @@ TEST(CompiledStepMemory, AnAliasTheUserKeepsSeesEveryUpdate) {
   EXPECT_EQ(weight.data_ptr(), data) << "the aliased parameter kept its storage";
   EXPECT_TRUE(at::equal(alias, weight)) << "the alias sees the updated weights";
   expect_same_params(ref, s);
+}
+
+// A plugin's execute fails in the middle of training (the first group of the first compiled step,
+// before any write-back): the step runs eagerly in its place from untouched state, with one
+// warning, and training goes on giving exactly what eager gives.
+TEST(Trainer, AnExecuteThatFailsBeforeAnyWriteRunsTheStepEagerlyAndLosesNothing) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.torch_compile_backend = "fails_execute";
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  setenv("KILN_TEST_FAIL_EXECUTE_AT", ("trainer-" + std::to_string(seed) + ":1").c_str(), 1);
+  LogCapture logs;
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({8, 12});
+    auto y = at::randint(0, 5, {8});
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
+    expect_same_params(ref, s);
+  }
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  EXPECT_FALSE(trainer.compiled());
+  int mentions = 0;
+  for (const auto& w : logs.warnings())
+    mentions += w.find("injected failure in execute call 1") != std::string::npos &&
+                w.find("before it changed any parameter") != std::string::npos &&
+                w.find("nothing was lost") != std::string::npos;
+  EXPECT_EQ(mentions, 1);
+  // The optimizers' momentum buffers too: one more step on each side must agree.
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  EXPECT_TRUE(at::allclose(trainer.step(x, y), eager_step(ref, x, y), 1e-5, 1e-6));
+  expect_same_params(ref, s);
+}
+
+// With fullgraph the failure is an error, and the step changed nothing.
+TEST(Trainer, WithFullgraphAnExecuteThatFailsBeforeAnyWriteIsAnErrorThatChangedNothing) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.torch_compile_backend = "fails_execute";
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  args.runtime.fullgraph = true;
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  for (int i = 0; i < 2; ++i) {  // the eager first step and the capture step
+    trainer.step(x, y);
+    eager_step(ref, x, y);
+  }
+  setenv("KILN_TEST_FAIL_EXECUTE_AT", ("fullgraph-" + std::to_string(seed) + ":1").c_str(), 1);
+  try {
+    trainer.step(x, y);
+    ADD_FAILURE() << "the failed step did not throw";
+  } catch (const kiln::CompileError& e) {
+    EXPECT_NE(std::string(e.what()).find("injected failure in execute call 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("before it changed any parameter"), std::string::npos) << e.what();
+  }
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  expect_same_params(ref, s);
+  // The momentum buffers are those of two steps, as the reference's.
+  auto pr = ref.net->parameters(), ps = s.net->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const auto& a = static_cast<torch::optim::SGDParamState&>(*ref.opt->state().at(pr[i].unsafeGetTensorImpl()));
+    const auto& b = static_cast<torch::optim::SGDParamState&>(*s.opt->state().at(ps[i].unsafeGetTensorImpl()));
+    EXPECT_TRUE(at::allclose(a.momentum_buffer(), b.momentum_buffer(), 1e-5, 1e-6)) << "momentum of parameter " << i;
+  }
 }

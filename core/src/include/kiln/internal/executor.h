@@ -33,6 +33,9 @@ class PreparedNode {
   // `scalars` holds the run-time scalars (Graph::scalar_inputs), may be null when there are none.
   void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr) const;
   const std::string& op() const { return op_; }
+  // Whether the op writes into an argument (an out= or in-place variant: a write-back into a
+  // parameter's or an optimizer state's own memory).
+  bool writes_arguments() const;
 
  private:
   enum class Slot : uint8_t { Constant, Tensor, TensorList, OptionalTensorList, Scalar };

@@ -97,8 +97,14 @@ class PartitionedExecutor {
   PartitionedExecutor& operator=(const PartitionedExecutor&) = delete;
 
   // Same contract as EagerExecutor::run. `stream` is handed to the plugin (NULL on CPU).
-  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr,
-           void* stream = nullptr) const;
+  // `reached`, when given, holds the index of the unit running (eager node or compiled group), so
+  // that a caller who catches a failure knows how far the run got.
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr, void* stream = nullptr,
+           size_t* reached = nullptr) const;
+  // The first unit that may write into memory the run did not allocate: an eager node that writes
+  // an argument (a write-back computed in place with out=) or a group given an input's memory for
+  // an output (in-place outputs). A run that fails before it has changed no tensor it was given.
+  size_t first_writing_unit() const { return first_writing_unit_; }
   const PartitionStats& stats() const { return partition_->stats; }
   const std::vector<GroupOutcome>& groups() const { return partition_->outcomes; }
 
@@ -118,6 +124,7 @@ class PartitionedExecutor {
   bool verify_groups_ = false;
   bool pass_scalars_ = false;  // some backend of the partition takes run-time scalars
   std::vector<Unit> units_;
+  size_t first_writing_unit_ = 0;
 };
 
 // Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do
