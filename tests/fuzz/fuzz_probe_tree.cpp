@@ -109,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.cuda_library = "/nonexistent/libcuda.so.1";
   const kiln::hw::ProbeResult r = kiln::hw::probe(options);  // documented never to throw
   if (std::getenv("KILN_FUZZ_VERBOSE")) {
-    for (const auto& d : r.devices) std::fprintf(stderr, "%s %d: %s\n", kiln::hw::to_string(d.kind), d.index, d.name.c_str());
+    for (const auto& d : r.devices)
+      std::fprintf(stderr, "%s %d: %s\n", kiln::hw::to_string(d.kind), d.index, d.name.c_str());
     for (const auto& w : r.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
   }
   int next[4] = {0, 0, 0, 0};

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <type_traits>
@@ -80,6 +81,25 @@ std::string version_string(uint32_t major, uint32_t minor) {
 bool named_like_a_plugin(const fs::path& p) {
   const std::string f = p.filename().string();
   return f.size() > 11 && f.rfind("libkiln_", 0) == 0 && f.compare(f.size() - 3, 3, ".so") == 0;
+}
+
+// A string a plugin gave, as a message may show it: printable ASCII as it is, other bytes as \xNN
+// (a name with control characters would otherwise reach the user's terminal), at most 64 bytes.
+std::string shown(const char* text) {
+  std::string out;
+  size_t n = 0;
+  for (const char* c = text; *c && n < 64; ++c, ++n) {
+    const auto b = static_cast<unsigned char>(*c);
+    if (b >= 0x20 && b < 0x7f && b != '\\') {
+      out += static_cast<char>(b);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", b);
+      out += hex;
+    }
+  }
+  if (text[n]) out += "...";
+  return out;
 }
 
 bool valid_plugin_name(const char* name) {
@@ -189,7 +209,7 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   };
 
   if (header_ok && api->abi_major != KILN_ABI_VERSION_MAJOR) {
-    const std::string name = foreign_plugin_name(api);
+    const std::string name = shown(foreign_plugin_name(api).c_str());
     std::string init_said;
     if (err) init_said = " (" + take(err) + ")";
     else shut_down_foreign(api);
@@ -227,7 +247,7 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
                   " needs " + std::to_string(kDescriptorSize_2_0));
   if (!d->name) return reject("descriptor.name is NULL");
   if (!valid_plugin_name(d->name))
-    return reject(std::string("descriptor.name '") + d->name + "' is not a valid plugin name ([a-z0-9_]+)");
+    return reject("descriptor.name '" + shown(d->name) + "' is not a valid plugin name ([a-z0-9_]+)");
   if (!d->version) return reject("descriptor.version is NULL");
   if (!d->vendor) return reject("descriptor.vendor is NULL");
   if (d->device_kinds == 0) return reject("descriptor.device_kinds is empty");

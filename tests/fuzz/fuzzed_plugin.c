@@ -1,0 +1,190 @@
+/* A kiln plugin whose every answer comes from the fuzzer's input, for fuzz_plugin_returns: its
+ * function table, descriptor, availability, claims, compile result (executable or not, in-place
+ * acceptances) and errors (codes and messages) are read from the bytes the fuzz target exports as
+ * kiln_fuzz_plugin_input. It keeps to what the ABI lets a plugin do with memory (it writes only
+ * into the buffers the host hands it, within their sizes) and lies about everything else, so that
+ * the host's checks of what plugins return are what is being fuzzed. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/plugin_api.h"
+
+struct KilnFuzzInput {
+  const uint8_t* data;
+  size_t size;
+  size_t at;
+};
+
+struct KilnError {
+  KilnErrorCode code;
+  char* message; /* may be NULL: a plugin that says nothing */
+};
+
+struct KilnExecutable {
+  int unused;
+};
+
+static struct KilnFuzzInput* in(void) {
+  static struct KilnFuzzInput* p = NULL;
+  if (!p) p = (struct KilnFuzzInput*)dlsym(RTLD_DEFAULT, "kiln_fuzz_plugin_input");
+  return p;
+}
+static uint8_t next(void) {
+  struct KilnFuzzInput* p = in();
+  if (!p || p->at >= p->size) return 0;
+  return p->data[p->at++];
+}
+static uint32_t next32(void) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v = (v << 8) | next();
+  return v;
+}
+/* A string of up to 15 bytes from the input (any bytes but NUL), owned by the caller. */
+static char* next_string(void) {
+  const size_t n = next() % 16;
+  char* s = (char*)malloc(n + 1);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t c = next();
+    s[i] = c ? (char)c : 'a';
+  }
+  s[n] = 0;
+  return s;
+}
+
+static KilnErrorCode err_code(const KilnError* e) { return e->code; }
+static const char* err_message(const KilnError* e) { return e->message; }
+static void err_destroy(KilnError* e) {
+  if (!e) return;
+  free(e->message);
+  free(e);
+}
+/* Whether the table has the error functions: without them the host cannot free an error, so the
+ * plugin hands out one that needs no freeing (a leak would be the plugin's, not the host's). */
+static int errors_freeable = 1;
+static KilnError static_error = {KILN_ERROR_INTERNAL, NULL};
+
+/* An error with a code and message from the input (any code value, a NULL message sometimes). */
+static KilnError* make_error(void) {
+  if (!errors_freeable) return &static_error;
+  KilnError* e = (KilnError*)malloc(sizeof *e);
+  e->code = (KilnErrorCode)(next() % 12);
+  e->message = next() % 4 == 0 ? NULL : next_string();
+  return e;
+}
+
+static KilnPluginDescriptor descriptor;
+static KilnPluginApi api;
+static char *name, *version, *vendor;
+
+static KilnError* available(KilnPluginAvailableArgs* a) {
+  if (next() % 5 == 0) return make_error();
+  a->available = (int32_t)next32();
+  a->score = (int32_t)next32();
+  /* A short reason, or the whole buffer without a NUL: the host must end it itself. */
+  const uint8_t how = next();
+  if (how & 1) {
+    memset(a->reason, 'x', a->reason_capacity);
+  } else if (a->reason_capacity > 0) {
+    size_t n = how % 32;
+    if (n >= a->reason_capacity) n = a->reason_capacity - 1;
+    for (size_t i = 0; i < n; ++i) a->reason[i] = (char)(next() | 1);
+    a->reason[n] = 0;
+  }
+  return NULL;
+}
+
+static KilnError* claim(KilnPluginClaimArgs* a) {
+  if (next() % 5 == 0) return make_error();
+  const size_t n = a->graph ? a->graph->num_nodes : 0;
+  const size_t count = next() % 8;
+  for (size_t i = 0; i < count && i < n; ++i) a->claimed_nodes[i] = (int64_t)(int8_t)next();
+  a->num_claimed = count;
+  return NULL;
+}
+
+static KilnError* compile(KilnPluginCompileArgs* a) {
+  const uint8_t how = next() % 4;
+  if (how == 0) return make_error();
+  if (how == 1) return NULL; /* neither an executable nor an error */
+  a->executable = (KilnExecutable*)calloc(1, sizeof(KilnExecutable));
+  if (a->subgraph && KILN_HAS_FIELD(a, KilnPluginCompileArgs, inplace_accepted) && a->inplace_accepted)
+    for (size_t k = 0; k < a->subgraph->num_outputs; ++k) a->inplace_accepted[k] = (int64_t)(int8_t)next();
+  return how == 3 ? make_error() : NULL; /* 3: an error and an executable */
+}
+
+static KilnError* execute(KilnExecutableExecuteArgs* a) {
+  (void)a;
+  return next() % 3 == 0 ? make_error() : NULL;
+}
+
+static void executable_destroy(KilnExecutableDestroyArgs* a) { free(a->executable); }
+
+static void shutdown_plugin(KilnPluginShutdownArgs* a) {
+  (void)a;
+  free(name);
+  free(version);
+  free(vendor);
+  name = version = vendor = NULL;
+}
+
+/* A table too small to hold `shutdown` (refused by the host, which then cannot end the context):
+ * the strings go when the library is unloaded. */
+__attribute__((destructor)) static void unload(void) { shutdown_plugin(NULL); }
+
+static KilnError* graph_begin(KilnGraphCaptureBeginArgs* a) {
+  (void)a;
+  return make_error();
+}
+
+KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_major, uint32_t host_minor,
+                                               const KilnPluginApi** out) {
+  (void)host;
+  (void)host_minor;
+  memset(&api, 0, sizeof api);
+  memset(&descriptor, 0, sizeof descriptor);
+  const uint8_t shape = next();
+  static const size_t sizes[4] = {KILN_PLUGIN_API_STRUCT_SIZE, KILN_PLUGIN_API_HEADER_SIZE,
+                                  KILN_STRUCT_SIZE(KilnPluginApi, executable_destroy), 7};
+  api.struct_size = sizes[shape % 4];
+  api.abi_major = shape & 4 ? host_major + (next() % 3) : host_major;
+  api.abi_minor = next() % 5;
+  const uint8_t fns = next();
+  errors_freeable = !(fns & 1);
+  if (!(fns & 1)) {
+    api.error_code = err_code;
+    api.error_message = err_message;
+    api.error_destroy = err_destroy;
+  }
+  if (!(fns & 2)) api.claim = claim;
+  if (!(fns & 4)) api.compile = compile;
+  if (!(fns & 8)) api.execute = execute;
+  if (!(fns & 16)) api.executable_destroy = executable_destroy;
+  if (fns & 32) api.available = available;
+  if (fns & 64) api.graph_capture_begin = graph_begin; /* one of four: refused */
+  api.shutdown = shutdown_plugin;
+  free(name);
+  free(version);
+  free(vendor);
+  name = next() % 8 == 0 ? NULL : next_string();
+  version = next() % 8 == 0 ? NULL : next_string();
+  vendor = next() % 8 == 0 ? NULL : next_string();
+  static const size_t dsizes[4] = {KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE, 8,
+                                   KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE + 8};
+  descriptor.struct_size = dsizes[next() % 4];
+  descriptor.name = name;
+  descriptor.version = version;
+  descriptor.vendor = vendor;
+  descriptor.description = next() % 2 ? "fuzzed" : NULL;
+  descriptor.device_kinds = next32();
+  descriptor.modes = next32();
+  descriptor.capabilities = ((uint64_t)next32() << 32) | next32();
+  descriptor.default_score = (int32_t)next32();
+  api.descriptor = fns & 128 ? NULL : &descriptor;
+  *out = shape & 8 ? NULL : &api;
+  /* Without a table, or one too small to reach the error functions, the host cannot free an error. */
+  errors_freeable = errors_freeable && *out && api.struct_size >= KILN_PLUGIN_API_HEADER_SIZE;
+  return shape & 16 ? make_error() : NULL;
+}
