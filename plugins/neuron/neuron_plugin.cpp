@@ -38,6 +38,7 @@ std::string try_open_runtime() {
 
 PJRT_Buffer_Type pjrt_type(DLDataType t) {
   if (is_float32(t)) return PJRT_Buffer_Type_F32;
+  if (t.code == kDLInt && t.bits == 64 && t.lanes == 1) return PJRT_Buffer_Type_S64;
   throw Unimplemented("a " + dtype_name(t) + " tensor at the group's boundary");
 }
 
@@ -64,11 +65,25 @@ HostTensor host_view(const DLTensor& t) {
 
 class PjrtGroup : public Executable {
  public:
-  PjrtGroup(std::unique_ptr<PjrtExecutable> exe) : exe_(std::move(exe)) {}
+  PjrtGroup(std::shared_ptr<const PjrtExecutable> exe, std::vector<int32_t> runtime_scalars)
+      : exe_(std::move(exe)), runtime_scalars_(std::move(runtime_scalars)) {}
 
-  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               void* stream) override {
+    execute_with_scalars(inputs, num_inputs, outputs, num_outputs, Scalars(), stream);
+  }
+
+  void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                            const Scalars& scalars, void*) override {
     std::vector<HostTensor> ins, outs;
     for (size_t i = 0; i < num_inputs; ++i) ins.push_back(host_view(inputs[i]));
+    // The run-time scalars' current values: rank-0 f32 parameters after the inputs (ATen computes a
+    // float32 op with a Scalar in float32 too).
+    std::vector<float> values(runtime_scalars_.size());
+    for (size_t k = 0; k < runtime_scalars_.size(); ++k) {
+      values[k] = static_cast<float>(scalars.number(runtime_scalars_[k]));
+      ins.push_back(HostTensor{PJRT_Buffer_Type_F32, {}, {}, &values[k], sizeof(float)});
+    }
     // Results come back dense: an output with other strides gets a dense copy, scattered after.
     std::vector<std::vector<char>> dense(num_outputs);
     for (size_t k = 0; k < num_outputs; ++k) {
@@ -106,7 +121,8 @@ class PjrtGroup : public Executable {
       }
     }
   }
-  std::unique_ptr<PjrtExecutable> exe_;
+  std::shared_ptr<const PjrtExecutable> exe_;
+  std::vector<int32_t> runtime_scalars_;
 };
 
 class NeuronPlugin : public Plugin {
@@ -124,6 +140,7 @@ class NeuronPlugin : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_NEURON | KILN_DEVICE_MASK_CPU;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
+    d.runtime_scalars = true;  // the optimizers' changing values are parameters of @main
     return d;
   }
 
@@ -195,7 +212,8 @@ class NeuronPlugin : public Plugin {
                     "unknown option '" + key + "' in [plugin.neuron] (it takes: pjrt_plugin)");
     auto it = options.options.find("pjrt_plugin");
     const std::string path = it != options.options.end() ? it->second : kNeuronPjrt;
-    const std::string module = kiln::neuron::emit_stablehlo(g);
+    std::vector<int32_t> runtime_scalars;
+    const std::string module = kiln::neuron::emit_stablehlo(g, &runtime_scalars);
     std::shared_ptr<PjrtClient> client;
     try {
       client = PjrtClient::open(path);
@@ -203,7 +221,7 @@ class NeuronPlugin : public Plugin {
       throw Unimplemented(std::string(e.what()) + "; these nodes run eagerly");
     }
     try {
-      return std::make_unique<PjrtGroup>(client->compile(module));
+      return std::make_unique<PjrtGroup>(client->compile(module), std::move(runtime_scalars));
     } catch (const PjrtError& e) {
       throw Error(KILN_ERROR_INTERNAL, std::string(e.what()) + "\nthe module:\n" + module);
     }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <kiln/plugin_api.hpp>
 
@@ -21,6 +22,8 @@ namespace kiln::neuron {
 std::string why_not_emitted(const kiln::plugin::Graph& g, const kiln::plugin::Node& n);
 
 // The whole subgraph as a module. Throws kiln::plugin::Unimplemented for a node it cannot take.
-std::string emit_stablehlo(const kiln::plugin::Graph& g);
+// @main's parameters are the subgraph's inputs, then one rank-0 f32 per run-time scalar the nodes
+// read: `runtime_scalars` (when given) gets their numbers (Arg::runtime_scalar), in that order.
+std::string emit_stablehlo(const kiln::plugin::Graph& g, std::vector<int32_t>* runtime_scalars = nullptr);
 
 }  // namespace kiln::neuron

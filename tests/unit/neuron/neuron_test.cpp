@@ -226,3 +226,179 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   EXPECT_FALSE(b.available);
   EXPECT_EQ(b.reason.rfind("no AWS Neuron device found", 0), 0u) << b.reason;
 }
+
+namespace {
+
+// Runs `g` through the neuron plugin (every node it claims) and through the eager executor on the
+// same fresh inputs, `scalars` the run-time scalars' values; returns the largest relative error
+// (by norm) over the outputs and fills `claimed` with the nodes that ran through PJRT.
+double neuron_vs_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                       const std::vector<c10::IValue>& scalars, size_t* claimed) {
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  *claimed = exec.stats().nodes_compiled;
+  for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
+  std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i].clone();
+  EagerExecutor(g).run(ref, &scalars);
+  exec.run(env, &scalars);
+  double worst = 0;
+  for (const auto& o : g.outputs) {
+    const at::Tensor got = env[o.value].to(at::kDouble), want = ref[o.value].to(at::kDouble);
+    const double diff = (got - want).norm().item<double>(), scale = want.norm().item<double>();
+    if (std::isnan(diff)) {
+      EXPECT_TRUE(at::equal(got.isnan(), want.isnan())) << o.name << got << want;
+      continue;
+    }
+    const double rel = scale > 0 ? diff / scale : diff;
+    EXPECT_LE(rel, 1e-5) << o.name << "\n" << got << "\n" << want;
+    worst = std::max(worst, rel);
+  }
+  return worst;
+}
+
+}  // namespace
+
+// nll_loss: the target's column picked by an iota compared with the targets, ignored rows left out.
+TEST(NeuronStablehlo, EmitsNllLossWithAnIotaCompareAndSelect) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3]{3,1} input "logp"
+  input %1 : i64[2]{1} input "target"
+  %2 : f32[]{}, %3 : f32[]{} = aten::nll_loss_forward(%0, %1, None, 2, -100)
+  output %2 result "loss"
+  output %3 result "total_weight"
+}
+)");
+  View v(g);
+  EXPECT_EQ(
+      neuron::emit_stablehlo(v.pg()),
+      "module @kiln_group {\n"
+      "  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<2xi64>) -> (tensor<f32>, tensor<f32>) {\n"
+      "    %0 = \"stablehlo.iota\"() {iota_dimension = 1 : i64} : () -> tensor<2x3xi64>\n"
+      "    %1 = \"stablehlo.broadcast_in_dim\"(%arg1) {broadcast_dimensions = array<i64: 0>} : (tensor<2xi64>) -> "
+      "tensor<2x3xi64>\n"
+      "    %2 = \"stablehlo.compare\"(%0, %1) {comparison_direction = #stablehlo<comparison_direction EQ>} : "
+      "(tensor<2x3xi64>, tensor<2x3xi64>) -> tensor<2x3xi1>\n"
+      "    %3 = \"stablehlo.constant\"() {value = dense<-100> : tensor<2xi64>} : () -> tensor<2xi64>\n"
+      "    %4 = \"stablehlo.compare\"(%arg1, %3) {comparison_direction = #stablehlo<comparison_direction NE>} : "
+      "(tensor<2xi64>, tensor<2xi64>) -> tensor<2xi1>\n"
+      "    %5 = \"stablehlo.broadcast_in_dim\"(%4) {broadcast_dimensions = array<i64: 0>} : (tensor<2xi1>) -> "
+      "tensor<2x3xi1>\n"
+      "    %6 = \"stablehlo.and\"(%2, %5) : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>\n"
+      "    %7 = \"stablehlo.constant\"() {value = dense<1.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %8 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %9 = \"stablehlo.select\"(%4, %7, %8) : (tensor<2xi1>, tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %10 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2x3xf32>} : () -> tensor<2x3xf32>\n"
+      "    %11 = \"stablehlo.select\"(%6, %arg0, %10) : (tensor<2x3xi1>, tensor<2x3xf32>, tensor<2x3xf32>) -> "
+      "tensor<2x3xf32>\n"
+      "    %12 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %13 = \"stablehlo.reduce\"(%11, %12) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 1>} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>\n"
+      "    %14 = \"stablehlo.multiply\"(%13, %9) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %15 = \"stablehlo.negate\"(%14) : (tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %16 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %17 = \"stablehlo.select\"(%4, %15, %16) : (tensor<2xi1>, tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %18 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %19 = \"stablehlo.reduce\"(%17, %18) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 0>} : (tensor<2xf32>, tensor<f32>) -> tensor<f32>\n"
+      "    %20 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %21 = \"stablehlo.reduce\"(%9, %20) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 0>} : (tensor<2xf32>, tensor<f32>) -> tensor<f32>\n"
+      "    \"func.return\"(%19, %21) : (tensor<f32>, tensor<f32>) -> ()\n"
+      "  }\n"
+      "}\n");
+}
+
+// nll_loss forward and backward through XLA's CPU plugin against ATen, for each reduction, with and
+// without a class weight, some targets equal to ignore_index (an in-range class, and -100).
+TEST(NeuronPjrt, NllLossForwardAndBackwardMatchAten) {
+  for (int reduction : {0, 1, 2}) {
+    for (bool weighted : {false, true}) {
+      for (int64_t ignore : {int64_t{-100}, int64_t{2}}) {
+        const std::string r = std::to_string(reduction), ig = std::to_string(ignore);
+        const std::string go = reduction == 0 ? "f32[6]{1}" : "f32[]{}";
+        const std::string w = weighted ? "%2" : "None";
+        const ir::Graph g = ir::parse(
+            "graph {\n"
+            "  input %0 : f32[6,5]{5,1} input \"logits\"\n"
+            "  input %1 : i64[6]{1} input \"target\"\n"
+            "  input %2 : f32[5]{1} input \"weight\"\n"
+            "  input %3 : " +
+            go +
+            " input \"grad\"\n"
+            "  %4 : f32[6,5]{5,1} = aten::_log_softmax(%0, 1, false)\n"
+            "  %5 : " +
+            go + ", %6 : f32[]{} = aten::nll_loss_forward(%4, %1, " + w + ", " + r + ", " + ig +
+            ")\n"
+            "  %7 : f32[6,5]{5,1} = aten::nll_loss_backward(%3, %4, %1, " +
+            w + ", " + r + ", " + ig +
+            ", %6)\n"
+            "  output %5 result \"loss\"\n"
+            "  output %6 result \"total_weight\"\n"
+            "  output %7 result \"dlogp\"\n"
+            "}\n");
+        for (int trial = 0; trial < 2; ++trial) {
+          at::Tensor target = at::randint(0, 5, {6}, at::kLong);
+          target[1] = ignore;
+          target[4] = ignore;
+          const std::vector<at::Tensor> in = {at::randn({6, 5}), target, at::rand({5}) + 0.5,
+                                              reduction == 0 ? at::randn({6}) : at::randn({})};
+          size_t claimed = 0;
+          neuron_vs_eager(g, in, {}, &claimed);
+          EXPECT_EQ(claimed, 3u) << "reduction " << r << " weighted " << weighted;
+        }
+      }
+    }
+  }
+}
+
+// AdamW's update as the captured step has it, its bias corrections and step size run-time scalars:
+// one executable, the scalars' values passed on each call as parameters of @main.
+TEST(NeuronPjrt, AdamWUpdateWithRuntimeScalarsMatchesAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  scalar $1 float "optimizer.scalar.1"
+  input %0 : f32[65,384]{384,1} param "w"
+  input %1 : f32[65,384]{384,1} input "grad"
+  input %2 : f32[65,384]{384,1} state "exp_avg"
+  input %3 : f32[65,384]{384,1} state "exp_avg_sq"
+  %4 : f32[65,384]{384,1} = aten::mul.Scalar(%0, scalar(0.99999))
+  %5 : f32[65,384]{384,1} = aten::mul.Scalar(%2, scalar(0.9))
+  %6 : f32[65,384]{384,1} = aten::add.Tensor(%5, %1, scalar(0.09999999999999998))
+  %7 : f32[65,384]{384,1} = aten::mul.Scalar(%3, scalar(0.999))
+  %8 : f32[65,384]{384,1} = aten::addcmul(%7, %1, %1, scalar(0.0010000000000000009))
+  %9 : f32[65,384]{384,1} = aten::sqrt(%8)
+  %10 : f32[65,384]{384,1} = aten::div.Scalar(%9, $0:scalar(0.04471017781221601))
+  %11 : f32[65,384]{384,1} = aten::add.Scalar(%10, scalar(1e-08), scalar(1))
+  %12 : f32[65,384]{384,1} = aten::addcdiv(%4, %6, %11, $1:scalar(-0.005263157894736844))
+  output %12 writeback 0 "w"
+  output %6 writeback 2 "exp_avg"
+  output %8 writeback 3 "exp_avg_sq"
+}
+)");
+  View v(g);
+  std::vector<int32_t> rts;
+  const std::string m = neuron::emit_stablehlo(v.pg(), &rts);
+  EXPECT_EQ(rts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NE(m.find("%arg4: tensor<f32>, %arg5: tensor<f32>) -> ("), std::string::npos) << m;
+  for (int step = 1; step <= 3; ++step) {
+    const double bc2 = std::sqrt(1 - std::pow(0.999, step)), bc1 = 1 - std::pow(0.9, step);
+    const std::vector<c10::IValue> scalars = {c10::IValue(bc2), c10::IValue(-1e-3 / bc1)};
+    const std::vector<at::Tensor> in = {at::randn({65, 384}), at::randn({65, 384}) * 1e-2, at::randn({65, 384}) * 1e-3,
+                                        at::rand({65, 384}) * 1e-5};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, scalars, &claimed);
+    EXPECT_EQ(claimed, 9u);
+  }
+}
