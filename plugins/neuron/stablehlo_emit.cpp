@@ -1,6 +1,7 @@
 #include "stablehlo_emit.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -182,6 +183,60 @@ class Emitter {
       return;
     } else if (o == "aten::nll_loss_backward") {
       r = nll_loss_backward(n, shape);
+    } else if (o == "aten::native_layer_norm") {
+      layer_norm(n);
+      return;
+    } else if (o == "aten::native_layer_norm_backward") {
+      layer_norm_backward(n);
+      return;
+    } else if (o == "aten::split.Tensor") {
+      split(n);
+      return;
+    } else if (o == "aten::_scaled_dot_product_flash_attention_for_cpu") {
+      attention(n);
+      return;
+    } else if (o == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
+      attention_backward(n);
+      return;
+    } else if (o == "aten::slice.Tensor") {
+      const int64_t x = n.arg(0).tensor_index();
+      const auto in = g_.value(x).shape();
+      const int64_t rank = static_cast<int64_t>(in.size());
+      int64_t d = n.arg(1).as_int();
+      d = d < 0 ? d + rank : d;
+      const int64_t size = in[static_cast<size_t>(d)];
+      auto clamp = [&](const kiln::plugin::Arg& a, int64_t dflt) {
+        if (a.is_none()) return dflt;
+        int64_t v = a.as_int();
+        if (v < 0) v += size;
+        return std::min(std::max(v, int64_t{0}), size);
+      };
+      const int64_t start = clamp(n.arg(2), 0), end = std::max(clamp(n.arg(3), size), start);
+      r = slice(names_.at(x), in, d, start, end, n.arg(4).as_int());
+    } else if (o == "aten::cat") {
+      const auto parts = n.arg(0).as_ints();
+      int64_t d = n.arg(1).as_int();
+      d = d < 0 ? d + static_cast<int64_t>(shape.size()) : d;
+      std::vector<std::string> names, types;
+      for (int64_t v : parts) names.push_back(names_.at(v)), types.push_back(tensor_type(g_.value(v).shape()));
+      r = op("stablehlo.concatenate", names, types, T, "dimension = " + std::to_string(d) + " : i64");
+    } else if (o == "aten::mean.dim") {
+      const int64_t x = n.arg(0).tensor_index();
+      const auto in = g_.value(x).shape();
+      std::vector<int64_t> dims = reduced_dims(n.arg(1), in.size());
+      int64_t count = 1;
+      for (int64_t d : dims) count *= in[static_cast<size_t>(d)];
+      std::vector<int64_t> red;
+      const std::string s = reduce(names_.at(x), in, dims, "stablehlo.add", "0.00000000e+00", &red);
+      const std::string m = op("stablehlo.divide", {s, splat(static_cast<double>(count), red)},
+                               {tensor_type(red), tensor_type(red)}, tensor_type(red));
+      r = red == shape ? m : op("stablehlo.reshape", {m}, {tensor_type(red)}, T);
+    } else if (o == "aten::gelu" || o == "aten::gelu_backward") {
+      r = gelu(n, shape, o == "aten::gelu_backward");
+    } else if (o == "aten::embedding") {
+      r = embedding(n, shape);
+    } else if (o == "aten::embedding_dense_backward") {
+      r = embedding_backward(n, shape);
     } else if (o == "aten::addcmul" || o == "aten::addcdiv") {
       // self + value * tensor1 * tensor2 (or / tensor2), in the order ATen's CPU kernel computes it.
       const std::string v =
@@ -451,6 +506,317 @@ class Emitter {
     return op("stablehlo.select", {p.hit, spread_rows, splat(0.0, nc)}, {tensor_type(nc, "i1"), NC, NC}, NC);
   }
 
+  // The dims a reduction's IntList (or None: all) names, made positive, sorted, without repeats.
+  static std::vector<int64_t> reduced_dims(const kiln::plugin::Arg& a, size_t rank) {
+    std::vector<int64_t> dims;
+    if (!a.is_none() && !a.as_ints().empty()) {
+      for (int64_t d : a.as_ints()) dims.push_back(d < 0 ? d + static_cast<int64_t>(rank) : d);
+    } else {
+      for (size_t d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(d));
+    }
+    std::sort(dims.begin(), dims.end());
+    dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+    return dims;
+  }
+
+  std::string bin(const char* name, const std::string& a, const std::string& b, const std::vector<int64_t>& shape) {
+    const std::string T = tensor_type(shape);
+    return op(name, {a, b}, {T, T}, T);
+  }
+  std::string un(const char* name, const std::string& a, const std::vector<int64_t>& shape) {
+    const std::string T = tensor_type(shape);
+    return op(name, {a}, {T}, T);
+  }
+  std::string reshape(const std::string& a, const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+    if (from == to) return a;
+    return op("stablehlo.reshape", {a}, {tensor_type(from)}, tensor_type(to));
+  }
+  // `a` of shape `from` placed along `dims` of `to`.
+  std::string bcast(const std::string& a, const std::vector<int64_t>& from, const std::vector<int64_t>& to,
+                    const std::vector<int64_t>& dims) {
+    return op("stablehlo.broadcast_in_dim", {a}, {tensor_type(from)}, tensor_type(to),
+              "broadcast_dimensions = " + i64_array(dims));
+  }
+  static std::vector<int64_t> iota_vec(int64_t from, int64_t to) {
+    std::vector<int64_t> v;
+    for (int64_t i = from; i < to; ++i) v.push_back(i);
+    return v;
+  }
+
+  // Elements [start, end) step `step` of dim d.
+  std::string slice(const std::string& x, const std::vector<int64_t>& in, int64_t d, int64_t start, int64_t end,
+                    int64_t step) {
+    std::vector<int64_t> lo(in.size(), 0), hi = in, st(in.size(), 1), out = in;
+    lo[static_cast<size_t>(d)] = start;
+    hi[static_cast<size_t>(d)] = end;
+    st[static_cast<size_t>(d)] = step;
+    out[static_cast<size_t>(d)] = (end - start + step - 1) / step;
+    return op(
+        "stablehlo.slice", {x}, {tensor_type(in)}, tensor_type(out),
+        "start_indices = " + i64_array(lo) + ", limit_indices = " + i64_array(hi) + ", strides = " + i64_array(st));
+  }
+
+  void split(const Node& n) {
+    const int64_t x = n.arg(0).tensor_index();
+    const auto in = g_.value(x).shape();
+    const int64_t rank = static_cast<int64_t>(in.size());
+    int64_t d = n.arg(2).as_int();
+    d = d < 0 ? d + rank : d;
+    const int64_t size = n.arg(1).as_int(), total = in[static_cast<size_t>(d)];
+    const auto outs = n.outputs();
+    for (size_t k = 0; k < outs.size(); ++k) {
+      const int64_t start = static_cast<int64_t>(k) * size;
+      names_[outs[k]] = slice(names_.at(x), in, d, start, std::min(start + size, total), 1);
+    }
+  }
+
+  // GELU as ATen's CPU kernel computes it, with erf (CHLO's, which XLA and every StableHLO consumer
+  // built on it lowers): x * 0.5 * (1 + erf(x / sqrt(2))); its backward
+  // dy * (0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x^2 / 2) / sqrt(2 pi)). "tanh": the forward's
+  // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))).
+  std::string gelu(const Node& n, const std::vector<int64_t>& shape, bool backward) {
+    const std::string x = broadcast(n.arg(backward ? 1 : 0).tensor_index(), shape);
+    const std::string approx = n.arg(backward ? 2 : 1).as_string();
+    if (approx == "tanh") {
+      const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+      const std::string cube = bin("stablehlo.multiply", bin("stablehlo.multiply", x, x, shape), x, shape);
+      const std::string inner =
+          bin("stablehlo.multiply", splat(beta, shape),
+              bin("stablehlo.add", x, bin("stablehlo.multiply", splat(kappa, shape), cube, shape), shape), shape);
+      const std::string half_x = bin("stablehlo.multiply", splat(0.5, shape), x, shape);
+      return bin("stablehlo.multiply", half_x,
+                 bin("stablehlo.add", splat(1.0, shape), un("stablehlo.tanh", inner, shape), shape), shape);
+    }
+    const std::string e = un("chlo.erf", bin("stablehlo.multiply", x, splat(M_SQRT1_2, shape), shape), shape);
+    const std::string one_plus = bin("stablehlo.add", splat(1.0, shape), e, shape);
+    if (!backward)
+      return bin("stablehlo.multiply", bin("stablehlo.multiply", x, splat(0.5, shape), shape), one_plus, shape);
+    const std::string cdf = bin("stablehlo.multiply", splat(0.5, shape), one_plus, shape);
+    const std::string sq = bin("stablehlo.multiply", bin("stablehlo.multiply", x, x, shape), splat(-0.5, shape), shape);
+    const std::string pdf = bin("stablehlo.multiply", splat(M_2_SQRTPI * M_SQRT1_2 * 0.5, shape),
+                                un("stablehlo.exponential", sq, shape), shape);
+    const std::string dy = broadcast(n.arg(0).tensor_index(), shape);
+    return bin("stablehlo.multiply", dy, bin("stablehlo.add", cdf, bin("stablehlo.multiply", x, pdf, shape), shape),
+               shape);
+  }
+
+  // Layer norm over the last k dims: mean, then the variance of the centred values (as ATen's
+  // row-wise moments compute them), rstd = 1 / sqrt(var + eps), y = (x * rstd - mean * rstd) * w + b.
+  struct Norm {
+    std::vector<int64_t> in, batch, norm_dims, batch_dims, stat_shape;
+    int64_t count = 1;
+  };
+  Norm norm_shapes(int64_t x, const kiln::plugin::Arg& normalized_shape) {
+    Norm s;
+    s.in = g_.value(x).shape();
+    const size_t k = normalized_shape.as_ints().size(), rank = s.in.size();
+    for (size_t d = 0; d < rank; ++d) {
+      if (d + k < rank) {
+        s.batch.push_back(s.in[d]);
+        s.batch_dims.push_back(static_cast<int64_t>(d));
+        s.stat_shape.push_back(s.in[d]);
+      } else {
+        s.norm_dims.push_back(static_cast<int64_t>(d));
+        s.count *= s.in[d];
+        s.stat_shape.push_back(1);
+      }
+    }
+    return s;
+  }
+
+  void layer_norm(const Node& n) {
+    const int64_t x = n.arg(0).tensor_index();
+    const Norm s = norm_shapes(x, n.arg(1));
+    const std::string X = names_.at(x);
+    std::vector<int64_t> red;
+    const std::string sum = reduce(X, s.in, s.norm_dims, "stablehlo.add", "0.00000000e+00", &red);
+    const std::string mean = bin("stablehlo.divide", sum, splat(static_cast<double>(s.count), s.batch), s.batch);
+    const std::string xc = bin("stablehlo.subtract", X, bcast(mean, s.batch, s.in, s.batch_dims), s.in);
+    const std::string ss =
+        reduce(bin("stablehlo.multiply", xc, xc, s.in), s.in, s.norm_dims, "stablehlo.add", "0.00000000e+00", &red);
+    const std::string var = bin("stablehlo.divide", ss, splat(static_cast<double>(s.count), s.batch), s.batch);
+    const std::string rstd =
+        bin("stablehlo.divide", splat(1.0, s.batch),
+            un("stablehlo.sqrt", bin("stablehlo.add", var, splat(n.arg(4).as_double(), s.batch), s.batch), s.batch),
+            s.batch);
+    const std::string shift = un("stablehlo.negate", bin("stablehlo.multiply", mean, rstd, s.batch), s.batch);
+    std::string y = bin("stablehlo.add", bin("stablehlo.multiply", X, bcast(rstd, s.batch, s.in, s.batch_dims), s.in),
+                        bcast(shift, s.batch, s.in, s.batch_dims), s.in);
+    const std::vector<int64_t> wshape(s.in.end() - static_cast<long>(s.norm_dims.size()), s.in.end());
+    if (!n.arg(2).is_none())
+      y = bin("stablehlo.multiply", y, bcast(names_.at(n.arg(2).tensor_index()), wshape, s.in, s.norm_dims), s.in);
+    if (!n.arg(3).is_none())
+      y = bin("stablehlo.add", y, bcast(names_.at(n.arg(3).tensor_index()), wshape, s.in, s.norm_dims), s.in);
+    names_[n.outputs()[0]] = y;
+    names_[n.outputs()[1]] = reshape(mean, s.batch, s.stat_shape);
+    names_[n.outputs()[2]] = reshape(rstd, s.batch, s.stat_shape);
+  }
+
+  // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w and xhat = (x - mean) * rstd;
+  // dw = sum over the batch of dy * xhat; db = sum over the batch of dy.
+  void layer_norm_backward(const Node& n) {
+    const int64_t x = n.arg(1).tensor_index();
+    const Norm s = norm_shapes(x, n.arg(2));
+    const std::string X = names_.at(x), dy = names_.at(n.arg(0).tensor_index());
+    const std::string mean =
+        bcast(reshape(names_.at(n.arg(3).tensor_index()), s.stat_shape, s.batch), s.batch, s.in, s.batch_dims);
+    const std::string rstd =
+        bcast(reshape(names_.at(n.arg(4).tensor_index()), s.stat_shape, s.batch), s.batch, s.in, s.batch_dims);
+    const std::string xhat = bin("stablehlo.multiply", bin("stablehlo.subtract", X, mean, s.in), rstd, s.in);
+    const std::vector<int64_t> wshape(s.in.end() - static_cast<long>(s.norm_dims.size()), s.in.end());
+    std::string gw = dy;
+    if (!n.arg(5).is_none())
+      gw = bin("stablehlo.multiply", dy, bcast(names_.at(n.arg(5).tensor_index()), wshape, s.in, s.norm_dims), s.in);
+    std::vector<int64_t> red;
+    auto row_mean = [&](const std::string& v) {
+      const std::string r = reduce(v, s.in, s.norm_dims, "stablehlo.add", "0.00000000e+00", &red);
+      return bcast(bin("stablehlo.divide", r, splat(static_cast<double>(s.count), s.batch), s.batch), s.batch, s.in,
+                   s.batch_dims);
+    };
+    const std::string m1 = row_mean(gw), m2 = row_mean(bin("stablehlo.multiply", gw, xhat, s.in));
+    const std::string dx = bin("stablehlo.multiply", rstd,
+                               bin("stablehlo.subtract", bin("stablehlo.subtract", gw, m1, s.in),
+                                   bin("stablehlo.multiply", xhat, m2, s.in), s.in),
+                               s.in);
+    const auto outs = n.outputs();
+    names_[outs[0]] = dx;
+    if (outs.size() > 1 && outs[1] >= 0)
+      names_[outs[1]] = reduce(bin("stablehlo.multiply", dy, xhat, s.in), s.in, s.batch_dims, "stablehlo.add",
+                               "0.00000000e+00", &red);
+    if (outs.size() > 2 && outs[2] >= 0)
+      names_[outs[2]] = reduce(dy, s.in, s.batch_dims, "stablehlo.add", "0.00000000e+00", &red);
+  }
+
+  // embedding: rows of the weight gathered by the (flattened) int64 indices.
+  std::string embedding(const Node& n, const std::vector<int64_t>& shape) {
+    const int64_t w = n.arg(0).tensor_index(), idx = n.arg(1).tensor_index();
+    const auto ws = g_.value(w).shape(), is = g_.value(idx).shape();
+    const int64_t K = g_.value(idx).numel(), D = ws[1];
+    const std::string flat =
+        op("stablehlo.reshape", {names_.at(idx)}, {tensor_type(is, "i64")}, tensor_type({K}, "i64"));
+    const std::string r =
+        op("stablehlo.gather", {names_.at(w), flat}, {tensor_type(ws), tensor_type({K}, "i64")}, tensor_type({K, D}),
+           "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = "
+           "[0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, " +
+               std::to_string(D) + ">");
+    return reshape(r, {K, D}, shape);
+  }
+
+  // embedding's backward: the gradient's rows added into a zero [num_weights, D] at their indices
+  // (scatter with an add region), rows whose index is padding_idx left out.
+  std::string embedding_backward(const Node& n, const std::vector<int64_t>& shape) {
+    const int64_t gr = n.arg(0).tensor_index(), idx = n.arg(1).tensor_index();
+    const auto gs = g_.value(gr).shape(), is = g_.value(idx).shape();
+    const int64_t K = g_.value(idx).numel(), D = shape[1];
+    const std::string I = tensor_type({K}, "i64");
+    const std::string flat = reshape_typed(names_.at(idx), is, {K}, "i64");
+    std::string upd = reshape(names_.at(gr), gs, {K, D});
+    if (const int64_t pad = n.arg(3).as_int(); pad >= 0) {
+      const std::string keep = op("stablehlo.compare", {flat, splat_i64(pad, {K})}, {I, I}, tensor_type({K}, "i1"),
+                                  "comparison_direction = #stablehlo<comparison_direction NE>");
+      const std::string kb = op("stablehlo.broadcast_in_dim", {keep}, {tensor_type({K}, "i1")},
+                                tensor_type({K, D}, "i1"), "broadcast_dimensions = array<i64: 0>");
+      upd = op("stablehlo.select", {kb, upd, splat(0.0, {K, D})},
+               {tensor_type({K, D}, "i1"), tensor_type({K, D}), tensor_type({K, D})}, tensor_type({K, D}));
+    }
+    const std::string zero = splat(0.0, shape);
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"stablehlo.scatter\"(" << zero << ", " << flat << ", " << upd << ") ({\n"
+          << "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+          << "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+          << "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+          << "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = "
+             "[1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, "
+             "unique_indices = false} : ("
+          << tensor_type(shape) << ", " << I << ", " << tensor_type({K, D}) << ") -> " << tensor_type(shape) << "\n";
+    return r;
+  }
+
+  std::string reshape_typed(const std::string& a, const std::vector<int64_t>& from, const std::vector<int64_t>& to,
+                            const char* element) {
+    if (from == to) return a;
+    return op("stablehlo.reshape", {a}, {tensor_type(from, element)}, tensor_type(to, element));
+  }
+
+  // q [B, H, L, E] @ k^T as scores [B, H, L, S], scaled, the causal mask's upper triangle -inf.
+  std::string scores(const std::string& q, const std::string& k, const std::vector<int64_t>& qs,
+                     const std::vector<int64_t>& ks, double scale, bool causal, std::vector<int64_t>* ss) {
+    *ss = {qs[0], qs[1], qs[2], ks[2]};
+    std::string s = op("stablehlo.dot_general", {q, k}, {tensor_type(qs), tensor_type(ks)}, tensor_type(*ss),
+                       "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], "
+                       "rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], "
+                       "rhs_contracting_dimensions = [3]>");
+    s = bin("stablehlo.multiply", s, splat(scale, *ss), *ss);
+    if (!causal) return s;
+    const std::string I = tensor_type(*ss, "i64");
+    const std::string row = op("stablehlo.iota", {}, {}, I, "iota_dimension = 2 : i64");
+    const std::string col = op("stablehlo.iota", {}, {}, I, "iota_dimension = 3 : i64");
+    const std::string above = op("stablehlo.compare", {col, row}, {I, I}, tensor_type(*ss, "i1"),
+                                 "comparison_direction = #stablehlo<comparison_direction GT>");
+    return op("stablehlo.select", {above, splat_bits("0xFF800000", *ss), s},
+              {tensor_type(*ss, "i1"), tensor_type(*ss), tensor_type(*ss)}, tensor_type(*ss));
+  }
+
+  std::string splat_bits(const char* bits, const std::vector<int64_t>& shape) {
+    const std::string r = fresh();
+    body_ << "    " << r << " = \"stablehlo.constant\"() {value = dense<" << bits << "> : " << tensor_type(shape)
+          << "} : () -> " << tensor_type(shape) << "\n";
+    return r;
+  }
+
+  // a [B, H, M, K] x b [B, H, K, N] (contracting a's dim ca with b's dim cb).
+  std::string bmm4(const std::string& a, const std::string& b, const std::vector<int64_t>& as,
+                   const std::vector<int64_t>& bs, int ca, int cb, const std::vector<int64_t>& out) {
+    return op("stablehlo.dot_general", {a, b}, {tensor_type(as), tensor_type(bs)}, tensor_type(out),
+              "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = "
+              "[0, 1], lhs_contracting_dimensions = [" +
+                  std::to_string(ca) + "], rhs_contracting_dimensions = [" + std::to_string(cb) + "]>");
+  }
+
+  double attention_scale(const kiln::plugin::Arg& a, int64_t e) {
+    return a.is_none() ? 1.0 / std::sqrt(static_cast<double>(e)) : a.as_double();
+  }
+
+  // Attention as the math it is (no dropout, no mask but the causal one): softmax(q k^T * scale) v,
+  // and logsumexp, the row's max plus the log of its sum of exponentials.
+  void attention(const Node& n) {
+    const int64_t q = n.arg(0).tensor_index(), k = n.arg(1).tensor_index(), v = n.arg(2).tensor_index();
+    const auto qs = g_.value(q).shape(), ks = g_.value(k).shape(), vs = g_.value(v).shape();
+    std::vector<int64_t> ss, red;
+    const std::string s =
+        scores(names_.at(q), names_.at(k), qs, ks, attention_scale(n.arg(6), qs[3]), n.arg(4).as_bool(), &ss);
+    const std::string m = reduce(s, ss, {3}, "stablehlo.maximum", "0xFF800000", &red);
+    const std::string p = un("stablehlo.exponential", bin("stablehlo.subtract", s, spread(m, ss, 3), ss), ss);
+    const std::string l = reduce(p, ss, {3}, "stablehlo.add", "0.00000000e+00", &red);
+    const std::vector<int64_t> os = {qs[0], qs[1], qs[2], vs[3]};
+    const std::string pv = bmm4(p, names_.at(v), ss, vs, 3, 2, os);
+    names_[n.outputs()[0]] = bin("stablehlo.divide", pv, spread(l, os, 3), os);
+    names_[n.outputs()[1]] = bin("stablehlo.add", m, un("stablehlo.log", l, red), red);
+  }
+
+  // Its backward from logsumexp: P = exp(s - lse); dv = P^T dO; dS = P * (dO v^T - rowsum(dO * O));
+  // dq = dS k * scale; dk = dS^T q * scale.
+  void attention_backward(const Node& n) {
+    const int64_t go = n.arg(0).tensor_index(), q = n.arg(1).tensor_index(), k = n.arg(2).tensor_index(),
+                  v = n.arg(3).tensor_index(), o = n.arg(4).tensor_index(), lse = n.arg(5).tensor_index();
+    const auto qs = g_.value(q).shape(), ks = g_.value(k).shape(), vs = g_.value(v).shape(), os = g_.value(o).shape();
+    const double scale = attention_scale(n.arg(9), qs[3]);
+    std::vector<int64_t> ss, red;
+    const std::string s = scores(names_.at(q), names_.at(k), qs, ks, scale, n.arg(7).as_bool(), &ss);
+    const std::string p =
+        un("stablehlo.exponential", bin("stablehlo.subtract", s, spread(names_.at(lse), ss, 3), ss), ss);
+    const std::string dv = bmm4(p, names_.at(go), ss, os, 2, 2, vs);
+    const std::string dp = bmm4(names_.at(go), names_.at(v), os, vs, 3, 3, ss);
+    const std::string dsum = reduce(bin("stablehlo.multiply", names_.at(go), names_.at(o), os), os, {3},
+                                    "stablehlo.add", "0.00000000e+00", &red);
+    const std::string ds = bin("stablehlo.multiply", p, bin("stablehlo.subtract", dp, spread(dsum, ss, 3), ss), ss);
+    const std::string dq = bin("stablehlo.multiply", bmm4(ds, names_.at(k), ss, ks, 3, 2, qs), splat(scale, qs), qs);
+    const std::string dk = bin("stablehlo.multiply", bmm4(ds, names_.at(q), ss, qs, 2, 2, ks), splat(scale, ks), ks);
+    names_[n.outputs()[0]] = dq;
+    names_[n.outputs()[1]] = dk;
+    names_[n.outputs()[2]] = dv;
+  }
+
   static std::string dims_of(const std::vector<int64_t>& shape) {
     std::string d;
     for (int64_t s : shape) d += std::to_string(s) + "x";
@@ -529,7 +895,24 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
                                                    "aten::nll_loss_forward",
                                                    "aten::nll_loss_backward",
                                                    "aten::addcmul",
-                                                   "aten::addcdiv"};
+                                                   "aten::addcdiv",
+                                                   "aten::mean.dim",
+                                                   "aten::gelu",
+                                                   "aten::gelu_backward",
+                                                   "aten::native_layer_norm",
+                                                   "aten::native_layer_norm_backward",
+                                                   "aten::split.Tensor",
+                                                   "aten::slice.Tensor",
+                                                   "aten::cat",
+                                                   "aten::embedding",
+                                                   "aten::embedding_dense_backward",
+                                                   "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
+  // Ops of several results (the rest have one), and the operand that may be int64 (indices).
+  static const std::set<std::string> several = {"aten::native_layer_norm", "aten::native_layer_norm_backward",
+                                                "aten::split.Tensor",
+                                                "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                                "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
   const bool known = unary_ops().count(o) || binary_ops().count(o) || structural.count(o);
   if (!known) return "no StableHLO lowering for " + o + " yet";
   for (int64_t v : n.outputs())
@@ -540,13 +923,43 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   }
   if (o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward")
     return why_not_nll_loss(g, n, o == "aten::nll_loss_backward");
-  if (n.outputs().size() != 1) return "more than one result";
+  if (n.outputs().size() != 1 && !several.count(o)) return "more than one result";
   for (int64_t v : n.outputs())
     if (!kiln::plugin::is_float32(g.value(v).dtype()))
       return "a " + kiln::plugin::dtype_name(g.value(v).dtype()) + " result";
-  for (int64_t v : n.inputs())
+  const bool indexed = o == "aten::embedding" || o == "aten::embedding_dense_backward";
+  for (int64_t v : n.inputs()) {
+    if (indexed && v == n.arg(1).tensor_index()) {
+      if (!is_int64(g.value(v))) return "indices that are not int64";
+      continue;
+    }
     if (!kiln::plugin::is_float32(g.value(v).dtype()))
       return "a " + kiln::plugin::dtype_name(g.value(v).dtype()) + " operand";
+  }
+  if (o == "aten::mean.dim")
+    if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a mean into another dtype";
+  if (o == "aten::gelu" || o == "aten::gelu_backward") {
+    const std::string a = n.arg(o == "aten::gelu" ? 1 : 2).as_string();
+    if (a != "none" && (a != "tanh" || o == "aten::gelu_backward")) return "gelu with approximate '" + a + "'";
+  }
+  if (o == "aten::slice.Tensor" && n.arg(4).as_int() < 1) return "a slice step below 1";
+  if (o == "aten::cat") {
+    const auto rank = g.value(n.outputs()[0]).ndim();
+    for (int64_t v : n.arg(0).as_ints())
+      if (g.value(v).ndim() != rank) return "tensors of different ranks";
+  }
+  if (indexed && g.value(o == "aten::embedding" ? n.arg(0).tensor_index() : n.outputs()[0]).ndim() != 2)
+    return "an embedding table not of two dims";
+  if (o == "aten::embedding_dense_backward" && n.arg(4).as_bool()) return "scale_grad_by_freq";
+  if (o.rfind("aten::_scaled_dot_product_flash_attention_for_cpu", 0) == 0) {
+    const bool bwd = o != "aten::_scaled_dot_product_flash_attention_for_cpu";
+    const size_t first = bwd ? 1 : 0, rest = bwd ? 6 : 3;
+    for (size_t i = first; i < first + 3; ++i)
+      if (g.value(n.arg(i).tensor_index()).ndim() != 4) return "attention over other than [B, H, L, E]";
+    if (n.arg(rest).as_double() != 0.0) return "attention with dropout";
+    if (!n.arg(rest + 2).is_none()) return "attention with a mask tensor";
+    if (n.outputs().size() != (bwd ? 3u : 2u)) return "an unexpected number of results";
+  }
   if (o == "aten::sum" || o == "aten::sum.dim_IntList")
     if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a sum into another dtype";
   if (o == "aten::_log_softmax" && n.arg(2).as_bool()) return "half_to_float";

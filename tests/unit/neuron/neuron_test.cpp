@@ -402,3 +402,85 @@ TEST(NeuronPjrt, AdamWUpdateWithRuntimeScalarsMatchesAten) {
     EXPECT_EQ(claimed, 9u);
   }
 }
+
+// gpt's pieces through XLA's CPU plugin against ATen, forward and backward: layer norm, GELU
+// (erf), embedding (gather) and its backward (scatter-add, with repeated indices), split, slice,
+// cat, mean over dims, and causal attention with its backward.
+TEST(NeuronPjrt, GptPiecesMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,5,12]{60,12,1} input "x"
+  input %1 : f32[12]{1} input "w"
+  input %2 : f32[12]{1} input "b"
+  input %3 : f32[2,5,12]{60,12,1} input "dy"
+  input %4 : f32[7,12]{12,1} input "table"
+  input %5 : i64[2,5]{5,1} input "ids"
+  input %6 : f32[2,5,36]{180,36,1} input "qkv_like"
+  %7 : f32[2,5,12]{60,12,1}, %8 : f32[2,5,1]{5,1,1}, %9 : f32[2,5,1]{5,1,1} = aten::native_layer_norm(%0, i[12], %1, %2, 1e-05)
+  %10 : f32[2,5,12]{60,12,1}, %11 : f32[12]{1}, %12 : f32[12]{1} = aten::native_layer_norm_backward(%3, %0, i[12], %8, %9, %1, %2, b[true, true, true])
+  %13 : f32[2,5,12]{60,12,1} = aten::gelu(%7, "none")
+  %14 : f32[2,5,12]{60,12,1} = aten::gelu_backward(%3, %7, "none")
+  %15 : f32[2,5,12]{60,12,1} = aten::gelu(%7, "tanh")
+  %16 : f32[2,5,12]{60,12,1} = aten::embedding(%4, %5, -1, false, false)
+  %17 : f32[7,12]{12,1} = aten::embedding_dense_backward(%3, %5, 7, -1, false)
+  %18 : f32[7,12]{12,1} = aten::embedding_dense_backward(%3, %5, 7, 2, false)
+  %19 : f32[2,5,12]{180,36,1}, %20 : f32[2,5,12]{180,36,1}+12, %21 : f32[2,5,12]{180,36,1}+24 = aten::split.Tensor(%6, 12, 2) list
+  %22 : f32[2,5,36]{180,36,1} = aten::cat(t[%21, %19, %20], 2)
+  %23 : f32[2,3,12]{36,12,1} = aten::slice.Tensor(%0, 1, 1, -1, 1)
+  %24 : f32[2,1,12]{12,12,1} = aten::mean.dim(%0, i[1], true, None)
+  output %7 result "ln"
+  output %8 result "mean"
+  output %9 result "rstd"
+  output %10 result "dx"
+  output %11 result "dw"
+  output %12 result "db"
+  output %13 result "gelu"
+  output %14 result "dgelu"
+  output %15 result "gelu_tanh"
+  output %16 result "emb"
+  output %17 result "demb"
+  output %18 result "demb_pad"
+  output %19 result "q"
+  output %22 result "cat"
+  output %23 result "slice"
+  output %24 result "mean_dim"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    at::Tensor ids = at::randint(0, 7, {2, 5}, at::kLong);
+    ids[0][1] = 2;
+    ids[1][3] = 2;
+    const std::vector<at::Tensor> in = {at::randn({2, 5, 12}) * 3 + 1, at::randn({12}),    at::randn({12}),
+                                        at::randn({2, 5, 12}),         at::randn({7, 12}), ids,
+                                        at::randn({2, 5, 36})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
+
+TEST(NeuronPjrt, CausalAttentionAndItsBackwardMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3,6,4]{72,24,4,1} input "q"
+  input %1 : f32[2,3,6,4]{72,24,4,1} input "k"
+  input %2 : f32[2,3,6,4]{72,24,4,1} input "v"
+  input %3 : f32[2,3,6,4]{72,24,4,1} input "dout"
+  %4 : f32[2,3,6,4]{72,24,4,1}, %5 : f32[2,3,6]{18,6,1} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, true, None, None)
+  %6 : f32[2,3,6,4]{72,24,4,1}, %7 : f32[2,3,6,4]{72,24,4,1}, %8 : f32[2,3,6,4]{72,24,4,1} = aten::_scaled_dot_product_flash_attention_for_cpu_backward(%3, %0, %1, %2, %4, %5, 0.0, true, None, None)
+  %9 : f32[2,3,6,4]{72,24,4,1}, %10 : f32[2,3,6]{18,6,1} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, false, None, 0.3)
+  output %4 result "out"
+  output %5 result "lse"
+  output %6 result "dq"
+  output %7 result "dk"
+  output %8 result "dv"
+  output %9 result "out_full"
+  output %10 result "lse_full"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    const std::vector<at::Tensor> in = {at::randn({2, 3, 6, 4}), at::randn({2, 3, 6, 4}), at::randn({2, 3, 6, 4}),
+                                        at::randn({2, 3, 6, 4})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
