@@ -173,7 +173,7 @@ class Emitter {
     if (!why.empty()) throw Unimplemented("node " + std::to_string(n.index()) + " (" + n.op() + "): " + why);
     const std::string o = n.op();
     const int64_t out = n.outputs().at(0);
-    const auto shape = g_.value(out).shape();
+    const auto shape = out >= 0 ? g_.value(out).shape() : std::vector<int64_t>{};
     const std::string T = tensor_type(shape);
     std::string r;
     if (o == "aten::clone" || o == "aten::alias" || o == "aten::detach") {
@@ -233,6 +233,22 @@ class Emitter {
       r = red == shape ? m : op("stablehlo.reshape", {m}, {tensor_type(red)}, T);
     } else if (o == "aten::gelu" || o == "aten::gelu_backward") {
       r = gelu(n, shape, o == "aten::gelu_backward");
+    } else if (o == "aten::convolution") {
+      r = convolution(n, shape);
+    } else if (o == "aten::convolution_backward") {
+      convolution_backward(n);
+      return;
+    } else if (o == "aten::_native_batch_norm_legit_functional") {
+      batch_norm(n);
+      return;
+    } else if (o == "aten::native_batch_norm_backward") {
+      batch_norm_backward(n);
+      return;
+    } else if (o == "aten::add.Scalar" && is_int64(g_.value(out))) {
+      // A counter (batch norm's num_batches_tracked): int64 + other * alpha.
+      const std::string I = tensor_type(shape, "i64");
+      const int64_t add = static_cast<int64_t>(n.arg(1).as_double()) * static_cast<int64_t>(n.arg(2).as_double());
+      r = op("stablehlo.add", {names_.at(n.arg(0).tensor_index()), splat_i64(add, shape)}, {I, I}, I);
     } else if (o == "aten::embedding") {
       r = embedding(n, shape);
     } else if (o == "aten::embedding_dense_backward") {
@@ -509,9 +525,9 @@ class Emitter {
   // The dims a reduction's IntList (or None: all) names, made positive, sorted, without repeats.
   static std::vector<int64_t> reduced_dims(const kiln::plugin::Arg& a, size_t rank) {
     std::vector<int64_t> dims;
-    if (!a.is_none() && !a.as_ints().empty()) {
-      for (int64_t d : a.as_ints()) dims.push_back(d < 0 ? d + static_cast<int64_t>(rank) : d);
-    } else {
+    if (!a.is_none()) dims = a.as_ints();
+    for (auto& d : dims) d = d < 0 ? d + static_cast<int64_t>(rank) : d;
+    if (dims.empty()) {
       for (size_t d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(d));
     }
     std::sort(dims.begin(), dims.end());
@@ -817,6 +833,173 @@ class Emitter {
     names_[n.outputs()[2]] = dv;
   }
 
+  // "[[lo, hi], ...]" padding of a convolution.
+  static std::string padding_attr(const std::vector<std::pair<int64_t, int64_t>>& p) {
+    std::string a = "padding = dense<[";
+    for (size_t i = 0; i < p.size(); ++i)
+      a += (i ? ", [" : "[") + std::to_string(p[i].first) + ", " + std::to_string(p[i].second) + "]";
+    return a + "]> : tensor<" + std::to_string(p.size()) + "x2xi64>";
+  }
+
+  std::string conv(const std::string& lhs, const std::string& rhs, const std::vector<int64_t>& ls,
+                   const std::vector<int64_t>& rs, const std::vector<int64_t>& out, const std::string& dims,
+                   const std::vector<int64_t>& strides, const std::vector<std::pair<int64_t, int64_t>>& pad,
+                   const std::vector<int64_t>& lhs_dil, const std::vector<int64_t>& rhs_dil, int64_t groups) {
+    return op("stablehlo.convolution", {lhs, rhs}, {tensor_type(ls), tensor_type(rs)}, tensor_type(out),
+              "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + dims + ">, feature_group_count = " +
+                  std::to_string(groups) + " : i64, lhs_dilation = " + i64_array(lhs_dil) + ", " + padding_attr(pad) +
+                  ", rhs_dilation = " + i64_array(rhs_dil) + ", window_strides = " + i64_array(strides));
+  }
+
+  static std::string conv_layout(size_t spatial, const char* a, const char* b) {
+    std::string s = std::string("[") + a + ", " + b;
+    for (size_t i = 0; i < spatial; ++i) s += ", " + std::to_string(i);
+    return s + "]";
+  }
+
+  // convolution (not transposed) over NC[D]HW with an O I/groups [k] kernel: stablehlo.convolution
+  // with the strides, symmetric padding, kernel dilation and feature groups; the bias added along C.
+  std::string convolution(const Node& n, const std::vector<int64_t>& shape) {
+    const int64_t x = n.arg(0).tensor_index(), w = n.arg(1).tensor_index();
+    const auto xs = g_.value(x).shape(), ws = g_.value(w).shape();
+    const size_t sp = xs.size() - 2;
+    const auto stride = n.arg(3).as_ints(), pad = n.arg(4).as_ints(), dil = n.arg(5).as_ints();
+    std::vector<std::pair<int64_t, int64_t>> p;
+    for (size_t i = 0; i < sp; ++i) p.emplace_back(pad[i], pad[i]);
+    const std::string dims =
+        conv_layout(sp, "b", "f") + "x" + conv_layout(sp, "o", "i") + "->" + conv_layout(sp, "b", "f");
+    std::string r = conv(names_.at(x), names_.at(w), xs, ws, shape, dims, stride, p, std::vector<int64_t>(sp, 1), dil,
+                         n.arg(8).as_int());
+    if (n.arg(2).is_none()) return r;
+    return bin("stablehlo.add", r, bcast(names_.at(n.arg(2).tensor_index()), {shape[1]}, shape, {1}), shape);
+  }
+
+  // convolution_backward (groups 1, not transposed): grad_input is the transposed convolution of
+  // the gradient (lhs_dilation = stride) with the spatially reversed kernel, its in and out
+  // features swapped; grad_weight a convolution of the input with the gradient over the batch
+  // (window_strides = dilation, rhs_dilation = stride); grad_bias the gradient's sum over all but C.
+  void convolution_backward(const Node& n) {
+    const int64_t go = n.arg(0).tensor_index(), x = n.arg(1).tensor_index(), w = n.arg(2).tensor_index();
+    const auto gs = g_.value(go).shape(), xs = g_.value(x).shape(), ws = g_.value(w).shape();
+    const size_t sp = xs.size() - 2;
+    const auto stride = n.arg(4).as_ints(), pad = n.arg(5).as_ints(), dil = n.arg(6).as_ints();
+    const auto outs = n.outputs();
+    std::vector<int64_t> sdims, ones(sp, 1);
+    for (size_t i = 0; i < sp; ++i) sdims.push_back(static_cast<int64_t>(2 + i));
+    if (outs[0] >= 0) {
+      std::vector<std::pair<int64_t, int64_t>> p;
+      for (size_t i = 0; i < sp; ++i) {
+        const int64_t k = ws[2 + i], lo = dil[i] * (k - 1) - pad[i];
+        p.emplace_back(lo, xs[2 + i] - 1 - (gs[2 + i] - 1) * stride[i] + pad[i]);
+      }
+      const std::string flipped = op("stablehlo.reverse", {names_.at(w)}, {tensor_type(ws)}, tensor_type(ws),
+                                     "dimensions = " + i64_array(sdims));
+      const std::string dims =
+          conv_layout(sp, "b", "f") + "x" + conv_layout(sp, "i", "o") + "->" + conv_layout(sp, "b", "f");
+      names_[outs[0]] = conv(names_.at(go), flipped, gs, ws, xs, dims, ones, p, stride, dil, 1);
+    }
+    if (outs[1] >= 0) {
+      std::vector<std::pair<int64_t, int64_t>> p;
+      for (size_t i = 0; i < sp; ++i) {
+        const int64_t k = ws[2 + i];
+        p.emplace_back(pad[i], (k - 1) * dil[i] + stride[i] * (gs[2 + i] - 1) + 1 - xs[2 + i] - pad[i]);
+      }
+      const std::string dims =
+          conv_layout(sp, "f", "b") + "x" + conv_layout(sp, "i", "o") + "->" + conv_layout(sp, "f", "b");
+      names_[outs[1]] = conv(names_.at(x), names_.at(go), xs, gs, ws, dims, dil, p, ones, stride, 1);
+    }
+    if (outs[2] >= 0) {
+      std::vector<int64_t> red, all = {0};
+      for (int64_t d : sdims) all.push_back(d);
+      names_[outs[2]] = reduce(names_.at(go), gs, all, "stablehlo.add", "0.00000000e+00", &red);
+    }
+  }
+
+  // A per-channel sum over N and the spatial dims in two stages, each image's plane first, then over
+  // the batch, as ATen's CPU batch norm sums (one long float32 sum drifts from it).
+  std::string channel_sum(const std::string& x, const std::vector<int64_t>& xs) {
+    std::vector<int64_t> red, spatial;
+    for (size_t d = 2; d < xs.size(); ++d) spatial.push_back(static_cast<int64_t>(d));
+    std::string planes = x;
+    std::vector<int64_t> ps = xs;
+    if (!spatial.empty()) {
+      planes = reduce(x, xs, spatial, "stablehlo.add", "0.00000000e+00", &red);
+      ps = red;
+    }
+    return reduce(planes, ps, {0}, "stablehlo.add", "0.00000000e+00", &red);
+  }
+
+  // Training batch norm over N and the spatial dims, per channel C (dim 1): the batch's mean and
+  // biased variance, invstd = 1 / sqrt(var + eps), y = x * (invstd * w) + (b - mean * invstd * w)
+  // as ATen's CPU kernel; running stats updated with momentum, the variance unbiased.
+  void batch_norm(const Node& n) {
+    const int64_t x = n.arg(0).tensor_index();
+    const auto xs = g_.value(x).shape();
+    const std::vector<int64_t> cs = {xs[1]};
+    int64_t count = xs[0];
+    for (size_t d = 2; d < xs.size(); ++d) count *= xs[d];
+    const std::string X = names_.at(x);
+    const double m = static_cast<double>(count);
+    const std::string mean = bin("stablehlo.divide", channel_sum(X, xs), splat(m, cs), cs);
+    const std::string xc = bin("stablehlo.subtract", X, bcast(mean, cs, xs, {1}), xs);
+    const std::string ss = channel_sum(bin("stablehlo.multiply", xc, xc, xs), xs);
+    const std::string var = bin("stablehlo.divide", ss, splat(m, cs), cs);
+    const std::string invstd =
+        bin("stablehlo.divide", splat(1.0, cs),
+            un("stablehlo.sqrt", bin("stablehlo.add", var, splat(n.arg(7).as_double(), cs), cs), cs), cs);
+    std::string alpha = invstd, beta = un("stablehlo.negate", bin("stablehlo.multiply", mean, invstd, cs), cs);
+    if (!n.arg(1).is_none()) {
+      alpha = bin("stablehlo.multiply", invstd, names_.at(n.arg(1).tensor_index()), cs);
+      beta = un("stablehlo.negate", bin("stablehlo.multiply", mean, alpha, cs), cs);
+    }
+    if (!n.arg(2).is_none()) beta = bin("stablehlo.add", names_.at(n.arg(2).tensor_index()), beta, cs);
+    const auto outs = n.outputs();
+    names_[outs[0]] =
+        bin("stablehlo.add", bin("stablehlo.multiply", X, bcast(alpha, cs, xs, {1}), xs), bcast(beta, cs, xs, {1}), xs);
+    names_[outs[1]] = mean;
+    names_[outs[2]] = invstd;
+    const double mom = n.arg(6).as_double();
+    auto update = [&](const std::string& stat, int64_t running) {
+      return bin("stablehlo.add", bin("stablehlo.multiply", splat(mom, cs), stat, cs),
+                 bin("stablehlo.multiply", splat(1.0 - mom, cs), names_.at(running), cs), cs);
+    };
+    names_[outs[3]] = update(mean, n.arg(3).tensor_index());
+    const std::string unbiased = bin("stablehlo.divide", ss, splat(m - 1, cs), cs);
+    names_[outs[4]] = update(unbiased, n.arg(4).tensor_index());
+  }
+
+  // Its training backward from the saved mean and invstd, as ATen's CPU kernel:
+  // dx = (dy - sum(dy) / M - (x - mean) * sum(dy * (x - mean)) * invstd^2 / M) * invstd * w,
+  // dw = sum(dy * (x - mean)) * invstd, db = sum(dy).
+  void batch_norm_backward(const Node& n) {
+    const int64_t go = n.arg(0).tensor_index(), x = n.arg(1).tensor_index();
+    const auto xs = g_.value(x).shape();
+    const std::vector<int64_t> cs = {xs[1]};
+    std::vector<int64_t> red;
+    int64_t count = xs[0];
+    for (size_t d = 2; d < xs.size(); ++d) count *= xs[d];
+    const double m = static_cast<double>(count);
+    const std::string dy = names_.at(go), X = names_.at(x);
+    const std::string mean = names_.at(n.arg(5).tensor_index()), invstd = names_.at(n.arg(6).tensor_index());
+    const std::string xc = bin("stablehlo.subtract", X, bcast(mean, cs, xs, {1}), xs);
+    const std::string gsum = channel_sum(dy, xs);
+    const std::string dotp = channel_sum(bin("stablehlo.multiply", dy, xc, xs), xs);
+    const std::string k =
+        bin("stablehlo.divide", bin("stablehlo.multiply", bin("stablehlo.multiply", dotp, invstd, cs), invstd, cs),
+            splat(m, cs), cs);
+    const std::string gmean = bin("stablehlo.divide", gsum, splat(m, cs), cs);
+    std::string scale = invstd;
+    if (!n.arg(2).is_none()) scale = bin("stablehlo.multiply", invstd, names_.at(n.arg(2).tensor_index()), cs);
+    const std::string dx = bin("stablehlo.multiply",
+                               bin("stablehlo.subtract", bin("stablehlo.subtract", dy, bcast(gmean, cs, xs, {1}), xs),
+                                   bin("stablehlo.multiply", xc, bcast(k, cs, xs, {1}), xs), xs),
+                               bcast(scale, cs, xs, {1}), xs);
+    const auto outs = n.outputs();
+    if (outs[0] >= 0) names_[outs[0]] = dx;
+    if (outs.size() > 1 && outs[1] >= 0) names_[outs[1]] = bin("stablehlo.multiply", dotp, invstd, cs);
+    if (outs.size() > 2 && outs[2] >= 0) names_[outs[2]] = gsum;
+  }
+
   static std::string dims_of(const std::vector<int64_t>& shape) {
     std::string d;
     for (int64_t s : shape) d += std::to_string(s) + "x";
@@ -906,10 +1089,18 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
                                                    "aten::cat",
                                                    "aten::embedding",
                                                    "aten::embedding_dense_backward",
+                                                   "aten::convolution",
+                                                   "aten::convolution_backward",
+                                                   "aten::_native_batch_norm_legit_functional",
+                                                   "aten::native_batch_norm_backward",
                                                    "aten::_scaled_dot_product_flash_attention_for_cpu",
                                                    "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
   // Ops of several results (the rest have one), and the operand that may be int64 (indices).
-  static const std::set<std::string> several = {"aten::native_layer_norm", "aten::native_layer_norm_backward",
+  static const std::set<std::string> several = {"aten::native_layer_norm",
+                                                "aten::native_layer_norm_backward",
+                                                "aten::convolution_backward",
+                                                "aten::_native_batch_norm_legit_functional",
+                                                "aten::native_batch_norm_backward",
                                                 "aten::split.Tensor",
                                                 "aten::_scaled_dot_product_flash_attention_for_cpu",
                                                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
@@ -924,6 +1115,26 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   if (o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward")
     return why_not_nll_loss(g, n, o == "aten::nll_loss_backward");
   if (n.outputs().size() != 1 && !several.count(o)) return "more than one result";
+  if (o == "aten::add.Scalar" && is_int64(g.value(n.outputs()[0]))) {
+    // A counter: int64 + int * int.
+    if (!is_int64(g.value(n.arg(0).tensor_index())) || n.arg(1).tag() != KILN_ARG_INT ||
+        n.arg(2).tag() != KILN_ARG_INT || n.arg(1).runtime_scalar() >= 0 || n.arg(2).runtime_scalar() >= 0)
+      return "an int64 add of other than ints";
+    return "";
+  }
+  if (o == "aten::convolution" || o == "aten::convolution_backward") {
+    const bool bwd = o == "aten::convolution_backward";
+    const auto x = g.value(n.arg(bwd ? 1 : 0).tensor_index());
+    if (x.ndim() < 3) return "a convolution without spatial dims";
+    const size_t sp = static_cast<size_t>(x.ndim() - 2), at = bwd ? 4 : 3;
+    for (size_t i = at; i < at + 3; ++i)
+      if (n.arg(i).as_ints().size() != sp) return "strides, padding or dilation not given per spatial dim";
+    if (n.arg(at + 3).as_bool()) return "a transposed convolution";
+    if (bwd && n.arg(at + 5).as_int() != 1) return "a grouped convolution's backward";
+  }
+  if ((o == "aten::_native_batch_norm_legit_functional" && !n.arg(5).as_bool()) ||
+      (o == "aten::native_batch_norm_backward" && !n.arg(7).as_bool()))
+    return "batch norm in eval mode";
   for (int64_t v : n.outputs())
     if (!kiln::plugin::is_float32(g.value(v).dtype()))
       return "a " + kiln::plugin::dtype_name(g.value(v).dtype()) + " result";

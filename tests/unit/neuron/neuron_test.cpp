@@ -484,3 +484,59 @@ TEST(NeuronPjrt, CausalAttentionAndItsBackwardMatchAten) {
     EXPECT_EQ(claimed, g.nodes.size());
   }
 }
+
+// cnn's pieces against ATen: convolutions (strided, padded, dilated, grouped, with a bias) and
+// the backward with all three results, training batch norm with its running stats and its
+// backward, and the int64 counter batch norm keeps.
+TEST(NeuronPjrt, ConvolutionsAndBatchNormMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4,6,11,9]{594,99,9,1} input "x"
+  input %1 : f32[8,6,3,3]{54,9,3,1} input "w"
+  input %2 : f32[8]{1} input "bias"
+  input %3 : f32[4,8,6,5]{240,30,5,1} input "dy_s2"
+  input %4 : f32[4,8,7,7]{392,49,7,1} input "dy_d2"
+  input %5 : f32[8,3,3,3]{27,9,3,1} input "wg"
+  input %6 : f32[8]{1} input "gamma"
+  input %7 : f32[8]{1} input "beta"
+  input %8 : f32[8]{1} buffer "running_mean"
+  input %9 : f32[8]{1} buffer "running_var"
+  input %10 : f32[4,8,6,5]{240,30,5,1} input "dbn"
+  input %11 : i64[]{} buffer "num_batches_tracked"
+  %12 : f32[4,8,6,5]{240,30,5,1} = aten::convolution(%0, %1, %2, i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %13 : f32[4,8,7,7]{392,49,7,1} = aten::convolution(%0, %1, None, i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1)
+  %14 : f32[4,8,11,9]{792,99,9,1} = aten::convolution(%0, %5, None, i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 2)
+  %15 : f32[4,6,11,9]{594,99,9,1}, %16 : f32[8,6,3,3]{54,9,3,1}, %17 : f32[8]{1} = aten::convolution_backward(%3, %0, %1, i[8], i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])
+  %18 : f32[4,6,11,9]{594,99,9,1}, %19 : f32[8,6,3,3]{54,9,3,1}, %20 : f32[8]{1} = aten::convolution_backward(%4, %0, %1, i[8], i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1, b[true, true, true])
+  %21 : f32[4,8,6,5]{240,30,5,1}, %22 : f32[8]{1}, %23 : f32[8]{1}, %24 : f32[8]{1}, %25 : f32[8]{1} = aten::_native_batch_norm_legit_functional(%12, %6, %7, %8, %9, true, 0.1, 1e-05)
+  %26 : f32[4,8,6,5]{240,30,5,1}, %27 : f32[8]{1}, %28 : f32[8]{1} = aten::native_batch_norm_backward(%10, %12, %6, %24, %25, %22, %23, true, 1e-05, b[true, true, true])
+  %29 : i64[]{} = aten::add.Scalar(%11, scalar(1), scalar(1))
+  output %12 result "conv"
+  output %13 result "conv_dilated"
+  output %14 result "conv_grouped"
+  output %15 result "dx"
+  output %16 result "dw"
+  output %17 result "db"
+  output %18 result "dx_dilated"
+  output %19 result "dw_dilated"
+  output %20 result "db_dilated"
+  output %21 result "bn"
+  output %22 result "save_mean"
+  output %23 result "save_invstd"
+  output %24 result "new_running_mean"
+  output %25 result "new_running_var"
+  output %26 result "dbn_x"
+  output %27 result "dbn_w"
+  output %28 result "dbn_b"
+  output %29 result "count"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    const std::vector<at::Tensor> in = {at::randn({4, 6, 11, 9}), at::randn({8, 6, 3, 3}), at::randn({8}),
+                                        at::randn({4, 8, 6, 5}),  at::randn({4, 8, 7, 7}), at::randn({8, 3, 3, 3}),
+                                        at::randn({8}),           at::randn({8}),          at::randn({8}),
+                                        at::rand({8}) + 0.5,      at::randn({4, 8, 6, 5}), at::full({}, 7, at::kLong)};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
