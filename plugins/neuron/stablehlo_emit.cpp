@@ -292,7 +292,8 @@ class Emitter {
       r = op("stablehlo.transpose", {names_.at(x)}, {tensor_type(in)}, T, "permutation = " + i64_array(perm));
     } else if (o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape") {
       const int64_t x = n.arg(0).tensor_index();
-      r = op("stablehlo.reshape", {names_.at(x)}, {tensor_type(g_.value(x).shape())}, T);
+      const char* e = element_type(g_.value(x));  // f32, or int64 targets reshaped for the loss
+      r = op("stablehlo.reshape", {names_.at(x)}, {tensor_type(g_.value(x).shape(), e)}, tensor_type(shape, e));
     } else if (o == "aten::expand") {
       r = broadcast(n.arg(0).tensor_index(), shape);
     } else if (o == "aten::sum" || o == "aten::sum.dim_IntList") {
@@ -1122,6 +1123,9 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
       return "an int64 add of other than ints";
     return "";
   }
+  if ((o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape") && is_int64(g.value(n.outputs()[0])) &&
+      is_int64(g.value(n.arg(0).tensor_index())))
+    return "";  // int64 indices or targets reshaped
   if (o == "aten::convolution" || o == "aten::convolution_backward") {
     const bool bwd = o == "aten::convolution_backward";
     const auto x = g.value(n.arg(bwd ? 1 : 0).tensor_index());

@@ -427,6 +427,8 @@ TEST(NeuronPjrt, GptPiecesMatchAten) {
   %22 : f32[2,5,36]{180,36,1} = aten::cat(t[%21, %19, %20], 2)
   %23 : f32[2,3,12]{36,12,1} = aten::slice.Tensor(%0, 1, 1, -1, 1)
   %24 : f32[2,1,12]{12,12,1} = aten::mean.dim(%0, i[1], true, None)
+  %25 : i64[10]{1} = aten::view(%5, i[-1])
+  %26 : f32[10,12]{12,1} = aten::embedding(%4, %25, -1, false, false)
   output %7 result "ln"
   output %8 result "mean"
   output %9 result "rstd"
@@ -443,6 +445,7 @@ TEST(NeuronPjrt, GptPiecesMatchAten) {
   output %22 result "cat"
   output %23 result "slice"
   output %24 result "mean_dim"
+  output %26 result "emb_flat"
 }
 )");
   for (int trial = 0; trial < 2; ++trial) {
