@@ -7,7 +7,13 @@
 // loads everywhere and says why it is unavailable.
 #include <dlfcn.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <kiln/plugin_api.hpp>
 
 #include "pjrt_runtime.h"
@@ -125,6 +131,53 @@ class PjrtGroup : public Executable {
   std::vector<int32_t> runtime_scalars_;
 };
 
+// The compile cache on disk: <cache_dir>/neuron/<hash>.pjrt holds the module's text (to tell a hash
+// collision from a hit) and the executable as the PJRT plugin serialized it. The key covers the
+// plugin's path, platform and API version, and the module; a file that does not read back, or that
+// the plugin does not deserialize (another XLA build), is compiled again and replaced.
+std::string cache_file(const std::string& dir, const PjrtClient& client, const std::string& module) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  };
+  mix(client.path());
+  mix(client.platform());
+  mix(std::to_string(client.api_major()) + "." + std::to_string(client.api_minor()));
+  mix(module);
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+  return dir + "/neuron/" + name + ".pjrt";
+}
+
+std::optional<std::string> read_cached(const std::string& file, const std::string& module) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return std::nullopt;
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), sizeof n) || n != module.size()) return std::nullopt;
+  std::string text(n, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n)) || text != module) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Written to a temporary name and renamed, so that a concurrent reader sees all of it or nothing.
+bool write_cached(const std::string& file, const std::string& module, const std::string& bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
+  const std::string tmp = file + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    const uint64_t n = module.size();
+    out.write(reinterpret_cast<const char*>(&n), sizeof n);
+    out.write(module.data(), static_cast<std::streamsize>(n));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) return std::filesystem::remove(tmp, ec), false;
+  }
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return !ec;
+}
+
 class NeuronPlugin : public Plugin {
  public:
   using Plugin::Plugin;
@@ -220,11 +273,34 @@ class NeuronPlugin : public Plugin {
     } catch (const PjrtError& e) {
       throw Unimplemented(std::string(e.what()) + "; these nodes run eagerly");
     }
+    const std::string dir = options.cache_dir.empty() ? host().cache_dir() : options.cache_dir;
+    const bool cached = !dir.empty() && client->can_serialize();
+    const std::string file = cached ? cache_file(dir, *client, module) : "";
+    if (cached) {
+      if (auto bytes = read_cached(file, module)) {
+        try {
+          return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars));
+        } catch (const PjrtError& e) {
+          host().debug(std::string("neuron: compiling again: the cached executable ") + file +
+                       " does not load: " + e.what());
+        }
+      }
+    }
+    std::unique_ptr<PjrtExecutable> exe;
     try {
-      return std::make_unique<PjrtGroup>(client->compile(module), std::move(runtime_scalars));
+      exe = client->compile(module);
     } catch (const PjrtError& e) {
       throw Error(KILN_ERROR_INTERNAL, std::string(e.what()) + "\nthe module:\n" + module);
     }
+    if (cached) {
+      try {
+        if (!write_cached(file, module, exe->serialize()))
+          host().debug("neuron: could not write the compile cache file " + file);
+      } catch (const PjrtError& e) {
+        host().debug(std::string("neuron: executable not cached: ") + e.what());
+      }
+    }
+    return std::make_unique<PjrtGroup>(std::move(exe), std::move(runtime_scalars));
   }
 };
 

@@ -2,6 +2,9 @@
 // XLA's CPU PJRT plugin (compile, run, errors carrying PJRT's message), and the plugin through the
 // real host, its groups checked against the eager executor on fresh random inputs.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <ATen/ATen.h>
 
@@ -542,4 +545,65 @@ TEST(NeuronPjrt, ConvolutionsAndBatchNormMatchAten) {
     neuron_vs_eager(g, in, {}, &claimed);
     EXPECT_EQ(claimed, g.nodes.size());
   }
+}
+
+// The compile cache: XLA's CPU plugin serializes executables; one loaded back runs as the compiled
+// one did, and bytes that are not an executable give PJRT's error.
+TEST(NeuronPjrt, SerializedExecutablesLoadBackAndRun) {
+  auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
+  ASSERT_TRUE(client->can_serialize());
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  View v(g);
+  const std::string bytes = client->compile(neuron::emit_stablehlo(v.pg()))->serialize();
+  ASSERT_FALSE(bytes.empty());
+  auto exe = client->load(bytes);
+  ASSERT_EQ(exe->num_outputs(), 1u);
+  at::Tensor x = at::randn({2, 3}), b = at::randn({3}), y = at::empty({2, 3});
+  neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
+  neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
+  neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+  exe->run({hx, hb}, {hy});
+  EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7));
+  EXPECT_THROW(client->load("not an executable"), neuron::PjrtError);
+}
+
+// Through the plugin: the first compile writes <cache_dir>/neuron/<key>.pjrt, a later one loads it,
+// and a damaged file is compiled again and replaced; every executable matches eager.
+TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_cache_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  args.runtime.cache_dir = dir;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  auto files = [&] {
+    std::vector<std::filesystem::path> f;
+    if (std::filesystem::exists(dir + "/neuron"))
+      for (const auto& e : std::filesystem::directory_iterator(dir + "/neuron")) f.push_back(e.path());
+    return f;
+  };
+  auto check = [&] {
+    PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+    EXPECT_EQ(exec.stats().nodes_compiled, 2u);
+    std::vector<at::Tensor> env(g.values.size());
+    const at::Tensor x = at::randn({2, 3}), b = at::randn({3});
+    env[g.inputs[0].value] = x;
+    env[g.inputs[1].value] = b;
+    exec.run(env);
+    EXPECT_TRUE(at::allclose(env[g.outputs[0].value], at::relu(x + 0.5 * b), 1e-6, 1e-7));
+  };
+  check();
+  auto written = files();
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].extension(), ".pjrt");
+  const auto size = std::filesystem::file_size(written[0]);
+  const auto stamp = std::filesystem::last_write_time(written[0]);
+  check();  // loaded: the file is left as it was
+  EXPECT_EQ(std::filesystem::last_write_time(written[0]), stamp);
+  std::filesystem::resize_file(written[0], size - 100);  // damaged: compiled again, written again
+  check();
+  ASSERT_EQ(files().size(), 1u);
+  EXPECT_EQ(std::filesystem::file_size(written[0]), size);
+  std::filesystem::remove_all(dir);
 }
