@@ -3,12 +3,14 @@
 // emitter, with no MLIR dependency: ops are written in MLIR's generic form
 // ("stablehlo.add"(%a, %b) : (types) -> type), which every StableHLO parser reads the same way.
 //
-// What it takes today, float32: element-wise arithmetic and activations with broadcasting (add,
-// sub, mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid,
-// relu and its backward (threshold_backward), maximum, minimum, clone); matmuls (mm, bmm, addmm as
-// dot_general); views (t, permute, transpose, view, reshape, expand); sums over dims; log_softmax
-// and its backward. Convolutions, other reductions, gathers and the optimizers' run-time scalars
-// are not emitted yet: those nodes stay eager.
+// What it takes today, float32 (int64 for indices, targets and batch norm's counter): element-wise
+// arithmetic and activations with broadcasting (add, sub, mul, div with tensors or scalars and
+// alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu and its backward, gelu and its
+// backward, maximum, minimum, clone, detach); the optimizers' addcmul/addcdiv with run-time
+// scalars as parameters of @main; matmuls (mm, bmm, addmm as dot_general); views (t, permute,
+// transpose, view, reshape, expand, slice, split, cat); sums and means over dims; log_softmax and
+// nll_loss with their backward; layer norm, training batch norm, convolution, embedding and CPU
+// flash attention, each with its backward. Everything else stays eager, with the reason.
 #pragma once
 
 #include <string>
