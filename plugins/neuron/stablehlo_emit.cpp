@@ -298,6 +298,8 @@ class Emitter {
       r = broadcast(n.arg(0).tensor_index(), shape);
     } else if (o == "aten::sum" || o == "aten::sum.dim_IntList") {
       r = sum(n, shape);
+    } else if (o == "aten::_softmax" || o == "aten::_softmax_backward_data") {
+      r = softmax(n, shape, o == "aten::_softmax_backward_data");
     } else if (o == "aten::_log_softmax" || o == "aten::_log_softmax_backward_data") {
       r = log_softmax(n, shape, o == "aten::_log_softmax_backward_data");
     } else {
@@ -1001,6 +1003,27 @@ class Emitter {
     if (outs.size() > 2 && outs[2] >= 0) names_[outs[2]] = gsum;
   }
 
+  // softmax as ATen's CPU kernel: exp(x - max) / sum(exp(x - max)); its backward
+  // output * (grad - sum(grad * output)).
+  std::string softmax(const Node& n, const std::vector<int64_t>& shape, bool backward) {
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    int64_t d = backward ? n.arg(2).as_int() : n.arg(1).as_int();
+    d = d < 0 ? d + rank : d;
+    std::vector<int64_t> red;
+    if (backward) {
+      const std::string grad = names_.at(n.arg(0).tensor_index()), out = names_.at(n.arg(1).tensor_index());
+      const std::string s = spread(
+          reduce(bin("stablehlo.multiply", grad, out, shape), shape, {d}, "stablehlo.add", "0.00000000e+00", &red),
+          shape, d);
+      return bin("stablehlo.multiply", out, bin("stablehlo.subtract", grad, s, shape), shape);
+    }
+    const std::string x = names_.at(n.arg(0).tensor_index());
+    const std::string m = spread(reduce(x, shape, {d}, "stablehlo.maximum", "0xFF800000", &red), shape, d);
+    const std::string e = un("stablehlo.exponential", bin("stablehlo.subtract", x, m, shape), shape);
+    const std::string sum = spread(reduce(e, shape, {d}, "stablehlo.add", "0.00000000e+00", &red), shape, d);
+    return bin("stablehlo.divide", e, sum, shape);
+  }
+
   static std::string dims_of(const std::vector<int64_t>& shape) {
     std::string d;
     for (int64_t s : shape) d += std::to_string(s) + "x";
@@ -1076,6 +1099,8 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
                                                    "aten::sum.dim_IntList",
                                                    "aten::_log_softmax",
                                                    "aten::_log_softmax_backward_data",
+                                                   "aten::_softmax",
+                                                   "aten::_softmax_backward_data",
                                                    "aten::nll_loss_forward",
                                                    "aten::nll_loss_backward",
                                                    "aten::addcmul",
@@ -1177,7 +1202,7 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   }
   if (o == "aten::sum" || o == "aten::sum.dim_IntList")
     if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a sum into another dtype";
-  if (o == "aten::_log_softmax" && n.arg(2).as_bool()) return "half_to_float";
+  if ((o == "aten::_log_softmax" || o == "aten::_softmax") && n.arg(2).as_bool()) return "half_to_float";
   if (o == "aten::clone") {
     if (auto mf = n.find_arg("memory_format"); mf && !mf->is_none() && mf->raw()->i != KILN_MEMORY_FORMAT_PRESERVE &&
                                                mf->raw()->i != KILN_MEMORY_FORMAT_CONTIGUOUS)

@@ -74,7 +74,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[4,4]{4,1} input "x"
   input %1 : f64[4]{1} input "d"
-  %2 : f32[4,4]{4,1} = aten::_softmax(%0, 1, false)
+  %2 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
   %3 : f64[4]{1} = aten::neg(%1)
   output %2 result "y"
   output %3 result "z"
@@ -82,7 +82,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
 )");
   View v(g);
   const auto pg = v.pg();
-  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::_softmax yet");
+  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::cumsum yet");
   EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(1)), "a float64 result");
   EXPECT_THROW(neuron::emit_stablehlo(pg), plugin::Unimplemented);
 }
@@ -189,7 +189,7 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   %4 : f32[8,16]{16,1} = aten::relu(%3)
   %5 : f32[8,16]{16,1} = aten::threshold_backward(%2, %4, 0)
   %6 : f32[16,8]{1,16} = aten::permute(%5, i[1, 0])
-  %7 : f32[16,8]{8,1} = aten::_softmax(%6, 1, false)
+  %7 : f32[16,8]{8,1} = aten::cumsum(%6, 1, None)
   %8 : f32[16,8]{8,1} = aten::mul.Scalar(%7, scalar(3))
   %9 : f32[]{} = aten::sum(%8, None)
   output %9 result "loss"
@@ -198,7 +198,7 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
 }
 )");
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
-  // The softmax stays eager; the rest is two groups around it.
+  // The cumsum stays eager; the rest is two groups around it.
   EXPECT_EQ(exec.stats().nodes_compiled, 6u);
   EXPECT_EQ(exec.stats().groups_compiled, 2u);
   for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
@@ -408,7 +408,7 @@ TEST(NeuronPjrt, AdamWUpdateWithRuntimeScalarsMatchesAten) {
 
 // gpt's pieces through XLA's CPU plugin against ATen, forward and backward: layer norm, GELU
 // (erf), embedding (gather) and its backward (scatter-add, with repeated indices), split, slice,
-// cat, mean over dims, and causal attention with its backward.
+// cat, mean over dims, softmax.
 TEST(NeuronPjrt, GptPiecesMatchAten) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[2,5,12]{60,12,1} input "x"
@@ -432,6 +432,8 @@ TEST(NeuronPjrt, GptPiecesMatchAten) {
   %24 : f32[2,1,12]{12,12,1} = aten::mean.dim(%0, i[1], true, None)
   %25 : i64[10]{1} = aten::view(%5, i[-1])
   %26 : f32[10,12]{12,1} = aten::embedding(%4, %25, -1, false, false)
+  %27 : f32[2,5,12]{60,12,1} = aten::_softmax(%0, 2, false)
+  %28 : f32[2,5,12]{60,12,1} = aten::_softmax_backward_data(%3, %27, -1, dtype(f32))
   output %7 result "ln"
   output %8 result "mean"
   output %9 result "rstd"
@@ -449,6 +451,8 @@ TEST(NeuronPjrt, GptPiecesMatchAten) {
   output %23 result "slice"
   output %24 result "mean_dim"
   output %26 result "emb_flat"
+  output %27 result "softmax"
+  output %28 result "dsoftmax"
 }
 )");
   for (int trial = 0; trial < 2; ++trial) {
