@@ -298,6 +298,11 @@ class Emitter {
       r = broadcast(n.arg(0).tensor_index(), shape);
     } else if (o == "aten::sum" || o == "aten::sum.dim_IntList") {
       r = sum(n, shape);
+    } else if (o == "aten::max_pool2d_with_indices") {
+      max_pool(n);
+      return;
+    } else if (o == "aten::max_pool2d_with_indices_backward") {
+      r = max_pool_backward(n, shape);
     } else if (o == "aten::_softmax" || o == "aten::_softmax_backward_data") {
       r = softmax(n, shape, o == "aten::_softmax_backward_data");
     } else if (o == "aten::_log_softmax" || o == "aten::_log_softmax_backward_data") {
@@ -1024,6 +1029,104 @@ class Emitter {
     return bin("stablehlo.divide", e, sum, shape);
   }
 
+  // A pooling size, stride, padding or dilation: one int for both dims, or two.
+  static std::vector<int64_t> pool_arg(const kiln::plugin::Arg& a) {
+    auto v = a.as_ints();
+    if (v.size() == 1) v.push_back(v[0]);
+    return v;
+  }
+
+  // max_pool2d_with_indices: a reduce_window over the values and their flat index in the plane
+  // (h * W + w), keeping the larger value, the smaller index among equals and a NaN over a number,
+  // as ATen's scan in order keeps the first maximum and any NaN; padding is -inf at an index past
+  // every real one, so a real element always wins its window.
+  void max_pool(const Node& n) {
+    const int64_t x = n.arg(0).tensor_index();
+    const auto xs = g_.value(x).shape(), os = g_.value(n.outputs()[0]).shape();
+    const std::string XI = tensor_type(xs, "i64");
+    const std::string h = op("stablehlo.iota", {}, {}, XI, "iota_dimension = 2 : i64");
+    const std::string w = op("stablehlo.iota", {}, {}, XI, "iota_dimension = 3 : i64");
+    const std::string flat =
+        op("stablehlo.add", {op("stablehlo.multiply", {h, splat_i64(xs[3], xs)}, {XI, XI}, XI), w}, {XI, XI}, XI);
+    const std::string ninf = fresh();
+    body_ << "    " << ninf << " = \"stablehlo.constant\"() {value = dense<0xFF800000> : tensor<f32>} : () -> "
+          << "tensor<f32>\n";
+    const std::string last = fresh();
+    body_ << "    " << last
+          << " = \"stablehlo.constant\"() {value = dense<9223372036854775807> : tensor<i64>} : () -> tensor<i64>\n";
+    const auto k = pool_arg(n.arg(1)), pad = pool_arg(n.arg(3)), dil = pool_arg(n.arg(4));
+    const auto st = n.arg(2).as_ints().empty() ? k : pool_arg(n.arg(2));
+    std::string padding = "dense<[[0, 0], [0, 0]";
+    for (size_t i = 0; i < 2; ++i) {
+      const int64_t hi = (os[2 + i] - 1) * st[i] + dil[i] * (k[i] - 1) + 1 - xs[2 + i] - pad[i];
+      padding += ", [" + std::to_string(pad[i]) + ", " + std::to_string(std::max(hi, int64_t{0})) + "]";
+    }
+    padding += "]> : tensor<4x2xi64>";
+    const std::string F = "tensor<f32>", I = "tensor<i64>", B = "tensor<i1>";
+    auto cmp = [&](const char* r, const char* a, const char* b, const char* dir, const std::string& t) {
+      body_ << "      " << r << " = \"stablehlo.compare\"(" << a << ", " << b
+            << ") {comparison_direction = #stablehlo<comparison_direction " << dir << ">} : (" << t << ", " << t
+            << ") -> " << B << "\n";
+    };
+    auto logic = [&](const char* r, const char* name, const char* a, const char* b) {
+      body_ << "      " << r << " = \"" << name << "\"(" << a << ", " << b << ") : (" << B << ", " << B << ") -> " << B
+            << "\n";
+    };
+    const std::string r = fresh();
+    body_ << "    " << r << ":2 = \"stablehlo.reduce_window\"(" << names_.at(x) << ", " << flat << ", " << ninf << ", "
+          << last << ") ({\n"
+          << "    ^bb0(%a: tensor<f32>, %ai: tensor<i64>, %b: tensor<f32>, %bi: tensor<i64>):\n";
+    cmp("%gt", "%b", "%a", "GT", F);
+    cmp("%eq", "%b", "%a", "EQ", F);
+    cmp("%lt", "%bi", "%ai", "LT", I);
+    cmp("%bn", "%b", "%b", "NE", F);
+    cmp("%an", "%a", "%a", "NE", F);
+    logic("%nans", "stablehlo.and", "%bn", "%an");
+    logic("%same", "stablehlo.or", "%eq", "%nans");
+    logic("%tie", "stablehlo.and", "%same", "%lt");
+    body_ << "      %num = \"stablehlo.not\"(%an) : (" << B << ") -> " << B << "\n";
+    logic("%nan", "stablehlo.and", "%bn", "%num");
+    logic("%more", "stablehlo.or", "%gt", "%tie");
+    logic("%take", "stablehlo.or", "%more", "%nan");
+    body_ << "      %v = \"stablehlo.select\"(%take, %b, %a) : (" << B << ", " << F << ", " << F << ") -> " << F << "\n"
+          << "      %i = \"stablehlo.select\"(%take, %bi, %ai) : (" << B << ", " << I << ", " << I << ") -> " << I
+          << "\n"
+          << "      \"stablehlo.return\"(%v, %i) : (" << F << ", " << I << ") -> ()\n"
+          << "    }) {padding = " << padding << ", window_dilations = array<i64: 1, 1, " << dil[0] << ", " << dil[1]
+          << ">, window_dimensions = array<i64: 1, 1, " << k[0] << ", " << k[1]
+          << ">, window_strides = array<i64: 1, 1, " << st[0] << ", " << st[1] << ">} : (" << tensor_type(xs) << ", "
+          << XI << ", " << F << ", " << I << ") -> (" << tensor_type(os) << ", " << tensor_type(os, "i64") << ")\n";
+    names_[n.outputs()[0]] = r + "#0";
+    names_[n.outputs()[1]] = r + "#1";
+  }
+
+  // Its backward: each gradient added at its window's maximum (the indices), a scatter with an add
+  // region over [N * C, H * W] indexed by (plane, index).
+  std::string max_pool_backward(const Node& n, const std::vector<int64_t>& shape) {
+    const int64_t go = n.arg(0).tensor_index(), ix = n.arg(7).tensor_index();
+    const auto gs = g_.value(go).shape();
+    const int64_t NC = shape[0] * shape[1], HW = shape[2] * shape[3], P = gs[2] * gs[3], K = NC * P;
+    const std::string g = reshape(names_.at(go), gs, {K});
+    const std::string idx = reshape_typed(names_.at(ix), gs, {K, 1}, "i64");
+    const std::string plane = reshape_typed(
+        op("stablehlo.iota", {}, {}, tensor_type({NC, P}, "i64"), "iota_dimension = 0 : i64"), {NC, P}, {K, 1}, "i64");
+    const std::string at =
+        op("stablehlo.concatenate", {plane, idx}, {tensor_type({K, 1}, "i64"), tensor_type({K, 1}, "i64")},
+           tensor_type({K, 2}, "i64"), "dimension = 1 : i64");
+    const std::string zero = splat(0.0, {NC, HW});
+    const std::string r = fresh();
+    body_
+        << "    " << r << " = \"stablehlo.scatter\"(" << zero << ", " << at << ", " << g << ") ({\n"
+        << "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+        << "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+        << "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+        << "    }) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = "
+           "[0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 1>, unique_indices = false} : ("
+        << tensor_type({NC, HW}) << ", " << tensor_type({K, 2}, "i64") << ", " << tensor_type({K}) << ") -> "
+        << tensor_type({NC, HW}) << "\n";
+    return reshape(r, {NC, HW}, shape);
+  }
+
   static std::string dims_of(const std::vector<int64_t>& shape) {
     std::string d;
     for (int64_t s : shape) d += std::to_string(s) + "x";
@@ -1101,6 +1204,8 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
                                                    "aten::_log_softmax_backward_data",
                                                    "aten::_softmax",
                                                    "aten::_softmax_backward_data",
+                                                   "aten::max_pool2d_with_indices",
+                                                   "aten::max_pool2d_with_indices_backward",
                                                    "aten::nll_loss_forward",
                                                    "aten::nll_loss_backward",
                                                    "aten::addcmul",
@@ -1127,6 +1232,7 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
                                                 "aten::convolution_backward",
                                                 "aten::_native_batch_norm_legit_functional",
                                                 "aten::native_batch_norm_backward",
+                                                "aten::max_pool2d_with_indices",
                                                 "aten::split.Tensor",
                                                 "aten::_scaled_dot_product_flash_attention_for_cpu",
                                                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
@@ -1146,6 +1252,19 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
     if (!is_int64(g.value(n.arg(0).tensor_index())) || n.arg(1).tag() != KILN_ARG_INT ||
         n.arg(2).tag() != KILN_ARG_INT || n.arg(1).runtime_scalar() >= 0 || n.arg(2).runtime_scalar() >= 0)
       return "an int64 add of other than ints";
+    return "";
+  }
+  if (o == "aten::max_pool2d_with_indices" || o == "aten::max_pool2d_with_indices_backward") {
+    const bool bwd = o == "aten::max_pool2d_with_indices_backward";
+    const auto x = g.value(n.arg(bwd ? 1 : 0).tensor_index());
+    if (x.ndim() != 4 || !kiln::plugin::is_float32(x.dtype())) return "pooling other than float32 [N, C, H, W]";
+    for (size_t i = bwd ? 2 : 1; i < (bwd ? 6u : 5u); ++i) {
+      const size_t len = n.arg(i).as_ints().size();
+      if (len > 2 || (len == 0 && i != (bwd ? 3u : 2u))) return "pooling sizes not given per dim";
+    }
+    if (bwd && (!is_int64(g.value(n.arg(7).tensor_index())) ||
+                !kiln::plugin::is_float32(g.value(n.arg(0).tensor_index()).dtype())))
+      return "a gradient or indices of another dtype";
     return "";
   }
   if ((o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape") && is_int64(g.value(n.outputs()[0])) &&

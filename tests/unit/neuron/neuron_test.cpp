@@ -611,3 +611,36 @@ TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
   EXPECT_EQ(std::filesystem::file_size(written[0]), size);
   std::filesystem::remove_all(dir);
 }
+
+// Max pooling with indices and its backward against ATen: strided, padded, dilated and ceil-mode
+// windows, and ties (a constant region) and -inf values, where the first maximum's index counts.
+TEST(NeuronPjrt, MaxPoolWithIndicesAndItsBackwardMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3,9,8]{216,72,8,1} input "x"
+  input %1 : f32[2,3,5,4]{60,20,4,1} input "dy"
+  input %2 : f32[2,3,5,4]{60,20,4,1} input "dy2"
+  %3 : f32[2,3,5,4]{60,20,4,1}, %4 : i64[2,3,5,4]{60,20,4,1} = aten::max_pool2d_with_indices(%0, i[3, 3], i[2, 2], i[1, 1], i[1, 1], false)
+  %5 : f32[2,3,9,8]{216,72,8,1} = aten::max_pool2d_with_indices_backward(%1, %0, i[3, 3], i[2, 2], i[1, 1], i[1, 1], false, %4)
+  %6 : f32[2,3,5,4]{60,20,4,1}, %7 : i64[2,3,5,4]{60,20,4,1} = aten::max_pool2d_with_indices(%0, i[2], i[], i[0], i[1], true)
+  %8 : f32[2,3,9,8]{216,72,8,1} = aten::max_pool2d_with_indices_backward(%2, %0, i[2], i[], i[0], i[1], true, %7)
+  %9 : f32[2,3,3,3]{27,9,3,1}, %10 : i64[2,3,3,3]{27,9,3,1} = aten::max_pool2d_with_indices(%0, i[2, 2], i[3, 2], i[0, 0], i[2, 2], false)
+  output %3 result "y"
+  output %4 result "idx"
+  output %5 result "dx"
+  output %6 result "y_ceil"
+  output %7 result "idx_ceil"
+  output %8 result "dx_ceil"
+  output %9 result "y_dil"
+  output %10 result "idx_dil"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    at::Tensor x = at::randn({2, 3, 9, 8});
+    x.index_put_({0, 0, at::indexing::Slice(0, 4), at::indexing::Slice(0, 4)}, 1.5);  // ties
+    x.index_put_({1, 2, at::indexing::Slice(2, 6), at::indexing::Slice(2, 6)}, -INFINITY);
+    const std::vector<at::Tensor> in = {x, at::randn({2, 3, 5, 4}), at::randn({2, 3, 5, 4})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
