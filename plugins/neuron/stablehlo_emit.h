@@ -8,9 +8,10 @@
 // alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu and its backward, gelu and its
 // backward, maximum, minimum, clone, detach); the optimizers' addcmul/addcdiv with run-time
 // scalars as parameters of @main; matmuls (mm, bmm, addmm as dot_general); views (t, permute,
-// transpose, view, reshape, expand, slice, split, cat); sums and means over dims; log_softmax and
-// nll_loss with their backward; layer norm, training batch norm, convolution, embedding and CPU
-// flash attention, each with its backward. Everything else stays eager, with the reason.
+// transpose, view, reshape, expand, slice, split, cat); sums and means over dims; softmax,
+// log_softmax and nll_loss with their backward; layer norm, training batch norm, convolution, max
+// pooling with indices, embedding and CPU flash attention, each with its backward. Everything else
+// stays eager, with the reason.
 #pragma once
 
 #include <string>

@@ -644,3 +644,47 @@ TEST(NeuronPjrt, MaxPoolWithIndicesAndItsBackwardMatchAten) {
     EXPECT_EQ(claimed, g.nodes.size());
   }
 }
+
+// Golden text: a run-time scalar becomes a rank-0 parameter after the inputs, broadcast where used;
+// a convolution carries its dimension numbers, strides, padding, dilation and groups.
+TEST(NeuronStablehlo, EmitsRuntimeScalarsAsParametersAndConvolutionsWithTheirAttributes) {
+  const ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  input %0 : f32[4]{1} input "v"
+  %1 : f32[4]{1} = aten::div.Scalar(%0, $0:scalar(0.5))
+  output %1 result "y"
+}
+)");
+  View v(g);
+  std::vector<int32_t> rts;
+  EXPECT_EQ(neuron::emit_stablehlo(v.pg(), &rts),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<f32>) -> (tensor<4xf32>) {\n"
+            "    %0 = \"stablehlo.broadcast_in_dim\"(%arg1) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> "
+            "tensor<4xf32>\n"
+            "    %1 = \"stablehlo.divide\"(%arg0, %0) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
+            "    \"func.return\"(%1) : (tensor<4xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
+  EXPECT_EQ(rts, std::vector<int32_t>{0});
+  const ir::Graph c = ir::parse(R"(graph {
+  input %0 : f32[1,4,5,5]{100,25,5,1} input "x"
+  input %1 : f32[6,2,3,3]{18,9,3,1} input "w"
+  %2 : f32[1,6,3,2]{36,6,2,1} = aten::convolution(%0, %1, None, i[2, 3], i[1, 1], i[1, 1], false, i[0, 0], 2)
+  output %2 result "y"
+}
+)");
+  View cv(c);
+  EXPECT_EQ(neuron::emit_stablehlo(cv.pg()),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<1x4x5x5xf32>, %arg1: tensor<6x2x3x3xf32>) -> "
+            "(tensor<1x6x3x2xf32>) {\n"
+            "    %0 = \"stablehlo.convolution\"(%arg0, %arg1) {batch_group_count = 1 : i64, dimension_numbers = "
+            "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = 2 : i64, "
+            "lhs_dilation = array<i64: 1, 1>, padding = dense<[[1, 1], [1, 1]]> : tensor<2x2xi64>, rhs_dilation = "
+            "array<i64: 1, 1>, window_strides = array<i64: 2, 3>} : (tensor<1x4x5x5xf32>, tensor<6x2x3x3xf32>) -> "
+            "tensor<1x6x3x2xf32>\n"
+            "    \"func.return\"(%0) : (tensor<1x6x3x2xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
+}
