@@ -7,7 +7,13 @@
 // loads everywhere and says why it is unavailable.
 #include <dlfcn.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <kiln/plugin_api.hpp>
 
 #include "pjrt_runtime.h"
@@ -38,6 +44,7 @@ std::string try_open_runtime() {
 
 PJRT_Buffer_Type pjrt_type(DLDataType t) {
   if (is_float32(t)) return PJRT_Buffer_Type_F32;
+  if (t.code == kDLInt && t.bits == 64 && t.lanes == 1) return PJRT_Buffer_Type_S64;
   throw Unimplemented("a " + dtype_name(t) + " tensor at the group's boundary");
 }
 
@@ -64,11 +71,25 @@ HostTensor host_view(const DLTensor& t) {
 
 class PjrtGroup : public Executable {
  public:
-  PjrtGroup(std::unique_ptr<PjrtExecutable> exe) : exe_(std::move(exe)) {}
+  PjrtGroup(std::shared_ptr<const PjrtExecutable> exe, std::vector<int32_t> runtime_scalars)
+      : exe_(std::move(exe)), runtime_scalars_(std::move(runtime_scalars)) {}
 
-  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
+  void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+               void* stream) override {
+    execute_with_scalars(inputs, num_inputs, outputs, num_outputs, Scalars(), stream);
+  }
+
+  void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                            const Scalars& scalars, void*) override {
     std::vector<HostTensor> ins, outs;
     for (size_t i = 0; i < num_inputs; ++i) ins.push_back(host_view(inputs[i]));
+    // The run-time scalars' current values: rank-0 f32 parameters after the inputs (ATen computes a
+    // float32 op with a Scalar in float32 too).
+    std::vector<float> values(runtime_scalars_.size());
+    for (size_t k = 0; k < runtime_scalars_.size(); ++k) {
+      values[k] = static_cast<float>(scalars.number(runtime_scalars_[k]));
+      ins.push_back(HostTensor{PJRT_Buffer_Type_F32, {}, {}, &values[k], sizeof(float)});
+    }
     // Results come back dense: an output with other strides gets a dense copy, scattered after.
     std::vector<std::vector<char>> dense(num_outputs);
     for (size_t k = 0; k < num_outputs; ++k) {
@@ -106,8 +127,56 @@ class PjrtGroup : public Executable {
       }
     }
   }
-  std::unique_ptr<PjrtExecutable> exe_;
+  std::shared_ptr<const PjrtExecutable> exe_;
+  std::vector<int32_t> runtime_scalars_;
 };
+
+// The compile cache on disk: <cache_dir>/neuron/<hash>.pjrt holds the module's text (to tell a hash
+// collision from a hit) and the executable as the PJRT plugin serialized it. The key covers the
+// plugin's path, platform and API version, and the module; a file that does not read back, or that
+// the plugin does not deserialize (another XLA build), is compiled again and replaced.
+std::string cache_file(const std::string& dir, const PjrtClient& client, const std::string& module) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  };
+  mix(client.path());
+  mix(client.platform());
+  mix(std::to_string(client.api_major()) + "." + std::to_string(client.api_minor()));
+  mix(module);
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx", static_cast<unsigned long long>(h));
+  return dir + "/neuron/" + name + ".pjrt";
+}
+
+std::optional<std::string> read_cached(const std::string& file, const std::string& module) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return std::nullopt;
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), sizeof n) || n != module.size()) return std::nullopt;
+  std::string text(n, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n)) || text != module) return std::nullopt;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Written to a temporary name and renamed, so that a concurrent reader sees all of it or nothing.
+bool write_cached(const std::string& file, const std::string& module, const std::string& bytes) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
+  const std::string tmp = file + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    const uint64_t n = module.size();
+    out.write(reinterpret_cast<const char*>(&n), sizeof n);
+    out.write(module.data(), static_cast<std::streamsize>(n));
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) return std::filesystem::remove(tmp, ec), false;
+  }
+  std::filesystem::rename(tmp, file, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+  return !ec;
+}
 
 class NeuronPlugin : public Plugin {
  public:
@@ -124,6 +193,7 @@ class NeuronPlugin : public Plugin {
     d.device_kinds = KILN_DEVICE_MASK_NEURON | KILN_DEVICE_MASK_CPU;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
+    d.runtime_scalars = true;  // the optimizers' changing values are parameters of @main
     return d;
   }
 
@@ -195,18 +265,42 @@ class NeuronPlugin : public Plugin {
                     "unknown option '" + key + "' in [plugin.neuron] (it takes: pjrt_plugin)");
     auto it = options.options.find("pjrt_plugin");
     const std::string path = it != options.options.end() ? it->second : kNeuronPjrt;
-    const std::string module = kiln::neuron::emit_stablehlo(g);
+    std::vector<int32_t> runtime_scalars;
+    const std::string module = kiln::neuron::emit_stablehlo(g, &runtime_scalars);
     std::shared_ptr<PjrtClient> client;
     try {
       client = PjrtClient::open(path);
     } catch (const PjrtError& e) {
       throw Unimplemented(std::string(e.what()) + "; these nodes run eagerly");
     }
+    const std::string dir = options.cache_dir.empty() ? host().cache_dir() : options.cache_dir;
+    const bool cached = !dir.empty() && client->can_serialize();
+    const std::string file = cached ? cache_file(dir, *client, module) : "";
+    if (cached) {
+      if (auto bytes = read_cached(file, module)) {
+        try {
+          return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars));
+        } catch (const PjrtError& e) {
+          host().debug(std::string("neuron: compiling again: the cached executable ") + file +
+                       " does not load: " + e.what());
+        }
+      }
+    }
+    std::unique_ptr<PjrtExecutable> exe;
     try {
-      return std::make_unique<PjrtGroup>(client->compile(module));
+      exe = client->compile(module);
     } catch (const PjrtError& e) {
       throw Error(KILN_ERROR_INTERNAL, std::string(e.what()) + "\nthe module:\n" + module);
     }
+    if (cached) {
+      try {
+        if (!write_cached(file, module, exe->serialize()))
+          host().debug("neuron: could not write the compile cache file " + file);
+      } catch (const PjrtError& e) {
+        host().debug(std::string("neuron: executable not cached: ") + e.what());
+      }
+    }
+    return std::make_unique<PjrtGroup>(std::move(exe), std::move(runtime_scalars));
   }
 };
 

@@ -174,7 +174,10 @@ std::unique_ptr<PjrtExecutable> PjrtClient::compile(const std::string& mlir) con
   a.compile_options = options.data();
   a.compile_options_size = options.size();
   check(api_->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
-  PJRT_LoadedExecutable* loaded = a.executable;
+  return wrap(a.executable);
+}
+
+std::unique_ptr<PjrtExecutable> PjrtClient::wrap(PJRT_LoadedExecutable* loaded) const {
   auto g = args_of<PJRT_LoadedExecutable_GetExecutable_Args>(PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE);
   g.loaded_executable = loaded;
   size_t n = 0;
@@ -195,6 +198,44 @@ std::unique_ptr<PjrtExecutable> PjrtClient::compile(const std::string& mlir) con
     throw;
   }
   return std::unique_ptr<PjrtExecutable>(new PjrtExecutable(shared_from_this(), loaded, n));
+}
+
+bool PjrtClient::can_serialize() const {
+  return has_fn(api_, offsetof(PJRT_Api, PJRT_Executable_Serialize)) &&
+         has_fn(api_, offsetof(PJRT_Api, PJRT_Executable_DeserializeAndLoad));
+}
+
+std::unique_ptr<PjrtExecutable> PjrtClient::load(const std::string& serialized) const {
+  if (!can_serialize()) throw PjrtError("PJRT plugin " + path_ + " cannot deserialize executables", -1);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto a = args_of<PJRT_Executable_DeserializeAndLoad_Args>(PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE);
+  a.client = client_;
+  a.serialized_executable = serialized.data();
+  a.serialized_executable_size = serialized.size();
+  check(api_->PJRT_Executable_DeserializeAndLoad(&a), "PJRT_Executable_DeserializeAndLoad");
+  return wrap(a.loaded_executable);
+}
+
+std::string PjrtExecutable::serialize() const {
+  const PjrtClient& c = *client_;
+  const PJRT_Api* api = c.api();
+  if (!c.can_serialize()) throw PjrtError("PJRT plugin " + c.path() + " cannot serialize executables", -1);
+  std::lock_guard<std::mutex> lock(c.mu_);
+  auto g = args_of<PJRT_LoadedExecutable_GetExecutable_Args>(PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE);
+  g.loaded_executable = exe_;
+  c.check(api->PJRT_LoadedExecutable_GetExecutable(&g), "PJRT_LoadedExecutable_GetExecutable");
+  auto s = args_of<PJRT_Executable_Serialize_Args>(PJRT_Executable_Serialize_Args_STRUCT_SIZE);
+  s.executable = g.executable;
+  PJRT_Error* e = api->PJRT_Executable_Serialize(&s);
+  std::string bytes;
+  if (!e && s.serialized_bytes) bytes.assign(s.serialized_bytes, s.serialized_bytes_size);
+  if (!e && s.serialized_executable && s.serialized_executable_deleter)
+    s.serialized_executable_deleter(s.serialized_executable);
+  auto d = args_of<PJRT_Executable_Destroy_Args>(PJRT_Executable_Destroy_Args_STRUCT_SIZE);
+  d.executable = g.executable;
+  drop(api, api->PJRT_Executable_Destroy(&d));
+  c.check(e, "PJRT_Executable_Serialize");
+  return bytes;
 }
 
 PjrtExecutable::~PjrtExecutable() {

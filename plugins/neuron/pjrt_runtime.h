@@ -46,6 +46,9 @@ class PjrtExecutable {
   // Copies the inputs to device buffers, runs, and copies each result into outputs[k] (dense,
   // row-major; its bytes must be the result's). Waits for the copies back.
   void run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const;
+  // The plugin's own serialization (PJRT_Executable_Serialize): for PjrtClient::load in a later
+  // process with the same plugin. Throws PjrtError where the plugin cannot.
+  std::string serialize() const;
 
  private:
   friend class PjrtClient;
@@ -70,6 +73,9 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
   int api_minor() const { return api_->pjrt_api_version.minor_version; }
   // Compiles a StableHLO module in MLIR text for one replica and one partition.
   std::unique_ptr<PjrtExecutable> compile(const std::string& mlir) const;
+  // Whether the plugin serializes and deserializes executables; load() deserializes one.
+  bool can_serialize() const;
+  std::unique_ptr<PjrtExecutable> load(const std::string& serialized) const;
 
   // Throws PjrtError for a non-null error, destroying it.
   void check(PJRT_Error* e, const char* call) const;
@@ -79,6 +85,7 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
 
  private:
   PjrtClient(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
+  std::unique_ptr<PjrtExecutable> wrap(PJRT_LoadedExecutable* loaded) const;  // counts its outputs
   std::string path_;
   const PJRT_Api* api_;
   PJRT_Client* client_ = nullptr;

@@ -3,15 +3,19 @@
 // emitter, with no MLIR dependency: ops are written in MLIR's generic form
 // ("stablehlo.add"(%a, %b) : (types) -> type), which every StableHLO parser reads the same way.
 //
-// What it takes today, float32: element-wise arithmetic and activations with broadcasting (add,
-// sub, mul, div with tensors or scalars and alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid,
-// relu and its backward (threshold_backward), maximum, minimum, clone); matmuls (mm, bmm, addmm as
-// dot_general); views (t, permute, transpose, view, reshape, expand); sums over dims; log_softmax
-// and its backward. Convolutions, other reductions, gathers and the optimizers' run-time scalars
-// are not emitted yet: those nodes stay eager.
+// What it takes today, float32 (int64 for indices, targets and batch norm's counter): element-wise
+// arithmetic and activations with broadcasting (add, sub, mul, div with tensors or scalars and
+// alpha; neg, abs, exp, log, sqrt, rsqrt, tanh, sigmoid, relu and its backward, gelu and its
+// backward, maximum, minimum, clone, detach); the optimizers' addcmul/addcdiv with run-time
+// scalars as parameters of @main; matmuls (mm, bmm, addmm as dot_general); views (t, permute,
+// transpose, view, reshape, expand, slice, split, cat); sums and means over dims; softmax,
+// log_softmax and nll_loss with their backward; layer norm, training batch norm, convolution, max
+// pooling with indices, embedding and CPU flash attention, each with its backward. Everything else
+// stays eager, with the reason.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <kiln/plugin_api.hpp>
 
@@ -21,6 +25,8 @@ namespace kiln::neuron {
 std::string why_not_emitted(const kiln::plugin::Graph& g, const kiln::plugin::Node& n);
 
 // The whole subgraph as a module. Throws kiln::plugin::Unimplemented for a node it cannot take.
-std::string emit_stablehlo(const kiln::plugin::Graph& g);
+// @main's parameters are the subgraph's inputs, then one rank-0 f32 per run-time scalar the nodes
+// read: `runtime_scalars` (when given) gets their numbers (Arg::runtime_scalar), in that order.
+std::string emit_stablehlo(const kiln::plugin::Graph& g, std::vector<int32_t>* runtime_scalars = nullptr);
 
 }  // namespace kiln::neuron

@@ -2,6 +2,9 @@
 // XLA's CPU PJRT plugin (compile, run, errors carrying PJRT's message), and the plugin through the
 // real host, its groups checked against the eager executor on fresh random inputs.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <ATen/ATen.h>
 
@@ -71,7 +74,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[4,4]{4,1} input "x"
   input %1 : f64[4]{1} input "d"
-  %2 : f32[4,4]{4,1} = aten::_softmax(%0, 1, false)
+  %2 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
   %3 : f64[4]{1} = aten::neg(%1)
   output %2 result "y"
   output %3 result "z"
@@ -79,7 +82,7 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
 )");
   View v(g);
   const auto pg = v.pg();
-  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::_softmax yet");
+  EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(0)), "no StableHLO lowering for aten::cumsum yet");
   EXPECT_EQ(neuron::why_not_emitted(pg, pg.node(1)), "a float64 result");
   EXPECT_THROW(neuron::emit_stablehlo(pg), plugin::Unimplemented);
 }
@@ -186,7 +189,7 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   %4 : f32[8,16]{16,1} = aten::relu(%3)
   %5 : f32[8,16]{16,1} = aten::threshold_backward(%2, %4, 0)
   %6 : f32[16,8]{1,16} = aten::permute(%5, i[1, 0])
-  %7 : f32[16,8]{8,1} = aten::_softmax(%6, 1, false)
+  %7 : f32[16,8]{8,1} = aten::cumsum(%6, 1, None)
   %8 : f32[16,8]{8,1} = aten::mul.Scalar(%7, scalar(3))
   %9 : f32[]{} = aten::sum(%8, None)
   output %9 result "loss"
@@ -195,7 +198,7 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
 }
 )");
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
-  // The softmax stays eager; the rest is two groups around it.
+  // The cumsum stays eager; the rest is two groups around it.
   EXPECT_EQ(exec.stats().nodes_compiled, 6u);
   EXPECT_EQ(exec.stats().groups_compiled, 2u);
   for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
@@ -225,4 +228,463 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   const PluginAvailability b = bare->available(cpu);
   EXPECT_FALSE(b.available);
   EXPECT_EQ(b.reason.rfind("no AWS Neuron device found", 0), 0u) << b.reason;
+}
+
+namespace {
+
+// Runs `g` through the neuron plugin (every node it claims) and through the eager executor on the
+// same fresh inputs, `scalars` the run-time scalars' values; returns the largest relative error
+// (by norm) over the outputs and fills `claimed` with the nodes that ran through PJRT.
+double neuron_vs_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                       const std::vector<c10::IValue>& scalars, size_t* claimed) {
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  *claimed = exec.stats().nodes_compiled;
+  for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
+  std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i].clone();
+  EagerExecutor(g).run(ref, &scalars);
+  exec.run(env, &scalars);
+  double worst = 0;
+  for (const auto& o : g.outputs) {
+    const at::Tensor got = env[o.value].to(at::kDouble), want = ref[o.value].to(at::kDouble);
+    const double diff = (got - want).norm().item<double>(), scale = want.norm().item<double>();
+    if (std::isnan(diff)) {
+      EXPECT_TRUE(at::equal(got.isnan(), want.isnan())) << o.name << got << want;
+      continue;
+    }
+    const double rel = scale > 0 ? diff / scale : diff;
+    EXPECT_LE(rel, 1e-5) << o.name << "\n" << got << "\n" << want;
+    worst = std::max(worst, rel);
+  }
+  return worst;
+}
+
+}  // namespace
+
+// nll_loss: the target's column picked by an iota compared with the targets, ignored rows left out.
+TEST(NeuronStablehlo, EmitsNllLossWithAnIotaCompareAndSelect) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3]{3,1} input "logp"
+  input %1 : i64[2]{1} input "target"
+  %2 : f32[]{}, %3 : f32[]{} = aten::nll_loss_forward(%0, %1, None, 2, -100)
+  output %2 result "loss"
+  output %3 result "total_weight"
+}
+)");
+  View v(g);
+  EXPECT_EQ(
+      neuron::emit_stablehlo(v.pg()),
+      "module @kiln_group {\n"
+      "  func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<2xi64>) -> (tensor<f32>, tensor<f32>) {\n"
+      "    %0 = \"stablehlo.iota\"() {iota_dimension = 1 : i64} : () -> tensor<2x3xi64>\n"
+      "    %1 = \"stablehlo.broadcast_in_dim\"(%arg1) {broadcast_dimensions = array<i64: 0>} : (tensor<2xi64>) -> "
+      "tensor<2x3xi64>\n"
+      "    %2 = \"stablehlo.compare\"(%0, %1) {comparison_direction = #stablehlo<comparison_direction EQ>} : "
+      "(tensor<2x3xi64>, tensor<2x3xi64>) -> tensor<2x3xi1>\n"
+      "    %3 = \"stablehlo.constant\"() {value = dense<-100> : tensor<2xi64>} : () -> tensor<2xi64>\n"
+      "    %4 = \"stablehlo.compare\"(%arg1, %3) {comparison_direction = #stablehlo<comparison_direction NE>} : "
+      "(tensor<2xi64>, tensor<2xi64>) -> tensor<2xi1>\n"
+      "    %5 = \"stablehlo.broadcast_in_dim\"(%4) {broadcast_dimensions = array<i64: 0>} : (tensor<2xi1>) -> "
+      "tensor<2x3xi1>\n"
+      "    %6 = \"stablehlo.and\"(%2, %5) : (tensor<2x3xi1>, tensor<2x3xi1>) -> tensor<2x3xi1>\n"
+      "    %7 = \"stablehlo.constant\"() {value = dense<1.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %8 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %9 = \"stablehlo.select\"(%4, %7, %8) : (tensor<2xi1>, tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %10 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2x3xf32>} : () -> tensor<2x3xf32>\n"
+      "    %11 = \"stablehlo.select\"(%6, %arg0, %10) : (tensor<2x3xi1>, tensor<2x3xf32>, tensor<2x3xf32>) -> "
+      "tensor<2x3xf32>\n"
+      "    %12 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %13 = \"stablehlo.reduce\"(%11, %12) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 1>} : (tensor<2x3xf32>, tensor<f32>) -> tensor<2xf32>\n"
+      "    %14 = \"stablehlo.multiply\"(%13, %9) : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %15 = \"stablehlo.negate\"(%14) : (tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %16 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2xf32>} : () -> tensor<2xf32>\n"
+      "    %17 = \"stablehlo.select\"(%4, %15, %16) : (tensor<2xi1>, tensor<2xf32>, tensor<2xf32>) -> tensor<2xf32>\n"
+      "    %18 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %19 = \"stablehlo.reduce\"(%17, %18) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 0>} : (tensor<2xf32>, tensor<f32>) -> tensor<f32>\n"
+      "    %20 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<f32>} : () -> tensor<f32>\n"
+      "    %21 = \"stablehlo.reduce\"(%9, %20) ({\n"
+      "    ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):\n"
+      "      %acc = \"stablehlo.add\"(%lhs, %rhs) : (tensor<f32>, tensor<f32>) -> tensor<f32>\n"
+      "      \"stablehlo.return\"(%acc) : (tensor<f32>) -> ()\n"
+      "    }) {dimensions = array<i64: 0>} : (tensor<2xf32>, tensor<f32>) -> tensor<f32>\n"
+      "    \"func.return\"(%19, %21) : (tensor<f32>, tensor<f32>) -> ()\n"
+      "  }\n"
+      "}\n");
+}
+
+// nll_loss forward and backward through XLA's CPU plugin against ATen, for each reduction, with and
+// without a class weight, some targets equal to ignore_index (an in-range class, and -100).
+TEST(NeuronPjrt, NllLossForwardAndBackwardMatchAten) {
+  for (int reduction : {0, 1, 2}) {
+    for (bool weighted : {false, true}) {
+      for (int64_t ignore : {int64_t{-100}, int64_t{2}}) {
+        const std::string r = std::to_string(reduction), ig = std::to_string(ignore);
+        const std::string go = reduction == 0 ? "f32[6]{1}" : "f32[]{}";
+        const std::string w = weighted ? "%2" : "None";
+        const ir::Graph g = ir::parse(
+            "graph {\n"
+            "  input %0 : f32[6,5]{5,1} input \"logits\"\n"
+            "  input %1 : i64[6]{1} input \"target\"\n"
+            "  input %2 : f32[5]{1} input \"weight\"\n"
+            "  input %3 : " +
+            go +
+            " input \"grad\"\n"
+            "  %4 : f32[6,5]{5,1} = aten::_log_softmax(%0, 1, false)\n"
+            "  %5 : " +
+            go + ", %6 : f32[]{} = aten::nll_loss_forward(%4, %1, " + w + ", " + r + ", " + ig +
+            ")\n"
+            "  %7 : f32[6,5]{5,1} = aten::nll_loss_backward(%3, %4, %1, " +
+            w + ", " + r + ", " + ig +
+            ", %6)\n"
+            "  output %5 result \"loss\"\n"
+            "  output %6 result \"total_weight\"\n"
+            "  output %7 result \"dlogp\"\n"
+            "}\n");
+        for (int trial = 0; trial < 2; ++trial) {
+          at::Tensor target = at::randint(0, 5, {6}, at::kLong);
+          target[1] = ignore;
+          target[4] = ignore;
+          const std::vector<at::Tensor> in = {at::randn({6, 5}), target, at::rand({5}) + 0.5,
+                                              reduction == 0 ? at::randn({6}) : at::randn({})};
+          size_t claimed = 0;
+          neuron_vs_eager(g, in, {}, &claimed);
+          EXPECT_EQ(claimed, 3u) << "reduction " << r << " weighted " << weighted;
+        }
+      }
+    }
+  }
+}
+
+// AdamW's update as the captured step has it, its bias corrections and step size run-time scalars:
+// one executable, the scalars' values passed on each call as parameters of @main.
+TEST(NeuronPjrt, AdamWUpdateWithRuntimeScalarsMatchesAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  scalar $1 float "optimizer.scalar.1"
+  input %0 : f32[65,384]{384,1} param "w"
+  input %1 : f32[65,384]{384,1} input "grad"
+  input %2 : f32[65,384]{384,1} state "exp_avg"
+  input %3 : f32[65,384]{384,1} state "exp_avg_sq"
+  %4 : f32[65,384]{384,1} = aten::mul.Scalar(%0, scalar(0.99999))
+  %5 : f32[65,384]{384,1} = aten::mul.Scalar(%2, scalar(0.9))
+  %6 : f32[65,384]{384,1} = aten::add.Tensor(%5, %1, scalar(0.09999999999999998))
+  %7 : f32[65,384]{384,1} = aten::mul.Scalar(%3, scalar(0.999))
+  %8 : f32[65,384]{384,1} = aten::addcmul(%7, %1, %1, scalar(0.0010000000000000009))
+  %9 : f32[65,384]{384,1} = aten::sqrt(%8)
+  %10 : f32[65,384]{384,1} = aten::div.Scalar(%9, $0:scalar(0.04471017781221601))
+  %11 : f32[65,384]{384,1} = aten::add.Scalar(%10, scalar(1e-08), scalar(1))
+  %12 : f32[65,384]{384,1} = aten::addcdiv(%4, %6, %11, $1:scalar(-0.005263157894736844))
+  output %12 writeback 0 "w"
+  output %6 writeback 2 "exp_avg"
+  output %8 writeback 3 "exp_avg_sq"
+}
+)");
+  View v(g);
+  std::vector<int32_t> rts;
+  const std::string m = neuron::emit_stablehlo(v.pg(), &rts);
+  EXPECT_EQ(rts, (std::vector<int32_t>{0, 1}));
+  EXPECT_NE(m.find("%arg4: tensor<f32>, %arg5: tensor<f32>) -> ("), std::string::npos) << m;
+  for (int step = 1; step <= 3; ++step) {
+    const double bc2 = std::sqrt(1 - std::pow(0.999, step)), bc1 = 1 - std::pow(0.9, step);
+    const std::vector<c10::IValue> scalars = {c10::IValue(bc2), c10::IValue(-1e-3 / bc1)};
+    const std::vector<at::Tensor> in = {at::randn({65, 384}), at::randn({65, 384}) * 1e-2, at::randn({65, 384}) * 1e-3,
+                                        at::rand({65, 384}) * 1e-5};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, scalars, &claimed);
+    EXPECT_EQ(claimed, 9u);
+  }
+}
+
+// gpt's pieces through XLA's CPU plugin against ATen, forward and backward: layer norm, GELU
+// (erf), embedding (gather) and its backward (scatter-add, with repeated indices), split, slice,
+// cat, mean over dims, softmax.
+TEST(NeuronPjrt, GptPiecesMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,5,12]{60,12,1} input "x"
+  input %1 : f32[12]{1} input "w"
+  input %2 : f32[12]{1} input "b"
+  input %3 : f32[2,5,12]{60,12,1} input "dy"
+  input %4 : f32[7,12]{12,1} input "table"
+  input %5 : i64[2,5]{5,1} input "ids"
+  input %6 : f32[2,5,36]{180,36,1} input "qkv_like"
+  %7 : f32[2,5,12]{60,12,1}, %8 : f32[2,5,1]{5,1,1}, %9 : f32[2,5,1]{5,1,1} = aten::native_layer_norm(%0, i[12], %1, %2, 1e-05)
+  %10 : f32[2,5,12]{60,12,1}, %11 : f32[12]{1}, %12 : f32[12]{1} = aten::native_layer_norm_backward(%3, %0, i[12], %8, %9, %1, %2, b[true, true, true])
+  %13 : f32[2,5,12]{60,12,1} = aten::gelu(%7, "none")
+  %14 : f32[2,5,12]{60,12,1} = aten::gelu_backward(%3, %7, "none")
+  %15 : f32[2,5,12]{60,12,1} = aten::gelu(%7, "tanh")
+  %16 : f32[2,5,12]{60,12,1} = aten::embedding(%4, %5, -1, false, false)
+  %17 : f32[7,12]{12,1} = aten::embedding_dense_backward(%3, %5, 7, -1, false)
+  %18 : f32[7,12]{12,1} = aten::embedding_dense_backward(%3, %5, 7, 2, false)
+  %19 : f32[2,5,12]{180,36,1}, %20 : f32[2,5,12]{180,36,1}+12, %21 : f32[2,5,12]{180,36,1}+24 = aten::split.Tensor(%6, 12, 2) list
+  %22 : f32[2,5,36]{180,36,1} = aten::cat(t[%21, %19, %20], 2)
+  %23 : f32[2,3,12]{36,12,1} = aten::slice.Tensor(%0, 1, 1, -1, 1)
+  %24 : f32[2,1,12]{12,12,1} = aten::mean.dim(%0, i[1], true, None)
+  %25 : i64[10]{1} = aten::view(%5, i[-1])
+  %26 : f32[10,12]{12,1} = aten::embedding(%4, %25, -1, false, false)
+  %27 : f32[2,5,12]{60,12,1} = aten::_softmax(%0, 2, false)
+  %28 : f32[2,5,12]{60,12,1} = aten::_softmax_backward_data(%3, %27, -1, dtype(f32))
+  output %7 result "ln"
+  output %8 result "mean"
+  output %9 result "rstd"
+  output %10 result "dx"
+  output %11 result "dw"
+  output %12 result "db"
+  output %13 result "gelu"
+  output %14 result "dgelu"
+  output %15 result "gelu_tanh"
+  output %16 result "emb"
+  output %17 result "demb"
+  output %18 result "demb_pad"
+  output %19 result "q"
+  output %22 result "cat"
+  output %23 result "slice"
+  output %24 result "mean_dim"
+  output %26 result "emb_flat"
+  output %27 result "softmax"
+  output %28 result "dsoftmax"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    at::Tensor ids = at::randint(0, 7, {2, 5}, at::kLong);
+    ids[0][1] = 2;
+    ids[1][3] = 2;
+    const std::vector<at::Tensor> in = {at::randn({2, 5, 12}) * 3 + 1, at::randn({12}),    at::randn({12}),
+                                        at::randn({2, 5, 12}),         at::randn({7, 12}), ids,
+                                        at::randn({2, 5, 36})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
+
+TEST(NeuronPjrt, CausalAttentionAndItsBackwardMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3,6,4]{72,24,4,1} input "q"
+  input %1 : f32[2,3,6,4]{72,24,4,1} input "k"
+  input %2 : f32[2,3,6,4]{72,24,4,1} input "v"
+  input %3 : f32[2,3,6,4]{72,24,4,1} input "dout"
+  %4 : f32[2,3,6,4]{72,24,4,1}, %5 : f32[2,3,6]{18,6,1} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, true, None, None)
+  %6 : f32[2,3,6,4]{72,24,4,1}, %7 : f32[2,3,6,4]{72,24,4,1}, %8 : f32[2,3,6,4]{72,24,4,1} = aten::_scaled_dot_product_flash_attention_for_cpu_backward(%3, %0, %1, %2, %4, %5, 0.0, true, None, None)
+  %9 : f32[2,3,6,4]{72,24,4,1}, %10 : f32[2,3,6]{18,6,1} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, false, None, 0.3)
+  output %4 result "out"
+  output %5 result "lse"
+  output %6 result "dq"
+  output %7 result "dk"
+  output %8 result "dv"
+  output %9 result "out_full"
+  output %10 result "lse_full"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    const std::vector<at::Tensor> in = {at::randn({2, 3, 6, 4}), at::randn({2, 3, 6, 4}), at::randn({2, 3, 6, 4}),
+                                        at::randn({2, 3, 6, 4})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
+
+// cnn's pieces against ATen: convolutions (strided, padded, dilated, grouped, with a bias) and
+// the backward with all three results, training batch norm with its running stats and its
+// backward, and the int64 counter batch norm keeps.
+TEST(NeuronPjrt, ConvolutionsAndBatchNormMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4,6,11,9]{594,99,9,1} input "x"
+  input %1 : f32[8,6,3,3]{54,9,3,1} input "w"
+  input %2 : f32[8]{1} input "bias"
+  input %3 : f32[4,8,6,5]{240,30,5,1} input "dy_s2"
+  input %4 : f32[4,8,7,7]{392,49,7,1} input "dy_d2"
+  input %5 : f32[8,3,3,3]{27,9,3,1} input "wg"
+  input %6 : f32[8]{1} input "gamma"
+  input %7 : f32[8]{1} input "beta"
+  input %8 : f32[8]{1} buffer "running_mean"
+  input %9 : f32[8]{1} buffer "running_var"
+  input %10 : f32[4,8,6,5]{240,30,5,1} input "dbn"
+  input %11 : i64[]{} buffer "num_batches_tracked"
+  %12 : f32[4,8,6,5]{240,30,5,1} = aten::convolution(%0, %1, %2, i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %13 : f32[4,8,7,7]{392,49,7,1} = aten::convolution(%0, %1, None, i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1)
+  %14 : f32[4,8,11,9]{792,99,9,1} = aten::convolution(%0, %5, None, i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 2)
+  %15 : f32[4,6,11,9]{594,99,9,1}, %16 : f32[8,6,3,3]{54,9,3,1}, %17 : f32[8]{1} = aten::convolution_backward(%3, %0, %1, i[8], i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])
+  %18 : f32[4,6,11,9]{594,99,9,1}, %19 : f32[8,6,3,3]{54,9,3,1}, %20 : f32[8]{1} = aten::convolution_backward(%4, %0, %1, i[8], i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1, b[true, true, true])
+  %21 : f32[4,8,6,5]{240,30,5,1}, %22 : f32[8]{1}, %23 : f32[8]{1}, %24 : f32[8]{1}, %25 : f32[8]{1} = aten::_native_batch_norm_legit_functional(%12, %6, %7, %8, %9, true, 0.1, 1e-05)
+  %26 : f32[4,8,6,5]{240,30,5,1}, %27 : f32[8]{1}, %28 : f32[8]{1} = aten::native_batch_norm_backward(%10, %12, %6, %24, %25, %22, %23, true, 1e-05, b[true, true, true])
+  %29 : i64[]{} = aten::add.Scalar(%11, scalar(1), scalar(1))
+  output %12 result "conv"
+  output %13 result "conv_dilated"
+  output %14 result "conv_grouped"
+  output %15 result "dx"
+  output %16 result "dw"
+  output %17 result "db"
+  output %18 result "dx_dilated"
+  output %19 result "dw_dilated"
+  output %20 result "db_dilated"
+  output %21 result "bn"
+  output %22 result "save_mean"
+  output %23 result "save_invstd"
+  output %24 result "new_running_mean"
+  output %25 result "new_running_var"
+  output %26 result "dbn_x"
+  output %27 result "dbn_w"
+  output %28 result "dbn_b"
+  output %29 result "count"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    const std::vector<at::Tensor> in = {at::randn({4, 6, 11, 9}), at::randn({8, 6, 3, 3}), at::randn({8}),
+                                        at::randn({4, 8, 6, 5}),  at::randn({4, 8, 7, 7}), at::randn({8, 3, 3, 3}),
+                                        at::randn({8}),           at::randn({8}),          at::randn({8}),
+                                        at::rand({8}) + 0.5,      at::randn({4, 8, 6, 5}), at::full({}, 7, at::kLong)};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
+
+// The compile cache: XLA's CPU plugin serializes executables; one loaded back runs as the compiled
+// one did, and bytes that are not an executable give PJRT's error.
+TEST(NeuronPjrt, SerializedExecutablesLoadBackAndRun) {
+  auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
+  ASSERT_TRUE(client->can_serialize());
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  View v(g);
+  const std::string bytes = client->compile(neuron::emit_stablehlo(v.pg()))->serialize();
+  ASSERT_FALSE(bytes.empty());
+  auto exe = client->load(bytes);
+  ASSERT_EQ(exe->num_outputs(), 1u);
+  at::Tensor x = at::randn({2, 3}), b = at::randn({3}), y = at::empty({2, 3});
+  neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
+  neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
+  neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+  exe->run({hx, hb}, {hy});
+  EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7));
+  EXPECT_THROW(client->load("not an executable"), neuron::PjrtError);
+}
+
+// Through the plugin: the first compile writes <cache_dir>/neuron/<key>.pjrt, a later one loads it,
+// and a damaged file is compiled again and replaced; every executable matches eager.
+TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_cache_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const ir::Graph g = ir::parse(kBroadcastGraph);
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  args.runtime.cache_dir = dir;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  auto files = [&] {
+    std::vector<std::filesystem::path> f;
+    if (std::filesystem::exists(dir + "/neuron"))
+      for (const auto& e : std::filesystem::directory_iterator(dir + "/neuron")) f.push_back(e.path());
+    return f;
+  };
+  auto check = [&] {
+    PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+    EXPECT_EQ(exec.stats().nodes_compiled, 2u);
+    std::vector<at::Tensor> env(g.values.size());
+    const at::Tensor x = at::randn({2, 3}), b = at::randn({3});
+    env[g.inputs[0].value] = x;
+    env[g.inputs[1].value] = b;
+    exec.run(env);
+    EXPECT_TRUE(at::allclose(env[g.outputs[0].value], at::relu(x + 0.5 * b), 1e-6, 1e-7));
+  };
+  check();
+  auto written = files();
+  ASSERT_EQ(written.size(), 1u);
+  EXPECT_EQ(written[0].extension(), ".pjrt");
+  const auto size = std::filesystem::file_size(written[0]);
+  const auto stamp = std::filesystem::last_write_time(written[0]);
+  check();  // loaded: the file is left as it was
+  EXPECT_EQ(std::filesystem::last_write_time(written[0]), stamp);
+  std::filesystem::resize_file(written[0], size - 100);  // damaged: compiled again, written again
+  check();
+  ASSERT_EQ(files().size(), 1u);
+  EXPECT_EQ(std::filesystem::file_size(written[0]), size);
+  std::filesystem::remove_all(dir);
+}
+
+// Max pooling with indices and its backward against ATen: strided, padded, dilated and ceil-mode
+// windows, and ties (a constant region) and -inf values, where the first maximum's index counts.
+TEST(NeuronPjrt, MaxPoolWithIndicesAndItsBackwardMatchAten) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[2,3,9,8]{216,72,8,1} input "x"
+  input %1 : f32[2,3,5,4]{60,20,4,1} input "dy"
+  input %2 : f32[2,3,5,4]{60,20,4,1} input "dy2"
+  %3 : f32[2,3,5,4]{60,20,4,1}, %4 : i64[2,3,5,4]{60,20,4,1} = aten::max_pool2d_with_indices(%0, i[3, 3], i[2, 2], i[1, 1], i[1, 1], false)
+  %5 : f32[2,3,9,8]{216,72,8,1} = aten::max_pool2d_with_indices_backward(%1, %0, i[3, 3], i[2, 2], i[1, 1], i[1, 1], false, %4)
+  %6 : f32[2,3,5,4]{60,20,4,1}, %7 : i64[2,3,5,4]{60,20,4,1} = aten::max_pool2d_with_indices(%0, i[2], i[], i[0], i[1], true)
+  %8 : f32[2,3,9,8]{216,72,8,1} = aten::max_pool2d_with_indices_backward(%2, %0, i[2], i[], i[0], i[1], true, %7)
+  %9 : f32[2,3,3,3]{27,9,3,1}, %10 : i64[2,3,3,3]{27,9,3,1} = aten::max_pool2d_with_indices(%0, i[2, 2], i[3, 2], i[0, 0], i[2, 2], false)
+  output %3 result "y"
+  output %4 result "idx"
+  output %5 result "dx"
+  output %6 result "y_ceil"
+  output %7 result "idx_ceil"
+  output %8 result "dx_ceil"
+  output %9 result "y_dil"
+  output %10 result "idx_dil"
+}
+)");
+  for (int trial = 0; trial < 2; ++trial) {
+    at::Tensor x = at::randn({2, 3, 9, 8});
+    x.index_put_({0, 0, at::indexing::Slice(0, 4), at::indexing::Slice(0, 4)}, 1.5);  // ties
+    x.index_put_({1, 2, at::indexing::Slice(2, 6), at::indexing::Slice(2, 6)}, -INFINITY);
+    const std::vector<at::Tensor> in = {x, at::randn({2, 3, 5, 4}), at::randn({2, 3, 5, 4})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
+
+// Golden text: a run-time scalar becomes a rank-0 parameter after the inputs, broadcast where used;
+// a convolution carries its dimension numbers, strides, padding, dilation and groups.
+TEST(NeuronStablehlo, EmitsRuntimeScalarsAsParametersAndConvolutionsWithTheirAttributes) {
+  const ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  input %0 : f32[4]{1} input "v"
+  %1 : f32[4]{1} = aten::div.Scalar(%0, $0:scalar(0.5))
+  output %1 result "y"
+}
+)");
+  View v(g);
+  std::vector<int32_t> rts;
+  EXPECT_EQ(neuron::emit_stablehlo(v.pg(), &rts),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<4xf32>, %arg1: tensor<f32>) -> (tensor<4xf32>) {\n"
+            "    %0 = \"stablehlo.broadcast_in_dim\"(%arg1) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> "
+            "tensor<4xf32>\n"
+            "    %1 = \"stablehlo.divide\"(%arg0, %0) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
+            "    \"func.return\"(%1) : (tensor<4xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
+  EXPECT_EQ(rts, std::vector<int32_t>{0});
+  const ir::Graph c = ir::parse(R"(graph {
+  input %0 : f32[1,4,5,5]{100,25,5,1} input "x"
+  input %1 : f32[6,2,3,3]{18,9,3,1} input "w"
+  %2 : f32[1,6,3,2]{36,6,2,1} = aten::convolution(%0, %1, None, i[2, 3], i[1, 1], i[1, 1], false, i[0, 0], 2)
+  output %2 result "y"
+}
+)");
+  View cv(c);
+  EXPECT_EQ(neuron::emit_stablehlo(cv.pg()),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<1x4x5x5xf32>, %arg1: tensor<6x2x3x3xf32>) -> "
+            "(tensor<1x6x3x2xf32>) {\n"
+            "    %0 = \"stablehlo.convolution\"(%arg0, %arg1) {batch_group_count = 1 : i64, dimension_numbers = "
+            "#stablehlo.conv<[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]>, feature_group_count = 2 : i64, "
+            "lhs_dilation = array<i64: 1, 1>, padding = dense<[[1, 1], [1, 1]]> : tensor<2x2xi64>, rhs_dilation = "
+            "array<i64: 1, 1>, window_strides = array<i64: 2, 3>} : (tensor<1x4x5x5xf32>, tensor<6x2x3x3xf32>) -> "
+            "tensor<1x6x3x2xf32>\n"
+            "    \"func.return\"(%0) : (tensor<1x6x3x2xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
 }
