@@ -26,13 +26,15 @@ class Group {
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
+  int64_t exchanges = 0;  // made so far
 
   ~Group();
 
-  // Every rank posts `value` under `topic` (a topic is used once) through the store and gets every
-  // rank's, by rank; waits at most `timeout`, then throws DistributedError naming the ranks that
-  // did not post. Never goes through the dispatcher, so it may run while a step is captured.
-  std::vector<std::string> exchange(const std::string& topic, const std::string& value) const;
+  // Every rank posts `value` under `topic` through the store and gets every rank's, by rank; waits
+  // at most `timeout`, then throws DistributedError naming the ranks that did not post. The ranks
+  // make the same exchanges in the same order, so each gets a key of its own (the topic and its
+  // number). Never goes through the dispatcher, so it may run while a step is captured.
+  std::vector<std::string> exchange(const std::string& topic, const std::string& value);
 
   // After a step failed on this rank: which other ranks are still answering (each survivor posts
   // under `topic` and waits a few seconds for the others). A sentence for the error message.

@@ -79,9 +79,9 @@ Group::~Group() {
   }
 }
 
-std::vector<std::string> Group::exchange(const std::string& topic, const std::string& value) const {
+std::vector<std::string> Group::exchange(const std::string& topic, const std::string& value) {
   if (!store) throw DistributedError("kiln: no store to compare the ranks through");
-  const std::string base = "kiln/" + name + "/" + topic + "/";
+  const std::string base = "kiln/" + name + "/" + topic + "#" + std::to_string(exchanges++) + "/";
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(base + std::to_string(r));
   try {

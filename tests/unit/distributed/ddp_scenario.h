@@ -58,4 +58,29 @@ inline std::vector<std::pair<at::Tensor, at::Tensor>> batches(uint64_t seed, int
   return out;
 }
 
+// Trainer::train's examples: `n` of them, from a generator of their own.
+inline std::pair<at::Tensor, at::Tensor> examples(uint64_t seed, int64_t n) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 31 + 5);
+  return {at::randn({n, kIn}, gen, at::TensorOptions().dtype(at::kFloat)),
+          at::randint(kClasses, {n}, gen, at::TensorOptions().dtype(at::kLong))};
+}
+
+// The settings of the train() runs: a linear schedule with warmup (a learning rate that changes
+// every step), a metrics line every step.
+template <class Args>
+void train_settings(Args& a, int64_t batch, int64_t accumulation, int64_t steps, const std::string& output_dir) {
+  a.per_device_train_batch_size = batch;
+  a.gradient_accumulation_steps = accumulation;
+  a.max_steps = steps;
+  a.learning_rate = 0.05;
+  a.lr_scheduler_type = "linear";
+  a.warmup_steps = 2;
+  a.logging_steps = 1;
+  a.seed = 3;
+  a.output_dir = output_dir;
+  a.save_strategy = "no";
+  a.report_to = {"jsonl"};
+  a.disable_tqdm = true;
+}
+
 }  // namespace kiln::test::ddp

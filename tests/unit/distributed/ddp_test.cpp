@@ -250,6 +250,58 @@ TEST(Ddp, ThreeRanksSgdEagerMatchOneProcess) { expect_matches_one_process(false,
 // average), and the ranks still agree; the sizes are no part of what the ranks compare.
 TEST(Ddp, RankWithAnotherBatchSizeAveragesTheRanks) { expect_matches_one_process(false, true, {8, 5, 8}); }
 
+// The logged losses of a metrics file, by step.
+std::vector<double> logged_losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto k = line.find("\"loss\":");
+    if (k != std::string::npos) out.push_back(std::stod(line.substr(k + 7)));
+  }
+  return out;
+}
+
+// Trainer::train on two ranks of 4 examples a micro-batch against one process of 8: each rank's
+// share of every step's examples (DistributedSampler's) is half of what the one process takes, so
+// the parameters and the logged losses (the mean over the ranks) agree; rank 0 alone writes the file.
+TEST(Ddp, TrainDealsEachRankItsShareAndMatchesOneProcess) {
+  const uint64_t seed = 17;
+  for (int64_t ga : {1, 2}) {
+    SCOPED_TRACE("gradient_accumulation_steps " + std::to_string(ga));
+    const int64_t steps = 5;
+    Ranks run = launch(2,
+                       {"seed=" + std::to_string(seed), "train=1", "steps=" + std::to_string(steps), "compile=1",
+                        "sizes=4,4", "ga=" + std::to_string(ga)},
+                       120);
+    ASSERT_EQ(run.status[0], 0) << describe(run);
+    ASSERT_EQ(run.status[1], 0) << describe(run);
+    EXPECT_NE(run.out[0].find("compiled_steps=" + std::to_string(steps - 2)), std::string::npos) << describe(run);
+
+    ddp::Setup s = ddp::make(seed, false);
+    auto [xs, ys] = ddp::examples(seed, 48);
+    kiln::TensorDataset data({xs}, ys);
+    kiln::TrainingArguments a;
+    const std::string dir = run.prefix + "_reference";
+    ddp::train_settings(a, 8, ga, steps, dir);
+    kiln::Trainer one(s.net, *s.opt, ddp::loss, a);
+    one.train(data);
+
+    const auto rank0 = load_params(run.prefix + ".rank0"), rank1 = load_params(run.prefix + ".rank1");
+    double worst = 0;
+    for (size_t i = 0; i < rank0.size(); ++i) {
+      worst = std::max(worst, (rank0[i] - s.net->parameters()[i].detach()).abs().max().item<double>());
+      EXPECT_TRUE(rank0[i].equal(rank1[i])) << "parameter " << i;
+    }
+    std::cout << "[ddp] train(), 2 ranks x 4 against 1 x 8, gradient_accumulation_steps " << ga
+              << ": largest difference " << worst << "\n";
+    EXPECT_LT(worst, 1e-5);
+    const auto want = logged_losses(dir + "/metrics.jsonl"), got = logged_losses(run.prefix + "_run/metrics.jsonl");
+    ASSERT_EQ(want.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;
+  }
+}
+
 TEST(Ddp, KilledRankFailsTheOthersNamingIt) {
   // Rank 2 exits at step 3 (after the step was compiled): ranks 0 and 1 fail in the compiled
   // step's all_reduce, well within the limit, naming rank 2.

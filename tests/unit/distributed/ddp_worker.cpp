@@ -5,7 +5,8 @@
 //   out (a path; "<out>.rank<r>" is written), die_rank/die_step (that rank exits at that step),
 //   hang_rank/hang_step (that rank sleeps there), clip_rank (that rank clips its gradients: another
 //   step), unused_rank (that rank leaves the head without a gradient), other_model_rank (that rank's
-//   model has one parameter more), find_unused (0/1).
+//   model has one parameter more), find_unused (0/1); train=1 runs Trainer::train on `examples`
+//   examples with ga (gradient_accumulation_steps) instead of Trainer::step.
 #include <unistd.h>
 
 #include <chrono>
@@ -27,11 +28,25 @@
 namespace ddp = kiln::test::ddp;
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> o = {
-      {"seed", "1"},       {"steps", "4"},      {"adamw", "0"},      {"compile", "1"},           {"backend", "eager"},
-      {"sizes", "8,8"},    {"timeout", "20"},   {"out", ""},         {"die_rank", "-1"},         {"die_step", "-1"},
-      {"hang_rank", "-1"}, {"hang_step", "-1"}, {"clip_rank", "-1"}, {"other_model_rank", "-1"}, {"unused_rank", "-1"},
-      {"find_unused", "0"}};
+  std::map<std::string, std::string> o = {{"seed", "1"},
+                                          {"steps", "4"},
+                                          {"adamw", "0"},
+                                          {"compile", "1"},
+                                          {"backend", "eager"},
+                                          {"sizes", "8,8"},
+                                          {"timeout", "20"},
+                                          {"out", ""},
+                                          {"die_rank", "-1"},
+                                          {"die_step", "-1"},
+                                          {"hang_rank", "-1"},
+                                          {"hang_step", "-1"},
+                                          {"clip_rank", "-1"},
+                                          {"train", "0"},
+                                          {"ga", "1"},
+                                          {"examples", "48"},
+                                          {"other_model_rank", "-1"},
+                                          {"unused_rank", "-1"},
+                                          {"find_unused", "0"}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto eq = a.find('=');
@@ -75,6 +90,21 @@ int main(int argc, char** argv) {
       return 2;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    if (num("train") != 0) {
+      // Trainer::train on a dataset every rank has whole: each rank trains on its share.
+      auto [xs, ys] = ddp::examples(seed, num("examples"));
+      kiln::TensorDataset data({xs}, ys);
+      kiln::TrainingArguments a = trainer.args();
+      ddp::train_settings(a, sizes[static_cast<size_t>(rank)], num("ga"), num("steps"), o["out"] + "_run");
+      kiln::Trainer t2(net.ptr(), kiln::ForwardFn([net](const at::Tensor& x) mutable { return net->forward(x); }),
+                       *s.opt, ddp::loss, a);
+      t2.train(data);
+      std::vector<at::Tensor> params;
+      for (const auto& p : net->parameters()) params.push_back(p.detach().clone());
+      torch::save(params, o["out"] + ".rank" + std::to_string(rank));
+      std::cout << "compiled_steps=" << t2.stats().compiled_steps << std::endl;
+      return 0;
+    }
     for (int64_t step = 0; step < num("steps"); ++step) {
       if (num("die_rank") == rank && num("die_step") == step) std::_Exit(3);
       if (num("hang_rank") == rank && num("hang_step") == step) std::this_thread::sleep_for(std::chrono::hours(1));
