@@ -220,6 +220,9 @@ void expect_matches_one_process(bool adamw, bool compile, const std::vector<int6
   for (int r = 0; r < world && compile; ++r)
     EXPECT_NE(run.out[static_cast<size_t>(r)].find("all_reduce_nodes=2 wait_tensor_nodes=2"), std::string::npos)
         << describe(run);
+  // A backend's compiled groups ran around the collectives, which stay with the eager executor.
+  for (int r = 0; r < world && backend != "eager"; ++r)
+    EXPECT_EQ(run.out[static_cast<size_t>(r)].find("backend_groups=0 "), std::string::npos) << describe(run);
   const auto want = reference(seed, adamw, steps, sizes);
   const auto rank0 = load_params(run.prefix + ".rank0");
   ASSERT_EQ(rank0.size(), want.size());
@@ -246,6 +249,8 @@ TEST(Ddp, TwoRanksAdamWCompiledMatchOneProcess) { expect_matches_one_process(tru
 TEST(Ddp, TwoRanksSgdEagerMatchOneProcess) { expect_matches_one_process(false, false, {8, 8}); }
 TEST(Ddp, ThreeRanksAdamWCompiledMatchOneProcess) { expect_matches_one_process(true, true, {6, 6, 6}); }
 TEST(Ddp, ThreeRanksSgdEagerMatchOneProcess) { expect_matches_one_process(false, false, {6, 6, 6}); }
+// With the inductor backend the collectives run on the eager executor between inductor's groups.
+TEST(Ddp, TwoRanksAdamWInductorMatchOneProcess) { expect_matches_one_process(true, true, {8, 8}, 5, "inductor"); }
 // A rank with another batch size: every rank's gradient counts alike (DistributedDataParallel's
 // average), and the ranks still agree; the sizes are no part of what the ranks compare.
 TEST(Ddp, RankWithAnotherBatchSizeAveragesTheRanks) { expect_matches_one_process(false, true, {8, 5, 8}); }

@@ -119,7 +119,9 @@ int main(int argc, char** argv) {
         all_reduce += n.op == "_c10d_functional::all_reduce";
         wait += n.op == "_c10d_functional::wait_tensor";
       }
-    std::cout << "all_reduce_nodes=" << all_reduce << " wait_tensor_nodes=" << wait
+    int groups = 0;
+    for (const auto& g : trainer.stats().groups) groups += g.compiled;
+    std::cout << "all_reduce_nodes=" << all_reduce << " wait_tensor_nodes=" << wait << " backend_groups=" << groups
               << " compiled_steps=" << trainer.stats().compiled_steps << " steps=" << trainer.stats().steps
               << " seconds=" << seconds << std::endl;
     if (!o["out"].empty()) {
