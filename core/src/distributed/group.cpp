@@ -132,22 +132,21 @@ std::string Group::diagnose(const std::string& topic) const {
 WorldInfo world_from_env() {
   WorldInfo w;
   w.world_size = env_int("WORLD_SIZE", 1, 1 << 20, 1);
+  if (w.world_size == 1) return w;  // no world: the other variables mean nothing to kiln
   w.rank = env_int("RANK", 0, w.world_size - 1, 0);
   w.local_rank = env_int("LOCAL_RANK", 0, w.world_size - 1, 0);
   w.master_addr = env("MASTER_ADDR");
   w.master_port = env_int("MASTER_PORT", 1, 65535, 0);
-  if (w.world_size > 1) {
-    if (env("RANK").empty())
-      throw ConfigError(
-          {"environment (RANK)", 0, 0}, "RANK",
-          c10::str("WORLD_SIZE is ", w.world_size, " but RANK is not set: start the program with torchrun"));
-    if (w.master_addr.empty())
-      throw ConfigError({"environment (MASTER_ADDR)", 0, 0}, "MASTER_ADDR",
-                        "WORLD_SIZE > 1 needs MASTER_ADDR (the rendezvous host); torchrun sets it");
-    if (w.master_port == 0)
-      throw ConfigError({"environment (MASTER_PORT)", 0, 0}, "MASTER_PORT",
-                        "WORLD_SIZE > 1 needs MASTER_PORT (the rendezvous port); torchrun sets it");
-  }
+  if (env("RANK").empty())
+    throw ConfigError(
+        {"environment (RANK)", 0, 0}, "RANK",
+        c10::str("WORLD_SIZE is ", w.world_size, " but RANK is not set: start the program with torchrun"));
+  if (w.master_addr.empty())
+    throw ConfigError({"environment (MASTER_ADDR)", 0, 0}, "MASTER_ADDR",
+                      "WORLD_SIZE > 1 needs MASTER_ADDR (the rendezvous host); torchrun sets it");
+  if (w.master_port == 0)
+    throw ConfigError({"environment (MASTER_PORT)", 0, 0}, "MASTER_PORT",
+                      "WORLD_SIZE > 1 needs MASTER_PORT (the rendezvous port); torchrun sets it");
   return w;
 }
 

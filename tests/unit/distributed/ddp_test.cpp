@@ -200,13 +200,13 @@ std::string sizes_text(const std::vector<int64_t>& sizes) {
 
 // Runs the training on sizes.size() ranks and checks it against the one-process reference.
 void expect_matches_one_process(bool adamw, bool compile, const std::vector<int64_t>& sizes, int64_t steps = 5,
-                                const std::string& backend = "eager") {
+                                const std::string& backend = "eager", const std::string& extra = "own_group=0") {
   const uint64_t seed = 17;
   const int world = static_cast<int>(sizes.size());
   Ranks run = launch(
       world,
       {"seed=" + std::to_string(seed), "steps=" + std::to_string(steps), std::string("adamw=") + (adamw ? "1" : "0"),
-       std::string("compile=") + (compile ? "1" : "0"), "backend=" + backend, "sizes=" + sizes_text(sizes)},
+       std::string("compile=") + (compile ? "1" : "0"), "backend=" + backend, "sizes=" + sizes_text(sizes), extra},
       120);
   for (int r = 0; r < world; ++r) ASSERT_EQ(run.status[static_cast<size_t>(r)], 0) << describe(run);
   for (int r = 0; r < world && !compile; ++r)
@@ -251,6 +251,10 @@ TEST(Ddp, ThreeRanksAdamWCompiledMatchOneProcess) { expect_matches_one_process(t
 TEST(Ddp, ThreeRanksSgdEagerMatchOneProcess) { expect_matches_one_process(false, false, {6, 6, 6}); }
 // With the inductor backend the collectives run on the eager executor between inductor's groups.
 TEST(Ddp, TwoRanksAdamWInductorMatchOneProcess) { expect_matches_one_process(true, true, {8, 8}, 5, "inductor"); }
+// A process group the program made itself, handed over with set_process_group (and its store).
+TEST(Ddp, OwnProcessGroupHandedToTheTrainer) {
+  expect_matches_one_process(false, true, {8, 8}, 5, "eager", "own_group=1");
+}
 // A rank with another batch size: every rank's gradient counts alike (DistributedDataParallel's
 // average), and the ranks still agree; the sizes are no part of what the ranks compare.
 TEST(Ddp, RankWithAnotherBatchSizeAveragesTheRanks) { expect_matches_one_process(false, true, {8, 5, 8}); }
@@ -398,6 +402,7 @@ struct Env {
 TEST(DdpEnvironment, WorldOfOneMakesNoGroup) {
   Env env;
   env.set("WORLD_SIZE", "1");
+  env.set("RANK", "3");  // means nothing without a world
   ddp::Setup s = ddp::make(1, false);
   kiln::Trainer t(s.net, *s.opt, ddp::loss);
   EXPECT_EQ(t.world_size(), 1);

@@ -6,7 +6,8 @@
 //   hang_rank/hang_step (that rank sleeps there), clip_rank (that rank clips its gradients: another
 //   step), unused_rank (that rank leaves the head without a gradient), other_model_rank (that rank's
 //   model has one parameter more), find_unused (0/1); train=1 runs Trainer::train on `examples`
-//   examples with ga (gradient_accumulation_steps) instead of Trainer::step.
+//   examples with ga (gradient_accumulation_steps) instead of Trainer::step; own_group=1 hands the
+//   Trainer a Gloo process group the worker made itself.
 #include <unistd.h>
 
 #include <chrono>
@@ -18,6 +19,9 @@
 #include <string>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/serialize.h>
 
 #include "ddp_scenario.h"
@@ -28,25 +32,13 @@
 namespace ddp = kiln::test::ddp;
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> o = {{"seed", "1"},
-                                          {"steps", "4"},
-                                          {"adamw", "0"},
-                                          {"compile", "1"},
-                                          {"backend", "eager"},
-                                          {"sizes", "8,8"},
-                                          {"timeout", "20"},
-                                          {"out", ""},
-                                          {"die_rank", "-1"},
-                                          {"die_step", "-1"},
-                                          {"hang_rank", "-1"},
-                                          {"hang_step", "-1"},
-                                          {"clip_rank", "-1"},
-                                          {"train", "0"},
-                                          {"ga", "1"},
-                                          {"examples", "48"},
-                                          {"other_model_rank", "-1"},
-                                          {"unused_rank", "-1"},
-                                          {"find_unused", "0"}};
+  std::map<std::string, std::string> o = {{"seed", "1"},         {"steps", "4"},       {"adamw", "0"},
+                                          {"compile", "1"},      {"backend", "eager"}, {"sizes", "8,8"},
+                                          {"timeout", "20"},     {"out", ""},          {"die_rank", "-1"},
+                                          {"die_step", "-1"},    {"hang_rank", "-1"},  {"hang_step", "-1"},
+                                          {"clip_rank", "-1"},   {"own_group", "0"},   {"train", "0"},
+                                          {"ga", "1"},           {"examples", "48"},   {"other_model_rank", "-1"},
+                                          {"unused_rank", "-1"}, {"find_unused", "0"}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto eq = a.find('=');
@@ -76,6 +68,26 @@ int main(int argc, char** argv) {
     if (num("clip_rank") == rank) args.max_grad_norm = 1e6;
     const bool unused = num("unused_rank") == rank;
     auto net = s.net;
+    // own_group=1: the program makes its own Gloo process group and hands it over; the Trainer must
+    // not join the torchrun world itself, so WORLD_SIZE goes first.
+    c10::intrusive_ptr<c10d::ProcessGroup> own;
+    c10::intrusive_ptr<c10d::Store> own_store;
+    if (num("own_group") != 0) {
+      const int world = std::atoi(std::getenv("WORLD_SIZE"));
+      ::unsetenv("WORLD_SIZE");
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT")));
+      so.isServer = rank == 0;
+      so.numWorkers = world;
+      so.timeout = std::chrono::seconds(num("timeout"));
+      own_store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
+      auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(num("timeout")));
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(own_store, rank, world, opts);
+      own = c10::make_intrusive<c10d::ProcessGroup>(own_store, rank, world);
+      own->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
+      own->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    }
     kiln::Trainer trainer(
         net.ptr(), kiln::ForwardFn([net, unused](const at::Tensor& x) mutable {
           if (!unused) return net->forward(x);
@@ -84,6 +96,7 @@ int main(int argc, char** argv) {
           return h.narrow(1, 0, ddp::kClasses);
         }),
         *s.opt, ddp::loss, args);
+    if (own) trainer.set_process_group(own, own_store);
     if (trainer.world_size() != static_cast<int>(sizes.size()) || trainer.process_index() != rank) {
       std::cerr << "ddp_worker: the Trainer sees rank " << trainer.process_index() << " of " << trainer.world_size()
                 << "\n";
