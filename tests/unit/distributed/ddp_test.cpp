@@ -272,7 +272,8 @@ std::vector<double> logged_losses(const std::string& path) {
 
 // Trainer::train on two ranks of 4 examples a micro-batch against one process of 8: each rank's
 // share of every step's examples (DistributedSampler's) is half of what the one process takes, so
-// the parameters and the logged losses (the mean over the ranks) agree; rank 0 alone writes the file.
+// the parameters and the logged losses (the mean over the ranks) agree; rank 0 alone writes the
+// metrics and the checkpoint and logs the progress.
 TEST(Ddp, TrainDealsEachRankItsShareAndMatchesOneProcess) {
   const uint64_t seed = 17;
   for (int64_t ga : {1, 2}) {
@@ -304,7 +305,12 @@ TEST(Ddp, TrainDealsEachRankItsShareAndMatchesOneProcess) {
     std::cout << "[ddp] train(), 2 ranks x 4 against 1 x 8, gradient_accumulation_steps " << ga
               << ": largest difference " << worst << "\n";
     EXPECT_LT(worst, 1e-5);
-    const auto want = logged_losses(dir + "/metrics.jsonl"), got = logged_losses(run.prefix + "_run/metrics.jsonl");
+    // Rank 0 alone writes the metrics and the checkpoint, and logs its progress.
+    EXPECT_TRUE(fs::exists(run.prefix + "_run0/checkpoint-" + std::to_string(steps)));
+    EXPECT_FALSE(fs::exists(run.prefix + "_run1")) << "rank 1 wrote files";
+    EXPECT_NE(run.err[0].find("step 1/" + std::to_string(steps)), std::string::npos) << describe(run);
+    EXPECT_EQ(run.err[1].find("step 1/"), std::string::npos) << describe(run);
+    const auto want = logged_losses(dir + "/metrics.jsonl"), got = logged_losses(run.prefix + "_run0/metrics.jsonl");
     ASSERT_EQ(want.size(), static_cast<size_t>(steps));
     ASSERT_EQ(got.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "step " << i + 1;

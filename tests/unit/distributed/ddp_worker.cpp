@@ -108,7 +108,11 @@ int main(int argc, char** argv) {
       auto [xs, ys] = ddp::examples(seed, num("examples"));
       kiln::TensorDataset data({xs}, ys);
       kiln::TrainingArguments a = trainer.args();
-      ddp::train_settings(a, sizes[static_cast<size_t>(rank)], num("ga"), num("steps"), o["out"] + "_run");
+      // A folder of its own per rank, so that the test sees who wrote what: rank 0 alone may.
+      ddp::train_settings(a, sizes[static_cast<size_t>(rank)], num("ga"), num("steps"),
+                          o["out"] + "_run" + std::to_string(rank));
+      a.save_strategy = "steps";
+      a.save_steps = num("steps");
       kiln::Trainer t2(net.ptr(), kiln::ForwardFn([net](const at::Tensor& x) mutable { return net->forward(x); }),
                        *s.opt, ddp::loss, a);
       t2.train(data);
