@@ -339,6 +339,16 @@ TEST(Ddp, KilledRankDuringEagerStepFailsTheOthers) {
   EXPECT_NE(run.err[0].find("rank 1 did not answer"), std::string::npos) << describe(run);
 }
 
+TEST(Ddp, KilledRankZeroIsNamedThroughItsStoreBeingGone) {
+  // Rank 0 hosts the store: when it dies the others cannot ask who is alive, and say why.
+  Ranks run = launch(2, {"steps=6", "compile=1", "sizes=4,4", "timeout=10", "die_rank=0", "die_step=3"}, 60);
+  EXPECT_EQ(run.status[0], 3) << describe(run);
+  EXPECT_EQ(run.status[1], 4) << describe(run);
+  EXPECT_NE(run.err[1].find("rank 1: step 4 failed in the compiled step"), std::string::npos) << describe(run);
+  EXPECT_NE(run.err[1].find("the store on rank 0 does not answer: rank 0 died"), std::string::npos) << describe(run);
+  EXPECT_LT(run.seconds[1], 30.0);
+}
+
 TEST(Ddp, HungRankFailsTheOthersWithinTheTimeout) {
   // Rank 1 sleeps before step 3; rank 0 gives up after ddp_timeout (3 s) and names it.
   const auto t0 = std::chrono::steady_clock::now();
