@@ -23,7 +23,7 @@ if(MODE STREQUAL "install")
   foreach(f
       bin/kiln lib/libkiln.so
       include/kiln/kiln.h include/kiln/trainer.h include/kiln/compile.h include/kiln/config.h
-      include/kiln/ir.h include/kiln/group_outcome.h include/kiln/log.h include/kiln/version.h
+      include/kiln/ir.h include/kiln/group_outcome.h include/kiln/log.h include/kiln/version.h include/kiln/distributed.h
       include/kiln/plugin_api.h include/kiln/plugin_api.hpp
       lib/cmake/kiln/kilnConfig.cmake lib/cmake/kiln/kilnConfigVersion.cmake
       lib/cmake/kiln/kilnTargets.cmake lib/cmake/kiln/kilnLibraryTargets.cmake

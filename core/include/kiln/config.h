@@ -102,6 +102,12 @@ struct TrainingArguments {
   // No progress bar on a terminal: plain log lines every logging_steps instead, as when stderr is
   // not a terminal.
   bool disable_tqdm = false;
+  // Data-parallel training (docs/distributed.md), when the process runs under torchrun (WORLD_SIZE
+  // > 1) or is handed a process group: gradients averaged across the ranks inside the step.
+  std::string ddp_backend;                  // "gloo" or "nccl"; "" picks nccl for CUDA models, else gloo
+  int64_t ddp_bucket_cap_mb = 25;           // gradients all-reduced in buckets of this many MiB
+  bool ddp_find_unused_parameters = false;  // parameters without a gradient count as zero (else an error)
+  int64_t ddp_timeout = 1800;               // seconds a collective or the rendezvous may wait for a rank
   // [plugin.<name>] tables: free-form key/value options handed to that plugin as strings.
   // KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." overrides single options.
   std::map<std::string, std::map<std::string, std::string>> plugin_options;

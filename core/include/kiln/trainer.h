@@ -40,6 +40,10 @@ namespace kiln {
 class CompiledStep;
 struct StepStats;
 }  // namespace kiln
+namespace c10d {
+class ProcessGroup;
+class Store;
+}  // namespace c10d
 
 namespace kiln {
 
@@ -240,6 +244,20 @@ class Trainer {
   // The newest complete checkpoint-<step> folder in output_dir (by step), or "" when there is none:
   // what resume_from_checkpoint "last" resumes from (Hugging Face's get_last_checkpoint).
   static std::string last_checkpoint(const std::string& output_dir);
+
+  // Data-parallel training (docs/distributed.md). Under torchrun (WORLD_SIZE > 1) the Trainer joins
+  // the world itself when it is made: rank 0's parameters and buffers are broadcast, and every step
+  // averages the gradients across the ranks after the backward. A program with a process group of
+  // its own hands it here instead, before the first step (`store`, optional, lets kiln compare the
+  // ranks' compiled steps). Throws DistributedError (kiln/distributed.h) when a rank fails.
+  void set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group);
+  void set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
+                         const c10::intrusive_ptr<c10d::Store>& store);
+  // Hugging Face's names: this process's rank and the number of ranks (0 and 1 without data
+  // parallelism); rank 0 alone writes metrics and checkpoints.
+  int process_index() const;
+  int world_size() const;
+  bool is_world_process_zero() const;
 
   // The backend chosen and the reasons, for display.
   const std::string& backend() const;

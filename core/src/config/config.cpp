@@ -578,6 +578,17 @@ const std::vector<Setting>& table() {
     v.push_back(report_to_setting());
     v.push_back(flag(
         "disable_tqdm", "", [](auto& a) -> auto& { return a.disable_tqdm; }));
+    v.push_back(text(
+        "ddp_backend", "", [](auto& a) -> auto& { return a.ddp_backend; },
+        [](const std::string& s, const SettingOrigin& w, const std::string& k) {
+          if (!s.empty()) one_of({"gloo", "nccl"}, "ddp_backend")(s, w, k);  // "": chosen by the model's device
+        }));
+    v.push_back(integer(
+        "ddp_bucket_cap_mb", "", [](auto& a) -> auto& { return a.ddp_bucket_cap_mb; }, 1, int64_t{1} << 20));
+    v.push_back(flag(
+        "ddp_find_unused_parameters", "", [](auto& a) -> auto& { return a.ddp_find_unused_parameters; }));
+    v.push_back(integer(
+        "ddp_timeout", "", [](auto& a) -> auto& { return a.ddp_timeout; }, 1, int64_t{1} << 31));
     v.push_back(plugin_options_setting());
     // [runtime]
     v.push_back(plugin_dirs_setting());

@@ -23,6 +23,7 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include "../distributed/ddp.h"
 #include "checkpoint.h"
 #include "kiln/compile.h"
 #include "kiln/internal/json_text.h"
@@ -55,6 +56,26 @@ struct Trainer::Impl {
   }
   ComputeMetricsFn compute_metrics;
 
+  // Data parallelism: the group and the reducer the step functions call after the backward (both
+  // null in a world of one), the log level of every rank but 0, and the calls made so far (which
+  // name a failure's store keys alike on every rank).
+  std::shared_ptr<distributed::Group> group;
+  std::unique_ptr<distributed::GradientReducer> reducer;
+  std::string replica_log_level;
+  int64_t calls = 0;
+  std::map<const CompiledStep*, int> checked_compiles;
+  void reduce_gradients() {
+    if (reducer) reducer->reduce(model->named_parameters(true).pairs());
+  }
+  void join(std::shared_ptr<distributed::Group> g, const TrainingArguments& args);
+  // One call of a compiled step; with a group, a failed collective names this rank, the step and
+  // the ranks that stopped answering, and a new compile is compared across the ranks before its
+  // first run.
+  std::vector<at::Tensor> call(CompiledStep& cs, const std::vector<at::Tensor>& inputs);
+  void check_same_step(const CompiledStep& cs);
+  // The mean of `v` over the ranks (the logged losses, as Hugging Face logs them); `v` alone.
+  double mean_over_ranks(double v) const;
+
   void make_accumulate(const TrainingArguments& args);
   // `lr`, `lr_next`: the rates of the step the run continues with and of the one after.
   void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr, double lr_next,
@@ -64,6 +85,10 @@ struct Trainer::Impl {
 };
 
 void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
+  auto replica_args = [this](TrainingArguments a) {
+    if (!replica_log_level.empty()) a.log_level = replica_log_level;
+    return a;
+  };
   auto* im = this;
   accumulate = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>& in) {
@@ -78,12 +103,13 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
           l.backward();
           sum = m == 0 ? l.detach() : sum + l.detach();
         }
+        im->reduce_gradients();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
         im->set_next_lr();
         return std::vector<at::Tensor>{sum};
       },
-      StepState{{model}, {optimizer}}, args);
+      StepState{{model}, {optimizer}}, replica_args(args));
 }
 
 namespace {
@@ -288,6 +314,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
         const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
         auto loss = im->loss_fn(im->forward(x), in.back());
         loss.backward();
+        im->reduce_gradients();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
         im->set_next_lr();
@@ -297,21 +324,118 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
   // The environment may have set max_grad_norm too (CompiledStep applied it).
   impl_->max_grad_norm = impl_->step->args().max_grad_norm;
   impl_->last = impl_->step.get();
+  // Under torchrun: this process's rank of the world.
+  const auto params = impl_->model->parameters();
+  const std::string device = params.empty() ? "cpu" : params.front().device().type() == c10::kCUDA ? "cuda" : "cpu";
+  if (auto g = distributed::group_from_env(impl_->step->args(), device)) impl_->join(std::move(g), impl_->step->args());
+}
+
+void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingArguments& args) {
+  if (step->stats().steps > 0 || (accumulate && accumulate->stats().steps > 0))
+    throw std::logic_error(
+        "kiln::Trainer::set_process_group: the Trainer already made steps; hand it the process "
+        "group before the first step");
+  group = std::move(g);
+  reducer =
+      std::make_unique<distributed::GradientReducer>(group, args.ddp_bucket_cap_mb, args.ddp_find_unused_parameters);
+  // Every rank starts from rank 0's model, as DistributedDataParallel's constructor makes it.
+  std::vector<std::pair<std::string, at::Tensor>> state = model->named_parameters(true).pairs();
+  for (const auto& b : model->named_buffers(true))
+    if (b.value().defined()) state.emplace_back(b.key(), b.value());
+  reducer->broadcast(state);
+  // Hugging Face's log_level_replica: the other ranks say only warnings and errors.
+  if (group->rank != 0) {
+    const std::string& l = args.log_level;
+    if (l == "info" || l == "debug" || l == "trace") {
+      replica_log_level = "warn";
+      set_log_level(replica_log_level);
+    }
+  }
+}
+
+std::vector<at::Tensor> Trainer::Impl::call(CompiledStep& cs, const std::vector<at::Tensor>& inputs) {
+  if (!group) return cs(inputs);
+  ++calls;
+  const int compiles = cs.stats().compiles;
+  std::vector<at::Tensor> out;
+  try {
+    out = cs(inputs);
+  } catch (const CompileError& e) {
+    // A compiled step whose collective failed (the eager step's reducer names its bucket itself).
+    if (std::string(e.what()).rfind("kiln: the compiled step failed", 0) != 0) throw;
+    throw DistributedError(c10::str("kiln: rank ", group->rank, ": step ", calls,
+                                    " failed in the compiled step, whose ", "gradient all_reduce runs on ",
+                                    group->backend, " (", reducer->num_buckets(), " buckets): ", e.what(), "; ",
+                                    group->diagnose(c10::str("failed.step.", calls))));
+  }
+  if (cs.stats().compiles > compiles) check_same_step(cs);
+  return out;
+}
+
+double Trainer::Impl::mean_over_ranks(double v) const { return group ? group->mean(v, "the logged loss") : v; }
+
+namespace {
+// What must agree across the ranks' compiled steps: the ops in order (not the shapes, so a rank with
+// another batch size agrees) and every collective's size.
+std::string step_summary(const CompiledStep& cs) {
+  const ir::Graph* g = cs.compiled_graph();
+  if (!g) return "eager (" + cs.stats().last_fallback + ")";
+  std::string text;
+  size_t collectives = 0;
+  for (const auto& n : g->nodes) {
+    text += n.op;
+    if (n.op.rfind("_c10d_functional::", 0) == 0) {
+      ++collectives;
+      for (auto v : n.outputs)
+        if (v != ir::kNoValue) text += c10::str("[", g->value(v).meta.numel(), "]");
+    }
+    text += "\n";
+  }
+  return c10::str(g->nodes.size(), " nodes, ", collectives, " collectives, hash ", std::hash<std::string>()(text));
+}
+}  // namespace
+
+void Trainer::Impl::check_same_step(const CompiledStep& cs) {
+  if (!group->store) return;
+  const int k = ++checked_compiles[&cs];
+  const std::string mine = step_summary(cs);
+  const auto all = group->exchange(c10::str(&cs == step.get() ? "step" : "accumulate", ".compile.", k), mine);
+  std::string differ;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != all[0]) differ += c10::str(differ.empty() ? "" : "; ", "rank ", r, ": ", all[r]);
+  if (!differ.empty())
+    throw DistributedError(c10::str("kiln: rank ", group->rank,
+                                    ": the ranks captured different steps, which would not run the same collectives: "
+                                    "rank 0: ",
+                                    all[0], "; ", differ, ". Every rank must run the same step function and settings"));
 }
 
 Trainer::~Trainer() = default;
 
 at::Tensor Trainer::step(const at::Tensor& input, const at::Tensor& target) {
   impl_->last = impl_->step.get();
-  return (*impl_->step)({input, target}).at(0);
+  return impl_->call(*impl_->step, {input, target}).at(0);
 }
 
 at::Tensor Trainer::step(const std::vector<at::Tensor>& inputs, const at::Tensor& target) {
   std::vector<at::Tensor> all(inputs);
   all.push_back(target);
   impl_->last = impl_->step.get();
-  return (*impl_->step)(all).at(0);
+  return impl_->call(*impl_->step, all).at(0);
 }
+
+void Trainer::set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group) {
+  impl_->join(distributed::group_without_store(process_group, args()), args());
+}
+
+void Trainer::set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group,
+                                const c10::intrusive_ptr<c10d::Store>& store) {
+  impl_->join(distributed::group_from(process_group, args(), store), args());
+}
+
+int Trainer::process_index() const { return impl_->group ? impl_->group->rank : 0; }
+int Trainer::world_size() const { return impl_->group ? impl_->group->size : 1; }
+bool Trainer::is_world_process_zero() const { return process_index() == 0; }
 
 TrainOutput Trainer::train(const Dataset& dataset) { return run(dataset, nullptr); }
 
@@ -459,7 +583,13 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   if (eval_dataset && eval_dataset->size() == 0)
     throw std::invalid_argument("kiln::Trainer::train: the evaluation dataset is empty");
   const int64_t bs = a.per_device_train_batch_size, ga = a.gradient_accumulation_steps;
-  const int64_t batches_per_epoch = (n + bs - 1) / bs;
+  // Data parallelism: each rank trains on its share of every epoch's order, as PyTorch's
+  // DistributedSampler deals it (the order padded from its start to a multiple of the world,
+  // then every world-th example from the rank's own), so n_local examples per rank and epoch.
+  const int64_t world = im->group ? im->group->size : 1, rank = im->group ? im->group->rank : 0;
+  const int64_t n_local = (n + world - 1) / world;
+  const bool world_zero = rank == 0;
+  const int64_t batches_per_epoch = (n_local + bs - 1) / bs;
   const int64_t steps_per_epoch = (batches_per_epoch + ga - 1) / ga;
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps
@@ -473,11 +603,12 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   const int64_t eval_steps = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
   const bool evaluate_steps = eval_dataset && a.eval_strategy == "steps";
   const bool evaluate_epochs = eval_dataset && a.eval_strategy == "epoch";
-  const bool save_steps = !a.output_dir.empty() && a.save_strategy == "steps";
-  const bool save_epochs = !a.output_dir.empty() && a.save_strategy == "epoch";
-  const bool to_jsonl =
-      !a.output_dir.empty() && std::any_of(a.report_to.begin(), a.report_to.end(),
-                                           [](const std::string& r) { return r == "all" || r == "jsonl"; });
+  // Rank 0 alone writes checkpoints and metrics.
+  const bool save_steps = world_zero && !a.output_dir.empty() && a.save_strategy == "steps";
+  const bool save_epochs = world_zero && !a.output_dir.empty() && a.save_strategy == "epoch";
+  const bool to_jsonl = world_zero && !a.output_dir.empty() &&
+                        std::any_of(a.report_to.begin(), a.report_to.end(),
+                                    [](const std::string& r) { return r == "all" || r == "jsonl"; });
 
   struct ResetNextLr {
     Impl* im;
@@ -555,7 +686,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
         a.compile_enabled() && cs.stats().steps >= 1 && compiles_before == 0 && cs.stats().last_fallback.empty();
     if (will_compile) progress.compiling();
     im->last = &cs;
-    at::Tensor loss = cs(inputs).at(0);
+    at::Tensor loss = im->call(cs, inputs).at(0);
     if (cs.stats().compiles > compiles_before) progress.compiled(cs.stats().last_compile_seconds);
     else if (will_compile) progress.not_compiled();
     return loss;
@@ -613,7 +744,12 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     if (loop.global_step >= total_steps && !(first && resumed_epoch_end)) break;
     const at::Tensor order_state = shuffle.get_state();  // what a checkpoint of this epoch holds
     const at::Tensor perm = at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
-    const std::vector<int64_t> order(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
+    std::vector<int64_t> order(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
+    if (world > 1) {
+      std::vector<int64_t> mine;
+      for (int64_t i = rank; i < n_local * world; i += world) mine.push_back(order[static_cast<size_t>(i % n)]);
+      order = std::move(mine);
+    }
     bool epoch_ran = first && resumed_epoch_end;
     int64_t s = first ? start_in_epoch : 0;
     for (; s < steps_per_epoch && loop.global_step < total_steps; ++s) {
@@ -621,7 +757,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       std::vector<at::Tensor> inputs;
       std::vector<int64_t> sizes;
       for (int64_t b = first_batch; b < last_batch; ++b) {
-        const int64_t end = std::min((b + 1) * bs, n);
+        const int64_t end = std::min((b + 1) * bs, n_local);
         auto mb = stack_examples(dataset, order, b * bs, end, im->per_micro, "kiln::Trainer::train");
         inputs.insert(inputs.end(), mb.begin(), mb.end());
         sizes.push_back(end - b * bs);
@@ -648,7 +784,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       std::optional<double> logged;
       if (loop.global_step % a.logging_steps == 0) {
         const auto now = Clock::now();
-        logged = loop.interval_loss.item<double>() / static_cast<double>(loop.interval_steps);
+        logged = im->mean_over_ranks(loop.interval_loss.item<double>()) / static_cast<double>(loop.interval_steps);
         log_line(json_line({{"step", static_cast<double>(loop.global_step)},
                             {"epoch", loop.epoch_progress},
                             {"loss", *logged},
@@ -682,11 +818,11 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
   const double runtime = seconds_between(start, Clock::now());
   result.global_step = loop.global_step;
-  result.training_loss = loop.total_loss.defined() ? loop.total_loss.item<double>() /
+  result.training_loss = loop.total_loss.defined() ? im->mean_over_ranks(loop.total_loss.item<double>()) /
                                                          static_cast<double>(std::max<int64_t>(1, loop.global_step))
                                                    : 0.0;
   const int64_t steps_run = loop.global_step - first_step;
-  const double samples = static_cast<double>(std::min(n * epochs, total_steps * ga * bs)) *
+  const double samples = static_cast<double>(std::min(n_local * epochs, total_steps * ga * bs) * world) *
                          static_cast<double>(steps_run) / static_cast<double>(total_steps);
   result.metrics = {{"train_runtime", runtime},
                     {"train_samples_per_second", samples / runtime},

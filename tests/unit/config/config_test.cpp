@@ -141,6 +141,10 @@ eval_steps = 25
 per_device_eval_batch_size = 32
 report_to = ["jsonl"]
 disable_tqdm = true
+ddp_backend = "gloo"
+ddp_bucket_cap_mb = 50
+ddp_find_unused_parameters = true
+ddp_timeout = 120
 
 [runtime]
 fullgraph = true
@@ -193,6 +197,10 @@ ratio = 0.5
   EXPECT_EQ(a.per_device_eval_batch_size, 32);
   EXPECT_EQ(a.report_to, std::vector<std::string>{"jsonl"});
   EXPECT_TRUE(a.disable_tqdm);
+  EXPECT_EQ(a.ddp_backend, "gloo");
+  EXPECT_EQ(a.ddp_bucket_cap_mb, 50);
+  EXPECT_TRUE(a.ddp_find_unused_parameters);
+  EXPECT_EQ(a.ddp_timeout, 120);
   EXPECT_TRUE(a.runtime.fullgraph);
   EXPECT_EQ(a.runtime.recompile_limit, 3);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
@@ -211,9 +219,10 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("fast_math"), "false");
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":29:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":44:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":48:8");
+  EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":33:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":48:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":52:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -546,6 +555,11 @@ const BadFile kCorpus[] = {
             "1:17: key 'max_grad_norm' must be a finite number >= 0 (0 turns clipping off), got -1"},
     BadFile{"experimental_wrong_type.toml",
             "2:19: key 'experimental.batch_optimizer' must be a boolean, not an integer"},
+    BadFile{"unknown_ddp_backend.toml",
+            "2:15: unknown ddp_backend 'ncl'; did you mean 'nccl'? Valid values: gloo, nccl"},
+    BadFile{"zero_ddp_timeout.toml", "2:15: key 'ddp_timeout' must be between 1 and 2147483648, got 0"},
+    BadFile{"ddp_find_unused_wrong_type.toml",
+            "1:30: key 'ddp_find_unused_parameters' must be a boolean, not a string"},
     BadFile{"old_compile_table.toml", "3:1: key 'compile.fullgraph' moved to 'runtime.fullgraph'"},
     BadFile{"old_training_table.toml", "2:1: key 'training.max_grad_norm' moved to 'max_grad_norm'"},
     BadFile{"old_logging_table.toml", "2:1: key 'logging.level' moved to 'log_level'"},
