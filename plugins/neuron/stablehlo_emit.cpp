@@ -11,6 +11,11 @@ namespace kiln::neuron {
 
 namespace {
 
+// Matmuls and convolutions in full float32: a PJRT plugin may otherwise round their inputs (XLA's
+// GPU compiler uses TF32 for float32 by default, 10-bit mantissas, which moved cnn's and gpt's
+// parameters by 9e-3 in 8 steps on the H200), while ATen computes them in float32 here.
+constexpr const char* kHighest = ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+
 using kiln::plugin::Graph;
 using kiln::plugin::Node;
 using kiln::plugin::Unimplemented;
@@ -348,7 +353,7 @@ class Emitter {
                                  : "#stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>";
     const std::string T = tensor_type(shape);
     std::string r = op("stablehlo.dot_general", {names_.at(a), names_.at(b)}, {tensor_type(as), tensor_type(bs)}, T,
-                       "dot_dimension_numbers = " + dims);
+                       "dot_dimension_numbers = " + dims + kHighest);
     if (o != "aten::addmm") return r;
     const double beta = n.arg(3).as_double(), alpha = n.arg(4).as_double();
     if (alpha != 1.0) r = op("stablehlo.multiply", {r, splat(alpha, shape)}, {T, T}, T);
@@ -769,7 +774,8 @@ class Emitter {
     std::string s = op("stablehlo.dot_general", {q, k}, {tensor_type(qs), tensor_type(ks)}, tensor_type(*ss),
                        "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], "
                        "rhs_batching_dimensions = [0, 1], lhs_contracting_dimensions = [3], "
-                       "rhs_contracting_dimensions = [3]>");
+                       "rhs_contracting_dimensions = [3]>" +
+                           std::string(kHighest));
     s = bin("stablehlo.multiply", s, splat(scale, *ss), *ss);
     if (!causal) return s;
     const std::string I = tensor_type(*ss, "i64");
@@ -794,7 +800,7 @@ class Emitter {
     return op("stablehlo.dot_general", {a, b}, {tensor_type(as), tensor_type(bs)}, tensor_type(out),
               "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = [0, 1], rhs_batching_dimensions = "
               "[0, 1], lhs_contracting_dimensions = [" +
-                  std::to_string(ca) + "], rhs_contracting_dimensions = [" + std::to_string(cb) + "]>");
+                  std::to_string(ca) + "], rhs_contracting_dimensions = [" + std::to_string(cb) + "]>" + kHighest);
   }
 
   double attention_scale(const kiln::plugin::Arg& a, int64_t e) {
@@ -853,10 +859,12 @@ class Emitter {
                    const std::vector<int64_t>& rs, const std::vector<int64_t>& out, const std::string& dims,
                    const std::vector<int64_t>& strides, const std::vector<std::pair<int64_t, int64_t>>& pad,
                    const std::vector<int64_t>& lhs_dil, const std::vector<int64_t>& rhs_dil, int64_t groups) {
-    return op("stablehlo.convolution", {lhs, rhs}, {tensor_type(ls), tensor_type(rs)}, tensor_type(out),
-              "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + dims + ">, feature_group_count = " +
-                  std::to_string(groups) + " : i64, lhs_dilation = " + i64_array(lhs_dil) + ", " + padding_attr(pad) +
-                  ", rhs_dilation = " + i64_array(rhs_dil) + ", window_strides = " + i64_array(strides));
+    return op(
+        "stablehlo.convolution", {lhs, rhs}, {tensor_type(ls), tensor_type(rs)}, tensor_type(out),
+        "batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<" + dims + ">, feature_group_count = " +
+            std::to_string(groups) + " : i64, lhs_dilation = " + i64_array(lhs_dil) + ", " + padding_attr(pad) +
+            ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>], rhs_dilation = " +
+            i64_array(rhs_dil) + ", window_strides = " + i64_array(strides));
   }
 
   static std::string conv_layout(size_t spatial, const char* a, const char* b) {
