@@ -479,17 +479,7 @@ class Emitter {
     if (width > 1) var_level_[inner] = 3;
     std::vector<int> rvars;
     std::vector<int64_t> rsizes;
-    Idx red_idx;
-    for (int64_t s : info.red.red_shape) {
-      if (s == 1) {
-        red_idx.push_back(Index::constant(0));
-        continue;
-      }
-      const int var = new_var(2);
-      rvars.push_back(var);
-      rsizes.push_back(s);
-      red_idx.push_back(Index::var(var));
-    }
+    const Idx red_idx = loop_index(info.red.red_shape, 2, &rvars, &rsizes);
     const int root = info.red.body(pool_, idx, red_idx);
     const Index out = LoweredGraph::offset(info, idx);
     if (!out.exprs.empty()) throw std::logic_error("column reduction stored at a data-dependent index");
@@ -787,30 +777,14 @@ class Emitter {
     }
     in_kernel_.insert(v);
     base_ = 1;
-    Idx idx{Index::constant(0)};  // the row is the key's, not an index of the loops
     kvars_.clear();
     ksizes_.clear();
-    for (int64_t c : cols) {
-      if (c == 1) {
-        idx.push_back(Index::constant(0));
-        continue;
-      }
-      kvars_.push_back(new_var(1));
-      ksizes_.push_back(c);
-      idx.push_back(Index::var(kvars_.back()));
-    }
+    Idx idx{Index::constant(0)};  // the row is the key's, not an index of the loops
+    const Idx col_idx = loop_index(cols, 1, &kvars_, &ksizes_);
+    idx.insert(idx.end(), col_idx.begin(), col_idx.end());
     std::vector<int> rvars;
     std::vector<int64_t> rsizes;
-    Idx red_idx;
-    for (int64_t r : info.red.red_shape) {
-      if (r == 1) {
-        red_idx.push_back(Index::constant(0));
-        continue;
-      }
-      rvars.push_back(new_var(2));
-      rsizes.push_back(r);
-      red_idx.push_back(Index::var(rvars.back()));
-    }
+    const Idx red_idx = loop_index(info.red.red_shape, 2, &rvars, &rsizes);
     const int key = sc.key(pool_, red_idx), term = sc.term(pool_, idx, red_idx);
     std::set<int> pending;
     collect(key, pending);
@@ -916,20 +890,26 @@ class Emitter {
   // A column kernel's index over the kept dims (one variable each, extent-1 dims index 0, into
   // kvars_ / ksizes_), padded with zeros for the reduced dims.
   Idx kept_index(const ValueInfo& info, const std::vector<int64_t>& kept) {
-    Idx idx;
     kvars_.clear();
     ksizes_.clear();
-    for (int64_t s : kept) {
+    Idx idx = loop_index(kept, 1, &kvars_, &ksizes_);
+    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
+    return idx;
+  }
+
+  // An index over `sizes`: a new variable of loop level `level` for each extent other than 1
+  // (appended to vars, its extent to used), index 0 for extent 1.
+  Idx loop_index(const std::vector<int64_t>& sizes, int level, std::vector<int>* vars, std::vector<int64_t>* used) {
+    Idx idx;
+    for (int64_t s : sizes) {
       if (s == 1) {
         idx.push_back(Index::constant(0));
         continue;
       }
-      const int var = new_var(1);
-      kvars_.push_back(var);
-      ksizes_.push_back(s);
-      idx.push_back(Index::var(var));
+      vars->push_back(new_var(level));
+      used->push_back(s);
+      idx.push_back(Index::var(vars->back()));
     }
-    while (idx.size() < info.shape.size()) idx.push_back(Index::constant(0));
     return idx;
   }
 
