@@ -33,6 +33,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 
+#include "bench_ddp.h"
 #include "bench_kernels.h"
 #include "commands.h"
 #include "kiln/compile.h"
@@ -62,6 +63,9 @@ struct BenchOptions {
   double tolerance = -1;  // < 0: the default for the precision
   bool check = false, check_grads = false, json = false, interleave = false, trace = false, kernels = false;
   bool profiler_range = false;
+  int nproc = 0;            // > 0: data-parallel ranks (bench_ddp.h)
+  std::string ddp_backend;  // --ddp-backend
+  bool ddp_child = false;   // one process of a --nproc run
 };
 
 // Fills `o` from the command line. Returns nothing when the benchmark is to run, else the exit
@@ -72,7 +76,7 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       app, "kiln bench",
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
       "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
-      "[--trace] [--interleave] [--kernels] [--json]",
+      "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--json]",
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
       "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.");
@@ -136,6 +140,16 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                "last, run one more kiln step between cudaProfilerStart and cudaProfilerStop, so\n"
                "that `ncu --profile-from-start off kiln bench ...` profiles exactly one steady-state\n"
                "step (CUDA only)");
+  app.add_option("--nproc", o.nproc,
+                 "data parallelism: train through kiln::Trainer on N ranks of this machine (Gloo on the\n"
+                 "CPU, NCCL with a GPU per rank), next to one process on the same batch a process, eager\n"
+                 "and compiled; report ms per step, examples per second and communication's share of\n"
+                 "the step. Not with --check, --kernels, --interleave, --trace or --profiler-range")
+      ->type_name("N")
+      ->transform(integer<int>(1, 64));
+  app.add_option("--ddp-backend", o.ddp_backend, "with --nproc: gloo or nccl (default: nccl on CUDA, else gloo)")
+      ->type_name("B");
+  app.add_flag("--ddp-child", o.ddp_child)->group("");  // a process of a --nproc run (the launcher passes it)
   app.add_flag("--json", o.json, "one JSON object on stdout");
   if (auto status = parse_command_line(app, argc, argv)) return status;
   o.check = o.check || o.check_grads;
@@ -151,6 +165,13 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
     return usage_error(app, "--attention '" + o.attention + "': use math, flash, efficient, cudnn or all");
   if (!o.dtype.empty() && o.dtype != "f32" && o.dtype != "bf16")
     return usage_error(app, "--dtype '" + o.dtype + "': use f32 or bf16");
+  if (!o.ddp_backend.empty() && o.ddp_backend != "gloo" && o.ddp_backend != "nccl")
+    return usage_error(app, "--ddp-backend '" + o.ddp_backend + "': use gloo or nccl");
+  if (!o.ddp_backend.empty() && o.nproc == 0 && !o.ddp_child) return usage_error(app, "--ddp-backend needs --nproc");
+  if (o.nproc > 0 && (o.check || o.kernels || o.interleave || o.trace || o.profiler_range))
+    return usage_error(app,
+                       "--nproc measures time only: not with --check, --kernels, --interleave, --trace or "
+                       "--profiler-range");
   return std::nullopt;
 }
 
@@ -743,6 +764,11 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
 int cmd_bench(int argc, char** argv) {
   BenchOptions o;
   if (auto status = parse(argc, argv, o)) return *status;
+  if (o.nproc > 0 || o.ddp_child) {
+    const DdpBenchOptions d{o.workload,    o.device,      o.backend, o.mode,  o.optimizer,          o.dtype,
+                            o.ddp_backend, o.plugin_dirs, o.steps,   o.batch, std::max(o.nproc, 1), o.json};
+    return o.ddp_child ? bench_ddp_child(d) : bench_ddp(d);
+  }
   if (o.device == "cuda" && !torch::cuda::is_available()) {
     std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
     return 1;

@@ -57,6 +57,7 @@ struct DebugOptions {                 // [debug]
   bool check_meta = false;            // KILN_CHECK_META
   bool verify_groups = false;         // KILN_VERIFY_GROUPS
   bool lift_runtime_scalars = false;  // KILN_LIFT_RUNTIME_SCALARS
+  bool no_comm_overlap = false;       // KILN_NO_COMM_OVERLAP: all_reduces after the whole backward
 };
 
 struct ExperimentalOptions {     // [experimental]

@@ -27,7 +27,7 @@ struct Workload {
 };
 
 struct WorkloadOptions {
-  std::string device = "cpu";  // "cpu" or "cuda"
+  std::string device = "cpu";  // "cpu", "cuda" (the first GPU) or "cuda:N"
   uint64_t seed = 0;
   // 0 = the workload's size for the device (docs/workloads.md); otherwise overrides the batch size.
   int64_t batch = 0;

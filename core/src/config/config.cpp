@@ -621,6 +621,8 @@ const std::vector<Setting>& table() {
     v.push_back(flag(
         "debug.lift_runtime_scalars", "KILN_LIFT_RUNTIME_SCALARS",
         [](auto& a) -> auto& { return a.debug.lift_runtime_scalars; }));
+    v.push_back(flag(
+        "debug.no_comm_overlap", "KILN_NO_COMM_OVERLAP", [](auto& a) -> auto& { return a.debug.no_comm_overlap; }));
     // [experimental]
     v.push_back(flag(
         "experimental.batch_optimizer", "KILN_BATCH_OPTIMIZER",

@@ -13,6 +13,7 @@
 #include <ATen/ops/full.h>
 #include <c10/util/StringUtil.h>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -132,7 +133,14 @@ std::string Group::diagnose(const std::string& topic) const {
 WorldInfo world_from_env() {
   WorldInfo w;
   w.world_size = env_int("WORLD_SIZE", 1, 1 << 20, 1);
-  if (w.world_size == 1) return w;  // no world: the other variables mean nothing to kiln
+  if (w.world_size == 1) {
+    // One process: rank 0 whatever RANK says; the rendezvous is used only where torchrun gave one
+    // and a group of one is asked for (group_from_env).
+    w.master_addr = env("MASTER_ADDR");
+    const std::string port = env("MASTER_PORT");
+    if (!port.empty()) w.master_port = env_int("MASTER_PORT", 1, 65535, 0);
+    return w;
+  }
   w.rank = env_int("RANK", 0, w.world_size - 1, 0);
   w.local_rank = env_int("LOCAL_RANK", 0, w.world_size - 1, 0);
   w.master_addr = env("MASTER_ADDR");
@@ -156,7 +164,10 @@ std::shared_ptr<Group> group_from_env(const TrainingArguments& args, const std::
   std::lock_guard<std::mutex> lock(mu);
   if (made) return made;
   const WorldInfo w = world_from_env();
-  if (w.world_size <= 1) return nullptr;
+  // A world of one makes no group, as accelerate does; unless WORLD_SIZE=1 is set and ddp_backend
+  // names a backend: then the step runs its collectives over a group of one rank (what measuring or
+  // testing the communication path on one device needs).
+  if (w.world_size <= 1 && (args.ddp_backend.empty() || env("WORLD_SIZE").empty())) return nullptr;
   const std::string backend = !args.ddp_backend.empty() ? args.ddp_backend : device_type == "cuda" ? "nccl" : "gloo";
   const auto timeout = std::chrono::milliseconds(args.ddp_timeout * 1000);
   if (backend == "nccl") {
@@ -181,7 +192,10 @@ std::shared_ptr<Group> group_from_env(const TrainingArguments& args, const std::
   so.timeout = timeout;
   c10::intrusive_ptr<c10d::Store> tcp;
   try {
-    tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
+    // A world of one without a rendezvous address meets nobody: a store in this process.
+    if (w.world_size == 1 && (w.master_addr.empty() || w.master_port == 0))
+      tcp = c10::make_intrusive<c10d::HashStore>();
+    else tcp = c10::make_intrusive<c10d::TCPStore>(w.master_addr, so);
   } catch (const std::exception& e) {
     throw DistributedError(c10::str("kiln: rank ", w.rank, ": the rendezvous at ", w.master_addr, ":", w.master_port,
                                     " failed within ddp_timeout (", args.ddp_timeout, " s): ", e.what()));
@@ -238,14 +252,17 @@ std::shared_ptr<Group> group_without_store(const c10::intrusive_ptr<c10d::Proces
 }
 
 double Group::mean(double v, const std::string& what) const {
-  std::vector<at::Tensor> t{at::full({1}, v, at::TensorOptions().dtype(at::kDouble))};
+  // NCCL reduces device tensors only: the number goes to this rank's GPU and back.
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  if (backend == "nccl") opts = opts.device(at::Device(at::kCUDA, at::detail::getCUDAHooks().current_device()));
+  std::vector<at::Tensor> t{at::full({1}, v, opts)};
   try {
     pg->allreduce(t)->wait();
   } catch (const std::exception& e) {
     throw DistributedError(c10::str("kiln: rank ", rank, ": all_reduce of ", what, " failed: ", e.what(), "; ",
                                     diagnose("failed." + what)));
   }
-  return t[0].item<double>() / static_cast<double>(size);
+  return t[0].cpu().item<double>() / static_cast<double>(size);
 }
 
 int rank(const Group& group) { return group.rank; }

@@ -33,6 +33,14 @@ void validate_claims(const ir::Graph& g, const std::vector<int64_t>& claimed, co
 
 namespace {
 
+// A collective (an all_reduce of the gradients, data parallelism) that is issued as soon as the
+// groups it reads have run: a group it depends on takes no later node, so that the collective
+// overlaps what comes after it (overlap_collectives put it right after its inputs) instead of
+// waiting for a group that grew past it. Its wait_tensor is not one: it waits where it stands.
+bool issues_collective(const ir::Node& n) {
+  return n.op.rfind("_c10d_functional::", 0) == 0 && n.op != "_c10d_functional::wait_tensor";
+}
+
 // Second phase: a node joins the group of one of its producers, so chains that start at graph
 // inputs (an optimizer's update of its state) begin groups of their own, which the first phase
 // never merges. Here a group A merges with a group B that reads it when nothing else connects
@@ -40,6 +48,7 @@ namespace {
 // and both groups convex. Passes repeat until nothing merges, one merge per pass.
 void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
   const size_t n_nodes = g.nodes.size();
+  const bool collectives = std::any_of(g.nodes.begin(), g.nodes.end(), issues_collective);
   for (bool changed = true; changed;) {
     changed = false;
     const int32_t n_groups = static_cast<int32_t>(p.groups.size());
@@ -79,6 +88,27 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
       }
       return false;
     };
+    // The collectives each unit feeds (reaches): A and B merge only when they feed the same ones,
+    // or a collective that waited for A alone would wait for B too.
+    std::vector<std::vector<int32_t>> feeds(n_units);
+    if (collectives) {
+      std::vector<std::vector<int32_t>> pred(n_units);
+      for (size_t u = 0; u < n_units; ++u)
+        for (auto s : succ[u]) pred[s].push_back(static_cast<int32_t>(u));
+      for (size_t i = 0; i < n_nodes; ++i) {
+        if (!issues_collective(g.nodes[i])) continue;
+        std::vector<char> seen(n_units, 0);
+        std::vector<int32_t> stack{unit_of(static_cast<int32_t>(i))};
+        while (!stack.empty()) {
+          const int32_t u = stack.back();
+          stack.pop_back();
+          if (seen[u]) continue;
+          seen[u] = 1;
+          feeds[u].push_back(static_cast<int32_t>(i));
+          for (auto q : pred[u]) stack.push_back(q);
+        }
+      }
+    }
     // One merge per pass: two merges that are each safe on this pass's graph can together make
     // a cycle (A->B and C->D with paths A~>D and C~>B), so the graph is rebuilt after each.
     std::vector<int32_t> merged_into(n_groups, -1);
@@ -87,7 +117,7 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
       for (auto ub : succ[ua]) {
         if (ub < static_cast<int32_t>(n_nodes)) continue;
         const int32_t b = ub - static_cast<int32_t>(n_nodes);
-        if (p.groups[b].backend != p.groups[a].backend || other_path(ua, ub)) continue;
+        if (p.groups[b].backend != p.groups[a].backend || feeds[ua] != feeds[ub] || other_path(ua, ub)) continue;
         merged_into[b] = a;
         changed = true;
         break;
@@ -146,6 +176,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
 
   // group_deps[X]: the groups X's nodes have ancestors in.
   std::vector<std::vector<int32_t>> group_deps;
+  std::vector<char> sealed;  // a collective read the group: it takes no more nodes
   auto depends_on = [&](int32_t from, int32_t target) {
     std::vector<char> seen(group_deps.size(), 0);
     std::vector<int32_t> stack = {from};
@@ -169,7 +200,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
     if (is_claimed[i]) {
       for (auto v : inputs) {
         const int32_t candidate = producer_group(v);
-        if (candidate < 0 || p.groups[candidate].backend != owner[i]) continue;
+        if (candidate < 0 || p.groups[candidate].backend != owner[i] || sealed[candidate]) continue;
         bool ok = true;
         for (auto u : inputs)
           if (producer_group(u) != candidate && contains(reach[u], candidate)) ok = false;
@@ -184,12 +215,15 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
         group = static_cast<int32_t>(p.groups.size());
         p.groups.emplace_back().backend = owner[i];
         group_deps.emplace_back();
+        sealed.push_back(0);
       }
       for (auto x : deps)
         if (x != group) merge_into(group_deps[group], {x});
       p.group_of[i] = group;
       p.groups[group].nodes.push_back(static_cast<int32_t>(i));
       merge_into(deps, {group});
+    } else if (issues_collective(n)) {
+      for (auto x : deps) sealed[x] = 1;
     }
     for (auto v : n.outputs)
       if (v != ir::kNoValue) reach[v] = deps;

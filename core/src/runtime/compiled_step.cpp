@@ -114,6 +114,7 @@ struct CompiledStep::Impl {
     po.dump_dir = args.debug.dump_dir;
     po.lift_runtime_scalars = args.debug.lift_runtime_scalars;
     po.batch_optimizer = args.experimental.batch_optimizer;
+    po.overlap_collectives = !args.debug.no_comm_overlap;
     po.writeback_copy = args.runtime.writeback_copy;
     po.compile_threads = args.runtime.compile_threads > 0
                              ? args.runtime.compile_threads

@@ -170,6 +170,7 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
   PassRunner runner(g, options.dump_dir);
   run_graph_passes(runner, g, plan->constants);
   plan->device = step_device(g);
+  if (options.overlap_collectives) runner.run("overlap_collectives", [&] { overlap_collectives(g); });
 
   // Whole-step CUDA graphs bake kernel arguments: run-time scalars become device tensors.
   const bool graph_asked = backend.cuda_graphs && plan->device.is_cuda();

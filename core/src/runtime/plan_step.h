@@ -4,7 +4,8 @@
 // directory ([debug] dump_dir) as it goes:
 //
 //   run-time scalar slots -> functionalize -> decompose -> dce -> cse -> constant_fold -> dce_final
-//   -> lift_runtime_scalars (whole-step CUDA graphs) -> batch_optimizer ([experimental])
+//   -> overlap_collectives (data parallelism) -> lift_runtime_scalars (whole-step CUDA graphs) -> batch_optimizer
+//   ([experimental])
 //   -> partition (the backend claims and compiles its groups) -> writebacks_in_place
 //   -> write-back planning (bindings, storage adoption)
 //
@@ -35,6 +36,7 @@ struct PlanOptions {
   std::string dump_dir;               // [debug] dump_dir: every pass's IR, the partition, the plan
   bool lift_runtime_scalars = false;  // [debug]: lift run-time scalars without a CUDA graph too
   bool batch_optimizer = false;       // [experimental]
+  bool overlap_collectives = true;    // all_reduces as early as their gradients allow (debug.no_comm_overlap off)
   bool writeback_copy = false;        // [runtime]: write-backs always copy (no storage adoption)
   int compile_threads = 1;            // [runtime]: groups the backend compiles at once (resolved, >= 1)
 };

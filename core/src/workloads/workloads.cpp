@@ -123,10 +123,18 @@ const std::vector<std::string>& workload_names() {
 }
 
 Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
-  const bool cuda = opts.device == "cuda";
+  // "cuda" is the first GPU; "cuda:N" another (a data-parallel rank's).
+  const bool cuda = opts.device == "cuda" || opts.device.rfind("cuda:", 0) == 0;
   if (!cuda && opts.device != "cpu")
-    throw std::invalid_argument("unknown device '" + opts.device + "'; use cpu or cuda");
-  const at::Device device = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    throw std::invalid_argument("unknown device '" + opts.device + "'; use cpu, cuda or cuda:N");
+  at::DeviceIndex index = 0;
+  if (opts.device.size() > 5) {
+    const std::string n = opts.device.substr(5);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument("unknown device '" + opts.device + "'; use cpu, cuda or cuda:N");
+    index = static_cast<at::DeviceIndex>(std::stoi(n));
+  }
+  const at::Device device = cuda ? at::Device(at::kCUDA, index) : at::Device(at::kCPU);
   torch::manual_seed(opts.seed);
   Workload w;
   w.name = name;

@@ -315,3 +315,34 @@ TEST(BenchCliCuda, KernelsCountsCudaKernels) {
 }
 
 }  // namespace
+
+// --nproc: the workload trained data-parallel through kiln::Trainer on N ranks (Gloo over
+// loopback here) next to one process; every rank's steps after the warm-up and the capture run
+// compiled with the all_reduces inside, and the report has the numbers it names.
+TEST(BenchCli, NprocTrainsOnRanksAndReportsCommunication) {
+  const CliRun r = kiln_cli("bench mlp --backend eager --steps 6 --batch 16 --nproc 2 --json");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_EQ(j["nproc"].get<int>(), 2);
+  EXPECT_EQ(j["ddp_backend"].get<std::string>(), "gloo");
+  EXPECT_EQ(j["batch_per_rank"].get<int>(), 16);
+  EXPECT_GE(j["all_reduce_nodes"].get<int>(),
+            1);  // mlp's 2.6 MB of gradients: c10d's 1 MiB first bucket, then one more
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const auto& rank : j["ranks"]) {
+    EXPECT_EQ(rank["kiln"]["compiled_steps"].get<int>(), 4) << rank.dump();
+    EXPECT_EQ(rank["eager"]["compiled_steps"].get<int>(), 0) << rank.dump();
+    EXPECT_GT(rank["kiln"]["ms"].get<double>(), 0);
+  }
+  // The one-process run has no group: nothing to all-reduce.
+  EXPECT_EQ(j["one_process"]["kiln"]["all_reduce_nodes"].get<int>(), 0);
+  EXPECT_GT(j["kiln_ms_ranks"].get<double>(), 0);
+  EXPECT_GT(j["eager_ms_one"].get<double>(), 0);
+  // Time only: with a flag that checks or profiles it is a usage error that says so.
+  const CliRun c = kiln_cli("bench mlp --nproc 2 --check");
+  EXPECT_EQ(c.status, 2);
+  EXPECT_NE(c.err.find("--nproc measures time only"), std::string::npos) << c.err;
+  const CliRun b = kiln_cli("bench mlp --nproc 2 --ddp-backend mpi");
+  EXPECT_EQ(b.status, 2);
+  EXPECT_NE(b.err.find("--ddp-backend 'mpi': use gloo or nccl"), std::string::npos) << b.err;
+}

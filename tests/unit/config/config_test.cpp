@@ -97,7 +97,7 @@ TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 2048);
   EXPECT_FALSE(a.runtime.writeback_copy);
   EXPECT_EQ(a.debug.dump_dir, "");
-  EXPECT_FALSE(a.debug.check_meta || a.debug.verify_groups || a.debug.lift_runtime_scalars);
+  EXPECT_FALSE(a.debug.check_meta || a.debug.verify_groups || a.debug.lift_runtime_scalars || a.debug.no_comm_overlap);
   EXPECT_FALSE(a.experimental.batch_optimizer);
   EXPECT_NO_THROW(a.validate());
 }
@@ -161,6 +161,7 @@ dump_dir = "/tmp/ir"
 check_meta = true
 verify_groups = true
 lift_runtime_scalars = true
+no_comm_overlap = true
 
 [experimental]
 batch_optimizer = true
@@ -213,6 +214,7 @@ ratio = 0.5
   EXPECT_TRUE(a.debug.check_meta);
   EXPECT_TRUE(a.debug.verify_groups);
   EXPECT_TRUE(a.debug.lift_runtime_scalars);
+  EXPECT_TRUE(a.debug.no_comm_overlap);
   EXPECT_TRUE(a.experimental.batch_optimizer);
   EXPECT_EQ(a.plugin_options.at("inductor").at("threads"), "16");
   EXPECT_EQ(a.plugin_options.at("inductor").at("simd"), "avx512");
@@ -221,8 +223,8 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":33:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":48:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":52:8");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":49:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":53:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -313,7 +315,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
     EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
   }
-  EXPECT_EQ(variables, 15u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+  EXPECT_EQ(variables, 16u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
 }
 
 TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {

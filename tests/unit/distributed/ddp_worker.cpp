@@ -7,7 +7,9 @@
 //   step), unused_rank (that rank leaves the head without a gradient), other_model_rank (that rank's
 //   model has one parameter more), find_unused (0/1); train=1 runs Trainer::train on `examples`
 //   examples with ga (gradient_accumulation_steps) instead of Trainer::step; own_group=1 hands the
-//   Trainer a Gloo process group the worker made itself.
+//   Trainer a Gloo process group the worker made itself; device=cuda trains on the GPU of
+//   LOCAL_RANK, mode is torch_compile_mode, ddp_backend the setting of that name, no_overlap=1 sets
+//   debug.no_comm_overlap; the parameters are saved on the CPU.
 #include <unistd.h>
 
 #include <chrono>
@@ -38,7 +40,8 @@ int main(int argc, char** argv) {
                                           {"die_step", "-1"},    {"hang_rank", "-1"},  {"hang_step", "-1"},
                                           {"clip_rank", "-1"},   {"own_group", "0"},   {"train", "0"},
                                           {"ga", "1"},           {"examples", "48"},   {"other_model_rank", "-1"},
-                                          {"unused_rank", "-1"}, {"find_unused", "0"}};
+                                          {"unused_rank", "-1"}, {"find_unused", "0"}, {"device", "cpu"},
+                                          {"mode", "default"},   {"ddp_backend", ""},  {"no_overlap", "0"}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto eq = a.find('=');
@@ -59,10 +62,18 @@ int main(int argc, char** argv) {
     ddp::Setup s = ddp::make(seed + 1000 * static_cast<uint64_t>(rank), num("adamw") != 0);
     // That rank's model has one parameter more.
     if (num("other_model_rank") == rank) s.net->register_parameter("extra", at::zeros({3}));
+    const char* local = std::getenv("LOCAL_RANK");
+    const at::Device device = o["device"] == "cuda"
+                                  ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(std::atoi(local ? local : "0")))
+                                  : at::Device(at::kCPU);
+    s.net->to(device);  // in place: the optimizer keeps the same parameters
     kiln::TrainingArguments args;
     args.torch_compile = num("compile") != 0;
     if (args.torch_compile) args.torch_compile_backend = o["backend"];  // naming one turns compile on
+    args.torch_compile_mode = o["mode"];
+    args.ddp_backend = o["ddp_backend"];
     args.ddp_bucket_cap_mb = 1;
+    args.debug.no_comm_overlap = num("no_overlap") != 0;
     args.ddp_timeout = num("timeout");
     args.ddp_find_unused_parameters = num("find_unused") != 0;
     if (num("clip_rank") == rank) args.max_grad_norm = 1e6;
@@ -126,24 +137,33 @@ int main(int argc, char** argv) {
       if (num("die_rank") == rank && num("die_step") == step) std::_Exit(3);
       if (num("hang_rank") == rank && num("hang_step") == step) std::this_thread::sleep_for(std::chrono::hours(1));
       auto b = ddp::batches(seed, step, sizes);
-      trainer.step(b[static_cast<size_t>(rank)].first, b[static_cast<size_t>(rank)].second);
+      trainer.step(b[static_cast<size_t>(rank)].first.to(device), b[static_cast<size_t>(rank)].second.to(device));
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The collectives are nodes of the compiled graph: an all_reduce and its wait per bucket.
-    int all_reduce = 0, wait = 0;
+    // overlapped=1: the first all_reduce comes before the backward's last node (it overlaps the rest).
+    int all_reduce = 0, wait = 0, first_reduce = -1, last_backward = -1;
     if (const kiln::ir::Graph* g = trainer.compiled_step().compiled_graph())
-      for (const auto& n : g->nodes) {
+      for (size_t i = 0; i < g->nodes.size(); ++i) {
+        const auto& n = g->nodes[i];
         all_reduce += n.op == "_c10d_functional::all_reduce";
         wait += n.op == "_c10d_functional::wait_tensor";
+        if (n.op == "_c10d_functional::all_reduce" && first_reduce < 0) first_reduce = static_cast<int>(i);
+        if (n.phase == kiln::ir::Phase::Backward) last_backward = static_cast<int>(i);
       }
     int groups = 0;
     for (const auto& g : trainer.stats().groups) groups += g.compiled;
-    std::cout << "all_reduce_nodes=" << all_reduce << " wait_tensor_nodes=" << wait << " backend_groups=" << groups
+    std::cout << "all_reduce_nodes=" << all_reduce << " wait_tensor_nodes=" << wait
+              << " overlapped=" << (first_reduce >= 0 && first_reduce < last_backward) << " backend_groups=" << groups
               << " compiled_steps=" << trainer.stats().compiled_steps << " steps=" << trainer.stats().steps
+              << " graphs_recorded=" << trainer.stats().graphs_recorded
+              << " graph_replays=" << trainer.stats().graph_replays << " backend=" << trainer.backend()
               << " seconds=" << seconds << std::endl;
+    if (!trainer.stats().last_graph_skip.empty())
+      std::cout << "graph_skip: " << trainer.stats().last_graph_skip << "\n";
     if (!o["out"].empty()) {
       std::vector<at::Tensor> params;
-      for (const auto& p : net->parameters()) params.push_back(p.detach().clone());
+      for (const auto& p : net->parameters()) params.push_back(p.detach().cpu().clone());
       torch::save(params, o["out"] + ".rank" + std::to_string(rank));
     }
   } catch (const kiln::DistributedError& e) {

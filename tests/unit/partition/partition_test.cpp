@@ -281,3 +281,43 @@ TEST(Partition, ChainsStartingAtInputsMergeWithTheGroupTheyMeet) {
   EXPECT_EQ(q.groups.size(), 3u) << print_partition(g, q);
   check_partition(g, q, {0, 1, 3});
 }
+
+// Data parallelism: an all_reduce placed right after its bucket's gradients (overlap_collectives)
+// runs as soon as the group making them has run. The group takes no later node, even one that
+// could join it (convexity alone would let the whole backward be one group, and the all_reduce
+// would wait for all of it); the two groups do not merge either; the wait runs last.
+TEST(Partition, AnAllReduceSealsTheGroupsItReadsSoItOverlapsTheRest) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} param "w"
+  %2 : f32[4]{1} = aten::mul.Tensor(%0, %1) backward
+  %3 : f32[4]{1} = aten::div.Scalar(%2, scalar(2))
+  %4 : f32[4]{1} = _c10d_functional::all_reduce(%3, "sum", "kiln.0")
+  %5 : f32[4]{1} = aten::mul.Tensor(%2, %0) backward
+  %6 : f32[4]{1} = aten::relu(%5) backward
+  %7 : f32[4]{1} = _c10d_functional::wait_tensor(%4)
+  output %7 result "g"
+  output %6 result "dx"
+}
+)");
+  Partition p = partition_graph(g, {0, 1, 3, 4});
+  ASSERT_EQ(p.groups.size(), 2u);
+  EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p.groups[1].nodes, (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(p.order, (std::vector<int32_t>{-1, 2, -2, 5}));
+  check_partition(g, p, {0, 1, 3, 4});
+  // Without the collective the same claims make one group.
+  ir::Graph plain = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} param "w"
+  %2 : f32[4]{1} = aten::mul.Tensor(%0, %1) backward
+  %3 : f32[4]{1} = aten::div.Scalar(%2, scalar(2))
+  %4 : f32[4]{1} = aten::neg(%3)
+  %5 : f32[4]{1} = aten::mul.Tensor(%2, %0) backward
+  %6 : f32[4]{1} = aten::relu(%5) backward
+  output %4 result "g"
+  output %6 result "dx"
+}
+)");
+  EXPECT_EQ(partition_graph(plain, {0, 1, 3, 4}).groups.size(), 1u);
+}

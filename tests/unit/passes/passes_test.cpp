@@ -715,3 +715,61 @@ TEST(NativeBatchNormCuda, TheNativePairMatchesCudnnOnTheGpu) {
     EXPECT_LE(rel, 1e-5) << "output " << k << " (" << orig.outputs[k].name << ")";
   }
 }
+
+// Data parallelism: the reducer's flatten, all_reduce and wait come after the whole backward as
+// captured. Each all_reduce moves up to right after what it needs, in order; the waits stay; a
+// random op needed by the second bucket takes the random op before it along.
+TEST(OverlapCollectives, EachAllReduceRightAfterItsGradientsWaitsStayLast) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} param "w1"
+  input %2 : f32[4]{1} param "w2"
+  %3 : f32[4]{1} = aten::mul.Tensor(%0, %2) backward
+  %12 : f32[4]{1} = aten::rand_like(%0, None, None, None, None, None) backward
+  %4 : f32[4]{1} = aten::mul.Tensor(%0, %3) backward
+  %13 : f32[4]{1} = aten::rand_like(%0, None, None, None, None, None) backward
+  %5 : f32[4]{1} = aten::mul.Tensor(%4, %13) backward
+  %14 : f32[4]{1} = aten::add.Tensor(%12, %0, scalar(1)) backward
+  %6 : f32[4]{1} = aten::div.Scalar(%3, scalar(2))
+  %7 : f32[4]{1} = _c10d_functional::all_reduce(%6, "sum", "kiln.0")
+  %8 : f32[4]{1} = _c10d_functional::wait_tensor(%7)
+  %9 : f32[4]{1} = aten::div.Scalar(%5, scalar(2))
+  %10 : f32[4]{1} = _c10d_functional::all_reduce(%9, "sum", "kiln.0")
+  %11 : f32[4]{1} = _c10d_functional::wait_tensor(%10)
+  output %8 result "g2"
+  output %11 result "g1"
+  output %14 result "other"
+}
+)");
+  EXPECT_EQ(overlap_collectives(g), 10u);
+  g.verify();
+  EXPECT_EQ(ir::print(g), R"(graph {
+  input %0 : f32[4]{1} input "x"
+  input %1 : f32[4]{1} param "w1"
+  input %2 : f32[4]{1} param "w2"
+  %3 : f32[4]{1} = aten::mul.Tensor(%0, %2) backward
+  %6 : f32[4]{1} = aten::div.Scalar(%3, scalar(2))
+  %7 : f32[4]{1} = _c10d_functional::all_reduce(%6, "sum", "kiln.0")
+  %12 : f32[4]{1} = aten::rand_like(%0, None, None, None, None, None) backward
+  %4 : f32[4]{1} = aten::mul.Tensor(%0, %3) backward
+  %13 : f32[4]{1} = aten::rand_like(%0, None, None, None, None, None) backward
+  %5 : f32[4]{1} = aten::mul.Tensor(%4, %13) backward
+  %9 : f32[4]{1} = aten::div.Scalar(%5, scalar(2))
+  %10 : f32[4]{1} = _c10d_functional::all_reduce(%9, "sum", "kiln.0")
+  %14 : f32[4]{1} = aten::add.Tensor(%12, %0, scalar(1)) backward
+  %8 : f32[4]{1} = _c10d_functional::wait_tensor(%7)
+  %11 : f32[4]{1} = _c10d_functional::wait_tensor(%10)
+  output %8 result "g2"
+  output %11 result "g1"
+  output %14 result "other"
+}
+)");
+  // Nothing to do without an all_reduce.
+  ir::Graph plain = ir::parse(R"(graph {
+  input %0 : f32[4]{1} input "x"
+  %1 : f32[4]{1} = aten::relu(%0)
+  output %1 result "y"
+}
+)");
+  EXPECT_EQ(overlap_collectives(plain), 0u);
+}

@@ -63,6 +63,12 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<Lift
 // they are free. Returns how many nodes were folded into multi-tensor nodes.
 size_t batch_optimizer_updates(ir::Graph& graph);
 
+// Data parallelism: every all_reduce as early as its inputs allow (its bucket's gradients made),
+// the waits where they were, so communication overlaps the rest of the backward. Keeps the
+// all_reduces' order and the order of random and in-place ops among themselves. Returns how many
+// nodes changed place (0 when the graph has no all_reduce).
+size_t overlap_collectives(ir::Graph& graph);
+
 // cuDNN batch norm (cudnn_batch_norm and the cudnn_batch_norm_backward nodes that read its
 // reserve space) in ATen's native form, for a backend that compiles batch norm itself
 // (core/src/passes/native_batch_norm.cpp). Not bit-exact: the planner rewrites only pairs whose
