@@ -895,7 +895,8 @@ class InductorPlugin : public Plugin {
     if (!P.kernels.empty()) {
       const std::string source = generate_source(*L, P, variants);
       const Toolchain tc = make_toolchain(s.cxx, s.cflags);
-      const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
+      const std::string root = usable_cache_root(
+          inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir), host());
       std::string key;
       CacheStats stats;
       exe->lib = compile_cached(source, tc, root, host(), &key, &stats);
@@ -995,7 +996,8 @@ class InductorPlugin : public Plugin {
         co.may_alias.insert(static_cast<int>(g.inputs().size() + k));
       }
     CudaProgram prog = generate_cuda(*L, P, co);
-    const std::string root = inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir);
+    const std::string root = usable_cache_root(
+        inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir), host());
     if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
       // The winners are kept per default program, architecture and size of the GPU.
       const std::string tune_key =

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -152,10 +153,26 @@ bool entry_valid(const std::string& base, const std::string& ext, const std::str
 void write_atomic(const std::string& path, const std::string& data) {
   const std::string tmp = temp_name(path);
   {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(data.data(), static_cast<std::streamsize>(data.size()));
-    f.flush();
-    if (!f) throw Error(KILN_ERROR_UNAVAILABLE, "cannot write " + tmp);
+    // POSIX calls, so that a full disk (ENOSPC, or EFBIG past a file size limit) is named; a
+    // temporary file that could not be written whole is removed, never left behind.
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(KILN_ERROR_UNAVAILABLE, "cannot write " + tmp + ": " + std::strerror(errno));
+    size_t done = 0;
+    int err = 0;
+    while (done < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        break;
+      }
+      done += static_cast<size_t>(n);
+    }
+    if (::close(fd) != 0 && err == 0) err = errno;
+    if (err != 0) {
+      std::remove(tmp.c_str());
+      throw Error(KILN_ERROR_UNAVAILABLE, "cannot write " + tmp + ": " + std::strerror(err));
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
@@ -165,6 +182,59 @@ void write_atomic(const std::string& path, const std::string& data) {
 
 std::string inductor_cache_dir(const std::string& cache_dir) {
   return (cache_dir.empty() ? std::string(".") : cache_dir) + "/inductor";
+}
+
+namespace {
+
+// The temporary folders this process compiled into instead of an unwritable cache, removed when the
+// plugin is unloaded (a static's destructor runs at dlclose and at exit; an atexit handler would
+// outlive the library).
+struct TemporaryRoots {
+  std::mutex mu;
+  std::map<std::string, std::string> by_root;  // the cache root asked for -> the folder used instead
+  ~TemporaryRoots() {
+    for (const auto& [root, tmp] : by_root) {
+      std::error_code ec;
+      std::filesystem::remove_all(tmp, ec);
+    }
+  }
+};
+TemporaryRoots& temporary_roots() {
+  static TemporaryRoots t;
+  return t;
+}
+
+}  // namespace
+
+std::string usable_cache_root(const std::string& root, const plugin::Host& host) {
+  auto& t = temporary_roots();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (auto it = t.by_root.find(root); it != t.by_root.end()) return it->second;
+  std::string why;
+  try {
+    mkdirs(root);
+    // Creating the folder is not enough: a read-only file system, a folder of another user or a
+    // full disk refuse the files. A small file written and removed tells.
+    const std::string probe = root + "/.kiln-writable";
+    write_atomic(probe, "kiln\n");
+    std::remove(probe.c_str());
+    return root;
+  } catch (const Error& e) {
+    why = e.what();
+  }
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/kiln-inductor-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    host.warn("the compile cache directory " + root + " is not writable (" + why +
+              ") and no temporary folder could be made either (" + std::strerror(errno) + ")");
+    return root;  // compiling there fails with its own message, and the group runs eagerly
+  }
+  host.warn("the compile cache directory " + root + " is not writable (" + why + "): this process compiles into " +
+            pattern +
+            " and removes it at exit, so nothing is kept for the next run; point runtime.cache_dir "
+            "(KILN_CACHE_DIR) at a writable folder to keep compiled kernels");
+  t.by_root[root] = pattern;
+  return pattern;
 }
 
 Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>& extra_flags) {

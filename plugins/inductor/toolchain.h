@@ -72,6 +72,12 @@ std::string cubin_cached(const std::string& source, const Nvrtc& nvrtc, int arch
 // The directory the inductor caches in, under a cache_dir.
 std::string inductor_cache_dir(const std::string& cache_dir);
 
+// `root` when kiln can create it and write files there; otherwise (a read-only file system, a
+// folder of another user, a full disk) a temporary folder of this process's own, said once in a
+// warning that names both and the reason, and removed when the plugin is unloaded. Nothing then
+// survives the run, but the step still compiles instead of running eagerly.
+std::string usable_cache_root(const std::string& root, const plugin::Host& host);
+
 // max-autotune winners: one line per kernel, "<kernel> <variant> <threads>".
 bool read_tune(const std::string& path, std::vector<std::pair<int, int>>* winners, size_t kernels);
 void write_tune(const std::string& path, const std::vector<std::pair<int, int>>& winners);

@@ -170,7 +170,11 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
   PassRunner runner(g, options.dump_dir);
   run_graph_passes(runner, g, plan->constants);
   plan->device = step_device(g);
-  if (options.overlap_collectives) runner.run("overlap_collectives", [&] { overlap_collectives(g); });
+  // Data parallelism: only a step with an all_reduce has anything to move (and a pass to dump).
+  const bool reduces = std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) {
+    return n.op.rfind("_c10d_functional::all_reduce", 0) == 0;
+  });
+  if (options.overlap_collectives && reduces) runner.run("overlap_collectives", [&] { overlap_collectives(g); });
 
   // Whole-step CUDA graphs bake kernel arguments: run-time scalars become device tensors.
   const bool graph_asked = backend.cuda_graphs && plan->device.is_cuda();

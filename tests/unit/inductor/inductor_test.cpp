@@ -4,11 +4,15 @@
 // compiling the same kernel at once); compiler failures falling back to eager; options and modes.
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <thread>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -811,6 +815,129 @@ TEST(InductorCache, TwoProcessesCompilingTheSameKernelAtOnceLeaveOneGoodEntry) {
   check(kCacheGraph, 1e-5, dir);
   EXPECT_NE(kiln::test::captured_log().find("cache hit "), std::string::npos) << kiln::test::captured_log();
   EXPECT_EQ(kiln::test::captured_log().find("is not usable"), std::string::npos);
+}
+
+// A cache directory kiln cannot write (here under /proc, which refuses new files even to root, as
+// a read-only file system or another user's folder would): the group still compiles, into a
+// temporary folder of the process's own, said once in a warning naming both and the reason; the
+// second compile of the loaded plugin finds it there; the folder goes when the plugin is unloaded.
+TEST(InductorCache, AnUnwritableCacheDirectoryCompilesIntoATemporaryFolderWithAWarning) {
+  ir::Graph g = ir::parse(kCacheGraph);
+  std::string folder;
+  {
+    auto plugin = load("/proc/kiln-no-such-cache");
+    kiln::test::start_log_capture();
+    PartitionedExecutor first(g, plugin, KILN_MODE_DEFAULT);
+    EXPECT_EQ(first.stats().groups_compiled, 1u);
+    std::string log = kiln::test::captured_log();
+    EXPECT_NE(log.find("/proc/kiln-no-such-cache/inductor is not writable"), std::string::npos) << log;
+    const auto at = log.find("this process compiles into ");
+    ASSERT_NE(at, std::string::npos) << log;
+    folder = log.substr(at + 27, log.find(' ', at + 27) - at - 27);
+    EXPECT_TRUE(fs::is_directory(folder)) << folder;
+    EXPECT_NE(log.find("compiled "), std::string::npos) << log;
+    kiln::test::start_log_capture();
+    PartitionedExecutor second(g, plugin, KILN_MODE_DEFAULT);
+    EXPECT_EQ(second.stats().groups_compiled, 1u);
+    log = kiln::test::captured_log();
+    EXPECT_EQ(log.find("is not writable"), std::string::npos) << "warned once per directory\n" << log;
+    EXPECT_NE(log.find("cache hit "), std::string::npos) << log;
+    // And it computes what eager computes.
+    auto inputs = make_inputs(g);
+    auto ref = run_eager(g, inputs);
+    std::vector<at::Tensor> env(g.values.size());
+    env[0] = inputs[0];
+    second.run(env);
+    EXPECT_LE(rel_error(env[3], ref[0]), 1e-5);
+  }
+  // The plugin is unloaded with its last user: the temporary folder is gone.
+  EXPECT_FALSE(fs::exists(folder)) << folder;
+}
+
+// The disk fills while the cache is written (a file size limit makes every write past 1 KiB fail
+// with EFBIG, as ENOSPC would): the compile fails with the file and the reason, the group runs
+// eagerly with eager's results exactly, and no half-written file is left in the cache.
+TEST(InductorCache, ADiskFullWhileWritingFailsTheCompileClearlyAndTheGroupRunsEagerly) {
+  const std::string dir = fresh_dir("full");
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      signal(SIGXFSZ, SIG_IGN);
+      rlimit lim{1024, 1024};
+      if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(9);
+      ir::Graph g = ir::parse(kCacheGraph);
+      PartitionedExecutor exec(g, load(dir), KILN_MODE_DEFAULT);
+      if (exec.stats().groups_compiled != 0) rc = 2;
+      else if (exec.stats().compile_errors.size() != 1) rc = 3;
+      else if (exec.stats().compile_errors[0].find("File too large") == std::string::npos ||
+               exec.stats().compile_errors[0].find(dir) == std::string::npos)
+        rc = 4;
+      auto inputs = make_inputs(g);
+      auto ref = run_eager(g, inputs);
+      std::vector<at::Tensor> env(g.values.size());
+      env[0] = inputs[0];
+      exec.run(env);
+      if (rc == 0 && !env[3].equal(ref[0])) rc = 5;
+      if (rc == 3 || rc == 4)
+        std::fprintf(stderr, "%s\n",
+                     exec.stats().compile_errors.empty() ? "(no error)" : exec.stats().compile_errors[0].c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      rc = 6;
+    }
+    _exit(rc);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "2: it compiled; 3: no error; 4: the error names neither the file nor "
+                                       "the reason; 5: results not eager's; 6: threw";
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor"))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  EXPECT_TRUE(entries(dir, ".so").empty());
+  // With room again the same cache compiles and keeps the entry.
+  expect_all_compiled(check(kCacheGraph, 1e-5, dir));
+  EXPECT_EQ(entries(dir, ".ok").size(), 1u);
+}
+
+// A process killed while its compiler runs (the compiler with it) leaves at most the source and
+// a temporary file: the next process compiles the entry whole, and the one after finds it.
+TEST(InductorCache, AWriterKilledMidCompileLeavesNothingThatLoads) {
+  const std::string dir = fresh_dir("killed");
+  const std::string slow = dir + "/slow-cxx.sh";
+  {
+    std::ofstream f(slow);
+    f << "#!/bin/sh\ncase \"$1\" in --version) exec c++ --version ;; esac\nsleep 3\nexec c++ \"$@\"\n";
+  }
+  fs::permissions(slow, fs::perms::owner_all);
+  const Options opts{{"cxx", slow}};
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    try {
+      ir::Graph g = ir::parse(kCacheGraph);
+      PartitionedExecutor exec(g, load(dir, opts), KILN_MODE_DEFAULT);
+    } catch (...) {
+    }
+    _exit(0);
+  }
+  // Killed (with its compiler) once the source is in the cache, while the compiler sleeps.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (entries(dir, ".cpp").empty() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_FALSE(entries(dir, ".cpp").empty()) << "the child never started compiling";
+  kill(-pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(entries(dir, ".ok").empty());
+  kiln::test::start_log_capture();
+  expect_all_compiled(check(kCacheGraph, 1e-5, dir, KILN_MODE_DEFAULT, opts));
+  EXPECT_NE(kiln::test::captured_log().find("compiled "), std::string::npos) << kiln::test::captured_log();
+  kiln::test::start_log_capture();
+  expect_all_compiled(check(kCacheGraph, 1e-5, dir, KILN_MODE_DEFAULT, opts));
+  EXPECT_NE(kiln::test::captured_log().find("cache hit "), std::string::npos) << kiln::test::captured_log();
 }
 
 // ---- Compiler failures and options ----

@@ -125,8 +125,9 @@ std::string with_dtype(std::string text, const std::string& dt) {
 
 TEST(IpexNumerics, MlpLayersForwardAndBackwardFloat32) {
   auto c = check(with_dtype(kMlp, "f32"), 1e-5);
-  // Everything but the two transposes (views, left to eager).
-  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 2);
+  // Everything but the two transposes (views, left to eager) and, in float32, the log-softmax and
+  // its backward (ATen's rounding: IpexClaims.Float32SoftmaxStaysWithAten).
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
   EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
   EXPECT_TRUE(c.stats.compile_errors.empty());
 }
@@ -213,24 +214,33 @@ TEST(IpexNumerics, GeluForwardAndBackwardBothApproximationsBf16) {
   expect_all_compiled(c);
 }
 
-TEST(IpexNumerics, SoftmaxOverEveryDimAndItsBackward) {
-  auto c = check(R"(graph {
-  input %0 : f32[3,5,70]{350,70,1} input "x"
-  input %1 : f32[3,5,70]{350,70,1} input "g"
-  %2 : f32[3,5,70]{350,70,1} = aten::_softmax(%0, -1, false)
-  %3 : f32[3,5,70]{350,70,1} = aten::_softmax(%0, 1, false)
-  %4 : f32[3,5,70]{350,70,1} = aten::_log_softmax(%0, 0, false)
-  %5 : f32[3,5,70]{350,70,1} = aten::_softmax_backward_data(%1, %2, 2, dtype(f32))
-  %6 : f32[3,5,70]{350,70,1} = aten::_log_softmax_backward_data(%1, %4, 0, dtype(f32))
+const char* kSoftmaxes = R"(graph {
+  input %0 : {dt}[3,5,70]{350,70,1} input "x"
+  input %1 : {dt}[3,5,70]{350,70,1} input "g"
+  %2 : {dt}[3,5,70]{350,70,1} = aten::_softmax(%0, -1, false)
+  %3 : {dt}[3,5,70]{350,70,1} = aten::_softmax(%0, 1, false)
+  %4 : {dt}[3,5,70]{350,70,1} = aten::_log_softmax(%0, 0, false)
+  %5 : {dt}[3,5,70]{350,70,1} = aten::_softmax_backward_data(%1, %2, 2, dtype({dt}))
+  %6 : {dt}[3,5,70]{350,70,1} = aten::_log_softmax_backward_data(%1, %4, 0, dtype({dt}))
   output %2 result "sm_last"
   output %3 result "sm_mid"
   output %4 result "lsm_first"
   output %5 result "dsm"
   output %6 result "dlsm"
 }
-)",
-                 1e-5);
-  expect_all_compiled(c);
+)";
+
+TEST(IpexNumerics, Bf16SoftmaxOverEveryDimAndItsBackward) {
+  if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
+  expect_all_compiled(check(with_dtype(kSoftmaxes, "bf16"), 1e-2));
+}
+
+// oneDNN's float32 softmax and log-softmax round differently from ATen's, and a loss near zero
+// magnifies it (gpt's loss 1.4e-4 from eager's after 20 steps on a Xeon, 3.7e-7 with ATen's):
+// float32 softmaxes stay with ATen, and the results are eager's.
+TEST(IpexClaims, Float32SoftmaxStaysWithAten) {
+  auto c = check(with_dtype(kSoftmaxes, "f32"), 0.0);
+  EXPECT_EQ(c.stats.claimed, 0u);
 }
 
 TEST(IpexNumerics, LayerNormForwardAndBackward) {
@@ -346,9 +356,10 @@ TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
   const fs::path dir = fs::temp_directory_path() / ("kiln_ipex_tune_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const std::string mlp = with_dtype(kMlp, "f32");
-  // Everything but the two transposes (views, left to eager), as in the default mode.
+  // Everything but the two transposes (views, left to eager) and the float32 log-softmax pair, as
+  // in the default mode.
   auto compiled_as_in_default = [](const Checked& c) {
-    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 2);
+    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
     EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
     EXPECT_TRUE(c.stats.compile_errors.empty());
   };
@@ -429,7 +440,7 @@ TEST(IpexClaims, NoBf16WithoutAvx512Bf16OrAmx) {
   EXPECT_NE(a.reason.find("bf16 kernels off (no AVX-512-BF16 or AMX)"), std::string::npos) << a.reason;
   ir::Graph bf16 = ir::parse(with_dtype(kMlp, "bf16")), f32 = ir::parse(with_dtype(kMlp, "f32"));
   EXPECT_EQ(PartitionedExecutor(bf16, plugin, KILN_MODE_DEFAULT).stats().claimed, 0u);
-  EXPECT_EQ(PartitionedExecutor(f32, plugin, KILN_MODE_DEFAULT).stats().claimed, f32.nodes.size() - 2);
+  EXPECT_EQ(PartitionedExecutor(f32, plugin, KILN_MODE_DEFAULT).stats().claimed, f32.nodes.size() - 4);
 }
 
 // LibTorch links its own oneDNN (3.x, symbols hidden); the plugin loads PyPI's 3.2 with RTLD_LOCAL.
