@@ -1,5 +1,7 @@
 // kiln::Trainer and compile_step: fallback, fullgraph, guards and recompilation, run-time
 // optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <functional>
 
@@ -16,6 +18,7 @@
 #include <torch/utils.h>
 
 #include <fstream>
+#include <iostream>
 #include <cstdlib>
 #include <functional>
 
@@ -162,6 +165,105 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
   for (const auto& w : logs.warnings()) mentions += w.find("recompile_limit") != std::string::npos;
   EXPECT_EQ(mentions, 1);
   expect_same_params(ref, s);
+}
+
+// This process's resident memory (/proc/self/statm), in MiB.
+double resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+// A recompilation storm: a new batch size every step. kiln compiles recompile_limit signatures,
+// warns once, then runs the new shapes eagerly: the compiled steps kept stay at the limit and the
+// process's memory stops growing once they are made; every step's loss and the parameters are
+// eager's.
+TEST(Trainer, ARecompileStormStaysWithinTheLimitAndItsMemory) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.runtime.recompile_limit = 4;
+  LogCapture logs;
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  double after_limit = 0;
+  for (int64_t step = 0; step < 400; ++step) {
+    const int64_t batch = 1 + step;  // never the same twice
+    auto x = at::randn({batch, 12});
+    auto y = at::randint(0, 5, {batch});
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    ASSERT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << step;
+    if (step == 49) after_limit = resident_mib();
+  }
+  const double grown = resident_mib() - after_limit;
+  std::cout << "[storm] 400 steps, a new shape each: " << trainer.stats().compiles << " compiles, resident memory "
+            << after_limit << " MiB after 50 steps, +" << grown << " MiB after 400\n";
+  EXPECT_EQ(trainer.stats().compiles, 4);
+  int mentions = 0;
+  for (const auto& w : logs.warnings()) mentions += w.find("recompile_limit") != std::string::npos;
+  EXPECT_EQ(mentions, 1);
+  // The batches grow to 400 examples (25 KB of input): what stays is bounded by a few of them.
+  EXPECT_LT(grown, 8.0);
+  expect_same_params(ref, s);
+}
+
+// 10,000 compiled steps keep the host's memory flat: nothing a step allocates outlives it (the
+// plan, the kernels and the buffers they reuse are made once).
+TEST(Trainer, TenThousandCompiledStepsKeepHostMemoryFlat) {
+  auto s = make(fresh_seed(), /*adamw=*/true);
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, compile_args());
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  double at_1000 = 0;
+  for (int step = 1; step <= 10000; ++step) {
+    trainer.step(x, y);
+    if (step == 1000) at_1000 = resident_mib();
+  }
+  const double grown = resident_mib() - at_1000;
+  std::cout << "[flat] 10,000 compiled steps (" << trainer.backend() << "): resident " << at_1000
+            << " MiB at step 1,000, +" << grown << " MiB at step 10,000 (" << grown * (1 << 20) / 9000
+            << " bytes a step)\n";
+  EXPECT_EQ(trainer.stats().compiled_steps, 9998);
+  EXPECT_EQ(trainer.stats().compiles, 1);
+  // A leak of 100 bytes a step would be 0.86 MiB over these 9,000 steps.
+  EXPECT_LT(grown, 0.5);
+}
+
+// The same on the GPU, with and without the whole-step CUDA graph: the device memory LibTorch's
+// allocator holds for tensors is the same at step 10,000 as at step 1,000.
+TEST(TrainerCuda, TenThousandCompiledStepsKeepDeviceMemoryFlat) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU on this machine: checked on the GPU machine";
+  for (const char* mode : {"default", "reduce-overhead"}) {
+    auto s = make(fresh_seed(), /*adamw=*/true);
+    s.net->to(at::kCUDA);
+    auto args = compile_args();
+    args.torch_compile_mode = mode;
+    kiln::Trainer trainer(
+        s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+    auto x = at::randn({8, 12}, at::kCUDA);
+    auto y = at::randint(0, 5, {8}, at::TensorOptions().device(at::kCUDA).dtype(at::kLong));
+    int64_t at_1000 = 0;
+    double host_1000 = 0;
+    for (int step = 1; step <= 10000; ++step) {
+      trainer.step(x, y);
+      if (step == 1000) {
+        torch::cuda::synchronize();
+        at_1000 = kiln::cuda_allocated_bytes(0);
+        host_1000 = resident_mib();
+      }
+    }
+    torch::cuda::synchronize();
+    const int64_t grown = kiln::cuda_allocated_bytes(0) - at_1000;
+    std::cout << "[flat] 10,000 compiled steps on CUDA (" << trainer.backend() << ", " << mode << "): allocated "
+              << at_1000 << " bytes at step 1,000, " << grown << " more at step 10,000; host +"
+              << resident_mib() - host_1000 << " MiB\n";
+    EXPECT_EQ(trainer.stats().compiled_steps, 9998) << mode;
+    EXPECT_EQ(grown, 0) << mode;
+    EXPECT_LT(resident_mib() - host_1000, 0.5) << mode;
+  }
 }
 
 TEST(Trainer, EvalModeIsANewSignature) {
