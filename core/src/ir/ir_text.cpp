@@ -337,11 +337,15 @@ class Parser {
     size_t save = pos_;
     if (word() == "on") {
       std::string dev = word();
+      // c10 keeps a device index in 8 bits: "cuda:198" would become cuda:-58, which prints as text
+      // that no longer parses. Only a device that prints as written is taken.
+      bool ok = false;
       try {
         m.device = c10::Device(dev);
+        ok = m.device.str() == dev;
       } catch (const std::exception&) {
-        fail("bad device '" + dev + "'");
       }
+      if (!ok) fail("bad device '" + dev + "'");
     } else {
       pos_ = save;
     }

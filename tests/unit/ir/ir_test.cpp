@@ -153,6 +153,13 @@ TEST(IrText, ParseErrorsSayLineAndColumn) {
   EXPECT_EQ(parse_error("graph {\n  %0 : f32[]{} = relu()\n}"),
             "2:18: expected an operator name such as aten::add.Tensor");
   EXPECT_EQ(parse_error("graph {\n"), "2:1: unexpected end of text; expected '}'");
+  // Found by the ir_text fuzzer: c10 keeps a device index in 8 bits, so "cuda:198" became cuda:-58,
+  // which printed as text that did not parse back. A device must print as it is written.
+  EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:198 input \"x\"\n}"), "2:35: bad device 'cuda:198'");
+  EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:-58 input \"x\"\n}"), "2:35: bad device 'cuda:-58'");
+  EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:01 input \"x\"\n}"), "2:34: bad device 'cuda:01'");
+  EXPECT_EQ(print(parse("graph {\n  input %0 : f32[2]{1} on cuda:127 input \"x\"\n  output %0 result \"y\"\n}\n")),
+            "graph {\n  input %0 : f32[2]{1} on cuda:127 input \"x\"\n  output %0 result \"y\"\n}\n");
 }
 
 TEST(IrVerify, RejectsUseBeforeDefinitionAndBadWriteBack) {
