@@ -10,6 +10,8 @@
 namespace kiln::ir {
 namespace {
 
+constexpr int64_t kMaxValueId = (int64_t{1} << 20) - 1;
+
 struct DtypeName {
   c10::ScalarType type;
   const char* name;
@@ -302,7 +304,9 @@ class Parser {
     if (peek() != '%') fail("expected a value such as %3");
     ++pos_;
     int64_t id = integer();
-    if (id < 0 || id > 100000000) fail("value id out of range");
+    // Values are stored by id, so an id is memory: at most kMaxValueId (a million values, about
+    // 100 MB), far beyond any step's graph. A larger one is an error, not gigabytes allocated.
+    if (id < 0 || id > kMaxValueId) fail("value id out of range (0 to " + std::to_string(kMaxValueId) + ")");
     return static_cast<ValueId>(id);
   }
   c10::ScalarType dtype() {

@@ -158,6 +158,10 @@ TEST(IrText, ParseErrorsSayLineAndColumn) {
   EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:198 input \"x\"\n}"), "2:35: bad device 'cuda:198'");
   EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:-58 input \"x\"\n}"), "2:35: bad device 'cuda:-58'");
   EXPECT_EQ(parse_error("graph {\n  input %0 : f32[2]{1} on cuda:01 input \"x\"\n}"), "2:34: bad device 'cuda:01'");
+  // Also the fuzzer's: values are stored by id, so "%10000000" allocated a gigabyte. Ids stop at
+  // a million.
+  EXPECT_EQ(parse_error("graph {\n  input %10000000 : f32[2]{1} input \"x\"\n}"),
+            "2:18: value id out of range (0 to 1048575)");
   EXPECT_EQ(print(parse("graph {\n  input %0 : f32[2]{1} on cuda:127 input \"x\"\n  output %0 result \"y\"\n}\n")),
             "graph {\n  input %0 : f32[2]{1} on cuda:127 input \"x\"\n  output %0 result \"y\"\n}\n");
 }
