@@ -14,11 +14,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <toml++/toml.h>
 
@@ -40,34 +42,59 @@ SettingOrigin origin_of(const toml::node& n, const std::string& source) { return
 
 SettingOrigin env_origin(const std::string& var) { return {"environment (" + var + ")", 0, 0}; }
 
-// "U+00E9" for the UTF-8 sequence at text[i], or "byte 0xC3" where it is not one.
-std::string code_point_at(const std::string& text, size_t i) {
+// The code point of the UTF-8 sequence at text[i] and its length in bytes; nullopt where it is not one.
+std::optional<std::pair<uint32_t, size_t>> decode_utf8(const std::string& text, size_t i) {
   const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char c = b(i);
-  const int len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
+  const size_t len = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
   uint32_t cp = len == 4 ? c & 0x07u : len == 3 ? c & 0x0Fu : c & 0x1Fu;
-  bool ok = len > 0 && i + static_cast<size_t>(len) <= text.size();
-  for (int k = 1; ok && k < len; ++k) {
-    ok = (b(i + static_cast<size_t>(k)) & 0xC0) == 0x80;
-    cp = (cp << 6) | (b(i + static_cast<size_t>(k)) & 0x3Fu);
+  if (len == 0 || i + len > text.size()) return std::nullopt;
+  for (size_t k = 1; k < len; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return std::nullopt;
+    cp = (cp << 6) | (b(i + k) & 0x3Fu);
   }
+  return std::make_pair(cp, len);
+}
+
+// "U+00E9" for the UTF-8 sequence at text[i], or "byte 0xC3" where it is not one.
+std::string code_point_at(const std::string& text, size_t i) {
   char buf[32];
-  if (ok) std::snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(cp));
-  else std::snprintf(buf, sizeof buf, "byte 0x%02X", static_cast<unsigned>(c));
+  if (const auto d = decode_utf8(text, i)) std::snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(d->first));
+  else std::snprintf(buf, sizeof buf, "byte 0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[i])));
   return buf;
 }
 
-// TOML allows characters outside ASCII only in strings and comments. Debian 12's TOML++ (3.3)
-// reaches __builtin_unreachable - undefined behaviour - when it tests some of them for whitespace
-// at a token boundary (U+00A1 to U+0499, é among them: found by fuzzing the configuration), so
-// kiln refuses every one of them outside strings and comments itself, first, saying where.
-void refuse_non_ascii_outside_strings(const std::string& text, const std::string& source) {
+// Whether Debian 12's TOML++ (3.3) reaches __builtin_unreachable - undefined behaviour - testing
+// code point c for whitespace. Its generated table splits U+00A0..U+FEFF into 64 blocks of 0x3FA
+// and handles only some: the rest of blocks 0, 11 and 63 (U+00A1..U+0499, U+2C5E..U+3057 but
+// U+3000, U+FB26..U+FEFE) fall through to the unreachable default.
+bool tomlpp_whitespace_test_is_undefined(uint32_t c) {
+  if (c <= 0xA0 || c >= 0xFEFF || c == 0x3000) return false;
+  const uint64_t block = (c - 0xA0) / 0x3FA;
+  return block == 0 || block == 11 || block == 63;
+}
+
+// The text TOML++ is given. TOML allows characters outside ASCII only in strings and comments.
+// Debian 12's TOML++ (3.3) tests some of them for whitespace where undefined behaviour follows
+// (tomlpp_whitespace_test_is_undefined; found by fuzzing the configuration): at every token
+// boundary, after a backslash in a multi-line basic string, and at the first character after a
+// line-ending backslash. So kiln refuses every one of them outside strings and comments and after
+// a backslash (none is valid TOML there), saying where; the one valid place, after a line-ending
+// backslash, it writes as the \uXXXX escape that means the same character.
+std::string guard_toml_text(const std::string& text, const std::string& source) {
+  std::vector<std::pair<size_t, std::pair<uint32_t, size_t>>> escapes;  // offset, (code point, bytes)
   enum class In { Plain, Comment, Basic, Literal, MultiBasic, MultiLiteral };
   In in = In::Plain;
   // A quote opens a string only where TOML has one: a key (a line's start, after '.', '[', '{' or
-  // ',') or a value (after '=', '[' or ','). Elsewhere (`00Z07"...`, a bad date) it is junk that the
-  // parser reads on as part of a value, so what follows it is not a string's.
+  // ',') or a value (after '=', '[' or ','). Elsewhere (`00Z07"...`, a bad date, `1.'''`) it is junk
+  // that the parser reads on as part of a value, so what follows it is not a string's. A '.' is a
+  // key's only on the key side of a line (before its '=', or in an inline table before each '='),
+  // and a multi-line string is only ever a value. Where in doubt the text counts as outside a
+  // string: a valid file never needs the doubt resolved the other way.
   char last = '\n';  // the last character outside strings other than a space or tab
+  bool key_side = true;
+  bool bare = false;  // in the text of a value that is not a string, array or table
+  std::string open;   // the '[' and '{' opened on the value side, innermost last
   int line = 1, column = 1;
   size_t i = 0;
   // Moves past n bytes, counting lines and columns (a column per character, not per byte).
@@ -94,31 +121,71 @@ void refuse_non_ascii_outside_strings(const std::string& text, const std::string
                             "TOML syntax error: " + code_point_at(text, i) +
                                 " outside a string or comment (TOML allows only ASCII there; quote the value)");
         if (c == '#') {
-          in = In::Comment;
-        } else if ((c == '"' || c == '\'') && std::string_view("\n.[{,=").find(last) != std::string_view::npos) {
-          if (at("\"\"\"")) in = In::MultiBasic, advance(2);
-          else if (at("'''")) in = In::MultiLiteral, advance(2);
+          in = In::Comment, bare = false;
+        } else if (c == '\n' || c == ' ' || c == '\t') {
+          if (c == '\n') last = '\n', key_side = key_side || open.empty();
+          bare = false;
+        } else if (bare && std::string_view("]},").find(static_cast<char>(c)) == std::string_view::npos) {
+          last = static_cast<char>(c);  // more of a value's text, quotes and brackets included
+        } else if ((c == '"' || c == '\'') &&
+                   (std::string_view("\n[{,=").find(last) != std::string_view::npos || (last == '.' && key_side))) {
+          const bool value = !key_side && std::string_view("\n=[,").find(last) != std::string_view::npos;
+          if (value && at("\"\"\"")) in = In::MultiBasic, advance(2);
+          else if (value && at("'''")) in = In::MultiLiteral, advance(2);
           else in = c == '"' ? In::Basic : In::Literal;
-          last = c;
-        } else if (c != ' ' && c != '\t') {
+          last = static_cast<char>(c);
+        } else {
+          bare = false;
+          if (c == '=') key_side = false;
+          // A '[' on the key side of a line with nothing open is a table header, not an array.
+          else if ((c == '[' || c == '{') && !(c == '[' && key_side && open.empty())) open += static_cast<char>(c);
+          else if ((c == ']' || c == '}') && !open.empty()) open.pop_back();
+          if (c == '{' || (c == ',' && !open.empty() && open.back() == '{')) key_side = true;
+          // A value that is not a string, array or table (a number, date, boolean): the parser reads
+          // on to the next space, ']', '}', ',' or '#' before it judges it.
+          bare = !key_side && std::string_view("[]{},=\"'").find(static_cast<char>(c)) == std::string_view::npos;
           last = static_cast<char>(c);
         }
         break;
       case In::Comment:
-        if (c == '\n') in = In::Plain, last = '\n';
+        if (c == '\n') {
+          in = In::Plain, last = '\n';
+          if (open.empty()) key_side = true;
+        }
         break;
       case In::Basic:
         if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') advance(1);  // an escape: skip its next byte
         else if (c == '"') in = In::Plain;
-        else if (c == '\n') in = In::Plain, last = '\n';  // unterminated: the parser says so
+        else if (c == '\n') in = In::Plain, last = '\n', key_side = key_side || open.empty();  // unterminated
         break;
       case In::Literal:
         if (c == '\'') in = In::Plain;
-        else if (c == '\n') in = In::Plain, last = '\n';
+        else if (c == '\n') in = In::Plain, last = '\n', key_side = key_side || open.empty();
         break;
       case In::MultiBasic:
-        if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') advance(1);
-        else if (at("\"\"\"")) {
+        if (c == '\\') {
+          size_t k = i + 1;
+          while (k < text.size() && (text[k] == ' ' || text[k] == '\t')) ++k;
+          if (k < text.size() && static_cast<unsigned char>(text[k]) >= 0x80) {
+            const bool escape = k == i + 1;
+            advance(k - i);
+            throw ConfigError({source, line, column}, "",
+                              "TOML syntax error: " + code_point_at(text, i) +
+                                  (escape ? " after a backslash is not an escape"
+                                          : " after a backslash and spaces (a line-ending backslash must be the last "
+                                            "character on its line)"));
+          }
+          if (k < text.size() && (text[k] == '\n' || text[k] == '\r')) {
+            // A line-ending backslash: the parser skips spaces and line breaks, then tests the next character.
+            while (k < text.size() && std::string_view(" \t\r\n").find(text[k]) != std::string_view::npos) ++k;
+            if (k < text.size() && static_cast<unsigned char>(text[k]) >= 0x80)
+              if (const auto d = decode_utf8(text, k); d && tomlpp_whitespace_test_is_undefined(d->first))
+                escapes.push_back({k, *d});
+            advance(k - i);
+            continue;
+          }
+          if (i + 1 < text.size()) advance(1);  // an escape: skip its next byte
+        } else if (at("\"\"\"")) {
           close_run('"');
           continue;
         }
@@ -132,6 +199,16 @@ void refuse_non_ascii_outside_strings(const std::string& text, const std::string
     }
     advance(1);
   }
+  if (escapes.empty()) return text;
+  std::string out;
+  size_t from = 0;
+  for (const auto& [offset, d] : escapes) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "\\u%04X", static_cast<unsigned>(d.first));
+    out.append(text, from, offset - from).append(buf);
+    from = offset + d.second;
+  }
+  return out.append(text, from, std::string::npos);
 }
 
 const char* type_name(const toml::node& n) {
@@ -851,10 +928,10 @@ void TrainingArguments::apply_toml(const std::string& path) {
 }
 
 void TrainingArguments::apply_toml_string(const std::string& text, const std::string& source) {
-  refuse_non_ascii_outside_strings(text, source);
+  const std::string guarded = guard_toml_text(text, source);
   toml::table root;
   try {
-    root = toml::parse(text, source);
+    root = toml::parse(guarded, source);
   } catch (const toml::parse_error& e) {
     throw ConfigError(at(e.source(), source), "", "TOML syntax error: " + std::string(e.description()));
   }

@@ -743,3 +743,49 @@ TEST_F(ConfigTest, ACharacterOutsideAsciiOutsideAStringIsASyntaxErrorWithWhere) 
   EXPECT_EQ(a.plugin_options.at("inductor").at("note"), "l\xc3\xadnea \xc3\xba \"");
   EXPECT_EQ(a.plugin_options.at("inductor").at("cl\xc3\xa9"), "\xc3\xa9");
 }
+
+// A quote that cannot open a string where it stands does not hide what follows it: after a
+// value's '.' (`1.'''...`, found by fuzzing: the parser reads it as a bad float and reached the
+// same undefined behaviour at U+FEBF) and a multi-line quote on a key's side are junk, so the
+// non-ASCII after them is reported. Dotted keys in inline tables and multi-line strings inside
+// multi-line arrays stay strings.
+TEST_F(ConfigTest, AQuoteThatOpensNoStringDoesNotHideNonAsciiAfterIt) {
+  const std::string f = write("f.toml",
+                              "k_cmhc_aax_em = 1.'''''c!uObl\x07"
+                              "ck_cmehc_aax_YYg\xef\xba\xbf]Y0\n");
+  EXPECT_NE(error_of(f).find("f.toml:1:47: TOML syntax error: U+FEBF outside a string or comment"), std::string::npos)
+      << error_of(f);
+  // A number's text runs on to a space, ']', '}', ',' or '#': the parser scans the quote and what
+  // follows it as part of the number (found by fuzzing).
+  const std::string n = write("n.toml", "cole =[[0x10[[2[[\"constantX\xef\xbb\xbawith\"]]]]]\n");
+  EXPECT_NE(error_of(n).find("n.toml:1:28: TOML syntax error: U+FEFA outside a string or comment"), std::string::npos)
+      << error_of(n);
+  const std::string k = write("k.toml", "'''a\xc3\xa9''' = 1\n");
+  EXPECT_NE(error_of(k).find("TOML syntax error: U+00E9 outside a string or comment"), std::string::npos)
+      << error_of(k);
+  // Valid: the parser reads them, and reports only that a plugin option cannot be a table or array.
+  const std::string t = write("t.toml", "[plugin.inductor]\nt = { a.'cl\xc3\xa9' = 'x', b.\"\xc3\xba\" = 'y' }\n");
+  EXPECT_NE(error_of(t).find("t.toml:2:5: plugin option 'plugin.inductor.t' must be a string"), std::string::npos)
+      << error_of(t);
+  const std::string l =
+      write("l.toml", "[plugin.inductor]\nl = [\n  '\'\'\xc3\xa9\n\'\'\',\n  \"\"\"\xc3\xad\"\"\", # \xc3\xb3\n]\n");
+  EXPECT_NE(error_of(l).find("l.toml:2:5: plugin option 'plugin.inductor.l' must be a string"), std::string::npos)
+      << error_of(l);
+}
+
+// In a multi-line basic string the parser tests the character after a backslash, and the first
+// one after a line-ending backslash, for whitespace: where TOML++ 3.3 reaches undefined behaviour
+// (found by fuzzing), kiln reports the invalid ones and reads the valid ones as written.
+TEST_F(ConfigTest, NonAsciiAfterABackslashInAMultiLineStringIsReadOrReported) {
+  const auto a = TrainingArguments::from_toml_string(
+      "[plugin.inductor]\n"
+      "note = \"\"\"a \\\n   \xc3\xa9t\xc3\xa9 \\\n\n\xef\xba\xbf\\\n\xe3\x80\x80.\"\"\"\n",
+      "m.toml");
+  // U+3000 is whitespace to TOML++, skipped after a line-ending backslash as before.
+  EXPECT_EQ(a.plugin_options.at("inductor").at("note"), "a \xc3\xa9t\xc3\xa9 \xef\xba\xbf.");
+  const std::string e = write("e.toml", "x = 1\n[plugin.inductor]\nnote = \"\"\"ab\\\xc3\xa9\"\"\"\n");
+  EXPECT_EQ(error_of(e), e + ":3:14: TOML syntax error: U+00E9 after a backslash is not an escape");
+  const std::string s = write("s.toml", "[plugin.inductor]\nnote = \"\"\"\\  \xd2\x85\n\"\"\"\n");
+  EXPECT_EQ(error_of(s), s + ":2:14: TOML syntax error: U+0485 after a backslash and spaces (a line-ending "
+                             "backslash must be the last character on its line)");
+}
