@@ -38,6 +38,10 @@ const OpInfo& op_info(const std::string& op) {
   return cache.emplace(op, info).first->second;
 }
 
+bool node_issues_collective(const ir::Node& n) {
+  return n.op.rfind("_c10d_functional::", 0) == 0 && n.op != "_c10d_functional::wait_tensor";
+}
+
 bool node_draws_random_numbers(const ir::Node& n) {
   const OpInfo& info = op_info(n.op);
   if (!info.nondeterministic) return false;

@@ -33,13 +33,10 @@ void validate_claims(const ir::Graph& g, const std::vector<int64_t>& claimed, co
 
 namespace {
 
-// A collective (an all_reduce of the gradients, data parallelism) that is issued as soon as the
+// A collective (node_issues_collective: an all_reduce of the gradients) is issued as soon as the
 // groups it reads have run: a group it depends on takes no later node, so that the collective
 // overlaps what comes after it (overlap_collectives put it right after its inputs) instead of
-// waiting for a group that grew past it. Its wait_tensor is not one: it waits where it stands.
-bool issues_collective(const ir::Node& n) {
-  return n.op.rfind("_c10d_functional::", 0) == 0 && n.op != "_c10d_functional::wait_tensor";
-}
+// waiting for a group that grew past it. Its wait_tensor waits where it stands.
 
 // Second phase: a node joins the group of one of its producers, so chains that start at graph
 // inputs (an optimizer's update of its state) begin groups of their own, which the first phase
@@ -48,7 +45,7 @@ bool issues_collective(const ir::Node& n) {
 // and both groups convex. Passes repeat until nothing merges, one merge per pass.
 void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
   const size_t n_nodes = g.nodes.size();
-  const bool collectives = std::any_of(g.nodes.begin(), g.nodes.end(), issues_collective);
+  const bool collectives = std::any_of(g.nodes.begin(), g.nodes.end(), node_issues_collective);
   for (bool changed = true; changed;) {
     changed = false;
     const int32_t n_groups = static_cast<int32_t>(p.groups.size());
@@ -96,7 +93,7 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
       for (size_t u = 0; u < n_units; ++u)
         for (auto s : succ[u]) pred[s].push_back(static_cast<int32_t>(u));
       for (size_t i = 0; i < n_nodes; ++i) {
-        if (!issues_collective(g.nodes[i])) continue;
+        if (!node_issues_collective(g.nodes[i])) continue;
         std::vector<char> seen(n_units, 0);
         std::vector<int32_t> stack{unit_of(static_cast<int32_t>(i))};
         while (!stack.empty()) {
@@ -222,7 +219,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
       p.group_of[i] = group;
       p.groups[group].nodes.push_back(static_cast<int32_t>(i));
       merge_into(deps, {group});
-    } else if (issues_collective(n)) {
+    } else if (node_issues_collective(n)) {
       for (auto x : deps) sealed[x] = 1;
     }
     for (auto v : n.outputs)

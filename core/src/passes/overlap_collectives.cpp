@@ -24,10 +24,6 @@ namespace kiln {
 
 namespace {
 
-bool is_all_reduce(const ir::Node& n) {
-  return n.op == "_c10d_functional::all_reduce" || n.op == "_c10d_functional::all_reduce_coalesced";
-}
-
 // An op whose name ends in '_' (before its overload) writes an argument in place.
 bool writes_in_place(const ir::Node& n) {
   const auto dot = n.op.find('.');
@@ -41,7 +37,7 @@ size_t overlap_collectives(ir::Graph& g) {
   const size_t n = g.nodes.size();
   std::vector<size_t> reduces, ordered;
   for (size_t i = 0; i < n; ++i) {
-    if (is_all_reduce(g.nodes[i])) reduces.push_back(i);
+    if (node_issues_collective(g.nodes[i])) reduces.push_back(i);
     if (node_draws_random_numbers(g.nodes[i]) || writes_in_place(g.nodes[i])) ordered.push_back(i);
   }
   if (reduces.empty()) return 0;

@@ -171,9 +171,7 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
   run_graph_passes(runner, g, plan->constants);
   plan->device = step_device(g);
   // Data parallelism: only a step with an all_reduce has anything to move (and a pass to dump).
-  const bool reduces = std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) {
-    return n.op.rfind("_c10d_functional::all_reduce", 0) == 0;
-  });
+  const bool reduces = std::any_of(g.nodes.begin(), g.nodes.end(), node_issues_collective);
   if (options.overlap_collectives && reduces) runner.run("overlap_collectives", [&] { overlap_collectives(g); });
 
   // Whole-step CUDA graphs bake kernel arguments: run-time scalars become device tensors.

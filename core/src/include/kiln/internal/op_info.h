@@ -34,4 +34,8 @@ struct Node;
 // draw what the eager step draws.
 bool node_draws_random_numbers(const ir::Node& n);
 
+// Whether this node issues one of c10d's functional collectives (data parallelism's all_reduce),
+// as opposed to waiting for one (wait_tensor).
+bool node_issues_collective(const ir::Node& n);
+
 }  // namespace kiln
