@@ -17,7 +17,7 @@ import sys
 
 TIME_SCALE = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 BYTE_SCALE = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-GENERATED = re.compile(r"^kiln_k[0-9]")
+GENERATED = re.compile(r"^kiln_[kh][0-9]")
 
 
 def read_launches(path):
@@ -58,7 +58,7 @@ def read_whats(folder):
     for path in files:
         with open(path) as f:
             for line in f:
-                m = re.match(r"// (kiln_k\S+): (.*); grid (\d+), block (\d+)$", line.rstrip("\n"))
+                m = re.match(r"// (kiln_[kh]\S+): (.*); grid (\d+), block (\d+)$", line.rstrip("\n"))
                 if m:
                     whats[(m.group(1), m.group(3), m.group(4))].add(m.group(2))
     return whats

@@ -125,7 +125,9 @@ std::vector<KernelTotal> top_by_time(const std::vector<const ProfiledActivity*>&
 }  // namespace
 
 KernelOrigin classify_kernel(const std::string& name) {
-  if (starts_with(name, "kiln_k") && name.size() > 6 && name[6] >= '0' && name[6] <= '9')
+  // kiln_k<N>: a kernel plan's; kiln_h<N>: several of them fused into one launch.
+  if ((starts_with(name, "kiln_k") || starts_with(name, "kiln_h")) && name.size() > 6 && name[6] >= '0' &&
+      name[6] <= '9')
     return KernelOrigin::Generated;
   if (starts_with(name, "kiln_")) return KernelOrigin::KilnRuntime;
   return KernelOrigin::Library;

@@ -130,7 +130,7 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                "with LibTorch's profiler (Kineto) and report, on CUDA: kernels per step, eager and\n"
                "kiln, with memcpy/memset and the host's launch calls (one cudaGraphLaunch per\n"
                "replayed CUDA graph; its kernels are counted one by one), GPU busy time per step,\n"
-               "the share of the kernels' time in kiln's generated kernels (named kiln_k<N>) and\n"
+               "the share of the kernels' time in kiln's generated kernels (kiln_k<N>, kiln_h<N>) and\n"
                "the longest kernels. On the CPU kiln's generated kernels are plain functions the\n"
                "profiler does not see: it reports ATen operator calls per step (outermost) and\n"
                "their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"

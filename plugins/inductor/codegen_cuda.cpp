@@ -488,6 +488,7 @@ class Emitter {
     flush(pending, 0, 0);
     const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
     const std::string W = std::to_string(width), per = lit(per_strip);
+    shared(acc_t, warps * width * 33);
     body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * width * 33 << "];\n"
           << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
     if (splits > 1)
@@ -710,6 +711,7 @@ class Emitter {
     // depend on scheduling.
     const int64_t warps = std::min<int64_t>(16, pow2_at_most(std::max<int64_t>(splits, 1)));
     const std::string P = "b" + std::to_string(partial_slot);
+    shared(acc_t, warps * 33);
     body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
           << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
           << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
@@ -791,6 +793,7 @@ class Emitter {
     collect(term, pending);
     flush(pending, 0, 0);
     const std::string acc_t = acc_type(info), R = std::to_string(rows);
+    shared(acc_t, lanes * rows * 32);
     body_ << "  __shared__ " << acc_t << " kiln_tab[" << lanes * rows * 32 << "];\n"
           << "  const int tx = threadIdx.x & 31, lane = threadIdx.x >> 5;\n"
           << "  " << acc_t << "* const tab = kiln_tab + lane * " << rows * 32 << ";\n"
@@ -1067,8 +1070,10 @@ class Emitter {
       // non-coherent read-only cache (LDG.CONSTANT) and see the value from before the barrier.
       // Nor is one that may share memory with another parameter (an in-place output and its input).
       const bool restrict = !(written_.count(b) && read_.count(b)) && !o_.may_alias.count(b);
-      os << (first ? "" : ", ") << mem_type(ty) << (restrict ? "* __restrict__ b" : "* b") << b;
+      const std::string decl = std::string(mem_type(ty)) + (restrict ? "* __restrict__ b" : "* b") + std::to_string(b);
+      os << (first ? "" : ", ") << decl;
       launch.buffers.push_back(b);
+      launch.params.push_back(decl);
       first = false;
     }
     if (max_scalar_ >= 0) {
@@ -1077,6 +1082,7 @@ class Emitter {
     }
     os << ") {\n  typedef " << (wide_ ? "long long" : "int") << " kidx;\n" << body_.str() << "}\n\n";
     launch.reads = read_;
+    launch.shared_bytes = shared_bytes_;
     launch.writes = written_;
     text_ = os.str();
   }
@@ -1293,6 +1299,10 @@ class Emitter {
   std::vector<int64_t> ksizes_;
   int base_ = 1;
   int max_scalar_ = -1;
+  int64_t shared_bytes_ = 0;  // the kernel's own __shared__ arrays
+  void shared(const std::string& type, int64_t elements) {
+    shared_bytes_ += elements * (type == "double" || type == "long long" || type == "int64_t" ? 8 : 4);
+  }
   std::ostringstream body_;
   std::string text_;
 };
@@ -1545,6 +1555,202 @@ std::vector<CudaPart> split_program(const CudaProgram& prog, size_t max_bytes) {
     in_part += prog.launches[i].text.size();
   }
   return out;
+}
+
+namespace {
+
+// Kernel `l`'s text as a __device__ function `<name>_body` that takes its block index and grid
+// size after its parameters; "" when it is not a plain KILN_KERNEL.
+std::string as_body(const CudaLaunch& l) {
+  const std::string head = "KILN_KERNEL(" + std::to_string(l.block) + ") " + l.name + "(";
+  std::string t = l.text;
+  const size_t at = t.find(head);
+  if (at == std::string::npos) return "";
+  t.replace(at, head.size(), "__device__ __forceinline__ void " + l.name + "_body(");
+  const size_t close = t.find(") {\n", at);
+  if (close == std::string::npos) return "";
+  t.insert(close, ", const unsigned kiln_bx, const unsigned kiln_gx");
+  for (const auto& [from, to] :
+       {std::pair<std::string, std::string>{"blockIdx.x", "kiln_bx"}, {"gridDim.x", "kiln_gx"}})
+    for (size_t p = t.find(from, close); p != std::string::npos; p = t.find(from, p + to.size()))
+      t.replace(p, from.size(), to);
+  return t;
+}
+
+bool meets(const std::set<int>& a, const std::set<int>& b) {
+  const std::set<int>& small = a.size() <= b.size() ? a : b;
+  const std::set<int>& large = a.size() <= b.size() ? b : a;
+  for (int x : small)
+    if (large.count(x)) return true;
+  return false;
+}
+
+// One fused launch: the members (launch indices, latest in the step first) and what the steps
+// between its place and the step being looked at (its members included) read and write.
+struct FuseGroup {
+  std::vector<int> members;
+  std::set<int> reads, writes;
+  std::set<int> slots;
+  bool scalars = false;
+  int64_t shared = 0;
+  unsigned block = 0;
+};
+
+CudaLaunch fused_launch(const CudaProgram& prog, const std::vector<int>& members, int number) {
+  CudaLaunch m;
+  m.name = "kiln_h" + std::to_string(number);
+  m.block = prog.launches[static_cast<size_t>(members[0])].block;
+  std::string bodies, names, dispatch;
+  std::map<int, std::string> decl;
+  unsigned grid = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const CudaLaunch& l = prog.launches[static_cast<size_t>(members[i])];
+    if (m.plan < 0) m.plan = l.plan;
+    bodies += as_body(l);
+    names += (i ? ", " : "") + l.name.substr(5);
+    std::string args;
+    for (size_t p = 0; p < l.buffers.size(); ++p) {
+      const int b = l.buffers[p];
+      if (!decl.count(b)) {
+        // Without __restrict__ here: the bodies keep their own qualifiers.
+        std::string d = l.params.at(p);
+        if (const size_t r = d.find(" __restrict__"); r != std::string::npos) d.erase(r, 13);
+        decl[b] = d;
+        m.buffers.push_back(b);
+        m.params.push_back(d);
+      }
+      args += "b" + std::to_string(b) + ", ";
+    }
+    if (l.scalars) args += "P, ";
+    m.scalars = m.scalars || l.scalars;
+    m.reads.insert(l.reads.begin(), l.reads.end());
+    m.writes.insert(l.writes.begin(), l.writes.end());
+    m.shared_bytes += l.shared_bytes;
+    const bool last = i + 1 == members.size();
+    dispatch += "  if (" + std::string(last ? "true" : "kiln_b < " + std::to_string(l.grid) + "u") + ") {\n    " +
+                l.name + "_body(" + args + "kiln_b, " + std::to_string(l.grid) + "u);\n    return;\n  }\n";
+    if (!last) dispatch += "  kiln_b -= " + std::to_string(l.grid) + "u;\n";
+    grid += l.grid;
+  }
+  m.grid = grid;
+  m.what = "fused " + std::to_string(members.size()) + " launches (" + names + ")";
+  std::string sig;
+  for (const std::string& d : m.params) sig += (sig.empty() ? "" : ", ") + d;
+  if (m.scalars) sig += (sig.empty() ? "" : ", ") + std::string("const double* __restrict__ P");
+  m.text = "// " + m.name + ": " + m.what + "; grid " + std::to_string(m.grid) + ", block " + std::to_string(m.block) +
+           "\n" + bodies + "KILN_KERNEL(" + std::to_string(m.block) + ") " + m.name + "(" + sig +
+           ") {\n  unsigned kiln_b = blockIdx.x;\n" + dispatch + "}\n\n";
+  return m;
+}
+
+}  // namespace
+
+int fuse_small_launches(CudaProgram& prog, const std::vector<std::set<int>>& extern_touches,
+                        const std::map<int, int>& same_memory, const FuseLimits& limits) {
+  auto canon = [&](const std::set<int>& s) {
+    std::set<int> out;
+    for (int b : s) {
+      const auto it = same_memory.find(b);
+      out.insert(it == same_memory.end() ? b : it->second);
+    }
+    return out;
+  };
+  auto small = [&](const CudaLaunch& l) {
+    return l.cluster <= 1 && static_cast<int64_t>(l.grid) * l.block <= int64_t{1024} * limits.multiprocessors &&
+           l.params.size() == l.buffers.size() && !as_body(l).empty();
+  };
+  // From the last step to the first: a small launch joins the latest group (in step order) it can
+  // move down to, or opens one where it stands.
+  std::vector<FuseGroup> groups;
+  std::vector<int> open;  // groups a launch may still join, the latest in the step first
+  struct Placed {
+    CudaStep step;
+    int group = -1;  // the step is group `group`'s place
+  };
+  std::vector<Placed> placed;  // in reverse step order
+  for (size_t k = prog.steps.size(); k-- > 0;) {
+    const CudaStep& st = prog.steps[k];
+    if (st.launch < 0) {
+      if (k >= extern_touches.size() || extern_touches[k].count(-1)) {
+        open.clear();
+      } else {
+        const std::set<int> t = canon(extern_touches[k]);
+        for (int g : open) {
+          groups[static_cast<size_t>(g)].reads.insert(t.begin(), t.end());
+          groups[static_cast<size_t>(g)].writes.insert(t.begin(), t.end());
+        }
+      }
+      placed.push_back({st, -1});
+      continue;
+    }
+    const CudaLaunch& l = prog.launches[static_cast<size_t>(st.launch)];
+    const std::set<int> R = canon(l.reads), W = canon(l.writes);
+    const bool candidate = small(l);
+    size_t joined = open.size();
+    for (size_t o = 0; candidate && o < open.size(); ++o) {
+      const FuseGroup& g = groups[static_cast<size_t>(open[o])];
+      if (g.block != l.block || g.shared + l.shared_bytes > limits.max_shared) continue;
+      size_t params = g.slots.size() + ((g.scalars || l.scalars) ? 1 : 0);
+      for (int b : l.buffers) params += g.slots.count(b) ? 0 : 1;
+      if (params > limits.max_params) continue;
+      if (meets(R, g.writes) || meets(W, g.reads) || meets(W, g.writes)) continue;
+      joined = o;
+      break;
+    }
+    // What now stands after the groups it passes (or, not moving, after every open group).
+    const size_t passes = joined < open.size() ? joined + 1 : open.size();
+    for (size_t o = 0; o < passes; ++o) {
+      FuseGroup& g = groups[static_cast<size_t>(open[o])];
+      g.reads.insert(R.begin(), R.end());
+      g.writes.insert(W.begin(), W.end());
+    }
+    if (joined < open.size()) {
+      FuseGroup& g = groups[static_cast<size_t>(open[joined])];
+      g.members.push_back(st.launch);
+      g.slots.insert(l.buffers.begin(), l.buffers.end());
+      g.scalars = g.scalars || l.scalars;
+      g.shared += l.shared_bytes;
+      continue;
+    }
+    placed.push_back({st, -1});
+    if (candidate) {
+      FuseGroup g;
+      g.members = {st.launch};
+      g.reads = R;
+      g.writes = W;
+      g.slots.insert(l.buffers.begin(), l.buffers.end());
+      g.scalars = l.scalars;
+      g.shared = l.shared_bytes;
+      g.block = l.block;
+      placed.back().group = static_cast<int>(groups.size());
+      open.push_back(static_cast<int>(groups.size()));
+      groups.push_back(std::move(g));
+    }
+  }
+  CudaProgram out;
+  out.scalar_table = prog.scalar_table;
+  out.extra_scratch_bytes = prog.extra_scratch_bytes;
+  out.source = std::string(cuda_prelude()) + "\n";
+  int fused = 0, saved = 0;
+  for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
+    CudaStep st = it->step;
+    if (st.launch >= 0) {
+      const bool several = it->group >= 0 && groups[static_cast<size_t>(it->group)].members.size() > 1;
+      if (several) {
+        std::vector<int> members = groups[static_cast<size_t>(it->group)].members;
+        std::reverse(members.begin(), members.end());  // in step order
+        out.launches.push_back(fused_launch(prog, members, fused++));
+        saved += static_cast<int>(members.size()) - 1;
+      } else {
+        out.launches.push_back(prog.launches[static_cast<size_t>(st.launch)]);
+      }
+      out.source += out.launches.back().text;
+      st.launch = static_cast<int>(out.launches.size()) - 1;
+    }
+    out.steps.push_back(st);
+  }
+  prog = std::move(out);
+  return saved;
 }
 
 std::vector<int64_t> inplace_outputs(const CudaProgram& prog, size_t num_inputs, const std::vector<int64_t>& wanted,

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -83,11 +84,13 @@ struct CudaLaunch {
   int plan = -1;     // the kernel plan it is (or is part) of
   std::string what;  // "flat f32[64,300], 2 stages", for messages and the profile
   unsigned grid = 1, block = 1;
-  unsigned cluster = 1;         // blocks a cluster (set in the kernel's source: __cluster_dims__)
-  std::vector<int> buffers;     // buffer slots, in parameter order
-  bool scalars = false;         // takes the run-time scalar table (const double*) after them
-  std::string text;             // the kernel's source (after the prelude), its comment line first
-  std::set<int> reads, writes;  // buffer slots the kernel loads from and stores to
+  unsigned cluster = 1;             // blocks a cluster (set in the kernel's source: __cluster_dims__)
+  std::vector<int> buffers;         // buffer slots, in parameter order
+  std::vector<std::string> params;  // their declarations ("float* __restrict__ b3")
+  int64_t shared_bytes = 0;         // its own __shared__ arrays (the prelude's helpers' not counted)
+  bool scalars = false;             // takes the run-time scalar table (const double*) after them
+  std::string text;                 // the kernel's source (after the prelude), its comment line first
+  std::set<int> reads, writes;      // buffer slots the kernel loads from and stores to
   // Flat kernels (one thread per element, every stage at the thread's element): their memory
   // accesses in source order, one list per alternative loop (the vector loop, the plain one).
   bool flat = false;
@@ -138,6 +141,26 @@ inline constexpr size_t kCudaPartBytes = 32 * 1024;
 // CudaOptions::may_alias.
 std::vector<int64_t> inplace_outputs(const CudaProgram& prog, size_t num_inputs, const std::vector<int64_t>& wanted,
                                      const std::vector<std::set<int>>& extern_reads = {});
+
+// Horizontal fusion. Inside a CUDA graph each launch costs a slot of about a microsecond whatever
+// it does, and a step has dozens of small kernels that leave most of the GPU idle (the combining
+// kernels of bias and layer-norm gradients with their parameter's update, small parameters'
+// updates). Launches of at most `multiprocessors` * 1024 threads, without clusters, of one block
+// size, move later in the step (never earlier) past what they do not touch and join into one
+// launch whose blocks each run one of them (its own body, with its own block index and grid
+// size). A launch moves past a step only when neither writes what the other reads or writes:
+// `extern_touches[s]` are the buffer slots extern step s reads or writes (-1 among them: some it
+// cannot name, and nothing moves past it); `same_memory` maps a slot to the slot it may share
+// memory with at run time (an in-place output to its input), which count as one. At most
+// `max_params` parameters and `max_shared` bytes of __shared__ arrays a fused launch. Returns the
+// number of launches saved; `prog.source` is rewritten.
+struct FuseLimits {
+  int multiprocessors = 132;
+  size_t max_params = 240;         // the driver takes 4 KB of parameters; 8 bytes each
+  int64_t max_shared = 32 * 1024;  // of the 48 KB a block may declare statically
+};
+int fuse_small_launches(CudaProgram& prog, const std::vector<std::set<int>>& extern_touches,
+                        const std::map<int, int>& same_memory, const FuseLimits& limits);
 
 // The CUDA prelude's text (cuda_prelude.h), which every generated CUDA source begins with.
 std::string_view cuda_prelude();

@@ -48,8 +48,9 @@ struct Settings {
   std::vector<std::string> cflags;
   bool extern_kernels = true;
   bool profile = false;
-  std::string nvrtc;  // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
-  bool cuda = true;   // generate CUDA kernels; false leaves the nodes on CUDA to ATen
+  std::string nvrtc;              // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
+  bool cuda = true;               // generate CUDA kernels; false leaves the nodes on CUDA to ATen
+  bool horizontal_fusion = true;  // small independent CUDA launches become one (fuse_small_launches)
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -101,13 +102,15 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.profile = parse_bool(key, value);
     } else if (key == "cuda") {
       s.cuda = parse_bool(key, value);
+    } else if (key == "horizontal_fusion") {
+      s.horizontal_fusion = parse_bool(key, value);
     } else if (key == "nvrtc") {
       if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] nvrtc is empty");
       s.nvrtc = value;
     } else {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, "
-                                                   "extern_kernels, profile, cuda, nvrtc)");
+                                                   "extern_kernels, profile, cuda, nvrtc, horizontal_fusion)");
     }
   }
   if (s.threads == 0) {
@@ -1029,6 +1032,41 @@ class InductorPlugin : public Plugin {
       }
       if (tuned) prog = generate_cuda(*L, P, co);
     }
+    // What each extern step reads (its arguments' buffers, through the views they are) and writes
+    // (its results'); -1 where a value has no buffer to name.
+    auto buffer_of = [&](int64_t v) {
+      if (v < 0) return -1;
+      size_t r = static_cast<size_t>(v);
+      while (L->values[r].buffer < 0 && L->values[r].src >= 0) r = static_cast<size_t>(L->values[r].src);
+      return L->values[r].buffer;
+    };
+    std::vector<std::set<int>> extern_reads(prog.steps.size()), extern_touches(prog.steps.size());
+    for (size_t k = 0; k < prog.steps.size(); ++k) {
+      if (prog.steps[k].extern_node < 0) continue;
+      const Node n = g.node(prog.steps[k].extern_node);
+      for (int64_t v : n.inputs()) {
+        if (v < 0) continue;
+        extern_reads[k].insert(buffer_of(v));
+        extern_touches[k].insert(buffer_of(v));
+      }
+      for (int64_t v : n.outputs())
+        if (v >= 0) extern_touches[k].insert(buffer_of(v));
+    }
+    std::vector<int64_t> inplace;
+    if (!wanted.empty()) inplace = inplace_outputs(prog, g.inputs().size(), wanted, extern_reads);
+    if (s.horizontal_fusion) {
+      // After the in-place analysis, which reads single kernels; an in-place output and the input
+      // it may replace count as one buffer when launches move.
+      std::map<int, int> same_memory;
+      for (size_t k = 0; k < wanted.size(); ++k)
+        if (wanted[k] >= 0) same_memory[static_cast<int>(g.inputs().size() + k)] = static_cast<int>(wanted[k]);
+      FuseLimits limits;
+      limits.multiprocessors = co.multiprocessors;
+      const size_t before = prog.launches.size();
+      if (const int saved = fuse_small_launches(prog, extern_touches, same_memory, limits); saved > 0)
+        host().debug("horizontal fusion: " + std::to_string(before) + " CUDA launches a run -> " +
+                     std::to_string(prog.launches.size()));
+    }
 
     auto exe = std::make_unique<CudaGroup>();
     exe->host_api = host().raw();
@@ -1063,20 +1101,7 @@ class InductorPlugin : public Plugin {
         exe->table = rt.driver->alloc(static_cast<size_t>(prog.scalar_table) * sizeof(double), "run-time scalars");
     }
     prepare(*exe, g, *L, P);
-    if (!wanted.empty()) {
-      // What each extern call reads: its arguments' buffers, through the views they are.
-      std::vector<std::set<int>> extern_reads(prog.steps.size());
-      for (size_t s = 0; s < prog.steps.size(); ++s) {
-        if (prog.steps[s].extern_node < 0) continue;
-        for (int64_t v : g.node(prog.steps[s].extern_node).inputs()) {
-          int r = static_cast<int>(v);
-          while (L->values[static_cast<size_t>(r)].buffer < 0 && L->values[static_cast<size_t>(r)].src >= 0)
-            r = L->values[static_cast<size_t>(r)].src;
-          extern_reads[s].insert(L->values[static_cast<size_t>(r)].buffer);
-        }
-      }
-      exe->inplace_outputs = inplace_outputs(prog, g.inputs().size(), wanted, extern_reads);
-    }
+    if (!wanted.empty()) exe->inplace_outputs = inplace;
     exe->launches = prog.launches;
     exe->steps = prog.steps;
     exe->scratch_bytes = L->scratch_bytes;

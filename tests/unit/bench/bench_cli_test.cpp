@@ -31,6 +31,8 @@ TEST(BenchKernels, GeneratedKernelsAreNamedKilnKAndANumber) {
   EXPECT_EQ(classify_kernel("kiln_k0"), KernelOrigin::Generated);
   EXPECT_EQ(classify_kernel("kiln_k12"), KernelOrigin::Generated);
   EXPECT_EQ(classify_kernel("kiln_k7_3"), KernelOrigin::Generated);  // one loop of a split kernel
+  EXPECT_EQ(classify_kernel("kiln_h2"), KernelOrigin::Generated);    // small launches fused into one
+  EXPECT_EQ(classify_kernel("kiln_hidden"), KernelOrigin::KilnRuntime);
   EXPECT_EQ(classify_kernel("kiln_set_scalars"), KernelOrigin::KilnRuntime);
   EXPECT_EQ(classify_kernel("kiln_strided_copy"), KernelOrigin::KilnRuntime);
   EXPECT_EQ(classify_kernel("kiln_kernel"), KernelOrigin::KilnRuntime);  // kiln_k, then no number

@@ -264,6 +264,20 @@ TEST_P(InductorCudaCodegen, CompilesWithNvrtcForSm90IntoACubinWithEveryKernel) {
   }
   for (const char* prelude_kernel : {"kiln_set_scalars", "kiln_strided_copy"})
     EXPECT_EQ(fns.count(prelude_kernel), 1u) << prelude_kernel;
+  // With small launches fused horizontally (as on a GPU of 2 multiprocessors, where most are small).
+  inductor::CudaProgram fused = cuda;
+  inductor::FuseLimits limits;
+  limits.multiprocessors = 2;
+  if (inductor::fuse_small_launches(fused, {}, {}, limits) > 0) {
+    std::string fused_cubin;
+    try {
+      fused_cubin = nvrtc->compile(fused.source, 90, c.graph->name + "_" + c.dtype + "_fused.cu");
+    } catch (const plugin::Error& e) {
+      FAIL() << e.what() << "\n---- source ----\n" << fused.source;
+    }
+    const auto fused_fns = kiln::test::cubin_functions(fused_cubin);
+    for (const auto& l : fused.launches) EXPECT_EQ(fused_fns.count(l.name), 1u) << l.name << " (" << l.what << ")";
+  }
   // Every step is a launch or an extern kernel, in the scheduler's order.
   size_t externs = 0;
   for (const auto& st : cuda.steps) externs += st.extern_node >= 0;
@@ -1084,6 +1098,97 @@ TEST(InductorCudaEmulatedOps, ABfloat16TensorComparesWithTheScalarRoundedToBfloa
   EXPECT_TRUE(at::equal(outs[2], at::tensor({0, 1, 0, 0}).to(at::kBool)));
 }
 
+// Horizontal fusion on a hand-made program (grid-stride kernels that copy a buffer into another,
+// plus one), checked step by step: a launch moves later past what it does not touch, never past a
+// reader of what it writes, a writer of what it reads or writes, an extern kernel that touches
+// either, an extern kernel that touches what no one can name, or an input that shares memory with
+// what it writes; the fused launch runs each member's blocks with its own block index and grid.
+TEST(InductorCudaEmulatedOps, SmallLaunchesFuseOnlyWhereNothingBetweenDependsOnThem) {
+  auto kernel = [](const std::string& tag, int in, int out, unsigned grid) {
+    inductor::CudaLaunch l;
+    l.name = "kiln_k" + tag;
+    l.grid = grid;
+    l.block = 64;
+    l.buffers = {in, out};
+    const std::string a = "float* __restrict__ b" + std::to_string(in),
+                      b = "float* __restrict__ b" + std::to_string(out);
+    l.params = {a, b};
+    l.reads = {in};
+    l.writes = {out};
+    l.text = "// " + l.name + "\nKILN_KERNEL(64) " + l.name + "(" + a + ", " + b +
+             ") {\n  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 1000; i += gridDim.x * blockDim.x)\n"
+             "    b" +
+             std::to_string(out) + "[i] = b" + std::to_string(in) + "[i] + 1.0f;\n}\n\n";
+    return l;
+  };
+  // Buffers: 0-1 inputs, 10-15 results; extern steps stand for what a GEMM would read and write.
+  inductor::CudaProgram p;
+  auto add = [&](inductor::CudaLaunch l) {
+    p.steps.push_back({static_cast<int>(p.launches.size()), -1});
+    p.launches.push_back(std::move(l));
+  };
+  add(kernel("A", 0, 10, 3));   // 0
+  p.steps.push_back({-1, 7});   // 1: reads 10, writes 11
+  add(kernel("B", 11, 12, 2));  // 2: needs the extern's 11
+  add(kernel("C", 1, 13, 5));   // 3
+  add(kernel("D", 13, 14, 4));  // 4: needs C's 13
+  add(kernel("F", 1, 15, 1));   // 5: may share memory with input 0, which G reads
+  add(kernel("G", 0, 16, 1));   // 6
+  std::vector<std::set<int>> touches(p.steps.size());
+  touches[1] = {10, 11};
+  std::string bodies;
+  for (const auto& l : p.launches) bodies += l.text;
+  p.source = std::string(inductor::cuda_prelude()) + "\n" + bodies;
+  inductor::FuseLimits limits;
+  limits.multiprocessors = 2;
+  inductor::CudaProgram fused = p;
+  EXPECT_EQ(inductor::fuse_small_launches(fused, touches, {{15, 0}}, limits), 3);
+  auto order = [](const inductor::CudaProgram& q) {
+    std::string s;
+    for (const auto& st : q.steps) {
+      const inductor::CudaLaunch* l = st.launch < 0 ? nullptr : &q.launches[static_cast<size_t>(st.launch)];
+      s += (s.empty() ? "" : "; ") + (!l ? std::string("extern") : l->what.empty() ? l->name.substr(6) : l->what);
+    }
+    return s;
+  };
+  // A stays before the extern kernel that reads its 10. B and D sink to G's place (D after C,
+  // which it reads); C joins F (it cannot pass D); F cannot pass G (G reads input 0, which F's 15
+  // may overwrite).
+  EXPECT_EQ(order(fused), "A; extern; fused 2 launches (kC, kF); fused 3 launches (kB, kD, kG)") << fused.source;
+  // Nothing moves past an extern kernel that touches what no one can name.
+  inductor::CudaProgram barrier = p;
+  std::vector<std::set<int>> unknown = touches;
+  unknown[1] = {11, -1};
+  EXPECT_EQ(inductor::fuse_small_launches(barrier, unknown, {{15, 0}}, limits), 3);
+  EXPECT_EQ(order(barrier), order(fused));
+  inductor::CudaProgram across = p;
+  across.steps = {p.steps[3], p.steps[1], p.steps[5]};  // C, the extern kernel, F: both read 1
+  EXPECT_EQ(order(across), "C; extern; F");
+  inductor::CudaProgram joined = across;
+  EXPECT_EQ(inductor::fuse_small_launches(joined, {{}, {10, 11}, {}}, {}, limits), 1);
+  EXPECT_EQ(order(joined), "extern; fused 2 launches (kC, kF)");
+  EXPECT_EQ(inductor::fuse_small_launches(across, {{}, {-1}, {}}, {}, limits), 0);
+  EXPECT_EQ(order(across), "C; extern; F");
+  auto run = [](const inductor::CudaProgram& q) {
+    Emulated device(q.source);
+    std::vector<std::vector<float>> mem(17, std::vector<float>(1000, 0.0f));
+    for (int i = 0; i < 1000; ++i)
+      mem[0][static_cast<size_t>(i)] = static_cast<float>(i), mem[1][static_cast<size_t>(i)] = -i;
+    for (const auto& st : q.steps) {
+      if (st.launch < 0) {  // the extern kernel: 11 = 2 * 10
+        for (int i = 0; i < 1000; ++i) mem[11][static_cast<size_t>(i)] = 2 * mem[10][static_cast<size_t>(i)];
+        continue;
+      }
+      const auto& l = q.launches[static_cast<size_t>(st.launch)];
+      std::vector<void*> args;
+      for (int b : l.buffers) args.push_back(mem[static_cast<size_t>(b)].data());
+      EXPECT_EQ(device.launch(l.name, args, l.grid, l.block, l.cluster), "") << l.name;
+    }
+    return mem;
+  };
+  EXPECT_EQ(run(fused), run(p));
+}
+
 // The launches of each corpus graph, with their grids and blocks, on the emulated device (2
 // multiprocessors: grid-stride loops go round), against eager in float64 on the CPU: float32
 // within 1e-5, bfloat16 within 1e-2.
@@ -1114,6 +1219,26 @@ TEST_P(InductorCudaEmulated, GeneratedKernelsMatchFloat64Eager) {
     std::unique_ptr<Emulated> own;
     if (trial >= 2) own = std::make_unique<Emulated>(gen.cuda.source);
     run_emulated(gen, own ? *own : device0, c, trial, over, "trial " + std::to_string(trial));
+  }
+  // Trial 4: small launches fused horizontally (fuse_small_launches; at most 40 parameters a
+  // launch, what the emulator calls), with the outputs trial 2 writes in place.
+  const auto wanted = inplace_wanted(g, true);
+  inductor::CudaOptions o = options;
+  std::map<int, int> same_memory;
+  for (size_t k = 0; k < wanted.size(); ++k)
+    if (wanted[k] >= 0) {
+      o.may_alias.insert(static_cast<int>(wanted[k]));
+      o.may_alias.insert(static_cast<int>(g.inputs.size() + k));
+      same_memory[static_cast<int>(g.inputs.size() + k)] = static_cast<int>(wanted[k]);
+    }
+  Generated fused = generate(g, o);
+  const auto over = inductor::inplace_outputs(fused.cuda, g.inputs.size(), wanted);
+  inductor::FuseLimits limits;
+  limits.multiprocessors = 2;
+  limits.max_params = 40;
+  if (inductor::fuse_small_launches(fused.cuda, {}, same_memory, limits) > 0) {
+    Emulated device(fused.cuda.source);
+    run_emulated(fused, device, c, 4, over, "trial 4 (fused launches)");
   }
 }
 
