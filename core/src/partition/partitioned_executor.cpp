@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -308,6 +309,34 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
     }
     if (writes) first_writing_unit_ = ui;
   }
+  // A compiled group at or after the first write can fail after something was written: then every
+  // tensor written from there on is copied first, once a run, so that a failure can be undone.
+  save_at_ = units_.size();
+  for (size_t ui = first_writing_unit_; ui < units_.size(); ++ui)
+    if (!units_[ui].node) save_at_ = first_writing_unit_;
+  if (save_at_ < units_.size()) {
+    std::set<ir::ValueId> seen;
+    for (size_t ui = save_at_; ui < units_.size(); ++ui) {
+      const Unit& unit = units_[ui];
+      std::vector<ir::ValueId> written;
+      if (unit.node) {
+        written = unit.node->written_values();
+      } else if (!verify_groups_) {
+        const auto& inplace = groups[unit.group].exe->inplace_outputs();
+        for (int64_t j : inplace)
+          if (j >= 0) written.push_back(part.groups[unit.group].inputs[static_cast<size_t>(j)]);
+      }
+      for (auto v : written)
+        if (v != ir::kNoValue && seen.insert(v).second) saved_values_.push_back(v);
+    }
+    int64_t bytes = 0;
+    for (auto v : saved_values_) {
+      const auto& m = planned.values[static_cast<size_t>(v)].meta;
+      bytes += m.numel() * static_cast<int64_t>(c10::elementSize(m.dtype));
+    }
+    log_debug(c10::str("a compiled group runs after the step's first write: each run copies the ", saved_values_.size(),
+                       " tensors it writes into (", bytes >> 20, " MiB) first, so that a failure can be undone"));
+  }
 
   // Liveness: free each value after the last unit that reads it, unless it must be kept.
   std::vector<char> kept(planned.values.size(), 0);
@@ -323,8 +352,29 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
 
 PartitionedExecutor::~PartitionedExecutor() = default;
 
+void PartitionedExecutor::Saved::take(const std::vector<at::Tensor>& written) {
+  bool same = copies.size() == written.size();
+  for (size_t i = 0; same && i < written.size(); ++i)
+    same = copies[i].sizes().equals(written[i].sizes()) && copies[i].strides().equals(written[i].strides()) &&
+           copies[i].scalar_type() == written[i].scalar_type() && copies[i].device() == written[i].device();
+  if (!same) {
+    copies.clear();
+    for (const auto& t : written) copies.push_back(at::empty_strided(t.sizes(), t.strides(), t.options()));
+  }
+  targets = written;
+  at::_foreach_copy_(copies, targets);
+  taken = true;
+}
+
+void PartitionedExecutor::Saved::restore() {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  if (taken) at::_foreach_copy_(targets, copies);
+  taken = false;
+  targets.clear();
+}
+
 void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars, void* stream,
-                              size_t* reached) const {
+                              size_t* reached, Saved* saved) const {
   // Like the eager executor: below autograd and autocast, whose work the graph already holds.
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -349,6 +399,12 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     const Unit& unit = units_[ui];
     if (reached) *reached = ui;
+    if (saved && ui == save_at_) {
+      std::vector<at::Tensor> written;
+      for (auto v : saved_values_)
+        if (env[v].defined()) written.push_back(env[v]);
+      saved->take(written);
+    }
     if (unit.node) {
       unit.node->run(env, scalars);
     } else {

@@ -280,9 +280,11 @@ struct CompiledStep::Impl {
         g.set_state(st);
       }
       e.compiled = false;
-      e.reason = std::string(
-                     "kiln: the compiled step failed before it changed any parameter, buffer, gradient or "
-                     "optimizer state: ") +
+      e.reason = std::string(ex.restored() ? "kiln: the compiled step failed after it had written into parameters or "
+                                             "optimizer state, which kiln put back from a copy taken before the first "
+                                             "write: "
+                                           : "kiln: the compiled step failed before it changed any parameter, buffer, "
+                                             "gradient or optimizer state: ") +
                  ex.what();
       fallback(e.reason + "; nothing was lost, and the later steps of this input signature run eagerly too");
       return eager(inputs);

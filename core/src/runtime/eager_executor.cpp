@@ -79,6 +79,19 @@ c10::IValue arg_to_ivalue(const ir::Arg& a, const c10::Argument& sa, const std::
 
 bool PreparedNode::writes_arguments() const { return handle_->schema().is_mutable(); }
 
+std::vector<ir::ValueId> PreparedNode::written_values() const {
+  std::vector<ir::ValueId> out;
+  const auto& sargs = handle_->schema().arguments();
+  for (size_t i = 0; i < sargs.size() && i < args_.size(); ++i) {
+    const auto* alias = sargs[i].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    if (args_[i].slot == Slot::Tensor) out.push_back(args_[i].value);
+    if (args_[i].slot == Slot::TensorList || args_[i].slot == Slot::OptionalTensorList)
+      out.insert(out.end(), args_[i].values.begin(), args_[i].values.end());
+  }
+  return out;
+}
+
 PreparedNode::PreparedNode(const ir::Node& node)
     : op_(node.op), outputs_(node.outputs), returns_list_(node.returns_list) {
   auto [name, overload] = split_op(node.op);

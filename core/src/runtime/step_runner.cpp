@@ -51,17 +51,32 @@ struct StepRunner::Executor {
   // How far the last run got: the partitioned executor's unit, or SIZE_MAX once it has finished
   // (or for the eager executor, whose failures are ATen's own and would be eager's too).
   mutable size_t reached = SIZE_MAX;
-  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream) const {
+  // What the run writes into, copied before its first write when a compiled group may fail after it.
+  mutable PartitionedExecutor::Saved saved;
+  // `undoable`: copy what the run writes first where needed (not while a CUDA graph is recorded,
+  // whose replays could not be undone: the copy would only cost every replay).
+  void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>& scalars, void* stream, bool undoable) const {
     reached = SIZE_MAX;
     if (partitioned) {
-      partitioned->run(env, &scalars, stream, &reached);
+      saved.clear();
+      partitioned->run(env, &scalars, stream, &reached, undoable ? &saved : nullptr);
+      saved.clear();
       reached = SIZE_MAX;
       return;
     }
     eager->run(env, &scalars);
   }
-  // Whether the run that just failed had written into no tensor it was given.
-  bool failed_untouched() const { return partitioned && reached < partitioned->first_writing_unit(); }
+  // Whether the run that just failed leaves every tensor it was given as it was: it failed before
+  // its first write, or after it with a copy of all it writes, which is put back here (`restored`).
+  bool failed_untouched(bool* restored) const {
+    *restored = false;
+    if (!partitioned) return false;
+    if (reached < partitioned->first_writing_unit()) return true;
+    if (reached == SIZE_MAX || !saved.taken) return false;
+    saved.restore();
+    *restored = true;
+    return true;
+  }
 };
 
 StepRunner::StepRunner(std::shared_ptr<const StepPlan> plan, std::shared_ptr<const LoadedPlugin> graph_plugin,
@@ -140,8 +155,8 @@ void StepRunner::bind(const std::vector<at::Tensor>& inputs, const std::vector<a
 }
 
 // The step's device work: the executor and the write-back copies (recorded into the graph).
-void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream) {
-  exec_->run(env_, scalars, stream);
+void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream, bool undoable) {
+  exec_->run(env_, scalars, stream, undoable);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& o : plan_->outputs) {
     if (o.role != ir::OutputRole::WriteBack) continue;
@@ -191,11 +206,12 @@ std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
       cache.emplace(static_cast<size_t>(options_.cpu_block_cache_max_mb) << 20);
     // On CUDA, LibTorch's current stream: a plugin's kernels run where the ATen ops around them do.
     try {
-      run_body(scalars, cudagraph::current_stream(plan_->device));
+      run_body(scalars, cudagraph::current_stream(plan_->device), /*undoable=*/true);
     } catch (const std::exception& ex) {
-      const bool untouched = exec_->failed_untouched();
+      bool restored = false;
+      const bool untouched = exec_->failed_untouched(&restored);
       for (auto& t : env_) t.reset();
-      if (untouched) throw StepFailedUntouched(ex.what());
+      if (untouched) throw StepFailedUntouched(ex.what(), restored);
       throw;
     }
   }

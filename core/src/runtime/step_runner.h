@@ -36,7 +36,12 @@ struct RunOptions {
 // so the step can run eagerly in its place.
 class StepFailedUntouched : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // `restored`: it had written, and what it wrote was put back from a copy taken before.
+  StepFailedUntouched(const std::string& what, bool restored) : std::runtime_error(what), restored_(restored) {}
+  bool restored() const { return restored_; }
+
+ private:
+  bool restored_;
 };
 
 class StepRunner {
@@ -62,7 +67,7 @@ class StepRunner {
   struct Executor;
   void fill_scalars(const std::vector<c10::IValue>& scalars);
   void bind(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* statics = nullptr);
-  void run_body(const std::vector<c10::IValue>& scalars, void* stream);
+  void run_body(const std::vector<c10::IValue>& scalars, void* stream, bool undoable = false);
   std::vector<at::Tensor> finish(bool clone_results);
   std::vector<at::Tensor> warm_up_and_record(const std::vector<at::Tensor>& inputs,
                                              const std::vector<c10::IValue>& scalars);

@@ -1,8 +1,10 @@
 // A correct float32 element-wise backend (relu, neg, mul, and add/sub with alpha 1, on contiguous
 // CPU tensors of one shape) whose execute fails on one call: KILN_TEST_FAIL_EXECUTE_AT="<tag>:<n>"
 // makes the nth execute since the variable last changed fail (unset or n = 0: never). The trainer tests inject a plugin
-// failure in the middle of training with it and check that nothing is lost.
+// failure in the middle of training with it and check that nothing is lost. KILN_TEST_EXECUTE_COUNT_FILE, when set,
+// gets the count of executes since the variable last changed after each one (how many calls a step makes).
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +40,7 @@ class FailsOnce : public Executable {
       n = ++executes;
       const size_t colon = now.rfind(':');
       at = colon == std::string::npos ? 0 : std::atol(now.c_str() + colon + 1);
+      if (const char* f = std::getenv("KILN_TEST_EXECUTE_COUNT_FILE")) std::ofstream(f) << n << "\n";
     }
     if (n == at) throw Error(KILN_ERROR_INTERNAL, "injected failure in execute call " + std::to_string(n));
     inner_->execute(in, n_in, out, n_out, stream);

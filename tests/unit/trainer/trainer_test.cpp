@@ -17,6 +17,7 @@
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <cstdlib>
@@ -512,6 +513,57 @@ TEST(Trainer, AnExecuteThatFailsBeforeAnyWriteRunsTheStepEagerlyAndLosesNothing)
   auto y = at::randint(0, 5, {8});
   EXPECT_TRUE(at::allclose(trainer.step(x, y), eager_step(ref, x, y), 1e-5, 1e-6));
   expect_same_params(ref, s);
+}
+
+// A plugin that fails after the step has written into parameters (the step's last call to it comes
+// after write-backs): kiln puts back what the step wrote, from the copy it takes before the first
+// write whenever a compiled group runs after it, and runs the step eagerly. Nothing is lost.
+TEST(Trainer, AnExecuteThatFailsAfterAWriteIsUndoneAndTheStepRunsEagerly) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed), s = make(seed);
+  auto args = compile_args();
+  args.torch_compile_backend = "fails_execute";
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  const std::string count_file =
+      (std::filesystem::temp_directory_path() / ("kiln-executes-" + std::to_string(seed))).string();
+  setenv("KILN_TEST_EXECUTE_COUNT_FILE", count_file.c_str(), 1);
+  setenv("KILN_TEST_FAIL_EXECUTE_AT", ("count-" + std::to_string(seed) + ":0").c_str(), 1);
+  auto executes = [&] {
+    long n = 0;
+    std::ifstream(count_file) >> n;
+    return n;
+  };
+  LogCapture logs;
+  kiln::Trainer trainer(
+      s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
+  auto step = [&](int i) {
+    auto x = at::randn({8, 12});
+    auto y = at::randint(0, 5, {8});
+    auto got = trainer.step(x, y);
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
+    expect_same_params(ref, s);
+  };
+  for (int i = 0; i < 3; ++i) step(i);  // eager, captured, compiled
+  ASSERT_TRUE(trainer.compiled());
+  const long before = executes();
+  step(3);
+  const long per_step = executes() - before;
+  ASSERT_GT(per_step, 0);
+  // The next step fails on its last call to the plugin.
+  setenv("KILN_TEST_FAIL_EXECUTE_AT", ("after-" + std::to_string(seed) + ":" + std::to_string(per_step)).c_str(), 1);
+  for (int i = 4; i < 7; ++i) step(i);
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  unsetenv("KILN_TEST_EXECUTE_COUNT_FILE");
+  std::filesystem::remove(count_file);
+  EXPECT_FALSE(trainer.compiled());
+  int mentions = 0;
+  for (const auto& w : logs.warnings())
+    mentions +=
+        w.find("injected failure in execute call " + std::to_string(per_step)) != std::string::npos &&
+        w.find("after it had written into parameters or optimizer state, which kiln put back") != std::string::npos &&
+        w.find("nothing was lost") != std::string::npos;
+  EXPECT_EQ(mentions, 1);
 }
 
 // With fullgraph the failure is an error, and the step changed nothing.

@@ -36,6 +36,8 @@ class PreparedNode {
   // Whether the op writes into an argument (an out= or in-place variant: a write-back into a
   // parameter's or an optimizer state's own memory).
   bool writes_arguments() const;
+  // The values of the arguments it writes into (those its schema marks as written).
+  std::vector<ir::ValueId> written_values() const;
 
  private:
   enum class Slot : uint8_t { Constant, Tensor, TensorList, OptionalTensorList, Scalar };

@@ -99,12 +99,30 @@ class PartitionedExecutor {
   // Same contract as EagerExecutor::run. `stream` is handed to the plugin (NULL on CPU).
   // `reached`, when given, holds the index of the unit running (eager node or compiled group), so
   // that a caller who catches a failure knows how far the run got.
+  // `saved`, when given, gets a copy of every tensor the run writes into, taken before the first
+  // write, when a compiled group runs at or after it (a plugin may then fail after a write):
+  // restore() puts them back, so that a failed run changed nothing it was given.
+  // The copies are kept from run to run (one allocation, and one multi-tensor copy a run).
+  struct Saved {
+    std::vector<at::Tensor> targets, copies;  // the tensors written, their values before
+    bool taken = false;                       // this run took the copy
+    void take(const std::vector<at::Tensor>& written);
+    void restore();
+    void clear() {
+      taken = false;
+      targets.clear();
+    }
+  };
   void run(std::vector<at::Tensor>& env, const std::vector<c10::IValue>* scalars = nullptr, void* stream = nullptr,
-           size_t* reached = nullptr) const;
+           size_t* reached = nullptr, Saved* saved = nullptr) const;
   // The first unit that may write into memory the run did not allocate: an eager node that writes
   // an argument (a write-back computed in place with out=) or a group given an input's memory for
   // an output (in-place outputs). A run that fails before it has changed no tensor it was given.
   size_t first_writing_unit() const { return first_writing_unit_; }
+  // Whether a compiled group runs at or after the first writing unit: then run() copies what the
+  // run writes before it writes (the values of `saved_values()`, one copy of each a step).
+  bool saves_before_writing() const { return save_at_ < units_.size(); }
+  const std::vector<ir::ValueId>& saved_values() const { return saved_values_; }
   const PartitionStats& stats() const { return partition_->stats; }
   const std::vector<GroupOutcome>& groups() const { return partition_->outcomes; }
 
@@ -125,6 +143,8 @@ class PartitionedExecutor {
   bool pass_scalars_ = false;  // some backend of the partition takes run-time scalars
   std::vector<Unit> units_;
   size_t first_writing_unit_ = 0;
+  size_t save_at_ = 0;                     // units_.size(): nothing to save
+  std::vector<ir::ValueId> saved_values_;  // what the units from save_at_ on write into
 };
 
 // Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do
