@@ -24,8 +24,11 @@ namespace kiln {
 
 namespace {
 
-// An op whose name ends in '_' (before its overload) writes an argument in place.
+// An op that writes into an argument (in place or out=), as its schema says; for an op the
+// dispatcher does not know, a name ending in '_' (before its overload).
 bool writes_in_place(const ir::Node& n) {
+  const OpInfo& info = op_info(n.op);
+  if (info.found) return info.is_mutable;
   const auto dot = n.op.find('.');
   const std::string base = n.op.substr(0, dot);
   return !base.empty() && base.back() == '_';
