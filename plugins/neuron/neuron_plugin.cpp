@@ -131,10 +131,12 @@ class PjrtGroup : public Executable {
   std::vector<int32_t> runtime_scalars_;
 };
 
-// The compile cache on disk: <cache_dir>/neuron/<hash>.pjrt holds the module's text (to tell a hash
-// collision from a hit) and the executable as the PJRT plugin serialized it. The key covers the
-// plugin's path, platform and API version, and the module; a file that does not read back, or that
-// the plugin does not deserialize (another XLA build), is compiled again and replaced.
+// The compile cache on disk: <cache_dir>/neuron/<hash>.pjrt holds a format tag, the module's text
+// (to tell a hash collision from a hit), and the executable as the PJRT plugin serialized it with
+// its size and FNV-1a hash, checked before the bytes reach the plugin's deserializer (which need not
+// survive damaged input: a flipped byte may still parse). The key covers the plugin's path,
+// platform and API version, and the module; a file that does not read back whole, or that the
+// plugin does not deserialize (another XLA build), is compiled again and replaced.
 std::string cache_file(const std::string& dir, const PjrtClient& client, const std::string& module) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   auto mix = [&h](const std::string& s) {
@@ -150,14 +152,32 @@ std::string cache_file(const std::string& dir, const PjrtClient& client, const s
   return dir + "/neuron/" + name + ".pjrt";
 }
 
-std::optional<std::string> read_cached(const std::string& file, const std::string& module) {
+constexpr uint64_t kCacheFormat = 0x3230726a70706e6bull;  // "knppjr02"
+
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+// The entry's executable; nullopt when there is none for this module. `damaged` says why an entry
+// that was there is not used (cut short, bytes changed, another format).
+std::optional<std::string> read_cached(const std::string& file, const std::string& module, std::string* damaged) {
   std::ifstream in(file, std::ios::binary);
   if (!in) return std::nullopt;
-  uint64_t n = 0;
-  if (!in.read(reinterpret_cast<char*>(&n), sizeof n) || n != module.size()) return std::nullopt;
+  uint64_t format = 0, n = 0, size = 0, hash = 0;
+  auto u64 = [&](uint64_t* v) { return static_cast<bool>(in.read(reinterpret_cast<char*>(v), sizeof *v)); };
+  if (!u64(&format) || format != kCacheFormat)
+    return *damaged = "not a kiln neuron cache entry of this version", std::nullopt;
+  if (!u64(&n) || n > (uint64_t{1} << 32)) return *damaged = "cut short", std::nullopt;
   std::string text(n, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(n)) || text != module) return std::nullopt;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in.read(text.data(), static_cast<std::streamsize>(n))) return *damaged = "cut short", std::nullopt;
+  if (text != module) return std::nullopt;  // another module with the same key: a miss
+  if (!u64(&size) || !u64(&hash) || size > (uint64_t{1} << 40)) return *damaged = "cut short", std::nullopt;
+  std::string bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  if (bytes.size() != size) return *damaged = "cut short", std::nullopt;
+  if (fnv1a64(bytes) != hash) return *damaged = "its bytes changed", std::nullopt;
+  return bytes;
 }
 
 // Written to a temporary name and renamed, so that a concurrent reader sees all of it or nothing.
@@ -167,9 +187,10 @@ bool write_cached(const std::string& file, const std::string& module, const std:
   const std::string tmp = file + ".tmp" + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    const uint64_t n = module.size();
-    out.write(reinterpret_cast<const char*>(&n), sizeof n);
-    out.write(module.data(), static_cast<std::streamsize>(n));
+    const uint64_t header[2] = {kCacheFormat, module.size()}, tail[2] = {bytes.size(), fnv1a64(bytes)};
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+    out.write(module.data(), static_cast<std::streamsize>(module.size()));
+    out.write(reinterpret_cast<const char*>(tail), sizeof tail);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out) return std::filesystem::remove(tmp, ec), false;
   }
@@ -277,13 +298,17 @@ class NeuronPlugin : public Plugin {
     const bool cached = !dir.empty() && client->can_serialize();
     const std::string file = cached ? cache_file(dir, *client, module) : "";
     if (cached) {
-      if (auto bytes = read_cached(file, module)) {
+      std::string damaged;
+      if (auto bytes = read_cached(file, module, &damaged)) {
         try {
           return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars));
         } catch (const PjrtError& e) {
           host().debug(std::string("neuron: compiling again: the cached executable ") + file +
                        " does not load: " + e.what());
         }
+      } else if (!damaged.empty()) {
+        host().warn("neuron: the compile cache entry " + file + " is damaged (" + damaged +
+                    "); it is not loaded, and this group is compiled again and the entry replaced");
       }
     }
     std::unique_ptr<PjrtExecutable> exe;

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <ATen/ATen.h>
 
@@ -572,7 +574,8 @@ TEST(NeuronPjrt, SerializedExecutablesLoadBackAndRun) {
 }
 
 // Through the plugin: the first compile writes <cache_dir>/neuron/<key>.pjrt, a later one loads it,
-// and a damaged file is compiled again and replaced; every executable matches eager.
+// and a damaged file (cut short, bytes changed, another format) is compiled again and replaced;
+// every executable matches eager.
 TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
   const std::string dir = ::testing::TempDir() + "/kiln_neuron_cache_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
@@ -605,10 +608,33 @@ TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
   const auto stamp = std::filesystem::last_write_time(written[0]);
   check();  // loaded: the file is left as it was
   EXPECT_EQ(std::filesystem::last_write_time(written[0]), stamp);
-  std::filesystem::resize_file(written[0], size - 100);  // damaged: compiled again, written again
-  check();
-  ASSERT_EQ(files().size(), 1u);
+  auto slurp = [](const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  };
+  // Repaired: whole again, so the next compile loads it and leaves it as it is.
+  auto expect_repaired = [&](const std::string& damaged) {
+    check();
+    ASSERT_EQ(files().size(), 1u);
+    EXPECT_NE(slurp(written[0]), damaged);
+    const auto repaired = std::filesystem::last_write_time(written[0]);
+    check();
+    EXPECT_EQ(std::filesystem::last_write_time(written[0]), repaired);
+  };
+  std::filesystem::resize_file(written[0], size - 100);  // cut short
+  expect_repaired(slurp(written[0]));
   EXPECT_EQ(std::filesystem::file_size(written[0]), size);
+  // Three bytes changed inside the executable (a changed byte may still parse, and the plugin's
+  // deserializer need not survive it): the entry's hash tells, so they never reach the plugin.
+  {
+    std::fstream f(written[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 200));
+    f.write("\x5a\xa5\x5a", 3);
+  }
+  expect_repaired(slurp(written[0]));
+  // An entry of another format (the first version had no tag and no hash): compiled again.
+  std::ofstream(written[0], std::ios::binary | std::ios::trunc) << std::string(64, '\x01');
+  expect_repaired(slurp(written[0]));
   std::filesystem::remove_all(dir);
 }
 
