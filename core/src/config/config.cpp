@@ -74,6 +74,12 @@ bool tomlpp_whitespace_test_is_undefined(uint32_t c) {
   return block == 0 || block == 11 || block == 63;
 }
 
+// The characters outside ASCII that TOML++ 3.3 takes for horizontal whitespace.
+bool tomlpp_non_ascii_whitespace(uint32_t c) {
+  return c == 0xA0 || c == 0x1680 || c == 0x180E || (c >= 0x2000 && c <= 0x200B) || c == 0x202F ||
+         (c >= 0x205F && c <= 0x2060) || c == 0x3000 || c == 0xFEFF;
+}
+
 // The text TOML++ is given. TOML allows characters outside ASCII only in strings and comments.
 // Debian 12's TOML++ (3.3) tests some of them for whitespace where undefined behaviour follows
 // (tomlpp_whitespace_test_is_undefined; found by fuzzing the configuration): at every token
@@ -88,9 +94,9 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
   // A quote opens a string only where TOML has one: a key (a line's start, after '.', '[', '{' or
   // ',') or a value (after '=', '[' or ','). Elsewhere (`00Z07"...`, a bad date, `1.'''`) it is junk
   // that the parser reads on as part of a value, so what follows it is not a string's. A '.' is a
-  // key's only on the key side of a line (before its '=', or in an inline table before each '='),
-  // and a multi-line string is only ever a value. Where in doubt the text counts as outside a
-  // string: a valid file never needs the doubt resolved the other way.
+  // key's only on the key side of a line (before its '=', or in an inline table before each '=').
+  // Where in doubt the text counts as outside a string: a valid file never needs the doubt
+  // resolved the other way.
   char last = '\n';  // the last character outside strings other than a space or tab
   bool key_side = true;
   bool bare = false;  // in the text of a value that is not a string, array or table
@@ -129,9 +135,10 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
           last = static_cast<char>(c);  // more of a value's text, quotes and brackets included
         } else if ((c == '"' || c == '\'') &&
                    (std::string_view("\n[{,=").find(last) != std::string_view::npos || (last == '.' && key_side))) {
-          const bool value = !key_side && std::string_view("\n=[,").find(last) != std::string_view::npos;
-          if (value && at("\"\"\"")) in = In::MultiBasic, advance(2);
-          else if (value && at("'''")) in = In::MultiLiteral, advance(2);
+          // Three quotes open a multi-line string on a key's side too: the parser reads the whole
+          // string before it says that a key cannot be one.
+          if (at("\"\"\"")) in = In::MultiBasic, advance(2);
+          else if (at("'''")) in = In::MultiLiteral, advance(2);
           else in = c == '"' ? In::Basic : In::Literal;
           last = static_cast<char>(c);
         } else {
@@ -176,11 +183,24 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
                                             "character on its line)"));
           }
           if (k < text.size() && (text[k] == '\n' || text[k] == '\r')) {
-            // A line-ending backslash: the parser skips spaces and line breaks, then tests the next character.
-            while (k < text.size() && std::string_view(" \t\r\n").find(text[k]) != std::string_view::npos) ++k;
-            if (k < text.size() && static_cast<unsigned char>(text[k]) >= 0x80)
-              if (const auto d = decode_utf8(text, k); d && tomlpp_whitespace_test_is_undefined(d->first))
-                escapes.push_back({k, *d});
+            // A line-ending backslash: the parser skips line breaks and what it takes for horizontal
+            // whitespace (U+FEFF and U+00A0 among them), testing each character, up to the first
+            // that is neither.
+            while (k < text.size()) {
+              if (text[k] == ' ' || text[k] == '\t' || (text[k] >= '\n' && text[k] <= '\r')) {
+                ++k;
+                continue;
+              }
+              if (static_cast<unsigned char>(text[k]) >= 0x80) {
+                const auto d = decode_utf8(text, k);
+                if (d && tomlpp_non_ascii_whitespace(d->first)) {
+                  k += d->second;
+                  continue;
+                }
+                if (d && tomlpp_whitespace_test_is_undefined(d->first)) escapes.push_back({k, *d});
+              }
+              break;
+            }
             advance(k - i);
             continue;
           }
