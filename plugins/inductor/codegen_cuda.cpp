@@ -1559,6 +1559,12 @@ std::vector<CudaPart> split_program(const CudaProgram& prog, size_t max_bytes) {
 
 namespace {
 
+// Whether `l`'s text is a plain KILN_KERNEL of its block size and name (what as_body rewrites).
+bool has_plain_head(const CudaLaunch& l) {
+  const size_t at = l.text.find("KILN_KERNEL(" + std::to_string(l.block) + ") " + l.name + "(");
+  return at != std::string::npos && l.text.find(") {\n", at) != std::string::npos;
+}
+
 // Kernel `l`'s text as a __device__ function `<name>_body` that takes its block index and grid
 // size after its parameters; "" when it is not a plain KILN_KERNEL.
 std::string as_body(const CudaLaunch& l) {
@@ -1657,7 +1663,7 @@ int fuse_small_launches(CudaProgram& prog, const std::vector<std::set<int>>& ext
   };
   auto small = [&](const CudaLaunch& l) {
     return l.cluster <= 1 && static_cast<int64_t>(l.grid) * l.block <= int64_t{1024} * limits.multiprocessors &&
-           l.params.size() == l.buffers.size() && !as_body(l).empty();
+           l.params.size() == l.buffers.size() && has_plain_head(l);
   };
   // From the last step to the first: a small launch joins the latest group (in step order) it can
   // move down to, or opens one where it stands.

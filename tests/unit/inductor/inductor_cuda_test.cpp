@@ -248,13 +248,17 @@ TEST_P(InductorCudaCodegen, CompilesWithNvrtcForSm90IntoACubinWithEveryKernel) {
   if (c.graph->launches >= 0) {
     EXPECT_EQ(cuda.launches.size(), static_cast<size_t>(c.graph->launches)) << cuda.source;
   }
-  std::string cubin;
-  try {
-    cubin = nvrtc->compile(cuda.source, 90, c.graph->name + "_" + c.dtype + ".cu");
-  } catch (const plugin::Error& e) {
-    FAIL() << e.what() << "\n---- source ----\n" << cuda.source;
-  }
-  const auto fns = kiln::test::cubin_functions(cubin);
+  // The kernels of a source compiled by NVRTC for sm_90; none (and a failure) when it does not compile.
+  auto compiled_kernels = [&](const std::string& source, const std::string& name) {
+    try {
+      return kiln::test::cubin_functions(nvrtc->compile(source, 90, name));
+    } catch (const plugin::Error& e) {
+      ADD_FAILURE() << e.what() << "\n---- source ----\n" << source;
+      return std::set<std::string>{};
+    }
+  };
+  const auto fns = compiled_kernels(cuda.source, c.graph->name + "_" + c.dtype + ".cu");
+  if (HasFailure()) return;
   for (const auto& l : cuda.launches) {
     EXPECT_EQ(fns.count(l.name), 1u) << l.name << " (" << l.what << ")";
     EXPECT_GT(l.grid, 0u) << l.name;
@@ -269,13 +273,7 @@ TEST_P(InductorCudaCodegen, CompilesWithNvrtcForSm90IntoACubinWithEveryKernel) {
   inductor::FuseLimits limits;
   limits.multiprocessors = 2;
   if (inductor::fuse_small_launches(fused, {}, {}, limits) > 0) {
-    std::string fused_cubin;
-    try {
-      fused_cubin = nvrtc->compile(fused.source, 90, c.graph->name + "_" + c.dtype + "_fused.cu");
-    } catch (const plugin::Error& e) {
-      FAIL() << e.what() << "\n---- source ----\n" << fused.source;
-    }
-    const auto fused_fns = kiln::test::cubin_functions(fused_cubin);
+    const auto fused_fns = compiled_kernels(fused.source, c.graph->name + "_" + c.dtype + "_fused.cu");
     for (const auto& l : fused.launches) EXPECT_EQ(fused_fns.count(l.name), 1u) << l.name << " (" << l.what << ")";
   }
   // Every step is a launch or an extern kernel, in the scheduler's order.

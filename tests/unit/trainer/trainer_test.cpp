@@ -2,6 +2,7 @@
 // optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 
@@ -65,6 +66,33 @@ uint64_t fresh_seed() { return static_cast<uint64_t>(at::randint(1, 1 << 30, {1}
 void expect_same_params(Setup& a, Setup& b) {
   auto pa = a.net->parameters(), pb = b.net->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
+}
+
+// compile_args() with the test backend whose execute fails on a chosen call (fails_execute_plugin.cpp).
+kiln::TrainingArguments fails_execute_args() {
+  auto args = compile_args();
+  args.torch_compile_backend = "fails_execute";
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  return args;
+}
+
+// One step of `trainer` and of the eager reference on the same fresh batch: the losses and then the
+// parameters agree.
+void step_like_eager(kiln::Trainer& trainer, Setup& ref, Setup& s, int i) {
+  auto x = at::randn({8, 12});
+  auto y = at::randint(0, 5, {8});
+  auto got = trainer.step(x, y);
+  auto want = eager_step(ref, x, y);
+  EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
+  expect_same_params(ref, s);
+}
+
+// How many warnings contain every one of `parts`.
+int warnings_with(const LogCapture& logs, const std::vector<std::string>& parts) {
+  int n = 0;
+  for (const auto& w : logs.warnings())
+    n += std::all_of(parts.begin(), parts.end(), [&](const std::string& p) { return w.find(p) != std::string::npos; });
+  return n;
 }
 
 }  // namespace
@@ -485,34 +513,19 @@ TEST(CompiledStepMemory, AnAliasTheUserKeepsSeesEveryUpdate) {
 TEST(Trainer, AnExecuteThatFailsBeforeAnyWriteRunsTheStepEagerlyAndLosesNothing) {
   const auto seed = fresh_seed();
   auto ref = make(seed), s = make(seed);
-  auto args = compile_args();
-  args.torch_compile_backend = "fails_execute";
-  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  const auto args = fails_execute_args();
   setenv("KILN_TEST_FAIL_EXECUTE_AT", ("trainer-" + std::to_string(seed) + ":1").c_str(), 1);
   LogCapture logs;
   kiln::Trainer trainer(
       s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
-  for (int i = 0; i < 6; ++i) {
-    auto x = at::randn({8, 12});
-    auto y = at::randint(0, 5, {8});
-    auto got = trainer.step(x, y);
-    auto want = eager_step(ref, x, y);
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
-    expect_same_params(ref, s);
-  }
+  for (int i = 0; i < 6; ++i) step_like_eager(trainer, ref, s, i);
   unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
   EXPECT_FALSE(trainer.compiled());
-  int mentions = 0;
-  for (const auto& w : logs.warnings())
-    mentions += w.find("injected failure in execute call 1") != std::string::npos &&
-                w.find("before it changed any parameter") != std::string::npos &&
-                w.find("nothing was lost") != std::string::npos;
-  EXPECT_EQ(mentions, 1);
+  EXPECT_EQ(warnings_with(
+                logs, {"injected failure in execute call 1", "before it changed any parameter", "nothing was lost"}),
+            1);
   // The optimizers' momentum buffers too: one more step on each side must agree.
-  auto x = at::randn({8, 12});
-  auto y = at::randint(0, 5, {8});
-  EXPECT_TRUE(at::allclose(trainer.step(x, y), eager_step(ref, x, y), 1e-5, 1e-6));
-  expect_same_params(ref, s);
+  step_like_eager(trainer, ref, s, 6);
 }
 
 // A plugin that fails after the step has written into parameters (the step's last call to it comes
@@ -521,9 +534,7 @@ TEST(Trainer, AnExecuteThatFailsBeforeAnyWriteRunsTheStepEagerlyAndLosesNothing)
 TEST(Trainer, AnExecuteThatFailsAfterAWriteIsUndoneAndTheStepRunsEagerly) {
   const auto seed = fresh_seed();
   auto ref = make(seed), s = make(seed);
-  auto args = compile_args();
-  args.torch_compile_backend = "fails_execute";
-  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  const auto args = fails_execute_args();
   const std::string count_file =
       (std::filesystem::temp_directory_path() / ("kiln-executes-" + std::to_string(seed))).string();
   setenv("KILN_TEST_EXECUTE_COUNT_FILE", count_file.c_str(), 1);
@@ -536,14 +547,7 @@ TEST(Trainer, AnExecuteThatFailsAfterAWriteIsUndoneAndTheStepRunsEagerly) {
   LogCapture logs;
   kiln::Trainer trainer(
       s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);
-  auto step = [&](int i) {
-    auto x = at::randn({8, 12});
-    auto y = at::randint(0, 5, {8});
-    auto got = trainer.step(x, y);
-    auto want = eager_step(ref, x, y);
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << i;
-    expect_same_params(ref, s);
-  };
+  auto step = [&](int i) { step_like_eager(trainer, ref, s, i); };
   for (int i = 0; i < 3; ++i) step(i);  // eager, captured, compiled
   ASSERT_TRUE(trainer.compiled());
   const long before = executes();
@@ -557,22 +561,17 @@ TEST(Trainer, AnExecuteThatFailsAfterAWriteIsUndoneAndTheStepRunsEagerly) {
   unsetenv("KILN_TEST_EXECUTE_COUNT_FILE");
   std::filesystem::remove(count_file);
   EXPECT_FALSE(trainer.compiled());
-  int mentions = 0;
-  for (const auto& w : logs.warnings())
-    mentions +=
-        w.find("injected failure in execute call " + std::to_string(per_step)) != std::string::npos &&
-        w.find("after it had written into parameters or optimizer state, which kiln put back") != std::string::npos &&
-        w.find("nothing was lost") != std::string::npos;
-  EXPECT_EQ(mentions, 1);
+  EXPECT_EQ(warnings_with(logs, {"injected failure in execute call " + std::to_string(per_step),
+                                 "after it had written into parameters or optimizer state, which kiln put back",
+                                 "nothing was lost"}),
+            1);
 }
 
 // With fullgraph the failure is an error, and the step changed nothing.
 TEST(Trainer, WithFullgraphAnExecuteThatFailsBeforeAnyWriteIsAnErrorThatChangedNothing) {
   const auto seed = fresh_seed();
   auto ref = make(seed), s = make(seed);
-  auto args = compile_args();
-  args.torch_compile_backend = "fails_execute";
-  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_PLUGIN_DIR};
+  auto args = fails_execute_args();
   args.runtime.fullgraph = true;
   kiln::Trainer trainer(
       s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, args);

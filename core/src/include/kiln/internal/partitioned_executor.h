@@ -119,10 +119,6 @@ class PartitionedExecutor {
   // an argument (a write-back computed in place with out=) or a group given an input's memory for
   // an output (in-place outputs). A run that fails before it has changed no tensor it was given.
   size_t first_writing_unit() const { return first_writing_unit_; }
-  // Whether a compiled group runs at or after the first writing unit: then run() copies what the
-  // run writes before it writes (the values of `saved_values()`, one copy of each a step).
-  bool saves_before_writing() const { return save_at_ < units_.size(); }
-  const std::vector<ir::ValueId>& saved_values() const { return saved_values_; }
   const PartitionStats& stats() const { return partition_->stats; }
   const std::vector<GroupOutcome>& groups() const { return partition_->outcomes; }
 
