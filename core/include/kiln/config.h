@@ -50,6 +50,9 @@ struct RuntimeOptions {                         // [runtime]
   int64_t cpu_block_cache_max_mb = 2048;  // KILN_CPU_CACHE_MAX_MB
   bool writeback_copy = false;            // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
   int compile_threads = 0;                // KILN_COMPILE_THREADS: groups compiled at once; 0 = one per CPU core
+  // KILN_CHANNELS_LAST: CUDA convolutions on NHWC activations under a backend: "auto" (steps
+  // recorded as a CUDA graph), "always" (every CUDA step), "never"
+  std::string channels_last = "auto";
 };
 
 struct DebugOptions {                 // [debug]

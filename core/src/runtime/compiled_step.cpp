@@ -116,6 +116,7 @@ struct CompiledStep::Impl {
     po.batch_optimizer = args.experimental.batch_optimizer;
     po.overlap_collectives = !args.debug.no_comm_overlap;
     po.writeback_copy = args.runtime.writeback_copy;
+    po.channels_last = args.runtime.channels_last;
     po.compile_threads = args.runtime.compile_threads > 0
                              ? args.runtime.compile_threads
                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

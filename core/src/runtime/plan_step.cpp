@@ -225,6 +225,16 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
     }
   }
 
+  // Convolutions in NHWC, as cuDNN runs them fastest, with the backend's kernels around them
+  // writing and reading that layout. "auto": where the step is one CUDA graph; without one, the
+  // step is bound by the host's launches, to which the layout clones add.
+  if (backend.plugin && plan->device.is_cuda() &&
+      (options.channels_last == "always" || (options.channels_last == "auto" && plan->cuda_graph))) {
+    size_t convs = 0;
+    runner.run("channels_last", [&] { convs = channels_last_convolutions(g); });
+    if (convs) log_debug(c10::str("kiln: ", convs, " convolutions on channels-last activations"));
+  }
+
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.
   if (backend.plugin) {
     std::vector<std::shared_ptr<const LoadedPlugin>> plugins{backend.plugin};

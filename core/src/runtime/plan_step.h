@@ -6,6 +6,7 @@
 //   run-time scalar slots -> functionalize -> decompose -> dce -> cse -> constant_fold -> dce_final
 //   -> overlap_collectives (data parallelism) -> lift_runtime_scalars (whole-step CUDA graphs) -> batch_optimizer
 //   ([experimental])
+//   -> native_batch_norm, channels_last (CUDA, with a backend)
 //   -> partition (the backend claims and compiles its groups) -> writebacks_in_place
 //   -> write-back planning (bindings, storage adoption)
 //
@@ -39,6 +40,7 @@ struct PlanOptions {
   bool overlap_collectives = true;    // all_reduces as early as their gradients allow (debug.no_comm_overlap off)
   bool writeback_copy = false;        // [runtime]: write-backs always copy (no storage adoption)
   int compile_threads = 1;            // [runtime]: groups the backend compiles at once (resolved, >= 1)
+  std::string channels_last = "auto";  // [runtime]: CUDA convolutions on channels-last activations (with a backend)
 };
 
 struct InputBinding {

@@ -155,6 +155,7 @@ cpu_block_cache = false
 cpu_block_cache_max_mb = 512
 writeback_copy = true
 compile_threads = 3
+channels_last = "never"
 
 [debug]
 dump_dir = "/tmp/ir"
@@ -210,6 +211,7 @@ ratio = 0.5
   EXPECT_EQ(a.runtime.cpu_block_cache_max_mb, 512);
   EXPECT_TRUE(a.runtime.writeback_copy);
   EXPECT_EQ(a.runtime.compile_threads, 3);
+  EXPECT_EQ(a.runtime.channels_last, "never");
   EXPECT_EQ(a.debug.dump_dir, "/tmp/ir");
   EXPECT_TRUE(a.debug.check_meta);
   EXPECT_TRUE(a.debug.verify_groups);
@@ -223,8 +225,8 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":33:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":49:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":53:8");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":50:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":54:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -306,6 +308,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     else if (s.key == "log_level") value = "error";
     else if (s.key == "runtime.cpu_block_cache_max_mb") value = "7";
     else if (s.key == "runtime.compile_threads") value = "2";
+    else if (s.key == "runtime.channels_last") value = "always";
     else if (s.key == "plugin.<name>.<option>")
       value = "some_plugin.some_option=v", origin_key = "plugin.some_plugin.some_option";
     else value = "/some/value";
@@ -315,7 +318,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
     EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
   }
-  EXPECT_EQ(variables, 16u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+  EXPECT_EQ(variables, 17u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
 }
 
 TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {

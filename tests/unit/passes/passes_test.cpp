@@ -716,6 +716,150 @@ TEST(NativeBatchNormCuda, TheNativePairMatchesCudnnOnTheGpu) {
   }
 }
 
+namespace {
+
+// Two convolutions with a ReLU between, their backward and a momentum-like use of one weight
+// gradient, the shape of a CNN's step. `dev` is "" or " on cuda:0".
+std::string conv_step(const std::string& dev) {
+  std::string t = R"(graph {
+  input %0 : f32[4,3,8,8]{192,64,8,1}@ input "x"
+  input %1 : f32[8,3,3,3]{27,9,3,1}@ param "w1"
+  input %2 : f32[16,8,3,3]{72,9,3,1}@ param "w2"
+  input %3 : f32[4,16,4,4]{256,16,4,1}@ input "go"
+  %4 : f32[4,8,8,8]{512,64,8,1}@ = aten::convolution(%0, %1, None, i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %5 : f32[4,8,8,8]{512,64,8,1}@ = aten::relu(%4)
+  %6 : f32[4,16,4,4]{256,16,4,1}@ = aten::convolution(%5, %2, None, i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %7 : f32[4,8,8,8]{512,64,8,1}@, %8 : f32[16,8,3,3]{72,9,3,1}@, _ = aten::convolution_backward(%3, %5, %2, i[0], i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, false])
+  %9 : f32[4,8,8,8]{512,64,8,1}@ = aten::threshold_backward(%7, %5, scalar(0))
+  _, %10 : f32[8,3,3,3]{27,9,3,1}@, _ = aten::convolution_backward(%9, %0, %1, i[0], i[1, 1], i[1, 1], i[1, 1], false, i[0, 0], 1, b[false, true, false])
+  %11 : f32[16,8,3,3]{72,9,3,1}@ = aten::mul.Scalar(%8, scalar(0.9))
+  output %6 result "y"
+  output %10 grad 0 "grad.w1"
+  output %8 grad 1 "grad.w2"
+  output %11 result "m"
+}
+)";
+  for (size_t at; (at = t.find('@')) != std::string::npos;) t.replace(at, 1, dev);
+  return t;
+}
+
+const ir::TensorMeta& meta_of(const ir::Graph& g, ir::ValueId v) { return g.value(v).meta; }
+
+}  // namespace
+
+// Each convolution reads its weight through one channels-last clone (forward and backward), and the
+// batch too, the activations between them become channels-last, graph inputs keep their layouts, the weight
+// gradients and a convolution's result that the user sees go back to eager's layout before anything
+// reads them; and the step computes the same values.
+TEST(ChannelsLast, ConvolutionsReadChannelsLastWeightsAndActivationsAndComputeTheSameStep) {
+  const ir::Graph orig = ir::parse(conv_step(""));
+  ir::Graph g = orig;
+  EXPECT_EQ(channels_last_convolutions(g), 0u) << "CPU graphs are left alone unless asked";
+  EXPECT_EQ(ir::print(g), ir::print(orig));
+  ASSERT_EQ(channels_last_convolutions(g, /*any_device=*/true), 2u);
+  g.verify();
+  const std::string text = ir::print(g);
+  EXPECT_EQ(ir::print(ir::parse(text)), text);
+  const std::vector<int64_t> cl_act = {512, 1, 64, 8}, plain_act = {512, 64, 8, 1};
+  for (ir::ValueId v : {4, 5, 7, 9}) EXPECT_EQ(meta_of(g, v).strides, cl_act) << "%" << v << "\n" << text;
+  EXPECT_EQ(meta_of(g, 0).strides, (std::vector<int64_t>{192, 64, 8, 1})) << "a graph input keeps its layout";
+  EXPECT_EQ(meta_of(g, 6).strides[1], 1) << "ATen's convolution result is channels-last";
+  EXPECT_EQ(g.nodes[static_cast<size_t>(g.value(g.outputs[0].value).producer)].op, "aten::clone")
+      << "the result the user sees is a contiguous copy of it";
+  size_t weight_clones = 0, grad_clones = 0;
+  for (const auto& n : g.nodes) {
+    if (n.op != "aten::clone") continue;
+    ASSERT_EQ(n.args.size(), 2u);
+    ASSERT_EQ(n.args[1].kind, ir::Arg::Kind::MemoryFormat);
+    const auto& m = meta_of(g, n.outputs[0]);
+    if (n.args[1].i == static_cast<int64_t>(c10::MemoryFormat::ChannelsLast)) {
+      ++weight_clones;
+      EXPECT_TRUE(n.args[0].value == 0 || n.args[0].value == 1 || n.args[0].value == 2) << "x, w1, w2";
+      EXPECT_EQ(m.strides[1], 1) << text;
+    } else {
+      ++grad_clones;
+      EXPECT_TRUE(m.is_contiguous()) << text;
+      EXPECT_EQ(meta_of(g, n.args[0].value).strides[1], 1) << "a convolution's result comes out channels-last";
+    }
+  }
+  EXPECT_EQ(weight_clones, 3u) << text;  // the weights, and the batch the first convolution reads
+  EXPECT_EQ(grad_clones, 3u) << text;    // two weight gradients and the result
+  for (const auto& n : g.nodes) {
+    if (n.op == "aten::convolution") {
+      EXPECT_GT(n.args[0].value, 3) << "reads a channels-last activation";
+      EXPECT_GT(n.args[1].value, 11) << "reads the clone";
+    } else if (n.op == "aten::convolution_backward") {
+      EXPECT_GT(n.args[1].value, 3) << "reads what its forward read";
+      EXPECT_GT(n.args[2].value, 11) << "reads the clone";
+    } else if (n.op == "aten::mul.Scalar") {
+      EXPECT_TRUE(meta_of(g, n.args[0].value).is_contiguous()) << text;
+    }
+  }
+  for (const auto& o : g.outputs) EXPECT_TRUE(meta_of(g, o.value).is_contiguous()) << o.name;
+
+  const auto opts = at::TensorOptions(at::kDouble);
+  const std::vector<at::Tensor> ins = {at::randn({4, 3, 8, 8}, opts), at::randn({8, 3, 3, 3}, opts),
+                                       at::randn({16, 8, 3, 3}, opts), at::randn({4, 16, 4, 4}, opts)};
+  const auto want = evaluate(orig, ins);
+  const auto got = evaluate(g, ins);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    EXPECT_TRUE(at::allclose(got[k], want[k], 1e-10, 1e-12)) << orig.outputs[k].name;
+    EXPECT_TRUE(got[k].is_contiguous()) << orig.outputs[k].name << ": eager's layout for what the user sees";
+  }
+}
+
+// Transposed convolutions, 1-D ones and graphs without convolutions are left alone.
+TEST(ChannelsLast, LeavesOtherGraphsAlone) {
+  std::string t = conv_step("");
+  const std::string plain_conv = "false, i[0, 0], 1)", transposed_conv = "true, i[0, 0], 1)";
+  for (size_t at; (at = t.find(plain_conv)) != std::string::npos;) t.replace(at, plain_conv.size(), transposed_conv);
+  const ir::Graph transposed = ir::parse(t);
+  ir::Graph g = transposed;
+  EXPECT_EQ(channels_last_convolutions(g, true), 0u);
+  EXPECT_EQ(ir::print(g), ir::print(transposed));
+  ir::Graph plain = ir::parse(R"(graph {
+  input %0 : f32[4,8,8,8]{512,64,8,1} input "x"
+  %1 : f32[4,8,8,8]{512,64,8,1} = aten::relu(%0)
+  %2 : f32[4,8,8,8]{512,64,8,1} = aten::relu(%1)
+  output %2 result "y"
+}
+)");
+  const std::string before = ir::print(plain);
+  EXPECT_EQ(channels_last_convolutions(plain, true), 0u);
+  EXPECT_EQ(ir::print(plain), before);
+}
+
+// On the GPU: ATen gives every value the layout the graph now says (so no kernel converts one
+// behind the backend's back), and the step matches the original within float32 rounding.
+TEST(ChannelsLastCuda, AtenProducesTheMarkedLayoutsAndTheSameValues) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine";
+  const ir::Graph orig = ir::parse(conv_step(" on cuda:0"));
+  ir::Graph g = orig;
+  ASSERT_EQ(channels_last_convolutions(g), 2u);
+  const bool tf32 = at::globalContext().allowTF32CuDNN();
+  at::globalContext().setAllowTF32CuDNN(false);
+  const auto opts = at::TensorOptions(at::kFloat).device(at::kCUDA);
+  const std::vector<at::Tensor> ins = {at::randn({4, 3, 8, 8}, opts), at::randn({8, 3, 3, 3}, opts),
+                                       at::randn({16, 8, 3, 3}, opts), at::randn({4, 16, 4, 4}, opts)};
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < g.inputs.size(); ++i) env[g.inputs[i].value] = ins[i];
+  for (const auto& n : g.nodes) {
+    EagerExecutor::run_node(n, env);
+    for (auto o : n.outputs) {
+      if (o == ir::kNoValue) continue;
+      EXPECT_EQ(env[o].strides().vec(), meta_of(g, o).strides) << n.op << " made %" << o;
+    }
+  }
+  const auto want = evaluate(orig, ins);
+  at::globalContext().setAllowTF32CuDNN(tf32);
+  for (size_t k = 0; k < want.size(); ++k) {
+    const at::Tensor got = env[g.outputs[k].value];
+    const double rel = (got - want[k]).abs().max().item<double>() / (want[k].abs().max().item<double>() + 1e-30);
+    EXPECT_LE(rel, 1e-5) << orig.outputs[k].name;
+  }
+}
+
 // Data parallelism: the reducer's flatten, all_reduce and wait come after the whole backward as
 // captured. Each all_reduce moves up to right after what it needs, in order; the waits stay; a
 // random op needed by the second bucket takes the random op before it along.

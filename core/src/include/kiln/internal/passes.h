@@ -81,6 +81,14 @@ struct BatchNormPair {
 std::vector<BatchNormPair> cudnn_batch_norm_pairs(const ir::Graph& graph);
 size_t to_native_batch_norm(ir::Graph& graph, const std::vector<BatchNormPair>& pairs);
 
+// 2-D convolutions on channels-last activations (core/src/passes/channels_last.cpp): every
+// convolution's weight is read through a channels-last clone (so that ATen runs it in NHWC), its
+// weight gradient goes back to the layout eager gives it, and the activations around the
+// convolutions are marked channels-last so that the kernels producing them write NHWC. Values and
+// their order are unchanged; only layouts. CUDA graphs only, unless `any_device`. Returns how many
+// convolutions it found (0: the graph is untouched).
+size_t channels_last_convolutions(ir::Graph& graph, bool any_device = false);
+
 struct PassRecord {
   std::string name;
   size_t nodes_before = 0, nodes_after = 0;
