@@ -472,6 +472,11 @@ class Emitter {
     const int64_t warps = std::min<int64_t>(pow2_at_most(std::max<int64_t>(chunk, 1)), blocks >= o_.multiprocessors ? 8
                                                                                        : width > 1                  ? 16
                                                                                                    : 32);
+    // Fewer columns than a warp's lanes take (a batch norm's 32 channels, 4 a thread: 8 lanes): a
+    // warp takes several rows at once, `lanes` threads each, so that no lane idles. Below, `tx`
+    // is a thread's lane within its row and `ty` its row slot ("virtual warp"), `rows` of them.
+    const int64_t lanes = strips == 1 ? std::min<int64_t>(32, pow2_at_least((n_kept + width - 1) / width)) : 32;
+    const int64_t rows = warps * (32 / lanes), pad = lanes + 1;
     Idx idx = kept_index(info, kept);
     // With several columns a thread, the innermost kept variable moves with them (ib + u): its
     // expressions are computed inside the per-column loop, under the reduced loop.
@@ -488,9 +493,10 @@ class Emitter {
     flush(pending, 0, 0);
     const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
     const std::string W = std::to_string(width), per = lit(per_strip);
-    shared(acc_t, warps * width * 33);
-    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * width * 33 << "];\n"
-          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
+    shared(acc_t, rows * width * pad);
+    body_ << "  __shared__ " << acc_t << " kiln_col[" << rows * width * pad << "];\n";
+    if (lanes == 32) body_ << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
+    else body_ << "  const int tx = threadIdx.x % " << lanes << ", ty = threadIdx.x / " << lanes << ";\n";
     if (splits > 1)
       body_ << "  const kidx strip = (kidx)blockIdx.x % " << lit(strips) << ", part = (kidx)blockIdx.x / "
             << lit(strips) << ";\n";
@@ -522,10 +528,10 @@ class Emitter {
         body_ << "  const kidx r_end = part * " << lit(chunk) << " + " << lit(chunk) << " < " << lit(n_red)
               << " ? part * " << lit(chunk) << " + " << lit(chunk) << " : " << lit(n_red) << ";\n";
         if (width > 1) body_ << "#pragma unroll 4\n";
-        body_ << "  for (kidx r = part * " << lit(chunk) << " + ty; r < r_end; r += " << warps << ") {\n";
+        body_ << "  for (kidx r = part * " << lit(chunk) << " + ty; r < r_end; r += " << rows << ") {\n";
       } else {
         if (width > 1) body_ << "#pragma unroll 4\n";
-        body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << warps << ") {\n";
+        body_ << "  for (kidx r = ty; r < " << lit(n_red) << "; r += " << rows << ") {\n";
       }
       decompose("r", rvars, rsizes, 1);
       flush(pending, 2, 1);
@@ -555,8 +561,9 @@ class Emitter {
     // Each warp's accumulators into shared memory, then the first warp combines them in order and
     // stores (every column of the thread, ib + u, with several a thread).
     const bool many = width > 1;
-    const std::string cell = many ? "(ty * " + W + " + u) * 33 + tx" : "ty * 33 + tx";
-    const std::string other = many ? "(w * " + W + " + u) * 33 + tx" : "w * 33 + tx";
+    const std::string P = std::to_string(pad);
+    const std::string cell = many ? "(ty * " + W + " + u) * " + P + " + tx" : "ty * " + P + " + tx";
+    const std::string other = many ? "(w * " + W + " + u) * " + P + " + tx" : "w * " + P + " + tx";
     const int d = many ? 2 : 1;  // depth of the combining code
     if (many)
       body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) kiln_col[" << cell << "] = " << accu << ";\n";
@@ -564,7 +571,7 @@ class Emitter {
     body_ << "  __syncthreads();\n"
           << "  if (ty == 0 && active) {\n";
     if (many) body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n";
-    body_ << ind(d) << "for (int w = 1; w < " << warps << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
+    body_ << ind(d) << "for (int w = 1; w < " << rows << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
           << ", kiln_col[" << other << "]);\n";
     if (splits > 1) {
       use_buf(partial_slot, acc_ty(info));
@@ -859,15 +866,18 @@ class Emitter {
   // its column strips alone leave most multiprocessors idle and each part still has rows enough.
   // Four blocks a multiprocessor: with about one (at most 64 parts of 512 rows), a [16384, 384]
   // layer-norm weight gradient ran at 1.4 TB/s.
+  static constexpr int64_t kMostColumnParts = 512;
   static int64_t column_splits(const ValueInfo& info, int multiprocessors, int width = 1) {
     const int64_t per_strip = 32 * static_cast<int64_t>(width);
     const int64_t strips = (prod(stripped(info.shape)) + per_strip - 1) / per_strip, n_red = prod(info.red.red_shape);
     // Below a thousand rows a second launch costs more than the single kernel's idle time.
     if (strips == 0 || strips * 2 > multiprocessors || n_red < 1024) return 1;
     const int64_t want = (4 * multiprocessors + strips - 1) / strips;
-    // Parts of at least 128 rows, and at most 128 of them: the second kernel adds a column's parts
-    // one after another.
-    return std::max<int64_t>(1, std::min<int64_t>({want, n_red / 128, 128}));
+    // Parts of at least 128 rows, and at most 512 of them (the second kernel's 16 warps add 32
+    // each). A batch norm's per-channel sums over NHWC activations ([32] over 131072 rows) ran
+    // at 1.0-1.6 TB/s as 128 parts (one block of 512 threads a multiprocessor: too few loads in
+    // flight).
+    return std::max<int64_t>(1, std::min<int64_t>({want, n_red / 128, kMostColumnParts}));
   }
   static Ty acc_ty(const ValueInfo& v) {
     if (v.red.combine == "sum") return v.ty == Ty::f64 ? Ty::f64 : is_float(v.ty) ? Ty::f32 : Ty::i64;
@@ -1480,8 +1490,8 @@ std::vector<CudaChoice> cuda_variants(const LoweredGraph& L, const Program& P, s
     const int width = Emitter::column_width(info);
     const int64_t s0 = Emitter::column_splits(info, options.multiprocessors, width);
     const int64_t n_red = prod(info.red.red_shape);
-    // Parts of at least 32 rows, at most 128 parts (the combining kernel adds them in turn).
-    const int64_t most = std::min<int64_t>(128, std::max<int64_t>(1, n_red / 32));
+    // Parts of at least 32 rows, at most as many as column_splits takes.
+    const int64_t most = std::min<int64_t>(Emitter::kMostColumnParts, std::max<int64_t>(1, n_red / 32));
     for (int64_t splits : {int64_t{1}, s0 / 2, s0 * 2, s0 * 4, int64_t{16}})
       if (splits >= 1 && splits <= most && splits != s0) {
         CudaChoice c;

@@ -328,6 +328,31 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        -1},
+      // The same on channels-last activations (what kiln's channels_last pass gives a CUDA step
+      // with convolutions): the per-channel sums are column reductions over the NHWC rows, with
+      // few channels (12: three lanes a row of four columns each, so a warp takes several rows).
+      {"batch_norm_channels_last", R"(graph {
+  input %0 : f32[8,12,12,12]{1728,1,144,12} {D} input "x"
+  input %1 : f32[12]{1} {D} input "w"
+  input %2 : f32[12]{1} {D} input "b"
+  input %3 : f32[12]{1} {D} input "running_mean"
+  input %4 : f32[12]{1} {D} input "pos_running_var"
+  input %5 : f32[8,12,12,12]{1728,1,144,12} {D} input "go"
+  %6 : f32[8,12,12,12]{1728,1,144,12} {D}, %7 : f32[12]{1} {D}, %8 : f32[12]{1} {D}, %9 : f32[12]{1} {D}, %10 : f32[12]{1} {D} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %11 : f32[8,12,12,12]{1728,1,144,12} {D} = aten::relu(%6)
+  %12 : f32[8,12,12,12]{1728,1,144,12} {D} = aten::threshold_backward(%5, %11, 0)
+  %13 : f32[8,12,12,12]{1728,1,144,12} {D}, %14 : f32[12]{1} {D}, %15 : f32[12]{1} {D} = aten::native_batch_norm_backward(%12, %0, %1, %9, %10, %7, %8, true, 1e-05, b[true, true, true])
+  output %11 result "y"
+  output %7 result "save_mean"
+  output %8 result "save_invstd"
+  output %9 result "running_mean"
+  output %10 result "running_var"
+  output %13 result "dx"
+  output %14 result "dw"
+  output %15 result "db"
+}
+)",
+       -1},
       {"reductions", R"(graph {
   input %0 : {T}[37,53]{53,1} {D} input "x"
   input %1 : {T}[3,11,7]{77,7,1} {D} input "z"
