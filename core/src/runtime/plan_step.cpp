@@ -227,12 +227,22 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
 
   // Convolutions in NHWC, as cuDNN runs them fastest, with the backend's kernels around them
   // writing and reading that layout. "auto": where the step is one CUDA graph; without one, the
-  // step is bound by the host's launches, to which the layout clones add.
+  // step is bound by the host's launches, to which the layout clones add. Only for a backend that
+  // compiles some of the step: one that leaves every node to ATen (cudagraphs) runs eager's
+  // kernels on eager's layouts, bit for bit.
   if (backend.plugin && plan->device.is_cuda() &&
-      (options.channels_last == "always" || (options.channels_last == "auto" && plan->cuda_graph))) {
+      (options.channels_last == "always" || (options.channels_last == "auto" && plan->cuda_graph)) &&
+      std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) { return n.op == "aten::convolution"; })) {
+    bool compiles = false;
+    {
+      GraphView view(g);
+      compiles = !backend.plugin->claim(view.view()).empty();
+    }
     size_t convs = 0;
-    runner.run("channels_last", [&] { convs = channels_last_convolutions(g); });
-    if (convs) log_debug(c10::str("kiln: ", convs, " convolutions on channels-last activations"));
+    if (compiles) runner.run("channels_last", [&] { convs = channels_last_convolutions(g); });
+    log_debug(
+        c10::str("kiln: ", convs, " convolutions on channels-last activations",
+                 compiles ? "" : c10::str(" (backend '", backend.plugin->name(), "' compiles none of the step)")));
   }
 
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.
