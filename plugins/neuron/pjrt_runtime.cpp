@@ -63,6 +63,28 @@ void drop(const PJRT_Api* api, PJRT_Error* e) {
   api->PJRT_Error_Destroy(&d);
 }
 
+constexpr uintptr_t kViewAlignment = 64;
+
+// Bytes of one element; 0 for a type kiln does not pass.
+int64_t ty_bytes(PJRT_Buffer_Type t) {
+  switch (t) {
+    case PJRT_Buffer_Type_PRED:
+    case PJRT_Buffer_Type_S8:
+    case PJRT_Buffer_Type_U8: return 1;
+    case PJRT_Buffer_Type_S16:
+    case PJRT_Buffer_Type_U16:
+    case PJRT_Buffer_Type_F16:
+    case PJRT_Buffer_Type_BF16: return 2;
+    case PJRT_Buffer_Type_S32:
+    case PJRT_Buffer_Type_U32:
+    case PJRT_Buffer_Type_F32: return 4;
+    case PJRT_Buffer_Type_S64:
+    case PJRT_Buffer_Type_U64:
+    case PJRT_Buffer_Type_F64: return 8;
+    default: return 0;
+  }
+}
+
 // A device buffer destroyed when it goes out of scope.
 struct BufferGuard {
   const PJRT_Api* api;
@@ -140,6 +162,7 @@ std::shared_ptr<PjrtClient> PjrtClient::open(const std::string& path) {
   c->check(api->PJRT_Client_AddressableDevices(&devs), "PJRT_Client_AddressableDevices");
   if (devs.num_addressable_devices == 0) throw PjrtError("PJRT plugin " + path + ": the client has no device", -1);
   c->device_ = devs.addressable_devices[0];
+  c->views_ = has_fn(api, offsetof(PJRT_Api, PJRT_Client_CreateViewOfDeviceBuffer));
   clients[path] = c;
   return c;
 }
@@ -266,8 +289,47 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
   };
   std::vector<BufferGuard> in(inputs.size(), BufferGuard{api});
   std::vector<PJRT_Buffer*> args;
+  // A view of a dense row-major tensor's own memory, where the plugin makes one: nullptr where it
+  // does not (a plugin without the call, or one that refuses this tensor: alignment, layout).
+  auto view_of = [&](const HostTensor& t) -> PJRT_Buffer* {
+    // XLA's CPU code may assume its buffers 64-byte aligned (vector loads): others are copied,
+    // which aligns them. LibTorch's allocations are; a view of a tensor at an offset may not be.
+    if (!c.views_.load() || !t.data || reinterpret_cast<uintptr_t>(t.data) % kViewAlignment != 0) return nullptr;
+    int64_t stride = ty_bytes(t.type);
+    if (stride <= 0) return nullptr;
+    for (size_t d = t.byte_strides.size(); d-- > 0;) {
+      if (t.dims[d] != 1 && t.byte_strides[d] != stride) return nullptr;
+      stride *= t.dims[d];
+    }
+    auto v = args_of<PJRT_Client_CreateViewOfDeviceBuffer_Args>(PJRT_Client_CreateViewOfDeviceBuffer_Args_STRUCT_SIZE);
+    v.client = c.raw();
+    v.device_buffer_ptr = t.data;
+    v.dims = t.dims.data();
+    v.num_dims = t.dims.size();
+    v.element_type = t.type;
+    v.device = c.device();
+    // The memory stays the caller's. A callback is set even so: XLA's CPU plugin calls whatever it
+    // was given when the view is destroyed (an empty one throws inside it).
+    v.on_delete_callback = [](void*, void*) {};
+    PJRT_Error* e = api->PJRT_Client_CreateViewOfDeviceBuffer(&v);
+    if (!e) return v.buffer;
+    auto code = args_of<PJRT_Error_GetCode_Args>(PJRT_Error_GetCode_Args_STRUCT_SIZE);
+    code.error = e;
+    PJRT_Error* ce = api->PJRT_Error_GetCode(&code);
+    if (!ce && code.code == PJRT_Error_Code_UNIMPLEMENTED) c.views_ = false;
+    drop(api, ce);
+    drop(api, e);
+    return nullptr;
+  };
   for (size_t i = 0; i < inputs.size(); ++i) {
     const HostTensor& t = inputs[i];
+    if (PJRT_Buffer* view = view_of(t)) {
+      in[i].b = view;
+      args.push_back(view);
+      ++c.inputs_viewed_;
+      continue;
+    }
+    ++c.inputs_copied_;
     auto b = args_of<PJRT_Client_BufferFromHostBuffer_Args>(PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE);
     b.client = c.raw();
     b.data = t.data;

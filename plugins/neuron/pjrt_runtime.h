@@ -5,6 +5,7 @@
 // the plugin's path and the call that failed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -43,8 +44,11 @@ class PjrtExecutable {
   PjrtExecutable(const PjrtExecutable&) = delete;
   PjrtExecutable& operator=(const PjrtExecutable&) = delete;
   size_t num_outputs() const { return num_outputs_; }
-  // Copies the inputs to device buffers, runs, and copies each result into outputs[k] (dense,
-  // row-major; its bytes must be the result's). Waits for the copies back.
+  // Hands the inputs to the plugin, runs, and copies each result into outputs[k] (dense,
+  // row-major; its bytes must be the result's). Waits for the copies back. A dense row-major
+  // input is passed as a view of its own memory where the plugin makes one
+  // (PJRT_Client_CreateViewOfDeviceBuffer: no copy; the plugin reads it while this call runs),
+  // else copied into a device buffer.
   void run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const;
   // The plugin's own serialization (PJRT_Executable_Serialize): for PjrtClient::load in a later
   // process with the same plugin. Throws PjrtError where the plugin cannot.
@@ -82,6 +86,12 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
   const PJRT_Api* api() const { return api_; }
   PJRT_Client* raw() const { return client_; }
   PJRT_Device* device() const { return device_; }
+  // Inputs passed as views of their memory, and copied, since the client opened.
+  uint64_t inputs_viewed() const { return inputs_viewed_.load(); }
+  uint64_t inputs_copied() const { return inputs_copied_.load(); }
+  // Whether inputs are tried as views: the plugin has the call, and has not answered it
+  // "unimplemented" (after which every input is copied).
+  bool makes_views() const { return views_.load(); }
 
  private:
   PjrtClient(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
@@ -91,6 +101,8 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
   PJRT_Client* client_ = nullptr;
   PJRT_Device* device_ = nullptr;
   mutable std::mutex mu_;  // executions and compiles one at a time
+  mutable std::atomic<bool> views_{false};
+  mutable std::atomic<uint64_t> inputs_viewed_{0}, inputs_copied_{0};
   friend class PjrtExecutable;
 };
 

@@ -105,8 +105,32 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
     neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
     neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
     neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+    const uint64_t viewed = client->inputs_viewed(), copied = client->inputs_copied();
     exe->run({hx, hb}, {hy});
     EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7)) << y << x << b;
+    // LibTorch's tensors are aligned and dense: the plugin reads them where they are.
+    EXPECT_TRUE(client->makes_views());
+    EXPECT_EQ(client->inputs_viewed() - viewed, 2u);
+    EXPECT_EQ(client->inputs_copied() - copied, 0u);
+  }
+  {
+    // An input 4 bytes into its storage, and one given with column-major strides, are copied (the
+    // first aligned on the way, the second into row-major order): same results.
+    at::Tensor xs = at::randn({7}), b = at::randn({3}), y = at::empty({2, 3});
+    at::Tensor x = xs.narrow(0, 1, 6).view({2, 3});
+    at::Tensor bt = at::randn({3, 2});  // read as [2,3] with strides (4, 8): b-like values, transposed
+    neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
+    neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
+    neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+    const uint64_t viewed = client->inputs_viewed(), copied = client->inputs_copied();
+    exe->run({hx, hb}, {hy});
+    EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7)) << y << x << b;
+    EXPECT_EQ(client->inputs_viewed() - viewed, 1u);
+    EXPECT_EQ(client->inputs_copied() - copied, 1u);
+    neuron::HostTensor hxt{PJRT_Buffer_Type_F32, {2, 3}, {4, 8}, bt.data_ptr(), 24};
+    exe->run({hxt, hb}, {hy});
+    EXPECT_TRUE(at::allclose(y, at::relu(bt.t() + 0.5 * b), 1e-6, 1e-7)) << y << bt << b;
+    EXPECT_EQ(client->inputs_copied() - copied, 2u);
   }
   try {
     client->compile("module { this is not mlir }");
