@@ -12,7 +12,10 @@
 #include <set>
 #include <string>
 
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <ATen/ATen.h>
 
@@ -389,6 +392,70 @@ TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
   const fs::path other = dir / "default";
   compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_DEFAULT, other.string()));
   EXPECT_FALSE(fs::exists(other / "ipex"));
+  fs::remove_all(dir);
+}
+
+// The disk fills while tuning records are written (a file size limit of 4 bytes makes every write
+// fail with EFBIG, as ENOSPC would): the compile still runs the tuned implementations, nothing is
+// left in the cache, and the next compile with room tunes again and keeps its records. A writer
+// killed mid-record leaves a temporary file (never read) or, at worst, a record cut short (an empty
+// one, or "impl" without a name): the next compile times that matmul again and replaces it.
+TEST(IpexTuning, AFullDiskOrAKilledWriterLeavesNoRecordThatLoads) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kiln_ipex_tune_full_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string mlp = with_dtype(kMlp, "f32");
+  auto compiled_as_in_default = [](const Checked& c) {
+    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
+    EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+    EXPECT_TRUE(c.stats.compile_errors.empty());
+  };
+  auto files = [&](const std::string& ending) {
+    std::vector<fs::path> r;
+    if (!fs::exists(dir / "ipex")) return r;
+    for (const auto& e : fs::directory_iterator(dir / "ipex")) {
+      const std::string name = e.path().filename().string();
+      if (name.size() >= ending.size() && name.compare(name.size() - ending.size(), ending.size(), ending) == 0)
+        r.push_back(e.path());
+    }
+    return r;
+  };
+  auto temporaries = [&] {
+    size_t n = 0;
+    if (fs::exists(dir / "ipex"))
+      for (const auto& e : fs::directory_iterator(dir / "ipex"))
+        n += e.path().filename().string().find(".tmp") != std::string::npos;
+    return n;
+  };
+  {
+    rlimit old{};
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit tiny{4, old.rlim_max};
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+    const Checked c = check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string());
+    setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    compiled_as_in_default(c);
+  }
+  EXPECT_TRUE(files(".tune").empty());
+  EXPECT_EQ(temporaries(), 0u) << "a record that could not be written is removed";
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  auto records = files(".tune");
+  ASSERT_EQ(records.size(), 4u);
+  // What a killed writer can leave: its temporary file, and (a record renamed, then its disk
+  // corrupted) a record cut short.
+  std::ofstream(records[0].string() + ".tmp99999") << "impl gem";
+  std::ofstream(records[1]) << "";
+  std::ofstream(records[2]) << "impl\n";
+  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  for (const auto& r : files(".tune")) {
+    std::ifstream in(r);
+    std::string word, name;
+    in >> word >> name;
+    EXPECT_EQ(word, "impl") << r;
+    EXPECT_FALSE(name.empty()) << r << ": replaced by a whole record";
+  }
   fs::remove_all(dir);
 }
 
