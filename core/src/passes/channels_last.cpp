@@ -42,16 +42,9 @@ bool floating(c10::ScalarType t) {
          t == c10::ScalarType::Double;
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * std::max<int64_t>(shape[d], 1);
-  return s;
-}
-
 // NCHW sizes, NHWC order in memory: what at::MemoryFormat::ChannelsLast gives.
 std::vector<int64_t> channels_last_strides(const std::vector<int64_t>& s) {
-  const int64_t c = std::max<int64_t>(s[1], 1), h = std::max<int64_t>(s[2], 1), w = std::max<int64_t>(s[3], 1);
-  return {h * w * c, 1, w * c, c};
+  return c10::get_channels_last_strides_2d(s);
 }
 
 bool is_4d(const ir::TensorMeta& m) { return m.shape.size() == 4; }
@@ -207,7 +200,7 @@ size_t channels_last_convolutions(ir::Graph& g, bool any_device) {
     const ir::ValueId v = g.nodes[i].outputs[k];
     if (v == ir::kNoValue) continue;
     const ir::TensorMeta& m = g.value(v).meta;
-    if (!is_4d(m) || m.storage_offset != 0 || m.strides != contiguous_strides(m.shape)) continue;
+    if (!is_4d(m) || m.storage_offset != 0 || !m.is_contiguous()) continue;
     const bool weight_grad = g.nodes[i].op == "aten::convolution_backward" && k == 1;
     if (weight_grad || is_output[static_cast<size_t>(v)] || read_through_view(v)) {
       const ir::ValueId out = g.add_value(m);
@@ -231,7 +224,7 @@ size_t channels_last_convolutions(ir::Graph& g, bool any_device) {
     const ir::TensorMeta& m = val.meta;
     if (!is_4d(m) || !floating(m.dtype) || m.shape[1] <= 1 || m.shape[2] * m.shape[3] <= 1) return false;
     if (is_input[static_cast<size_t>(v)] || is_output[static_cast<size_t>(v)] || val.producer < 0) return false;
-    if (m.storage_offset != 0 || m.strides != contiguous_strides(m.shape)) return false;
+    if (m.storage_offset != 0 || !m.is_contiguous()) return false;
     const ir::Node& p = g.nodes[static_cast<size_t>(val.producer)];
     if (!keeps_layout(p) || p.op == "aten::convolution" || p.op == "aten::convolution_backward") return false;
     // Batch norm's forward and backward: only their first result is an activation.

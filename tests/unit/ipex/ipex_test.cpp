@@ -349,6 +349,14 @@ TEST(IpexNumerics, Bf16MatmulSoftmaxAndConvolution) {
   expect_all_compiled(c);
 }
 
+// The mlp under max-autotune-no-cudagraphs: everything but the two transposes (views, left to
+// eager) and the float32 log-softmax pair, as in the default mode.
+void expect_mlp_compiled_as_in_default(const Checked& c) {
+  EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
+  EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
+  EXPECT_TRUE(c.stats.compile_errors.empty());
+}
+
 // max-autotune-no-cudagraphs: each matmul (the mlp's addmm + relu, its second addmm and the
 // backward's two mm, four shapes)
 // gets a tuning record naming the implementation it runs; a second compile reads the records
@@ -359,14 +367,7 @@ TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
   const fs::path dir = fs::temp_directory_path() / ("kiln_ipex_tune_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const std::string mlp = with_dtype(kMlp, "f32");
-  // Everything but the two transposes (views, left to eager) and the float32 log-softmax pair, as
-  // in the default mode.
-  auto compiled_as_in_default = [](const Checked& c) {
-    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
-    EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
-    EXPECT_TRUE(c.stats.compile_errors.empty());
-  };
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
   std::map<std::string, std::pair<fs::file_time_type, std::string>> records;
   for (const auto& e : fs::directory_iterator(dir / "ipex")) {
     ASSERT_EQ(e.path().extension(), ".tune") << e.path();
@@ -377,20 +378,20 @@ TEST(IpexTuning, MaxAutotuneKeepsOneRecordPerMatmulAndReadsItBack) {
     records[e.path().string()] = {fs::last_write_time(e.path()), text};
   }
   EXPECT_EQ(records.size(), 4u);
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
   for (const auto& [path, rec] : records) {
     EXPECT_EQ(fs::last_write_time(path), rec.first) << path << " was written again";
   }
   const std::string bad = records.begin()->first;
   std::ofstream(bad) << "not a record\n";
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
   std::ifstream again(bad);
   std::string first_word;
   again >> first_word;
   EXPECT_EQ(first_word, "impl");
   // The default mode neither reads nor writes records.
   const fs::path other = dir / "default";
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_DEFAULT, other.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_DEFAULT, other.string()));
   EXPECT_FALSE(fs::exists(other / "ipex"));
   fs::remove_all(dir);
 }
@@ -405,11 +406,6 @@ TEST(IpexTuning, AFullDiskOrAKilledWriterLeavesNoRecordThatLoads) {
   const fs::path dir = fs::temp_directory_path() / ("kiln_ipex_tune_full_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const std::string mlp = with_dtype(kMlp, "f32");
-  auto compiled_as_in_default = [](const Checked& c) {
-    EXPECT_EQ(c.stats.claimed, c.stats.nodes - 4);
-    EXPECT_EQ(c.stats.nodes_compiled, c.stats.claimed);
-    EXPECT_TRUE(c.stats.compile_errors.empty());
-  };
   auto files = [&](const std::string& ending) {
     std::vector<fs::path> r;
     if (!fs::exists(dir / "ipex")) return r;
@@ -436,11 +432,11 @@ TEST(IpexTuning, AFullDiskOrAKilledWriterLeavesNoRecordThatLoads) {
     const Checked c = check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string());
     setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, old_handler);
-    compiled_as_in_default(c);
+    expect_mlp_compiled_as_in_default(c);
   }
   EXPECT_TRUE(files(".tune").empty());
   EXPECT_EQ(temporaries(), 0u) << "a record that could not be written is removed";
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
   auto records = files(".tune");
   ASSERT_EQ(records.size(), 4u);
   // What a killed writer can leave: its temporary file, and (a record renamed, then its disk
@@ -448,7 +444,7 @@ TEST(IpexTuning, AFullDiskOrAKilledWriterLeavesNoRecordThatLoads) {
   std::ofstream(records[0].string() + ".tmp99999") << "impl gem";
   std::ofstream(records[1]) << "";
   std::ofstream(records[2]) << "impl\n";
-  compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
+  expect_mlp_compiled_as_in_default(check(mlp, 1e-5, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS, dir.string()));
   for (const auto& r : files(".tune")) {
     std::ifstream in(r);
     std::string word, name;

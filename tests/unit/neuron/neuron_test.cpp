@@ -91,6 +91,11 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
 
 // The runtime through XLA's CPU PJRT plugin: the module above compiles and computes what eager does;
 // a module PJRT rejects gives PJRT's own message, with the call and the plugin's path.
+// A float32 tensor handed to PJRT as dense row-major data.
+neuron::HostTensor dense_f32(const at::Tensor& t) {
+  return {PJRT_Buffer_Type_F32, t.sizes().vec(), {}, t.data_ptr(), static_cast<size_t>(t.numel()) * 4};
+}
+
 TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
   auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
   EXPECT_EQ(client->platform(), "cpu");
@@ -102,9 +107,7 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
   ASSERT_EQ(exe->num_outputs(), 1u);
   for (int trial = 0; trial < 3; ++trial) {
     at::Tensor x = at::randn({2, 3}), b = at::randn({3}), y = at::empty({2, 3});
-    neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
-    neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
-    neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+    const neuron::HostTensor hx = dense_f32(x), hb = dense_f32(b), hy = dense_f32(y);
     const uint64_t viewed = client->inputs_viewed(), copied = client->inputs_copied();
     exe->run({hx, hb}, {hy});
     EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7)) << y << x << b;
@@ -119,9 +122,7 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
     at::Tensor xs = at::randn({7}), b = at::randn({3}), y = at::empty({2, 3});
     at::Tensor x = xs.narrow(0, 1, 6).view({2, 3});
     at::Tensor bt = at::randn({3, 2});  // read as [2,3] with strides (4, 8): b-like values, transposed
-    neuron::HostTensor hx{PJRT_Buffer_Type_F32, {2, 3}, {}, x.data_ptr(), 24};
-    neuron::HostTensor hb{PJRT_Buffer_Type_F32, {3}, {}, b.data_ptr(), 12};
-    neuron::HostTensor hy{PJRT_Buffer_Type_F32, {2, 3}, {}, y.data_ptr(), 24};
+    const neuron::HostTensor hx = dense_f32(x), hb = dense_f32(b), hy = dense_f32(y);
     const uint64_t viewed = client->inputs_viewed(), copied = client->inputs_copied();
     exe->run({hx, hb}, {hy});
     EXPECT_TRUE(at::allclose(y, at::relu(x + 0.5 * b), 1e-6, 1e-7)) << y << x << b;
