@@ -111,6 +111,20 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
     }
   };
   auto at = [&](const char* s) { return text.compare(i, std::char_traits<char>::length(s), s) == 0; };
+  // A date followed by a space and a digit (`1979-05-27 0`) may be a date-time with a space for its
+  // 'T': the parser then reads on past the digit without testing the next character for the end of
+  // the value, so a '#' right after that digit is read as more of the value, not as a comment's
+  // start, and what follows it is tested as value text. The date is judged as the parser judges it:
+  // ten characters not counting '_', a digit first and '-' fifth and eighth.
+  auto hash_continues_date_time = [&] {
+    if (i < 3 || !std::isdigit(static_cast<unsigned char>(text[i - 1])) || text[i - 2] != ' ') return false;
+    size_t from = i - 2;
+    while (from > 0 && std::string_view(" \t\n=[{,").find(text[from - 1]) == std::string_view::npos) --from;
+    std::string date;
+    for (size_t k = from; k < i - 2; ++k)
+      if (text[k] != '_') date += text[k];
+    return date.size() == 10 && std::isdigit(static_cast<unsigned char>(date[0])) && date[4] == '-' && date[7] == '-';
+  };
   // A multi-line string closes at its last three of up to five quotes.
   auto close_run = [&](char q) {
     size_t n = 0;
@@ -126,7 +140,7 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
           throw ConfigError({source, line, column}, "",
                             "TOML syntax error: " + code_point_at(text, i) +
                                 " outside a string or comment (TOML allows only ASCII there; quote the value)");
-        if (c == '#') {
+        if (c == '#' && !(bare && hash_continues_date_time())) {
           in = In::Comment, bare = false;
         } else if (c == '\n' || c == ' ' || c == '\t') {
           if (c == '\n') last = '\n', key_side = key_side || open.empty();
@@ -576,23 +590,27 @@ Setting plugin_dirs_setting() {
   return s;
 }
 
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
+
 // [plugin.<name>] tables, and KILN_PLUGIN_OPTIONS="<name>.<option>=<value>,..." over single options.
 Setting plugin_options_setting() {
   Setting s{"plugin.<name>.<option>", "KILN_PLUGIN_OPTIONS"};
   s.from_toml = [](TrainingArguments& a, const toml::node& node, const std::string& source) {
     if (!node.is_table()) throw wrong_type(node, source, "plugin", "a table");
-    for (const auto& [pk, pv] : *node.as_table()) {
-      const std::string plugin(pk.str());
+    for (const auto& [pk_, pv_] : in_file_order(*node.as_table())) {
+      const toml::node& pv = *pv_;
+      const std::string plugin(pk_->str());
       const std::string full = "plugin." + plugin;
       if (!pv.is_table()) throw wrong_type(pv, source, full, "a table");
       auto& opts = a.plugin_options[plugin];
-      for (const auto& [ok, ov] : *pv.as_table()) {
-        const std::string okey = full + "." + std::string(ok.str());
+      for (const auto& [ok_, ov_] : in_file_order(*pv.as_table())) {
+        const toml::node& ov = *ov_;
+        const std::string okey = full + "." + std::string(ok_->str());
         if (!(ov.is_string() || ov.is_integer() || ov.is_floating_point() || ov.is_boolean()))
           throw ConfigError(
               origin_of(ov, source), okey,
               "plugin option '" + okey + "' must be a string, integer, float or boolean, not " + a_type(ov));
-        opts[std::string(ok.str())] = scalar_to_string(ov);
+        opts[std::string(ok_->str())] = scalar_to_string(ov);
         a.origins[okey] = origin_of(ov, source);
       }
     }

@@ -784,6 +784,25 @@ TEST_F(ConfigTest, AQuoteThatOpensNoStringDoesNotHideNonAsciiAfterIt) {
       << error_of(l);
 }
 
+// A date, a space and a digit may begin a date-time written with a space for its 'T': the parser
+// reads the character after that digit as more of the value even when it is a '#', and tests
+// what follows for the value's end (found by fuzzing: U+FDFF after `0#~` reached TOML++'s
+// undefined behaviour). kiln reports the non-ASCII there; a comment after a space stays a comment.
+TEST_F(ConfigTest, AHashRightAfterADateTimesSpaceAndDigitIsNoComment) {
+  const std::string d = write("d.toml", " l=\t19A9-05-27 0#~\xef\xb7\xbfrt[");
+  EXPECT_NE(error_of(d).find("d.toml:1:19: TOML syntax error: U+FDFF outside a string or comment"), std::string::npos)
+      << error_of(d);
+  const std::string u = write("u.toml", "x = 1_979-05-27 7#\xc3\xa9\n");
+  EXPECT_NE(error_of(u).find("u.toml:1:19: TOML syntax error: U+00E9 outside a string or comment"), std::string::npos)
+      << error_of(u);
+  // Comments after a whole date-time, after a date alone and after a number are the file's own.
+  const std::string c = write("c.toml",
+                              "[plugin.inductor]\nwhen = 1979-05-27 07:32:00 # \xef\xb7\xbf\n"
+                              "day = 1979-05-27 # \xc3\xa9\nn = 10#\xc3\xa9\n");
+  EXPECT_NE(error_of(c).find("c.toml:2:8: plugin option 'plugin.inductor.when' must be a string"), std::string::npos)
+      << error_of(c);
+}
+
 // In a multi-line basic string the parser tests the character after a backslash, and the first
 // one after a line-ending backslash, for whitespace: where TOML++ 3.3 reaches undefined behaviour
 // (found by fuzzing), kiln reports the invalid ones and reads the valid ones as written.
