@@ -114,14 +114,17 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
   // A date followed by a space and a digit (`1979-05-27 0`) may be a date-time with a space for its
   // 'T': the parser then reads on past the digit without testing the next character for the end of
   // the value, so a '#' right after that digit is read as more of the value, not as a comment's
-  // start, and what follows it is tested as value text. The date is judged as the parser judges it:
-  // ten characters not counting '_', a digit first and '-' fifth and eighth.
+  // start, and what follows it is tested as value text. The date is the bare value's text before the
+  // space, judged as the parser judges it: ten characters not counting '_', a digit first and '-'
+  // fifth and eighth (whatever the others are: the parser's scan takes '=' and quotes too).
+  size_t run_from = std::string::npos;                                    // where the bare value's text began
+  std::pair<size_t, size_t> ended{std::string::npos, std::string::npos};  // the last one a space ended
   auto hash_continues_date_time = [&] {
-    if (i < 3 || !std::isdigit(static_cast<unsigned char>(text[i - 1])) || text[i - 2] != ' ') return false;
-    size_t from = i - 2;
-    while (from > 0 && std::string_view(" \t\n=[{,").find(text[from - 1]) == std::string_view::npos) --from;
+    if (i < 2 || run_from != i - 1 || !std::isdigit(static_cast<unsigned char>(text[i - 1])) || text[i - 2] != ' ' ||
+        ended.second != i - 2)
+      return false;
     std::string date;
-    for (size_t k = from; k < i - 2; ++k)
+    for (size_t k = ended.first; k < ended.second; ++k)
       if (text[k] != '_') date += text[k];
     return date.size() == 10 && std::isdigit(static_cast<unsigned char>(date[0])) && date[4] == '-' && date[7] == '-';
   };
@@ -144,6 +147,7 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
           in = In::Comment, bare = false;
         } else if (c == '\n' || c == ' ' || c == '\t') {
           if (c == '\n') last = '\n', key_side = key_side || open.empty();
+          if (bare) ended = {run_from, i};
           bare = false;
         } else if (bare && std::string_view("]},").find(static_cast<char>(c)) == std::string_view::npos) {
           last = static_cast<char>(c);  // more of a value's text, quotes and brackets included
@@ -165,6 +169,7 @@ std::string guard_toml_text(const std::string& text, const std::string& source) 
           // A value that is not a string, array or table (a number, date, boolean): the parser reads
           // on to the next space, ']', '}', ',' or '#' before it judges it.
           bare = !key_side && std::string_view("[]{},=\"'").find(static_cast<char>(c)) == std::string_view::npos;
+          if (bare) run_from = i;
           last = static_cast<char>(c);
         }
         break;
