@@ -140,6 +140,56 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
   }
 }
 
+// Third phase: views at a group's end run eagerly. A view whose result leaves its group (read
+// only outside it, or a graph output) would be a group output, which the backend must write into
+// memory of its own: a copy of every element (gpt's backward handed a plugin `view` then `permute`
+// of one gradient as two outputs, two copies of 3 MB, the transposed one column by column; a group
+// of nothing but views copied what eager makes in no time). Eagerly it is metadata over the
+// group's output of its base. Only views that see all of their base (as many elements or more:
+// view, reshape, permute, t, expand, detach, ...) leave: a slice's base may be much larger than
+// the slice, and the group would have to write all of it. Removing a node that nothing in its
+// group reads keeps the group convex and the unit graph acyclic (its readers were outside already).
+void leave_trailing_views_out(const ir::Graph& g, Partition& p) {
+  std::vector<std::vector<int32_t>> readers(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i])) readers[v].push_back(static_cast<int32_t>(i));
+  bool removed = false;
+  for (size_t gi = 0; gi < p.groups.size(); ++gi) {
+    auto& nodes = p.groups[gi].nodes;
+    for (size_t k = nodes.size(); k-- > 0;) {
+      const ir::Node& n = g.nodes[static_cast<size_t>(nodes[k])];
+      const OpInfo& info = op_info(n.op);
+      if (!info.is_view || info.is_mutable) continue;
+      const auto ins = ir::Graph::node_inputs(n);
+      if (ins.empty()) continue;
+      const int64_t base = g.value(ins.front()).meta.numel();
+      bool leaves = !n.outputs.empty();
+      for (auto v : n.outputs) {
+        if (v == ir::kNoValue || g.value(v).meta.numel() < base) {
+          leaves = false;
+          break;
+        }
+        for (auto r : readers[v]) leaves = leaves && p.group_of[r] != static_cast<int32_t>(gi);
+      }
+      if (!leaves) continue;
+      p.group_of[nodes[k]] = -1;
+      nodes.erase(nodes.begin() + static_cast<long>(k));
+      removed = true;
+    }
+  }
+  if (!removed) return;
+  std::vector<int32_t> new_id(p.groups.size(), -1);
+  std::vector<PartitionGroup> kept;
+  for (size_t gi = 0; gi < p.groups.size(); ++gi)
+    if (!p.groups[gi].nodes.empty()) {
+      new_id[gi] = static_cast<int32_t>(kept.size());
+      kept.push_back(std::move(p.groups[gi]));
+    }
+  for (auto& gr : p.group_of)
+    if (gr >= 0) gr = new_id[static_cast<size_t>(gr)];
+  p.groups = std::move(kept);
+}
+
 }  // namespace
 
 Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed,
@@ -227,6 +277,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
   }
 
   merge_adjacent_groups(g, p);
+  leave_trailing_views_out(g, p);
 
   // Each group's inputs and outputs.
   std::vector<char> is_graph_output(g.values.size(), 0);

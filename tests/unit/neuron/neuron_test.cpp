@@ -225,8 +225,9 @@ TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
 }
 )");
   PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
-  // The cumsum stays eager; the rest is two groups around it.
-  EXPECT_EQ(exec.stats().nodes_compiled, 6u);
+  // The cumsum stays eager, and so does the permute that feeds it (a view at its group's end is
+  // metadata over the group's output, not a copy the plugin makes); the rest is two groups.
+  EXPECT_EQ(exec.stats().nodes_compiled, 5u);
   EXPECT_EQ(exec.stats().groups_compiled, 2u);
   for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
   for (int trial = 0; trial < 3; ++trial) {

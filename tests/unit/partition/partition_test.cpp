@@ -156,6 +156,38 @@ TEST(Partition, ValidateClaimsNamesThePluginAndTheNode) {
   EXPECT_NO_THROW(validate_claims(g, {3, 0}, "custom"));
 }
 
+// A view whose result leaves its group runs eagerly, as metadata over the group's output of its
+// base, instead of being a group output the backend copies into memory of its own; chains of such
+// views go out one after the other, and a group of nothing but views is no group. A view read
+// inside its group stays, and so does a slice (its base may be far larger than it).
+TEST(Partition, ViewsAtAGroupsEndRunEagerly) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4,6]{6,1} input "x"
+  %1 : f32[4,6]{6,1} = aten::relu(%0)
+  %2 : f32[24]{1} = aten::view(%1, i[24])
+  %3 : f32[6,4]{1,6} = aten::permute(%1, i[1, 0])
+  %4 : f32[6,4]{1,6} = aten::neg(%3)
+  %5 : f32[4,6]{1,4} = aten::t(%4)
+  %6 : f32[2,6]{6,1} = aten::slice.Tensor(%1, 0, 0, 2, 1)
+  %7 : f32[6,4]{1,6} = aten::permute(%0, i[1, 0])
+  %8 : f32[24]{1} = aten::view(%7, i[24])
+  %9 : f32[24]{1} = aten::sin(%2)
+  output %5 result "a"
+  output %6 result "b"
+  output %8 result "c"
+  output %9 result "d"
+}
+)");
+  // Claimed: every node but the sin, which reads the view %2 from outside.
+  const Partition p = partition_graph(g, {0, 1, 2, 3, 4, 5, 6, 7});
+  ASSERT_EQ(p.groups.size(), 1u) << print_partition(g, p);
+  // relu, the permute its neg reads, the neg and the slice; not the view (read by the sin, outside),
+  // the t (an output), nor the permute-then-view of the input (all views).
+  EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(p.groups[0].outputs, (std::vector<ir::ValueId>{1, 4, 6}));
+  for (int32_t eager : {1, 4, 6, 7}) EXPECT_EQ(p.group_of[static_cast<size_t>(eager)], -1) << eager;
+}
+
 // Random DAGs with random claims: groups are always convex and the order always valid.
 TEST(Partition, RandomGraphsGiveConvexGroupsAndAValidOrder) {
   std::mt19937 rng(std::random_device{}());
