@@ -174,6 +174,7 @@ void leave_trailing_views_out(const ir::Graph& g, Partition& p) {
       if (!leaves) continue;
       p.group_of[nodes[k]] = -1;
       nodes.erase(nodes.begin() + static_cast<long>(k));
+      ++p.views_left_eager;
       removed = true;
     }
   }
@@ -193,7 +194,7 @@ void leave_trailing_views_out(const ir::Graph& g, Partition& p) {
 }  // namespace
 
 Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claimed,
-                          const std::vector<int32_t>& claimed_by) {
+                          const std::vector<int32_t>& claimed_by, bool views_at_ends_run_eagerly) {
   Partition p;
   const size_t n_nodes = g.nodes.size();
   p.group_of.assign(n_nodes, -1);
@@ -277,7 +278,7 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
   }
 
   merge_adjacent_groups(g, p);
-  leave_trailing_views_out(g, p);
+  if (views_at_ends_run_eagerly) leave_trailing_views_out(g, p);
 
   // Each group's inputs and outputs.
   std::vector<char> is_graph_output(g.values.size(), 0);

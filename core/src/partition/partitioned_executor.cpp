@@ -142,6 +142,7 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   cp->partition = partition_graph(g, claimed, claimed_by);
   const Partition& part = cp->partition;
   stats.groups = part.groups.size();
+  stats.claims_dropped += part.views_left_eager;
 
   // Compile every group; a group that does not compile runs its nodes eagerly. The plugin's calls
   // may overlap when it says they can (each group's view and result are its own); what became of

@@ -1336,7 +1336,8 @@ TEST_P(InductorNumericsCuda, MatchesEagerOnCudaTensors) {
   ASSERT_TRUE(st.compile_errors.empty()) << st.compile_errors[0];
   // Every node but a view or matmul that would only add a copy (the plugin's claim rules).
   EXPECT_GE(st.claimed + 1, st.nodes);
-  EXPECT_EQ(st.nodes_compiled, st.claimed);
+  // What the host hands out (a view at a group's end runs eagerly instead) all compiles.
+  EXPECT_EQ(st.nodes_compiled, st.claimed - st.claims_dropped);
   EXPECT_GE(st.groups_compiled, 1u);
   const double tol = c.dtype == "f32" ? 1e-5 : 1e-2;
   double worst = 0;

@@ -186,6 +186,13 @@ TEST(Partition, ViewsAtAGroupsEndRunEagerly) {
   EXPECT_EQ(p.groups[0].nodes, (std::vector<int32_t>{0, 2, 3, 5}));
   EXPECT_EQ(p.groups[0].outputs, (std::vector<ir::ValueId>{1, 4, 6}));
   for (int32_t eager : {1, 4, 6, 7}) EXPECT_EQ(p.group_of[static_cast<size_t>(eager)], -1) << eager;
+  EXPECT_EQ(p.views_left_eager, 4u);
+  // The conformance suite keeps them with the plugin, to check its own views.
+  const Partition all = partition_graph(g, {0, 1, 2, 3, 4, 5, 6, 7}, {}, false);
+  size_t in_groups = 0;
+  for (const auto& grp : all.groups) in_groups += grp.nodes.size();
+  EXPECT_EQ(in_groups, 8u);
+  EXPECT_EQ(all.views_left_eager, 0u);
 }
 
 // Random DAGs with random claims: groups are always convex and the order always valid.

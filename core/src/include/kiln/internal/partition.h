@@ -51,6 +51,8 @@ struct Partition {
   std::vector<int32_t> group_of;  // per node: its group, or -1 when it runs eagerly
   // The order to run in: a node index (>= 0) runs eagerly; -(g + 1) runs group g.
   std::vector<int32_t> order;
+  // Claimed views left to run eagerly at their group's end (partition_graph's `trailing_views`).
+  size_t views_left_eager = 0;
 };
 
 // Checks claimed node indices (in range, no duplicates); throws std::invalid_argument naming the
@@ -60,8 +62,11 @@ void validate_claims(const ir::Graph& graph, const std::vector<int64_t>& claimed
 // Forms convex groups from the claimed nodes. A pure function of the graph and the claims.
 // `claimed_by[k]`: the backend (0, 1, ...) that claimed node claimed[k] when several backends
 // share the graph (empty: all backend 0); a group holds the nodes of one backend only.
+// `views_at_ends_run_eagerly`: a view that sees all of its base and whose result only leaves its
+// group runs eagerly (metadata over the group's output) instead of being copied out by the plugin;
+// the conformance suite turns it off to check a plugin's own views.
 Partition partition_graph(const ir::Graph& graph, const std::vector<int64_t>& claimed,
-                          const std::vector<int32_t>& claimed_by = {});
+                          const std::vector<int32_t>& claimed_by = {}, bool views_at_ends_run_eagerly = true);
 
 // Text for KILN_DEBUG_DIR: each group with its nodes, inputs and outputs, then the eager nodes.
 std::string print_partition(const ir::Graph& graph, const Partition& partition);

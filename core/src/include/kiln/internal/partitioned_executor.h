@@ -32,7 +32,7 @@ class PluginExecutable;
 struct PartitionStats {
   size_t nodes = 0;
   size_t claimed = 0;         // what the plugin claimed
-  size_t claims_dropped = 0;  // claims the host does not hand out (see node_can_be_claimed)
+  size_t claims_dropped = 0;  // claims the host does not hand out (node_can_be_claimed; views at a group's end)
   size_t groups = 0;
   size_t groups_compiled = 0;  // run by the plugin
   size_t nodes_compiled = 0;
