@@ -149,10 +149,8 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
 // view, reshape, permute, t, expand, detach, ...) leave: a slice's base may be much larger than
 // the slice, and the group would have to write all of it. Removing a node that nothing in its
 // group reads keeps the group convex and the unit graph acyclic (its readers were outside already).
-void leave_trailing_views_out(const ir::Graph& g, Partition& p) {
-  std::vector<std::vector<int32_t>> readers(g.values.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    for (auto v : ir::Graph::node_inputs(g.nodes[i])) readers[v].push_back(static_cast<int32_t>(i));
+// `readers[v]`: the nodes that read value v.
+void leave_trailing_views_out(const ir::Graph& g, const std::vector<std::vector<int32_t>>& readers, Partition& p) {
   bool removed = false;
   for (size_t gi = 0; gi < p.groups.size(); ++gi) {
     auto& nodes = p.groups[gi].nodes;
@@ -277,15 +275,15 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
       if (v != ir::kNoValue) reach[v] = deps;
   }
 
+  std::vector<std::vector<int32_t>> readers(g.values.size());
+  for (size_t i = 0; i < n_nodes; ++i)
+    for (auto v : ir::Graph::node_inputs(g.nodes[i])) readers[v].push_back(static_cast<int32_t>(i));
   merge_adjacent_groups(g, p);
-  if (views_at_ends_run_eagerly) leave_trailing_views_out(g, p);
+  if (views_at_ends_run_eagerly) leave_trailing_views_out(g, readers, p);
 
   // Each group's inputs and outputs.
   std::vector<char> is_graph_output(g.values.size(), 0);
   for (const auto& o : g.outputs) is_graph_output[o.value] = 1;
-  std::vector<std::vector<int32_t>> readers(g.values.size());
-  for (size_t i = 0; i < n_nodes; ++i)
-    for (auto v : ir::Graph::node_inputs(g.nodes[i])) readers[v].push_back(static_cast<int32_t>(i));
   for (size_t gi = 0; gi < p.groups.size(); ++gi) {
     auto& grp = p.groups[gi];
     std::set<ir::ValueId> seen_in;

@@ -789,22 +789,22 @@ TEST_F(ConfigTest, AQuoteThatOpensNoStringDoesNotHideNonAsciiAfterIt) {
 // what follows for the value's end (found by fuzzing: U+FDFF after `0#~` reached TOML++'s
 // undefined behaviour). kiln reports the non-ASCII there; a comment after a space stays a comment.
 TEST_F(ConfigTest, AHashRightAfterADateTimesSpaceAndDigitIsNoComment) {
-  const std::string d = write("d.toml", " l=\t19A9-05-27 0#~\xef\xb7\xbfrt[");
-  EXPECT_NE(error_of(d).find("d.toml:1:19: TOML syntax error: U+FDFF outside a string or comment"), std::string::npos)
-      << error_of(d);
+  // The file `name` holding `text` fails to load with `expected` in its error.
+  auto expect_error = [&](const std::string& name, const std::string& text, const std::string& expected) {
+    const std::string e = error_of(write(name, text));
+    EXPECT_NE(e.find(name + ":" + expected), std::string::npos) << e;
+  };
+  expect_error("d.toml", " l=\t19A9-05-27 0#~\xef\xb7\xbfrt[",
+               "1:19: TOML syntax error: U+FDFF outside a string or comment");
   // The parser's scan takes '=' as part of the date's ten characters (the fuzzer's next find).
-  const std::string q = write("q.toml", " l=\t19A9-0=-27 0#~\xef\xb7\xbf");
-  EXPECT_NE(error_of(q).find("q.toml:1:19: TOML syntax error: U+FDFF outside a string or comment"), std::string::npos)
-      << error_of(q);
-  const std::string u = write("u.toml", "x = 1_979-05-27 7#\xc3\xa9\n");
-  EXPECT_NE(error_of(u).find("u.toml:1:19: TOML syntax error: U+00E9 outside a string or comment"), std::string::npos)
-      << error_of(u);
+  expect_error("q.toml", " l=\t19A9-0=-27 0#~\xef\xb7\xbf",
+               "1:19: TOML syntax error: U+FDFF outside a string or comment");
+  expect_error("u.toml", "x = 1_979-05-27 7#\xc3\xa9\n", "1:19: TOML syntax error: U+00E9 outside a string or comment");
   // Comments after a whole date-time, after a date alone and after a number are the file's own.
-  const std::string c = write("c.toml",
-                              "[plugin.inductor]\nwhen = 1979-05-27 07:32:00 # \xef\xb7\xbf\n"
-                              "day = 1979-05-27 # \xc3\xa9\nn = 10#\xc3\xa9\n");
-  EXPECT_NE(error_of(c).find("c.toml:2:8: plugin option 'plugin.inductor.when' must be a string"), std::string::npos)
-      << error_of(c);
+  expect_error("c.toml",
+               "[plugin.inductor]\nwhen = 1979-05-27 07:32:00 # \xef\xb7\xbf\n"
+               "day = 1979-05-27 # \xc3\xa9\nn = 10#\xc3\xa9\n",
+               "2:8: plugin option 'plugin.inductor.when' must be a string");
 }
 
 // In a multi-line basic string the parser tests the character after a backslash, and the first

@@ -51,7 +51,7 @@ struct Partition {
   std::vector<int32_t> group_of;  // per node: its group, or -1 when it runs eagerly
   // The order to run in: a node index (>= 0) runs eagerly; -(g + 1) runs group g.
   std::vector<int32_t> order;
-  // Claimed views left to run eagerly at their group's end (partition_graph's `trailing_views`).
+  // Claimed views left to run eagerly at their group's end (partition_graph's `views_at_ends_run_eagerly`).
   size_t views_left_eager = 0;
 };
 
