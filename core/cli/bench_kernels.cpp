@@ -122,6 +122,33 @@ std::vector<KernelTotal> top_by_time(const std::vector<const ProfiledActivity*>&
   return out;
 }
 
+// Idle time between consecutive device activities (by start), by the pair of names around it.
+std::vector<IdleGap> idle_gaps(std::vector<const ProfiledActivity*> acts, int steps, size_t top_n, double& idle_us) {
+  std::sort(acts.begin(), acts.end(),
+            [](const ProfiledActivity* a, const ProfiledActivity* b) { return a->start_ns < b->start_ns; });
+  std::map<std::pair<std::string, std::string>, std::pair<size_t, uint64_t>> by_pair;
+  uint64_t end = 0, idle = 0;
+  const ProfiledActivity* last = nullptr;  // the activity that ends at `end`
+  for (const auto* a : acts) {
+    if (last && a->start_ns > end) {
+      auto& [n, ns] = by_pair[{last->name, a->name}];
+      ++n;
+      ns += a->start_ns - end;
+      idle += a->start_ns - end;
+    }
+    if (!last || a->end_ns >= end) end = a->end_ns, last = a;
+  }
+  idle_us = idle / 1e3 / steps;
+  std::vector<IdleGap> out;
+  for (const auto& [names, v] : by_pair)
+    out.push_back(IdleGap{names.first, names.second, static_cast<double>(v.first) / steps, v.second / 1e3 / steps});
+  std::sort(out.begin(), out.end(), [](const IdleGap& a, const IdleGap& b) {
+    return a.us_per_step != b.us_per_step ? a.us_per_step > b.us_per_step : a.before + a.after < b.before + b.after;
+  });
+  if (out.size() > top_n) out.resize(top_n);
+  return out;
+}
+
 }  // namespace
 
 KernelOrigin classify_kernel(const std::string& name) {
@@ -223,6 +250,7 @@ KernelSummary summarize_cuda(const ProfileCapture& c, size_t top_n) {
   s.launch_calls_per_step = n_launch / n;
   s.graph_launches_per_step = n_graph / n;
   s.top = top_by_time(device, s.steps, top_n);
+  s.gaps = idle_gaps(device, s.steps, top_n, s.idle_us_per_step);
   s.ok = n_kernels > 0;
   if (!s.ok && s.note.empty())
     s.note = "the profiler recorded no CUDA kernel (no CUPTI in this LibTorch, or CUPTI could not start)";
@@ -277,6 +305,13 @@ Json summary_json(const KernelSummary& s, bool cuda) {
     j["generated_share"] = rounded(s.generated_share, 4);
     j["launch_calls_per_step"] = rounded(s.launch_calls_per_step, 2);
     j["graph_launches_per_step"] = rounded(s.graph_launches_per_step, 2);
+    j["idle_us_per_step"] = rounded(s.idle_us_per_step, 3);
+    j["idle_gaps"] = Json::array();
+    for (const auto& gap : s.gaps)
+      j["idle_gaps"].push_back({{"before", gap.before},
+                                {"after", gap.after},
+                                {"per_step", rounded(gap.per_step, 2)},
+                                {"us_per_step", rounded(gap.us_per_step, 3)}});
   } else {
     j["op_calls_per_step"] = rounded(s.kernels_per_step, 2);
     j["op_us_per_step"] = rounded(s.kernel_us_per_step, 3);

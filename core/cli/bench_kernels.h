@@ -63,6 +63,15 @@ struct KernelTotal {
   double us_per_step = 0;  // time per step (device time for kernels, host time for CPU operators)
 };
 
+// CUDA: the device idle between one activity's end and the next one's start (in start order, after
+// every earlier activity has ended), summed per pair of names: where a step's time goes that no
+// kernel takes (a CUDA graph's node-to-node latency, a memcpy node, the host between two replays).
+struct IdleGap {
+  std::string before, after;  // the activity that ended last, the one that started next
+  double per_step = 0;        // gaps per step
+  double us_per_step = 0;     // idle time per step
+};
+
 // The per-step numbers of one side.
 struct KernelSummary {
   bool ok = false;
@@ -79,6 +88,8 @@ struct KernelSummary {
   double launch_calls_per_step = 0;    // CUDA host calls that launch one kernel
   double graph_launches_per_step = 0;  // CUDA host calls that launch a graph
   std::vector<KernelTotal> top;        // by time, longest first
+  double idle_us_per_step = 0;         // CUDA: the device idle inside the profiled steps' range
+  std::vector<IdleGap> gaps;           // CUDA: the largest idle gaps by pair, longest first
 };
 
 // Activities of `capture` that started inside its window; the whole profile when the window was not

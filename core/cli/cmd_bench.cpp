@@ -131,9 +131,10 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                "kiln, with memcpy/memset and the host's launch calls (one cudaGraphLaunch per\n"
                "replayed CUDA graph; its kernels are counted one by one), GPU busy time per step,\n"
                "the share of the kernels' time in kiln's generated kernels (kiln_k<N>, kiln_h<N>) and\n"
-               "the longest kernels. On the CPU kiln's generated kernels are plain functions the\n"
-               "profiler does not see: it reports ATen operator calls per step (outermost) and\n"
-               "their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
+               "the longest kernels, and the device's idle time inside the steps with its largest\n"
+               "gaps by the pair of activities around them. On the CPU kiln's generated kernels are\n"
+               "plain functions the profiler does not see: it reports ATen operator calls per step\n"
+               "(outermost) and their host time instead. Without a working profiler (no Kineto, or no CUPTI for\n"
                "CUDA) it says so and the rest of the report stands. Profiling slows the steps:\n"
                "its times are not the ms/step above");
   app.add_flag("--profiler-range", o.profiler_range,
@@ -669,6 +670,12 @@ void print_top(const char* side, const KernelSummary& s, bool cuda) {
   for (const auto& t : s.top)
     std::printf("      %10.1f us %7.2f x  %-12s %s\n", t.us_per_step, t.per_step, cuda ? origin_name(t.origin) : "",
                 shorten(t.name).c_str());
+  if (!cuda || s.gaps.empty()) return;
+  std::printf("    device idle inside %s's steps: %.1f us per step; the largest gaps (per step, after -> before):\n",
+              side, s.idle_us_per_step);
+  for (const auto& gap : s.gaps)
+    std::printf("      %10.1f us %7.2f x  %s -> %s\n", gap.us_per_step, gap.per_step, shorten(gap.before, 60).c_str(),
+                shorten(gap.after, 60).c_str());
 }
 
 void print_kernels(const KernelReport& k) {

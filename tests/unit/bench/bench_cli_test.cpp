@@ -122,6 +122,25 @@ TEST(BenchKernels, CudaSummaryCountsTheProfiledStepsOnly) {
   EXPECT_EQ(kiln::cli::summarize_cuda(two_steps(), 2).top.size(), 2u);
 }
 
+TEST(BenchKernels, IdleGapsAreSummedByThePairAroundThem) {
+  auto c = two_steps();
+  c.device.push_back(act("kiln_k1", 2150, 2200));  // step 1 only: 40 ns after kiln_set_scalars
+  const auto s = kiln::cli::summarize_cuda(c, 8);
+  ASSERT_TRUE(s.ok) << s.note;
+  // In start order: step 1's activities touch (the overlapping sgemm ends last, at 2000), then 40 ns
+  // to kiln_k1, then 2900 ns to step 2's kiln_k0; step 2's own activities touch.
+  EXPECT_NEAR(s.idle_us_per_step, (40 + 2900) / 2e3, 1e-9);
+  ASSERT_EQ(s.gaps.size(), 2u);
+  EXPECT_EQ(s.gaps[0].before, "kiln_k1");
+  EXPECT_EQ(s.gaps[0].after, "kiln_k0");
+  EXPECT_NEAR(s.gaps[0].us_per_step, 1.45, 1e-9);
+  EXPECT_DOUBLE_EQ(s.gaps[0].per_step, 0.5);
+  EXPECT_EQ(s.gaps[1].before, "kiln_set_scalars");
+  EXPECT_EQ(s.gaps[1].after, "kiln_k1");
+  EXPECT_NEAR(s.gaps[1].us_per_step, 0.02, 1e-9);
+  EXPECT_EQ(kiln::cli::summarize_cuda(c, 1).gaps.size(), 1u);
+}
+
 TEST(BenchKernels, WithoutARangeTheWholeSessionIsCountedAndSaidSo) {
   ProfileCapture c = two_steps();
   c.window_start = c.window_end = 0;
@@ -185,8 +204,13 @@ TEST(BenchKernels, SummaryJsonHasTheDocumentedFields) {
   for (const char* f :
        {"kernels_per_step", "copies_per_step", "generated_kernels_per_step", "kiln_runtime_kernels_per_step",
         "gpu_busy_us_per_step", "kernel_us_per_step", "generated_us_per_step", "kiln_runtime_us_per_step",
-        "generated_share", "launch_calls_per_step", "graph_launches_per_step"})
+        "generated_share", "launch_calls_per_step", "graph_launches_per_step", "idle_us_per_step"})
     EXPECT_TRUE(j[f].is_number()) << f;
+  // two_steps: 2990 ns from step 1's kiln_set_scalars to step 2's kiln_k0, 1.495 us a step.
+  ASSERT_EQ(j["idle_gaps"].size(), 1u);
+  EXPECT_EQ(j["idle_gaps"][0]["before"].get<std::string>(), "kiln_set_scalars");
+  EXPECT_EQ(j["idle_gaps"][0]["after"].get<std::string>(), "kiln_k0");
+  EXPECT_NEAR(j["idle_gaps"][0]["us_per_step"].get<double>(), 1.495, 1e-9);
   EXPECT_TRUE(j["ok"].get<bool>());
   EXPECT_TRUE(j["windowed"].get<bool>());
   EXPECT_EQ(j["steps"].get<double>(), 2);
