@@ -163,6 +163,50 @@ bool bias_like(const Value& b, const std::vector<int64_t>& out) {
   return s.back() == out.back() && b.is_contiguous();
 }
 
+const char* const kAttentionBackward = "aten::_scaled_dot_product_flash_attention_for_cpu_backward";
+
+// [B,H,T,D] with a unit stride in D (as scaled_dot_product_attention's views of q, k and v are).
+bool attention_operand(const Value& v, const std::vector<int64_t>& shape) {
+  const std::vector<int64_t> st = v.strides();
+  return v.shape() == shape && st[3] == 1 && std::all_of(st.begin(), st.end(), [](int64_t s) { return s >= 0; });
+}
+
+// ATen's CPU flash-attention backward in bf16 as matmuls on oneDNN (docs/backends/ipex.md,
+// "Attention's backward"): no dropout, no mask other than the causal one, one sequence length.
+std::string why_not_attention_backward(const Graph& g, const Node& n, const Support& support) {
+  const auto outs = n.outputs();
+  const auto grad = tensor_arg(n, "grad_out"), q = tensor_arg(n, "query"), k = tensor_arg(n, "key"),
+             v = tensor_arg(n, "value"), out = tensor_arg(n, "out"), lse = tensor_arg(n, "logsumexp");
+  if (!grad || !q || !k || !v || !out || !lse || outs.size() != 3) return "unexpected arguments";
+  for (int64_t o : outs)
+    if (o < 0) return "a gradient not asked for";
+  const Value qv = g.value(*q);
+  if (is_float32(qv.dtype()))
+    return "float32 attention backward (bf16 only: in float32 ATen's kernel is eager's rounding)";
+  if (std::string e = check_tensors(g, n, support, /*same_dtype_everywhere=*/false); !e.empty()) return e;
+  const auto shape = qv.shape();
+  if (shape.size() != 4) return "not [batch, heads, sequence, head size]";
+  const char* names[] = {"grad_out", "query", "key", "value", "out", "grad_query", "grad_key", "grad_value"};
+  const int64_t tensors[] = {*grad, *q, *k, *v, *out, outs[0], outs[1], outs[2]};
+  for (size_t t = 0; t < 8; ++t) {
+    const Value tv = g.value(tensors[t]);
+    if (!is_bf16(tv.dtype())) return std::string("mixed dtypes: ") + names[t] + " is " + value_text(tv);
+    if (!attention_operand(tv, shape))
+      return std::string(names[t]) + " is " + value_text(tv) +
+             ": not query's shape, or no unit stride in the head size";
+  }
+  const Value l = g.value(*lse);
+  if (!is_float32(l.dtype()) || l.shape() != std::vector<int64_t>{shape[0], shape[1], shape[2]})
+    return "logsumexp not float32 [batch, heads, sequence]";
+  const auto dropout = constant_number(n, "dropout_p");
+  if (!dropout || *dropout != 0.0) return "dropout";
+  const auto causal = n.find_arg("is_causal");
+  if (!causal || causal->tag() != KILN_ARG_BOOL) return "is_causal not a constant";
+  if (!none_arg(n, "attn_mask")) return "an attention mask";
+  if (!none_arg(n, "scale") && !constant_number(n, "scale")) return "scale not a constant";
+  return "";
+}
+
 std::string why_not_node(const Graph& g, const Node& n, const Support& support) {
   const std::string op = n.op();
   auto outs = n.outputs();
@@ -316,6 +360,7 @@ std::string why_not_node(const Graph& g, const Node& n, const Support& support) 
     }
     return "";
   }
+  if (op == kAttentionBackward) return why_not_attention_backward(g, n, support);
   return "not an op the ipex backend lowers";
 }
 
@@ -922,6 +967,115 @@ void lower_softmax(Builder& b, const Node& n, std::vector<Step>& steps) {
   steps.push_back(std::move(st));
 }
 
+float bf16_to_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest, ties to even, as ATen's c10::BFloat16 (NaN stays NaN).
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : rounded);  // branch-free: vectorizes
+}
+
+// The backward of scaled_dot_product_attention (bf16, no dropout, causal or not), from what ATen's
+// CPU flash-attention forward saved (its output and the rows' logsumexp of the scaled scores):
+//   S = Q K^T (float32), P = exp(scale S - lse) (0 above the diagonal when causal),
+//   dV = P^T dO, dP = dO V^T, dS = scale P (dP - rowsum(dO * O)), dQ = dS K, dK = dS^T Q,
+// the four products as oneDNN matmuls of bf16 operands with float32 accumulation (P and dS
+// rounded to bf16 for them, as ATen's kernel rounds them), the element-wise part in float32 on
+// the host. ATen's kernel works through blocks of the sequence and is slow on short ones (4.3 ms
+// against 1.4 ms for these matmuls done with ATen's own ops, gpt's [8,6,64,64] on 2 cores).
+void lower_attention_backward(Builder& b, const Node& n, std::vector<Step>& steps) {
+  const Graph& g = b.graph();
+  const std::string what = node_text(g, n);
+  const size_t grad = b.slot(*tensor_arg(n, "grad_out")), q = b.slot(*tensor_arg(n, "query")),
+               k = b.slot(*tensor_arg(n, "key")), v = b.slot(*tensor_arg(n, "value")),
+               out = b.slot(*tensor_arg(n, "out")), lse = b.slot(*tensor_arg(n, "logsumexp"));
+  const auto outs = n.outputs();
+  const size_t dq = b.slot(outs[0]), dk = b.slot(outs[1]), dv = b.slot(outs[2]);
+  const auto shape = b.slot_info(q).shape;
+  const int64_t B = shape[0], H = shape[1], T = shape[2], D = shape[3];
+  const bool causal = n.find_arg("is_causal")->as_bool();
+  const double scale_d = none_arg(n, "scale") ? 1.0 / std::sqrt(static_cast<double>(D)) : *constant_number(n, "scale");
+  const float scale = static_cast<float>(scale_d);
+  const int64_t rows = B * H * T, square = T * T;
+  const size_t s_f32 = b.scratch(rows * T), dp_f32 = b.scratch(rows * T);
+  const size_t p_bf16 = b.scratch_bytes(static_cast<size_t>(rows * T) * 2),
+               ds_bf16 = b.scratch_bytes(static_cast<size_t>(rows * T) * 2);
+  const memory::dims sq_dims{B, H, T, T}, sq_strides{H * square, square, T, 1}, sq_t_strides{H * square, square, 1, T};
+  const memory::desc sq_f32(sq_dims, memory::data_type::f32, sq_strides);
+  const memory::desc sq_bf16(sq_dims, memory::data_type::bf16, sq_strides);
+  const memory::desc sq_bf16_t(sq_dims, memory::data_type::bf16, sq_t_strides);  // the transpose
+  // Slot `s` ([B,H,T,D]) as is, or as its transpose [B,H,D,T].
+  auto operand = [&](size_t s, bool transposed) {
+    const Slot& sl = b.slot_info(s);
+    memory::dims dims{B, H, T, D}, st(sl.strides.begin(), sl.strides.end());
+    if (transposed) std::swap(dims[2], dims[3]), std::swap(st[2], st[3]);
+    return memory::desc(dims, memory::data_type::bf16, st);
+  };
+  auto matmul = [&](const char* name, const memory::desc& a, size_t a_slot, const memory::desc& w, size_t w_slot,
+                    const memory::desc& d, size_t d_slot) {
+    Step st;
+    st.what = what + " (" + name + ")";
+    st.prim = dnnl::matmul(dnnl::matmul::primitive_desc(engine(), a, w, d));
+    b.bind(st, DNNL_ARG_SRC, a, a_slot);
+    b.bind(st, DNNL_ARG_WEIGHTS, w, w_slot);
+    b.bind(st, DNNL_ARG_DST, d, d_slot);
+    steps.push_back(std::move(st));
+  };
+  matmul("S = Q K^T", operand(q, false), q, operand(k, true), k, sq_f32, s_f32);
+  const auto lse_strides = b.slot_info(lse).strides;
+  Step probs;
+  probs.what = what + " (P)";
+  probs.host = [=](const std::vector<char*>& p) {
+    float* s = reinterpret_cast<float*>(p[s_f32]);
+    uint16_t* pb = reinterpret_cast<uint16_t*>(p[p_bf16]);
+    const float* l = reinterpret_cast<const float*>(p[lse]);
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const float li = l[bi * lse_strides[0] + h * lse_strides[1] + i * lse_strides[2]];
+          const int64_t row = ((bi * H + h) * T + i) * T, last = causal ? i + 1 : T;
+          for (int64_t j = 0; j < last; ++j) s[row + j] = std::exp(scale * s[row + j] - li);
+          for (int64_t j = 0; j < last; ++j) pb[row + j] = float_to_bf16(s[row + j]);
+          std::fill(s + row + last, s + row + T, 0.f);
+          std::fill(pb + row + last, pb + row + T, uint16_t{0});
+        }
+  };
+  steps.push_back(std::move(probs));
+  matmul("dV = P^T dO", sq_bf16_t, p_bf16, operand(grad, false), grad, operand(dv, false), dv);
+  matmul("dP = dO V^T", operand(grad, false), grad, operand(v, true), v, sq_f32, dp_f32);
+  const auto g_st = b.slot_info(grad).strides, o_st = b.slot_info(out).strides;
+  Step dscores;
+  dscores.what = what + " (dS)";
+  dscores.host = [=](const std::vector<char*>& p) {
+    const float* pr = reinterpret_cast<const float*>(p[s_f32]);
+    const float* dp = reinterpret_cast<const float*>(p[dp_f32]);
+    const uint16_t* go = reinterpret_cast<const uint16_t*>(p[grad]);
+    const uint16_t* o = reinterpret_cast<const uint16_t*>(p[out]);
+    uint16_t* ds = reinterpret_cast<uint16_t*>(p[ds_bf16]);
+    for (int64_t bi = 0; bi < B; ++bi)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const uint16_t* gr = go + bi * g_st[0] + h * g_st[1] + i * g_st[2];
+          const uint16_t* orow = o + bi * o_st[0] + h * o_st[1] + i * o_st[2];
+          float di = 0.f;
+          for (int64_t d = 0; d < D; ++d) di += bf16_to_float(gr[d]) * bf16_to_float(orow[d]);
+          const int64_t row = ((bi * H + h) * T + i) * T, last = causal ? i + 1 : T;
+          for (int64_t j = 0; j < last; ++j) ds[row + j] = float_to_bf16(scale * pr[row + j] * (dp[row + j] - di));
+          std::fill(ds + row + last, ds + row + T, uint16_t{0});  // P is 0 there
+        }
+  };
+  steps.push_back(std::move(dscores));
+  matmul("dQ = dS K", sq_bf16, ds_bf16, operand(k, false), k, operand(dq, false), dq);
+  matmul("dK = dS^T Q", sq_bf16_t, ds_bf16, operand(q, false), q, operand(dk, false), dk);
+}
+
 // Batch norm's backward in training mode: oneDNN's batch_normalization_backward over the input as
 // it is (N, C, spatial). ATen saves invstd = 1/sqrt(var + eps); oneDNN takes the (biased)
 // variance, which a host step gives back from invstd (in double).
@@ -1290,6 +1444,7 @@ std::unique_ptr<Executable> compile_group(const Graph& g, const Support& support
       else if (op.find("softmax") != std::string::npos) lower_softmax(b, n, steps);
       else if (op.find("layer_norm") != std::string::npos) lower_layer_norm(b, n, steps);
       else if (op == "aten::native_batch_norm_backward") lower_batch_norm_backward(b, n, steps);
+      else if (op == kAttentionBackward) lower_attention_backward(b, n, steps);
       else lower_convolution(b, n, steps);
     } catch (const dnnl::error& e) {
       throw Unimplemented(node_text(g, n) + ": oneDNN has no primitive for it (status dnnl_" + status_name(e.status) +

@@ -324,6 +324,42 @@ TEST(IpexNumerics, ConvolutionForwardBackwardDataAndWeights) {
   expect_all_compiled(c);
 }
 
+// scaled_dot_product_attention's backward in bf16 (ATen's CPU flash-attention kernel saved the
+// output and logsumexp, which the backward reads), causal with the default scale and full with
+// another: q, k and v as the views a packed qkv projection gives, the output and the gradients in
+// [B,T,H,D] memory, as ATen makes them.
+const char* kAttention = R"(graph {
+  input %0 : {dt}[2,3,37,8]{2664,8,72,1} input "q"
+  input %1 : {dt}[2,3,37,8]{2664,8,72,1} input "k"
+  input %2 : {dt}[2,3,37,8]{2664,8,72,1} input "v"
+  input %3 : {dt}[2,3,37,8]{888,8,24,1} input "dout"
+  %4 : {dt}[2,3,37,8]{888,8,24,1}, %5 : f32[2,3,37]{111,1,3} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, true, None, None)
+  %6 : {dt}[2,3,37,8]{888,8,24,1}, %7 : {dt}[2,3,37,8]{888,8,24,1}, %8 : {dt}[2,3,37,8]{888,8,24,1} = aten::_scaled_dot_product_flash_attention_for_cpu_backward(%3, %0, %1, %2, %4, %5, 0.0, true, None, None)
+  %9 : {dt}[2,3,37,8]{888,8,24,1}, %10 : f32[2,3,37]{111,1,3} = aten::_scaled_dot_product_flash_attention_for_cpu(%0, %1, %2, 0.0, false, None, 0.3)
+  %11 : {dt}[2,3,37,8]{888,8,24,1}, %12 : {dt}[2,3,37,8]{888,8,24,1}, %13 : {dt}[2,3,37,8]{888,8,24,1} = aten::_scaled_dot_product_flash_attention_for_cpu_backward(%3, %0, %1, %2, %9, %10, 0.0, false, None, 0.3)
+  output %6 result "dq"
+  output %7 result "dk"
+  output %8 result "dv"
+  output %11 result "dq_full"
+  output %12 result "dk_full"
+  output %13 result "dv_full"
+}
+)";
+
+TEST(IpexNumerics, Bf16AttentionBackwardCausalAndFull) {
+  if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
+  auto c = check(with_dtype(kAttention, "bf16"), 1e-2);
+  EXPECT_EQ(c.stats.claimed, 2u);  // the two backwards; ATen's forwards stay eager
+  EXPECT_EQ(c.stats.nodes_compiled, 2u);
+  EXPECT_TRUE(c.stats.compile_errors.empty()) << (c.stats.compile_errors.empty() ? "" : c.stats.compile_errors[0]);
+  EXPECT_GT(c.worst, 0.0);  // bf16 products summed in another order than ATen's blocks
+}
+
+TEST(IpexClaims, Float32AttentionBackwardStaysWithAten) {
+  auto c = check(with_dtype(kAttention, "f32"), 0.0);
+  EXPECT_EQ(c.stats.claimed, 0u);
+}
+
 TEST(IpexNumerics, Bf16MatmulSoftmaxAndConvolution) {
   if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
   auto c = check(R"(graph {
