@@ -890,6 +890,7 @@ class InductorPlugin : public Plugin {
     lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
     std::unique_ptr<LoweredGraph> L = lower(g, lo);
     Program P = schedule(*L);
+    walk_stores_in_memory_order(*L, P);
 
     std::vector<std::vector<Variant>> variants;
     for (const auto& k : P.kernels) variants.push_back(variants_for(k, autotune));

@@ -179,6 +179,33 @@ void merge_loops(const LoweredGraph& L, KernelPlan& K) {
 
 }  // namespace
 
+void walk_stores_in_memory_order(const LoweredGraph& L, Program& P) {
+  for (KernelPlan& K : P.kernels) {
+    if (K.column || K.stages.size() != 1) continue;
+    const ValueInfo& info = L.values[static_cast<size_t>(K.stages[0])];
+    if (!pointwise_kind(info)) continue;
+    const std::vector<int64_t>& shape = info.shape;
+    auto groups = K.groups.empty() ? merged_dims(L, K.stages, shape) : K.groups;
+    if (groups.size() < 2) continue;
+    ExprPool pool;
+    Idx idx;
+    std::vector<int> vars;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      vars.push_back(pool.new_var());
+      idx.push_back(Index::var(vars.back()));
+    }
+    const Index store = LoweredGraph::offset(info, idx);
+    auto stride = [&](const std::vector<int>& g) { return store.coef(vars[static_cast<size_t>(g.back())]); };
+    auto sorted = groups;
+    std::stable_sort(sorted.begin(), sorted.end(),
+                     [&](const std::vector<int>& a, const std::vector<int>& b) { return stride(a) > stride(b); });
+    if (sorted == groups) continue;
+    K.outer.clear();
+    for (size_t g = 0; g + 1 < sorted.size(); ++g) K.outer.push_back(group_size(shape, sorted[g]));
+    K.groups = std::move(sorted);
+  }
+}
+
 Program schedule(const LoweredGraph& L) {
   Program P;
   KernelPlan cur;

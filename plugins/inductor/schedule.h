@@ -47,6 +47,12 @@ struct Program {
 
 Program schedule(const LoweredGraph& L);
 
+// The C++ kernels' loop order: a kernel of one pointwise stage walks its result in memory order
+// (its largest stride outermost), as ATen's TensorIterator does, so that a cast of a transposed
+// weight reads and writes runs of memory instead of striding through both. Its elements are
+// independent, so any order computes the same.
+void walk_stores_in_memory_order(const LoweredGraph& L, Program& P);
+
 // Whether stage `v` may run in a kernel whose outer space has `rank` dims and that already computes
 // `in_kernel`: it reads those values only at its own outer index (and through no reshape).
 bool legal_in_kernel(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_kernel);
