@@ -27,7 +27,11 @@ std::vector<Variant> variants_for(const KernelPlan& k, bool autotune) {
 
 namespace {
 
+// The C type an expression of type `t` is computed in: bfloat16 in float (its buffers hold uint16_t).
+const char* reg_type(Ty t) { return t == Ty::bf16 ? "float" : c_type(t); }
+
 std::string fmt_const(double c, Ty ty) {
+  if (ty == Ty::bf16) ty = Ty::f32;
   char buf[64];
   switch (ty) {
     case Ty::b8: return c != 0 ? "true" : "false";
@@ -36,7 +40,7 @@ std::string fmt_const(double c, Ty ty) {
       std::snprintf(buf, sizeof buf, "((%s)%lldLL)", c_type(ty), static_cast<long long>(c));
       return buf;
     }
-    case Ty::bf16:  // never on the CPU (not claimed there)
+    case Ty::bf16:  // as float (above)
     case Ty::f32:
     case Ty::f64: {
       const char* suffix = ty == Ty::f32 ? "f" : "";
@@ -104,7 +108,7 @@ class KernelEmitter {
   // The C expression text of e (its operands already named).
   std::string text(int e) {
     const Expr& x = pool_.at(e);
-    const char* T = c_type(x.ty);
+    const char* T = reg_type(x.ty);
     auto a = [&](size_t i) { return name(x.args[i]); };
     switch (x.k) {
       case Expr::K::Const: return fmt_const(x.c, x.ty);
@@ -114,7 +118,8 @@ class KernelEmitter {
         auto r = regs_.find(x.value);
         if (r != regs_.end() && x.logical_known && in_kernel_.count(x.value)) return r->second;
         use_buf(x.buf, x.ty);
-        return "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
+        const std::string ref = "b" + std::to_string(x.buf) + "[" + index_str(x.idx) + "]";
+        return x.ty == Ty::bf16 ? "k_bf2f(" + ref + ")" : ref;
       }
       case Expr::K::Op: break;
     }
@@ -134,6 +139,7 @@ class KernelEmitter {
     if (op == "maximum") return "k_max<" + std::string(T) + ">(" + a(0) + ", " + a(1) + ")";
     if (op == "minimum") return "k_min<" + std::string(T) + ">(" + a(0) + ", " + a(1) + ")";
     if (op == "where") return "(" + a(0) + " ? " + a(1) + " : " + a(2) + ")";
+    if (op == "cast" && x.ty == Ty::bf16) return "k_round_bf16((float)" + a(0) + ")";
     if (op == "cast") return "((" + std::string(T) + ")" + a(0) + ")";
     if (op == "and") return "(" + a(0) + " && " + a(1) + ")";
     static const std::map<std::string, std::string> cmp = {{"eq", "=="}, {"ne", "!="}, {"lt", "<"},
@@ -180,7 +186,7 @@ class KernelEmitter {
         if (x.k == Expr::K::Const || x.k == Expr::K::Param) {
           nm = text(e);  // inline literals and parameters
         } else {
-          body_ << ind(depth) << "const " << c_type(x.ty) << " " << nm << " = " << text(e) << ";\n";
+          body_ << ind(depth) << "const " << reg_type(x.ty) << " " << nm << " = " << text(e) << ";\n";
         }
         names_[e] = nm;
         it = pending.erase(it);
@@ -198,7 +204,7 @@ class KernelEmitter {
 
   std::string acc_type(const ValueInfo& v) const {
     if (v.red.combine == "sum") return is_float(v.ty) ? "double" : "int64_t";
-    return c_type(v.ty);
+    return reg_type(v.ty);
   }
   std::string acc_init(const ValueInfo& v) const {
     if (v.red.combine == "sum") return "0";
@@ -214,7 +220,19 @@ class KernelEmitter {
   std::string finish(const ValueInfo& v, const std::string& acc) const {
     std::string r = acc;
     if (v.red.scale != 1.0) r = "(" + acc + " * " + fmt_const(v.red.scale, Ty::f64) + ")";
+    // A bfloat16 result is rounded: a later stage reading the register sees what the buffer holds.
+    if (v.ty == Ty::bf16) return "k_round_bf16((float)" + r + ")";
     return "(" + std::string(c_type(v.ty)) + ")" + r;
+  }
+
+  // What a buffer of `v`'s type holds of the float (or other) value `e`.
+  static std::string stored(const ValueInfo& v, const std::string& e) {
+    return v.ty == Ty::bf16 ? "k_f2bf(" + e + ")" : e;
+  }
+  // Whether the expression is already a value rounded to bfloat16 (a cast to it).
+  bool rounded_bf16(int e) const {
+    const Expr& x = pool_.at(e);
+    return x.k == Expr::K::Op && x.op == "cast" && x.ty == Ty::bf16;
   }
 
   // Row kernels: parallel over the flattened outer space, stages inside.
@@ -344,16 +362,26 @@ class KernelEmitter {
       body_ << ind(d) << acc_type(info) << " " << acc << " = " << acc_init(info) << ";\n";
     const std::string b = "b" + std::to_string(info.buffer);
     if (!red) {
-      body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << name(root) << ";\n";
+      std::string reg = name(root);
+      if (info.ty == Ty::bf16) {
+        // Later stages of this element read what the buffer holds: the value rounded.
+        if (!rounded_bf16(root)) {
+          reg = "rv" + std::to_string(v);
+          body_ << ind(d) << "const float " << reg << " = k_round_bf16(" << name(root) << ");\n";
+        }
+        body_ << ind(d) << b << "[" << index_str(store_off) << "] = k_f2bf(" << reg << ");\n";
+      } else {
+        body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << reg << ";\n";
+      }
       for (size_t i = 0; i < loops.size(); ++i) body_ << ind(--d) << "}\n";
-      if (K_.flat) regs_[v] = name(root);  // later stages of this element read the register
+      if (K_.flat) regs_[v] = reg;  // later stages of this element read the register
       return;
     }
     body_ << ind(d) << combine(info, acc, name(root)) << "\n";
     for (size_t i = n_kept; i < loops.size(); ++i) body_ << ind(--d) << "}\n";
     const std::string res = "r" + std::to_string(v);
-    body_ << ind(d) << "const " << c_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
-    body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << res << ";\n";
+    body_ << ind(d) << "const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
+    body_ << ind(d) << b << "[" << index_str(store_off) << "] = " << stored(info, res) << ";\n";
     for (size_t i = 0; i < n_kept; ++i) body_ << ind(--d) << "}\n";
     if (n_kept == 0) regs_[v] = res;  // later stages of this row read the register
   }
@@ -425,7 +453,7 @@ class KernelEmitter {
     use_buf(info.buffer, info.ty);
     body_ << "    for (int64_t " << vname(tv) << " = 0; " << vname(tv) << " < tn; ++" << vname(tv) << ")\n";
     body_ << "      b" << info.buffer << "[" << index_str(LoweredGraph::offset(info, idx))
-          << "] = " << finish(info, "acc[" + vname(tv) + "]") << ";\n";
+          << "] = " << stored(info, finish(info, "acc[" + vname(tv) + "]")) << ";\n";
     body_ << "  }\n";
   }
 

@@ -131,6 +131,16 @@ static inline float k_abs(float x) { return __builtin_fabsf(x); }
 static inline double k_abs(double x) { return __builtin_fabs(x); }
 static inline float k_pow(float a, float b) { return powf(a, b); }
 static inline double k_pow(double a, double b) { return pow(a, b); }
+// bfloat16 in memory (its bits, uint16_t); computed in float. Rounding to nearest even, NaN kept a
+// (quiet) NaN, as c10::BFloat16 rounds: branch-free, so that the loops around it vectorize.
+static inline float k_bf2f(uint16_t h) { return k_bits2f((int32_t)((uint32_t)h << 16)); }
+static inline uint16_t k_f2bf(float f) {
+  const uint32_t u = (uint32_t)k_f2bits(f);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : r);
+}
+// A value cast to bfloat16 in the middle of a computation (_to_copy): rounded, kept in float.
+static inline float k_round_bf16(float f) { return k_bf2f(k_f2bf(f)); }
 template <class T>
 static inline T k_max(T a, T b) {
   return (a != a || a > b) ? a : b;

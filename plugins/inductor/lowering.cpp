@@ -43,8 +43,8 @@ std::string why_not_claimed(const Graph& g, const Node& n, const LoweringOptions
     if (device && device->device_id != d.device_id) return "values on two devices";
     device = d;
     auto ty = ty_of(val.dtype());
-    // bfloat16 is computed in float by the CUDA kernels; the C++ kernels do not take it.
-    if (!ty || (*ty == Ty::bf16 && !cuda)) return "dtype " + plugin::dtype_name(val.dtype());
+    // bfloat16 is stored as bfloat16 and computed in float, by the CUDA and the C++ kernels alike.
+    if (!ty) return "dtype " + plugin::dtype_name(val.dtype());
     return "";
   };
   for (int64_t v : n.inputs())
