@@ -188,6 +188,9 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   stats.compile_threads = threads;
   cp->groups.resize(part.groups.size());
   cp->outcomes.reserve(part.groups.size());
+  // A compile error the same plugin gave for an earlier group (a bad option fails every group the
+  // same way): said once, then counted; (plugin, message) -> later groups.
+  std::vector<std::pair<std::pair<std::string, std::string>, size_t>> repeated;
   for (size_t gi = 0; gi < part.groups.size(); ++gi) {
     if (attempts[gi].other) std::rethrow_exception(attempts[gi].other);
     const auto& pg = part.groups[gi];
@@ -217,11 +220,23 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
       outcome.reason = e.what();  // names the plugin and the error code
       if (e.code() != KILN_ERROR_UNIMPLEMENTED) {
         stats.compile_errors.push_back(e.what());
-        log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(), " nodes (",
-                          g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
+        const std::pair<std::string, std::string> key(plugin->name(), e.what());
+        auto seen = std::find_if(repeated.begin(), repeated.end(), [&](const auto& r) { return r.first == key; });
+        if (seen != repeated.end()) {
+          ++seen->second;
+        } else {
+          repeated.emplace_back(key, 0);
+          log_warn(c10::str("backend '", plugin->name(), "' failed to compile a group of ", pg.nodes.size(), " nodes (",
+                            g.nodes[pg.nodes.front()].op, " ...); running them eagerly: ", e.what()));
+        }
       }
     }
   }
+
+  for (const auto& [key, more] : repeated)
+    if (more > 0)
+      log_warn(c10::str("backend '", key.first, "' failed to compile ", more, " more group", more == 1 ? "" : "s",
+                        " with the same error; ", more == 1 ? "it runs" : "they run", " eagerly too"));
 
   // When each node runs: its unit's slot; a compiled group's nodes share one, marked -(slot + 1).
   cp->position.assign(g.nodes.size(), 0);

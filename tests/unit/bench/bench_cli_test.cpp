@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <regex>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -256,6 +257,24 @@ using kiln::test::CliRun;
 
 CliRun kiln_cli(const std::string& args) {
   return kiln::test::run_command("env -u KILN_BACKEND " + std::string(KILN_CLI) + " " + args, "kiln_bench");
+}
+
+// A bad plugin option fails every group's compile the same way: the warning comes once, then a
+// count, not once per group; every group still runs eagerly and says why.
+TEST(BenchCli, OneCompileErrorOfManyGroupsIsSaidOnceThenCounted) {
+  const CliRun r = kiln::test::run_command("env -u KILN_BACKEND KILN_PLUGIN_OPTIONS=inductor.no_such_key=1 " +
+                                               std::string(KILN_CLI) + " bench gpt --backend inductor --steps 4",
+                                           "kiln_bench");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string all = r.out + r.err;
+  size_t said = 0;
+  for (size_t at = all.find("failed to compile a group"); at != std::string::npos;
+       at = all.find("failed to compile a group", at + 1))
+    ++said;
+  EXPECT_EQ(said, 1u) << all;
+  EXPECT_NE(all.find("unknown option 'no_such_key'"), std::string::npos) << all;
+  EXPECT_TRUE(std::regex_search(all, std::regex("failed to compile [0-9]+ more groups with the same error"))) << all;
+  EXPECT_NE(all.find("runs on: eager"), std::string::npos) << all;
 }
 
 TEST(BenchCli, HelpNamesKernelsAndATypoIsAUsageError) {
