@@ -164,6 +164,7 @@ bool bias_like(const Value& b, const std::vector<int64_t>& out) {
 }
 
 const char* const kAttentionBackward = "aten::_scaled_dot_product_flash_attention_for_cpu_backward";
+constexpr double kAttentionScoreMiB = 256;  // the most the backward's score matrices may take
 
 // [B,H,T,D] with a unit stride in D (as scaled_dot_product_attention's views of q, k and v are).
 bool attention_operand(const Value& v, const std::vector<int64_t>& shape) {
@@ -198,6 +199,13 @@ std::string why_not_attention_backward(const Graph& g, const Node& n, const Supp
   const Value l = g.value(*lse);
   if (!is_float32(l.dtype()) || l.shape() != std::vector<int64_t>{shape[0], shape[1], shape[2]})
     return "logsumexp not float32 [batch, heads, sequence]";
+  // The whole score matrices are kept (two float32 and two bf16: 12 bytes a score), where ATen's
+  // kernel works through blocks of the sequence: long sequences stay with it.
+  const double score_mib = 12.0 * static_cast<double>(shape[0] * shape[1]) * static_cast<double>(shape[2]) *
+                           static_cast<double>(shape[2]) / (1 << 20);
+  if (score_mib > kAttentionScoreMiB)
+    return "the score matrices would take " + std::to_string(static_cast<int64_t>(score_mib)) + " MiB (more than " +
+           std::to_string(static_cast<int64_t>(kAttentionScoreMiB)) + "; ATen's kernel works in blocks)";
   const auto dropout = constant_number(n, "dropout_p");
   if (!dropout || *dropout != 0.0) return "dropout";
   const auto causal = n.find_arg("is_causal");

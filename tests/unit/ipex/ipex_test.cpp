@@ -355,6 +355,28 @@ TEST(IpexNumerics, Bf16AttentionBackwardCausalAndFull) {
   EXPECT_GT(c.worst, 0.0);  // bf16 products summed in another order than ATen's blocks
 }
 
+// Long sequences stay with ATen's blocked kernel: the lowering keeps whole score matrices (12 bytes
+// a score), and [1,8,2048,64] would need 384 MiB of them.
+TEST(IpexClaims, LongSequenceAttentionBackwardStaysWithAten) {
+  if (!has_bf16()) GTEST_SKIP() << "this CPU has neither AVX-512-BF16 nor AMX: nothing is claimed in bf16";
+  const std::string text = R"(graph {
+  input %0 : bf16[1,8,2048,64]{1048576,64,512,1} input "q"
+  input %1 : bf16[1,8,2048,64]{1048576,64,512,1} input "k"
+  input %2 : bf16[1,8,2048,64]{1048576,64,512,1} input "v"
+  input %3 : bf16[1,8,2048,64]{1048576,64,512,1} input "dout"
+  input %4 : bf16[1,8,2048,64]{1048576,64,512,1} input "out"
+  input %5 : f32[1,8,2048]{16384,1,8} input "lse"
+  %6 : bf16[1,8,2048,64]{1048576,64,512,1}, %7 : bf16[1,8,2048,64]{1048576,64,512,1}, %8 : bf16[1,8,2048,64]{1048576,64,512,1} = aten::_scaled_dot_product_flash_attention_for_cpu_backward(%3, %0, %1, %2, %4, %5, 0.0, true, None, None)
+  output %6 result "dq"
+  output %7 result "dk"
+  output %8 result "dv"
+}
+)";
+  ir::Graph g = ir::parse(text);
+  PartitionedExecutor exec(g, load(), KILN_MODE_DEFAULT);
+  EXPECT_EQ(exec.stats().claimed, 0u);
+}
+
 TEST(IpexClaims, Float32AttentionBackwardStaysWithAten) {
   auto c = check(with_dtype(kAttention, "f32"), 0.0);
   EXPECT_EQ(c.stats.claimed, 0u);
