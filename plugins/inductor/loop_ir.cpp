@@ -13,7 +13,7 @@ const char* c_type(Ty t) {
     case Ty::i64: return "int64_t";
     case Ty::i32: return "int32_t";
     case Ty::b8: return "bool";
-    case Ty::bf16: return "uint16_t";  // storage only: the C++ emitter never computes in it
+    case Ty::bf16: return "uint16_t";  // storage only: the C++ emitter computes it in float
   }
   return "?";
 }

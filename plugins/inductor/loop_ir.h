@@ -20,8 +20,8 @@
 
 namespace kiln::inductor {
 
-// Element types of buffers and expressions. bf16 is stored as bfloat16 and computed in float (the
-// CUDA emitter's only: the CPU path leaves bfloat16 to ATen).
+// Element types of buffers and expressions. bf16 is stored as bfloat16 and computed in float, by
+// the CUDA and the C++ emitters alike.
 enum class Ty : uint8_t { f32, f64, i64, i32, b8, bf16 };
 const char* c_type(Ty t);
 size_t ty_size(Ty t);

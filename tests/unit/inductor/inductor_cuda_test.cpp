@@ -862,17 +862,24 @@ TEST(InductorCudaCodegen, OutputsReplaceTheirInputsOnlyWhereEveryReadComesFirst)
             (std::vector<int64_t>{-1}));
 }
 
-TEST(InductorCudaCodegen, BfloatSixteenIsLeftToAtenOnTheCpu) {
+// bfloat16 on the CPU: element-wise work is the C++ kernels' (stored as bfloat16, computed in float),
+// a bf16 matmul stays with ATen there (eagerly it is faster than called from a group); a CPU value
+// is never the CUDA target's.
+TEST(InductorCudaCodegen, BfloatSixteenOnTheCpuIsGeneratedExceptItsExternOps) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : bf16[4,8]{8,1} input "x"
-  %1 : bf16[4,8]{8,1} = aten::relu(%0)
-  output %1 result "y"
+  input %1 : bf16[8,3]{3,1} input "w"
+  %2 : bf16[4,8]{8,1} = aten::relu(%0)
+  %3 : bf16[4,3]{3,1} = aten::mm(%2, %1)
+  output %3 result "y"
 }
 )");
   GraphView view(g);
   plugin::Graph pg(&view.view());
   inductor::LoweringOptions opts;
-  EXPECT_EQ(inductor::why_not_claimed(pg, pg.node(0), opts), "dtype bfloat16");
+  EXPECT_EQ(inductor::why_not_claimed(pg, pg.node(0), opts), "");
+  EXPECT_EQ(inductor::why_not_claimed(pg, pg.node(1), opts),
+            "a bf16 extern op on the CPU (ATen's runs it faster eagerly)");
   EXPECT_EQ(inductor::target_of(pg, pg.node(0)), inductor::Target::Cpu);
   opts.target = inductor::Target::Cuda;
   EXPECT_EQ(inductor::why_not_claimed(pg, pg.node(0), opts), "not on a CUDA device");
