@@ -80,6 +80,8 @@ struct StepStats {
   int graphs_recorded = 0;           // CUDA graphs recorded (one per signature, again after a re-plan)
   int graph_replays = 0;             // compiled steps that were one graph launch
   std::string last_graph_skip;       // "kiln: skipping cudagraphs due to ..." ("" when none)
+  int graph_copies = 0;              // copies inside the last recorded graph whose addresses each replay sets
+                                     // (the batch in, run-time scalars, results out); 0: made around it
   int64_t adopted_writebacks = 0;    // write-backs done by handing the target the value's storage (no copy)
   int64_t copied_writebacks = 0;     // write-backs done by copying (a recorded graph's counted once, when
                                      // recorded); the others were computed in place or adopted

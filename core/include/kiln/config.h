@@ -49,6 +49,7 @@ struct RuntimeOptions {                         // [runtime]
   bool cpu_block_cache = true;            // KILN_CPU_CACHE
   int64_t cpu_block_cache_max_mb = 2048;  // KILN_CPU_CACHE_MAX_MB
   bool writeback_copy = false;            // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
+  bool graph_copies = true;               // KILN_GRAPH_COPIES: a CUDA graph copies the batch in and results out itself
   int compile_threads = 0;                // KILN_COMPILE_THREADS: groups compiled at once; 0 = one per CPU core
   // KILN_CHANNELS_LAST: CUDA convolutions on NHWC activations under a backend: "auto" (steps
   // recorded as a CUDA graph), "always" (every CUDA step), "never"

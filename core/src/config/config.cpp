@@ -728,6 +728,8 @@ const std::vector<Setting>& table() {
         [](auto& a) -> auto& { return a.runtime.cpu_block_cache_max_mb; }, 0, int64_t{1} << 30));
     v.push_back(flag(
         "runtime.writeback_copy", "KILN_WRITEBACK_COPY", [](auto& a) -> auto& { return a.runtime.writeback_copy; }));
+    v.push_back(flag(
+        "runtime.graph_copies", "KILN_GRAPH_COPIES", [](auto& a) -> auto& { return a.runtime.graph_copies; }));
     v.push_back(text(
         "runtime.channels_last", "KILN_CHANNELS_LAST", [](auto& a) -> auto& { return a.runtime.channels_last; },
         one_of({"auto", "always", "never"}, "runtime.channels_last")));

@@ -261,6 +261,10 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
         "descriptor.capabilities has KILN_CAPABILITY_DEVICE_GRAPHS, but not all four graph functions are set");
   if (!(d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS) && graph_fns)
     return reject("graph functions are set, but descriptor.capabilities lacks KILN_CAPABILITY_DEVICE_GRAPHS");
+  if ((d->capabilities & KILN_CAPABILITY_GRAPH_COPIES) && !(d->capabilities & KILN_CAPABILITY_DEVICE_GRAPHS))
+    return reject(
+        "descriptor.capabilities has KILN_CAPABILITY_GRAPH_COPIES without KILN_CAPABILITY_DEVICE_GRAPHS (the "
+        "copies are re-pointed by graph_launch)");
   const struct {
     const void* fn;
     const char* name;
@@ -472,7 +476,8 @@ void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
   check(api_->graph_capture_begin(&a), "graph_capture_begin");
 }
 
-std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream) const {
+std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream,
+                                                             const std::vector<KilnGraphCopy>& copies) const {
   if (!provides_device_graphs())
     throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not record device graphs");
   KilnGraphCaptureEndArgs a{};
@@ -480,6 +485,23 @@ std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, vo
   a.plugin_ctx = api_->plugin_ctx;
   a.device = device;
   a.stream = stream;
+  if (!copies.empty()) {
+    // The capture must still end (the ABI's rule) before the host gives up on it.
+    if (!repoints_graph_copies()) {
+      a.struct_size = KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, graph);
+      {
+        std::lock_guard<std::mutex> lock(call_mu_);
+        if (KilnError* e = api_->graph_capture_end(&a)) api_->error_destroy(e);
+      }
+      if (a.graph) {
+        KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
+        api_->graph_destroy(&d);
+      }
+      throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not re-point graph copies (ABI 2.3)");
+    }
+    a.copies = copies.data();
+    a.num_copies = copies.size();
+  }
   KilnError* err = nullptr;
   {
     std::lock_guard<std::mutex> lock(call_mu_);
@@ -491,7 +513,9 @@ std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, vo
   }
   check(err, "graph_capture_end");
   if (!a.graph) reject("graph_capture_end", "returned no graph");
-  return std::unique_ptr<PluginGraph>(new PluginGraph(shared_from_this(), a.graph));
+  auto g = std::unique_ptr<PluginGraph>(new PluginGraph(shared_from_this(), a.graph));
+  g->num_copies_ = copies.size();
+  return g;
 }
 
 // ---- PluginExecutable, PluginGraph --------------------------------------------------------------
@@ -540,8 +564,16 @@ PluginGraph::~PluginGraph() {
   }
 }
 
-void PluginGraph::launch(void* stream) const {
-  KilnGraphLaunchArgs a{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, exec_, stream};
+void PluginGraph::launch(void* stream, const std::vector<KilnGraphCopy>& copies) const {
+  if (!copies.empty() && copies.size() != num_copies_)
+    throw PluginError(KILN_ERROR_INVALID_ARGUMENT, plugin_->where() + ": graph_launch with " +
+                                                       std::to_string(copies.size()) + " copies, the graph recorded " +
+                                                       std::to_string(num_copies_));
+  KilnGraphLaunchArgs a{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, exec_, stream, nullptr, 0};
+  if (!copies.empty()) {
+    a.copies = copies.data();
+    a.num_copies = copies.size();
+  }
   KilnError* err = nullptr;
   // Launches enqueue work like execute does, under the same rule.
   if (plugin_->concurrent_execution_safe()) {

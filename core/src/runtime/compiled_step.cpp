@@ -123,6 +123,7 @@ struct CompiledStep::Impl {
     RunOptions ro;
     ro.cpu_block_cache = args.runtime.cpu_block_cache;
     ro.cpu_block_cache_max_mb = args.runtime.cpu_block_cache_max_mb;
+    ro.graph_copies = args.runtime.graph_copies;
     ro.check_meta = args.debug.check_meta;
     ro.verify_groups = args.debug.verify_groups;
     auto plan = plan_step(e.captured, e.probe.slots, resolved, po);

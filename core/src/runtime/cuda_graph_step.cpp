@@ -108,6 +108,7 @@ struct Step::Impl {
   bool pool_used = false;                     // this Step holds the pool's reference (the plugin path)
   std::unique_ptr<PluginGraph> graph;         // the plugin path
   std::unique_ptr<RandomGraph> random_graph;  // a step that draws random numbers; owns its pool reference
+  std::vector<KilnGraphCopy> copies;          // recorded by record_copy, re-pointed by replays
 
   Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d, bool r)
       : plugin(std::move(p)),
@@ -169,6 +170,7 @@ void Step::record(const std::function<void(void*)>& body) {
   const auto current = c10::cuda::getCurrentCUDAStream(impl_->device.index());
   Impl::order(current, impl_->stream);
   const auto dev = impl_->device.index();
+  impl_->copies.clear();
   impl_->pool = at::cuda::graph_pool_handle();
   const cudaStream_t capture = impl_->stream.stream();
   if (impl_->random) {
@@ -195,7 +197,8 @@ void Step::record(const std::function<void(void*)>& body) {
     }
   }
   try {
-    impl_->graph = impl_->plugin->graph_capture_end(impl_->dl(), capture);
+    impl_->graph = impl_->plugin->graph_capture_end(impl_->dl(), capture,
+                                                    failure.empty() ? impl_->copies : std::vector<KilnGraphCopy>{});
   } catch (const std::exception& e) {
     if (failure.empty()) failure = std::string("the capture was invalidated: ") + e.what();
     else failure += std::string("; ") + e.what();
@@ -203,6 +206,11 @@ void Step::record(const std::function<void(void*)>& body) {
   c10::cuda::CUDACachingAllocator::endAllocateToPool(dev, impl_->pool);
   if (!failure.empty()) {
     impl_->graph.reset();
+    impl_->copies.clear();
+    // So that this Step may record again (the runner retries without copies): the pool goes once
+    // the caller has dropped the tensors the body allocated in it.
+    c10::cuda::CUDACachingAllocator::releasePool(dev, impl_->pool);
+    impl_->pool_used = false;
     throw CaptureFailed(failure);
   }
   Impl::order(impl_->stream, current);
@@ -249,14 +257,28 @@ void Step::Impl::record_random(const std::function<void(void*)>& body) {
   random_graph = std::move(graph);
 }
 
-void Step::replay() {
+void Step::replay(const std::vector<KilnGraphCopy>& copies) {
   c10::cuda::CUDAGuard guard(impl_->device);
   if (impl_->random_graph) {
     impl_->random_graph->replay();  // replay_prologue, then cudaGraphLaunch on the current stream
     return;
   }
-  impl_->graph->launch(c10::cuda::getCurrentCUDAStream(impl_->device.index()).stream());
+  impl_->graph->launch(c10::cuda::getCurrentCUDAStream(impl_->device.index()).stream(), copies);
 }
+
+bool Step::takes_copies() const { return !impl_->random && impl_->plugin && impl_->plugin->repoints_graph_copies(); }
+
+size_t Step::record_copy(void* dst, const void* src, size_t bytes, bool host_src, void* stream) {
+  if (!takes_copies() || bytes == 0) throw std::logic_error("kiln: record_copy on a graph that takes no copies");
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, host_src ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice,
+                                        static_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("cudaMemcpyAsync of a graph's copy failed: ") + cudaGetErrorString(e));
+  impl_->copies.push_back(KilnGraphCopy{dst, src, bytes});
+  return impl_->copies.size() - 1;
+}
+
+size_t Step::num_copies() const { return impl_->graph ? impl_->copies.size() : 0; }
 
 bool cuda_available() {
   try {
@@ -269,6 +291,13 @@ bool cuda_available() {
 void* current_stream(const c10::Device& device) {
   if (!device.is_cuda()) return nullptr;
   return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+void release_pinned_after_current_work(const at::Tensor& host, const c10::Device& device) {
+  if (!host.defined() || !host.is_pinned()) return;
+  const auto& data = host.storage().data_ptr();
+  at::getHostAllocator(at::kCUDA)->record_event(data.get(), data.get_context(),
+                                                c10::cuda::getCurrentCUDAStream(device.index()).unwrap());
 }
 
 }  // namespace kiln::cudagraph
@@ -303,9 +332,13 @@ void Step::warm_up(const std::function<void(void*)>&, const std::vector<at::Tens
 void Step::record(const std::function<void(void*)>&) { throw CaptureFailed("kiln was built without CUDA"); }
 bool Step::recorded() const { return false; }
 bool Step::draws_random_numbers() const { return false; }
-void Step::replay() {}
+void Step::replay(const std::vector<KilnGraphCopy>&) {}
+bool Step::takes_copies() const { return false; }
+size_t Step::record_copy(void*, const void*, size_t, bool, void*) { throw std::logic_error("kiln: no CUDA"); }
+size_t Step::num_copies() const { return 0; }
 bool cuda_available() { return false; }
 void* current_stream(const c10::Device&) { return nullptr; }
+void release_pinned_after_current_work(const at::Tensor&, const c10::Device&) {}
 }  // namespace kiln::cudagraph
 
 namespace kiln {

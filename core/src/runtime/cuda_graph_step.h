@@ -15,6 +15,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "kiln/plugin_api.h"
+
 namespace kiln {
 
 class LoadedPlugin;
@@ -55,7 +57,8 @@ class Step {
   void warm_up(const std::function<void(void* stream)>& body, const std::vector<at::Tensor>& live);
   // Records body(stream) on the capture stream, allocations going to the private pool. Throws
   // CaptureFailed with the reason (the op that broke it and the CUDA error) after ending the
-  // capture; the caller then drops every tensor the body allocated and destroys this Step. The
+  // capture; the caller then drops every tensor the body allocated, and destroys this Step or (a
+  // step that draws no random numbers) records again. The
   // recorded work does not run, so it draws no random numbers: the generator stays where the
   // warm-up left it, and the first replay draws what the next eager step would.
   void record(const std::function<void(void* stream)>& body);
@@ -63,8 +66,18 @@ class Step {
   // Whether this Step records with at::cuda::CUDAGraph and the CUDA generator (the constructor's flag).
   bool draws_random_numbers() const;
   // One replay on the current stream (for a step that draws random numbers: the generator's seed
-  // and offset are filled in, and the offset advanced, first, on that stream).
-  void replay();
+  // and offset are filled in, and the offset advanced, first, on that stream). copies: empty, or
+  // this replay's addresses for every copy record_copy recorded, in its order (the plugin re-points
+  // those that changed; KilnGraphLaunchArgs).
+  void replay(const std::vector<KilnGraphCopy>& copies = {});
+
+  // Whether the graph can hold copies whose addresses each replay changes: the plugin re-points
+  // them (ABI 2.3, KILN_CAPABILITY_GRAPH_COPIES), and the step draws no random numbers.
+  bool takes_copies() const;
+  // Inside record's body: enqueues a 1-D copy of `bytes` > 0 on `stream` (device to device, or from
+  // pinned host memory when host_src) that replays re-point; returns its index.
+  size_t record_copy(void* dst, const void* src, size_t bytes, bool host_src, void* stream);
+  size_t num_copies() const;
 
   // Tensors the graph reads or writes that this Step keeps alive and in place: static inputs
   // (copied into before each replay) and the recorded outputs (in the private pool).
@@ -78,6 +91,10 @@ class Step {
 
 // Whether CUDA is usable in this process (a device and a driver).
 bool cuda_available();
+
+// `host`, pinned memory from LibTorch's caching host allocator that work already enqueued on the
+// current stream of `device` reads (a graph's copy), is not handed out again before that work ran.
+void release_pinned_after_current_work(const at::Tensor& host, const c10::Device& device);
 
 // LibTorch's current stream on `device` as a cudaStream_t, what a plugin's execute is given so
 // that its kernels and the ATen ops around them (its own call_eager ones too) are ordered on one

@@ -1,6 +1,7 @@
 #include "step_runner.h"
 
 #include <chrono>
+#include <cstring>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -109,13 +110,19 @@ void StepRunner::skip_graph(const std::string& why) {
 // Writes the current run-time scalars into the lifted scalars' device buffers: one host-to-device
 // copy per dtype, on the current stream, before the step's kernels (or the graph launch).
 void StepRunner::fill_scalars(const std::vector<c10::IValue>& scalars) {
-  const auto& lifted = plan_->lifted;
-  if (lifted.empty()) return;
+  if (plan_->lifted.empty()) return;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  for (size_t b = 0; b < scalar_buffers_.size(); ++b) {
-    auto& buf = scalar_buffers_[b];
-    // Pinned memory from LibTorch's caching host allocator: the non-blocking copy records an event
-    // on the block, which is not handed out again before the copy has read it.
+  // Pinned memory from LibTorch's caching host allocator: the non-blocking copy records an event on
+  // the block, which is not handed out again before the copy has read it.
+  for (size_t b = 0; b < scalar_buffers_.size(); ++b)
+    scalar_buffers_[b].copy_(scalar_values(b, scalars), /*non_blocking=*/true);
+}
+
+at::Tensor StepRunner::scalar_values(size_t b, const std::vector<c10::IValue>& scalars) const {
+  const auto& lifted = plan_->lifted;
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  {
+    const auto& buf = scalar_buffers_[b];
     at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
     AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
       scalar_t* p = host.data_ptr<scalar_t>();
@@ -137,7 +144,7 @@ void StepRunner::fill_scalars(const std::vector<c10::IValue>& scalars) {
         }
       }
     });
-    buf.copy_(host, /*non_blocking=*/true);
+    return host;
   }
 }
 
@@ -177,15 +184,22 @@ std::vector<at::Tensor> StepRunner::finish(bool clone_results) {
   std::vector<at::Tensor> results(plan_->num_results);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (const auto& o : plan_->outputs) {
+    for (size_t k = 0; k < plan_->outputs.size(); ++k) {
+      const auto& o = plan_->outputs[k];
       auto& v = env_[static_cast<size_t>(o.value)];
       switch (o.role) {
         case ir::OutputRole::WriteBack: o.target.unsafeGetTensorImpl()->bump_version(); break;
         case ir::OutputRole::Gradient: const_cast<at::Tensor&>(o.target).mutable_grad() = v; break;
-        case ir::OutputRole::Result: results[static_cast<size_t>(o.index)] = clone_results ? v.clone() : v; break;
+        case ir::OutputRole::Result:
+          // A replay's result already copied out by the graph itself is this step's own tensor.
+          if (clone_results && k < fresh_results_.size() && fresh_results_[k].defined())
+            results[static_cast<size_t>(o.index)] = std::move(fresh_results_[k]);
+          else results[static_cast<size_t>(o.index)] = clone_results ? v.clone() : v;
+          break;
       }
     }
   }
+  fresh_results_.clear();
   for (auto& t : env_) t.reset();
   ++stats_.compiled_steps;
   return results;
@@ -193,11 +207,12 @@ std::vector<at::Tensor> StepRunner::finish(bool clone_results) {
 
 std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
                                         const std::vector<c10::IValue>& scalars) {
-  fill_scalars(scalars);
   if (graphs_) {
-    if (cg_ && cg_->recorded()) return replay(inputs, scalars);
+    if (cg_ && cg_->recorded()) return replay(inputs, scalars);  // fills the scalars itself
+    fill_scalars(scalars);
     return warm_up_and_record(inputs, scalars);
   }
+  fill_scalars(scalars);
   bind(inputs);
   {
     // CPU memory of the step from kiln's block cache (cpu_block_cache.h).
@@ -243,17 +258,77 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
         cg->static_inputs.push_back(at::empty_strided(in.sizes(), in.strides(), in.options()).copy_(in));
       }
   }
-  bind(inputs, &cg->static_inputs);
   const auto t0 = Clock::now();
-  try {
-    cg->record([&](void* stream) { run_body(scalars, stream); });
-    for (const auto& o : plan_->outputs) cg->static_outputs.push_back(env_[static_cast<size_t>(o.value)]);
-  } catch (const cudagraph::CaptureFailed& f) {
-    for (auto& t : env_) t.reset();
-    cg.reset();
-    skip_graph(f.what());
-    return results;
+  // The copies of the batch in (and of changed run-time scalars) before the launch, and of the
+  // results out after it, are work of their own on the stream, and the device idles between them
+  // and the graph (about 15 us a step on an H200). Recorded inside the graph instead, with the
+  // addresses each replay re-points (ABI 2.3), the stream sees nothing but graph launches.
+  bool with_copies = options_.graph_copies && cg->takes_copies();
+  for (;;) {
+    gc_ = GraphCopies{};
+    bind(inputs, &cg->static_inputs);
+    if (with_copies) {
+      // What the recording copies from, allocated before it (a clone inside it would be a kernel
+      // of the graph): the values do not matter, each replay re-points the copies.
+      gc_.scalar.assign(scalar_buffers_.size(), -1);
+      gc_.scalar_host.resize(scalar_buffers_.size());
+      for (size_t b = 0; b < scalar_buffers_.size(); ++b)
+        if (scalar_buffers_[b].is_cuda() && scalar_buffers_[b].nbytes() > 0)
+          gc_.scalar_host[b] = scalar_values(b, scalars);
+      gc_.input.assign(cg->static_inputs.size(), -1);
+      gc_.input_source.resize(cg->static_inputs.size());
+      for (size_t k = 0; k < cg->static_inputs.size(); ++k) {
+        const auto& st = cg->static_inputs[k];
+        if (st.is_cuda() && st.is_contiguous() && st.nbytes() > 0) gc_.input_source[k] = at::empty_like(st);
+      }
+    }
+    try {
+      cg->record([&](void* stream) {
+        if (with_copies) {
+          for (size_t b = 0; b < scalar_buffers_.size(); ++b)
+            if (gc_.scalar_host[b].defined())
+              gc_.scalar[b] =
+                  static_cast<int>(cg->record_copy(scalar_buffers_[b].data_ptr(), gc_.scalar_host[b].const_data_ptr(),
+                                                   scalar_buffers_[b].nbytes(), true, stream));
+          for (size_t k = 0; k < cg->static_inputs.size(); ++k)
+            if (gc_.input_source[k].defined())
+              gc_.input[k] = static_cast<int>(cg->record_copy(cg->static_inputs[k].data_ptr(),
+                                                              gc_.input_source[k].const_data_ptr(),
+                                                              cg->static_inputs[k].nbytes(), false, stream));
+        }
+        run_body(scalars, stream);
+        if (with_copies) {
+          gc_.result.assign(plan_->outputs.size(), -1);
+          gc_.result_target.resize(plan_->outputs.size());
+          for (size_t k = 0; k < plan_->outputs.size(); ++k) {
+            if (plan_->outputs[k].role != ir::OutputRole::Result) continue;
+            const auto& v = env_[static_cast<size_t>(plan_->outputs[k].value)];
+            if (!v.defined() || !v.is_cuda() || !v.is_non_overlapping_and_dense() || !v.is_contiguous() ||
+                v.nbytes() == 0)
+              continue;
+            gc_.result_target[k] = at::empty_like(v);
+            gc_.result[k] = static_cast<int>(
+                cg->record_copy(gc_.result_target[k].data_ptr(), v.const_data_ptr(), v.nbytes(), false, stream));
+          }
+        }
+      });
+      for (const auto& o : plan_->outputs) cg->static_outputs.push_back(env_[static_cast<size_t>(o.value)]);
+      break;
+    } catch (const cudagraph::CaptureFailed& f) {
+      for (auto& t : env_) t.reset();
+      gc_ = GraphCopies{};
+      if (with_copies) {
+        log_info(std::string("kiln: recording the CUDA graph with the batch and result copies inside it failed (") +
+                 f.what() + "); recording it with the copies around it");
+        with_copies = false;
+        continue;
+      }
+      cg.reset();
+      skip_graph(f.what());
+      return results;
+    }
   }
+  stats_.graph_copies = static_cast<int>(cg->num_copies());
   for (auto& t : env_) t.reset();
   graph_addresses_.clear();
   for (const auto& b : plan_->inputs)
@@ -275,24 +350,72 @@ std::vector<at::Tensor> StepRunner::replay(const std::vector<at::Tensor>& inputs
           "kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
           "the graph again");
       cg_.reset();
+      gc_ = GraphCopies{};
       graph_addresses_.clear();
+      fill_scalars(scalars);
       return warm_up_and_record(inputs, scalars);
     }
-  {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    size_t k = 0;
-    for (const auto& b : plan_->inputs)
-      if (b.user >= 0) {
-        auto& st = cg_->static_inputs[k++];
-        const auto& in = inputs.at(static_cast<size_t>(b.user));
-        if (!in.is_same(st)) st.copy_(in);
-      }
-  }
-  cg_->replay();
+  cg_->replay(graph_copies(inputs, scalars));
   for (size_t k = 0; k < plan_->outputs.size(); ++k)
     env_[static_cast<size_t>(plan_->outputs[k].value)] = cg_->static_outputs[k];
   ++stats_.graph_replays;
   return finish(true);
+}
+
+std::vector<KilnGraphCopy> StepRunner::graph_copies(const std::vector<at::Tensor>& inputs,
+                                                    const std::vector<c10::IValue>& scalars) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const size_t n = cg_->num_copies();
+  std::vector<KilnGraphCopy> copies(n);
+  const auto copy_index = [&](const std::vector<int>& v, size_t k) { return k < v.size() ? v[k] : -1; };
+  // Run-time scalars: the graph copies from pinned memory that stays as it is while any launch may
+  // read it; new values get a new block, and the old one goes back to the allocator once the
+  // launches enqueued so far have run.
+  for (size_t b = 0; b < scalar_buffers_.size(); ++b) {
+    const int c = copy_index(gc_.scalar, b);
+    if (c < 0) {
+      if (!plan_->lifted.empty()) scalar_buffers_[b].copy_(scalar_values(b, scalars), /*non_blocking=*/true);
+      continue;
+    }
+    at::Tensor host = scalar_values(b, scalars);
+    auto& held = gc_.scalar_host[b];
+    if (std::memcmp(host.const_data_ptr(), held.const_data_ptr(), held.nbytes()) != 0) {
+      cudagraph::release_pinned_after_current_work(held, plan_->device);
+      held = std::move(host);
+    }
+    copies[static_cast<size_t>(c)] = {scalar_buffers_[b].data_ptr(), held.const_data_ptr(), held.nbytes()};
+  }
+  // The batch: read where it is when it is a dense CUDA tensor of the recorded layout, else copied
+  // first into the recorded source (ATen's copy: strides, dtype, another device).
+  size_t k = 0;
+  for (const auto& b : plan_->inputs) {
+    if (b.user < 0) continue;
+    auto& st = cg_->static_inputs[k];
+    const auto& in = inputs.at(static_cast<size_t>(b.user));
+    const int c = copy_index(gc_.input, k++);
+    if (c < 0) {
+      if (!in.is_same(st)) st.copy_(in);
+      continue;
+    }
+    at::Tensor& source = gc_.input_source[k - 1];
+    const bool in_place = in.is_cuda() && in.device() == st.device() && in.scalar_type() == st.scalar_type() &&
+                          in.is_contiguous() && in.nbytes() == st.nbytes() &&
+                          in.const_data_ptr() != st.const_data_ptr();
+    if (!in_place) source.copy_(in);
+    copies[static_cast<size_t>(c)] = {st.data_ptr(), in_place ? in.const_data_ptr() : source.const_data_ptr(),
+                                      st.nbytes()};
+  }
+  // Results: each replay's own tensor, written by the graph's last copies.
+  fresh_results_.assign(plan_->outputs.size(), at::Tensor());
+  for (size_t o = 0; o < plan_->outputs.size(); ++o) {
+    const int c = copy_index(gc_.result, o);
+    if (c < 0) continue;
+    const auto& v = cg_->static_outputs[o];
+    fresh_results_[o] = at::empty_like(v);
+    copies[static_cast<size_t>(c)] = {fresh_results_[o].data_ptr(), v.const_data_ptr(), v.nbytes()};
+  }
+  if (n == 0) copies.clear();
+  return copies;
 }
 
 }  // namespace kiln

@@ -15,6 +15,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "kiln/compile.h"
+#include "kiln/plugin_api.h"
 #include "plan_step.h"
 
 namespace kiln {
@@ -29,6 +30,7 @@ struct RunOptions {
   int64_t cpu_block_cache_max_mb = 2048;
   bool check_meta = false;     // [debug] check_meta
   bool verify_groups = false;  // [debug] verify_groups
+  bool graph_copies = true;    // [runtime] graph_copies
 };
 
 // A compiled step that failed (a plugin's execute threw) before it had written into any tensor it
@@ -66,6 +68,12 @@ class StepRunner {
  private:
   struct Executor;
   void fill_scalars(const std::vector<c10::IValue>& scalars);
+  // The values of scalar buffer `b` in pinned host memory (plain host memory off CUDA).
+  at::Tensor scalar_values(size_t b, const std::vector<c10::IValue>& scalars) const;
+  // This replay's addresses of the graph's copies; copies of inputs that cannot be read where they
+  // are, and everything the graph does not copy itself, enqueued before the launch.
+  std::vector<KilnGraphCopy> graph_copies(const std::vector<at::Tensor>& inputs,
+                                          const std::vector<c10::IValue>& scalars);
   void bind(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* statics = nullptr);
   void run_body(const std::vector<c10::IValue>& scalars, void* stream, bool undoable = false);
   std::vector<at::Tensor> finish(bool clone_results);
@@ -87,6 +95,18 @@ class StepRunner {
   // Under a CUDA graph, the address of every tensor the graph reads in place: torch::load gives a
   // parameter new memory (Tensor::set_), which a replay would not see.
   std::vector<std::pair<at::Tensor, const void*>> graph_addresses_;
+  // The copies inside the recorded graph (RunOptions::graph_copies, a plugin that re-points them):
+  // each vector by user input, scalar buffer or plan output, holding the graph's copy index or -1
+  // (copied around the launch, as without them), with what the recording copied from or into.
+  struct GraphCopies {
+    std::vector<int> input, scalar, result;
+    std::vector<at::Tensor> input_source;  // the recorded source; where an input that cannot be read
+                                           // in place (strided, another dtype) is copied first
+    std::vector<at::Tensor> scalar_host;   // the pinned values the graph copies from now
+    std::vector<at::Tensor> result_target;
+  };
+  GraphCopies gc_;
+  std::vector<at::Tensor> fresh_results_;  // by plan output: this replay's copy of a result, or undefined
 };
 
 }  // namespace kiln

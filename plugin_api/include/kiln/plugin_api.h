@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 2
-#define KILN_ABI_VERSION_MINOR 2
+#define KILN_ABI_VERSION_MINOR 3
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -297,6 +297,10 @@ KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
                   threads at once for one context, on distinct \
                   subgraphs (kiln then compiles a step's       \
                   groups in parallel) */
+#define KILN_CAPABILITY_GRAPH_COPIES                           \
+  (1ull << 5) /* since 2.3, with DEVICE_GRAPHS: graph_capture_ \
+                  end takes the copies the host recorded and   \
+                  graph_launch re-points them (KilnGraphCopy)  */
 
 /* Owned by the plugin; lives until its shutdown returns. */
 typedef struct KilnPluginDescriptor {
@@ -552,6 +556,17 @@ typedef struct KilnGraphCaptureBeginArgs {
 #define KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureBeginArgs, stream)
 KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureBeginArgs, KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE);
 
+/* Since 2.3 (KILN_CAPABILITY_GRAPH_COPIES): one 1-D copy the host enqueued on the capture stream
+ * while recording (cudaMemcpyAsync of `bytes` > 0 from `src` to `dst`; device to device, or pinned
+ * host to device), whose addresses each launch may change: the new batch copied into the graph's
+ * inputs at its start, the results copied out at its end, without work of their own on the stream
+ * around the launch. Fixed layout, no struct_size: arrays of it cross the ABI. */
+typedef struct KilnGraphCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+} KilnGraphCopy;
+
 /* Stops recording on `stream` and instantiates the graph. Called after every successful
  * graph_capture_begin, also when the host's work failed half-way: then the plugin ends the capture,
  * discards it and returns the error (naming the device runtime's error, e.g.
@@ -563,8 +578,15 @@ typedef struct KilnGraphCaptureEndArgs {
   DLDevice device;
   void* stream;
   KilnGraphExec* graph; /* out: owned by the host until graph_destroy; NULL on error */
+  /* 2.3, read only when KILN_HAS_FIELD(args, KilnGraphCaptureEndArgs, num_copies) holds; set by the
+   * host only for a plugin with KILN_CAPABILITY_GRAPH_COPIES. NULL and 0, or the copies the host
+   * enqueued during this capture, as it enqueued them: the plugin finds each among the recorded
+   * graph's copy nodes (the same dst, src and bytes), keeps them by their index here, and fails with
+   * KILN_ERROR_INTERNAL when one is not there exactly once. */
+  const KilnGraphCopy* copies;
+  size_t num_copies;
 } KilnGraphCaptureEndArgs;
-#define KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, graph)
+#define KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, num_copies)
 KILN_CHECK_STRUCT_SIZE(KilnGraphCaptureEndArgs, KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE);
 
 /* Enqueues one replay of `graph` on `stream` (any stream of the graph's device). */
@@ -572,8 +594,17 @@ typedef struct KilnGraphLaunchArgs {
   size_t struct_size;
   KilnGraphExec* graph;
   void* stream;
+  /* 2.3 (KILN_CAPABILITY_GRAPH_COPIES; read only when KILN_HAS_FIELD(args, KilnGraphLaunchArgs,
+   * num_copies) holds). NULL and 0: replay the copies as they were last launched. Otherwise exactly
+   * the num_copies of graph_capture_end, in its order and with its byte counts: the addresses this
+   * replay copies between (the same kind of memory, on the graph's device, as when recorded). The
+   * plugin re-points the copies whose addresses changed before it enqueues the replay; replays
+   * already enqueued keep theirs (cudaGraphExecMemcpyNodeSetParams1D). A mismatch is
+   * KILN_ERROR_INVALID_ARGUMENT, and nothing is launched. */
+  const KilnGraphCopy* copies;
+  size_t num_copies;
 } KilnGraphLaunchArgs;
-#define KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphLaunchArgs, stream)
+#define KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphLaunchArgs, num_copies)
 KILN_CHECK_STRUCT_SIZE(KilnGraphLaunchArgs, KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE);
 
 /* Frees `graph`; work already launched completes. The host calls it once per graph. */

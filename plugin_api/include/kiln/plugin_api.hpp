@@ -564,6 +564,10 @@ struct Descriptor {
   // KILN_CAPABILITY_CONCURRENT_COMPILE (ABI 2.1): Plugin::compile may run from several threads at
   // once, on distinct subgraphs; kiln then compiles the groups of a step in parallel.
   bool concurrent_compile_safe = false;
+  // KILN_CAPABILITY_GRAPH_COPIES (ABI 2.3), with device_graphs: the plugin implements
+  // Plugin::graph_capture_end_with_copies and GraphExec::launch_with_copies, re-pointing the copies
+  // the host recorded at each launch.
+  bool graph_copies = false;
   // The availability score for "auto" when the plugin does not override Plugin::available.
   int32_t default_score = 0;
 
@@ -572,7 +576,8 @@ struct Descriptor {
            (runtime_scalars ? KILN_CAPABILITY_RUNTIME_SCALARS : 0) |
            (device_graphs ? KILN_CAPABILITY_DEVICE_GRAPHS : 0) |
            (whole_step_graph ? KILN_CAPABILITY_WHOLE_STEP_GRAPH : 0) |
-           (concurrent_compile_safe ? KILN_CAPABILITY_CONCURRENT_COMPILE : 0);
+           (concurrent_compile_safe ? KILN_CAPABILITY_CONCURRENT_COMPILE : 0) |
+           (graph_copies ? KILN_CAPABILITY_GRAPH_COPIES : 0);
   }
 };
 
@@ -620,6 +625,16 @@ class GraphExec {
   virtual ~GraphExec() = default;
   // Enqueues one replay on `stream` (cudaStream_t on CUDA).
   virtual void launch(void* stream) = 0;
+  // Descriptor::graph_copies (ABI 2.3): re-point the recorded copies whose addresses changed, then
+  // launch (KilnGraphLaunchArgs says what the host passes). The layer has checked that `n` is 0 or
+  // the number recorded; without copies it calls launch().
+  virtual void launch_with_copies(void* stream, const KilnGraphCopy* copies, size_t n) {
+    (void)copies;
+    if (n) throw Error(KILN_ERROR_INVALID_ARGUMENT, "graph_launch: this plugin re-points no copies");
+    launch(stream);
+  }
+  // The number of copies recorded with the graph (set by the layer from graph_capture_end's args).
+  size_t num_copies = 0;
 };
 
 class Plugin {
@@ -647,6 +662,16 @@ class Plugin {
   virtual std::unique_ptr<GraphExec> graph_capture_end(DLDevice device, void* stream) {
     (void)device, (void)stream;
     throw Unimplemented("this plugin does not record device graphs");
+  }
+  // Descriptor::graph_copies (ABI 2.3): the same, given the copies the host enqueued during the
+  // capture (KilnGraphCaptureEndArgs says what to do with them). Called instead of the above only
+  // when there are copies.
+  virtual std::unique_ptr<GraphExec> graph_capture_end_with_copies(DLDevice device, void* stream,
+                                                                   const std::vector<KilnGraphCopy>& copies) {
+    (void)copies;
+    // A plugin without the capability is never handed copies; end the capture all the same.
+    (void)graph_capture_end(device, stream);
+    throw Error(KILN_ERROR_INTERNAL, "graph_capture_end: this plugin re-points no copies");
   }
 
  private:
@@ -808,9 +833,19 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         if (args) args->graph = nullptr;
         return guard([&] {
           if (!args) invalid("graph_capture_end: args is NULL");
-          auto g =
-              static_cast<PluginState<P>*>(args->plugin_ctx)->plugin->graph_capture_end(args->device, args->stream);
+          auto* plugin = static_cast<PluginState<P>*>(args->plugin_ctx)->plugin.get();
+          std::vector<KilnGraphCopy> copies;
+          if (KILN_HAS_FIELD(args, KilnGraphCaptureEndArgs, num_copies) && args->num_copies) {
+            if (!args->copies) {
+              (void)plugin->graph_capture_end(args->device, args->stream);  // ends the capture
+              invalid("graph_capture_end: copies is NULL with num_copies " + std::to_string(args->num_copies));
+            }
+            copies.assign(args->copies, args->copies + args->num_copies);
+          }
+          auto g = copies.empty() ? plugin->graph_capture_end(args->device, args->stream)
+                                  : plugin->graph_capture_end_with_copies(args->device, args->stream, copies);
           if (!g) throw Error(KILN_ERROR_INTERNAL, "graph_capture_end returned no graph");
+          g->num_copies = copies.size();
           auto box = std::make_unique<KilnGraphExec>();
           box->impl = std::move(g);
           args->graph = box.release();
@@ -819,7 +854,13 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
       t.graph_launch = [](KilnGraphLaunchArgs* args) -> KilnError* {
         return guard([&] {
           if (!args || !args->graph || !args->graph->impl) invalid("graph_launch: null graph");
-          args->graph->impl->launch(args->stream);
+          auto& g = *args->graph->impl;
+          const size_t n = KILN_HAS_FIELD(args, KilnGraphLaunchArgs, num_copies) ? args->num_copies : 0;
+          if (n == 0) return g.launch(args->stream);
+          if (!args->copies || n != g.num_copies)
+            invalid("graph_launch: " + std::to_string(n) + " copies given, the graph recorded " +
+                    std::to_string(g.num_copies));
+          g.launch_with_copies(args->stream, args->copies, n);
         });
       };
       t.graph_destroy = [](KilnGraphDestroyArgs* args) {

@@ -24,7 +24,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 2);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 2);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 3);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -182,10 +182,18 @@ int main(void) {
   SIZE(KilnGraphCaptureBeginArgs, KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE, 32);
   OFF(KilnGraphCaptureBeginArgs, device, 16);
   OFF(KilnGraphCaptureBeginArgs, stream, 24);
-  SIZE(KilnGraphCaptureEndArgs, KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE, 40);
+  SIZE(KilnGraphCaptureEndArgs, KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE, 56);
   OFF(KilnGraphCaptureEndArgs, graph, 32);
-  SIZE(KilnGraphLaunchArgs, KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, 24);
+  OFF(KilnGraphCaptureEndArgs, copies, 40);
+  OFF(KilnGraphCaptureEndArgs, num_copies, 48);
+  SIZE(KilnGraphLaunchArgs, KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, 40);
   OFF(KilnGraphLaunchArgs, stream, 16);
+  OFF(KilnGraphLaunchArgs, copies, 24);
+  OFF(KilnGraphLaunchArgs, num_copies, 32);
+  check("sizeof(KilnGraphCopy)", sizeof(KilnGraphCopy), 24);
+  check("offsetof(KilnGraphCopy, src)", offsetof(KilnGraphCopy, src), 8);
+  check("offsetof(KilnGraphCopy, bytes)", offsetof(KilnGraphCopy, bytes), 16);
+  check("KILN_CAPABILITY_GRAPH_COPIES", KILN_CAPABILITY_GRAPH_COPIES, 32);
   SIZE(KilnGraphDestroyArgs, KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, 16);
 
   SIZE(KilnPluginApi, KILN_PLUGIN_API_STRUCT_SIZE, 136);

@@ -352,11 +352,11 @@ TEST(PluginApiHpp, DeviceGraphFunctionsAreFilledAndTurnExceptionsIntoErrors) {
   KilnGraphCaptureBeginArgs begin{KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE, api->plugin_ctx, DLDevice{kDLCUDA, 0},
                                   nullptr};
   EXPECT_EQ(api->graph_capture_begin(&begin), nullptr);
-  KilnGraphCaptureEndArgs end{KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE, api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr,
-                              nullptr};
+  KilnGraphCaptureEndArgs end{
+      KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE, api->plugin_ctx, DLDevice{kDLCUDA, 0}, nullptr, nullptr, nullptr, 0};
   ASSERT_EQ(api->graph_capture_end(&end), nullptr);
   ASSERT_NE(end.graph, nullptr);
-  KilnGraphLaunchArgs launch{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, end.graph, nullptr};
+  KilnGraphLaunchArgs launch{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, end.graph, nullptr, nullptr, 0};
   EXPECT_EQ(api->graph_launch(&launch), nullptr);
   EXPECT_EQ(FakeGraph::launched, 1);
   KilnGraphDestroyArgs destroy{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, end.graph};
@@ -365,6 +365,101 @@ TEST(PluginApiHpp, DeviceGraphFunctionsAreFilledAndTurnExceptionsIntoErrors) {
   auto [code, msg] = take(api, api->graph_capture_begin(&begin));
   EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(msg, "cudaErrorInvalidDevice: bad device");
+  shutdown(api);
+}
+
+namespace {
+// Records the copies it was given and re-points them at each launch, as a device would.
+struct CopyingGraph : kp::GraphExec {
+  std::vector<KilnGraphCopy> now;
+  int launches = 0;
+  void launch(void*) override { ++launches; }
+  void launch_with_copies(void* stream, const KilnGraphCopy* copies, size_t n) override {
+    now.assign(copies, copies + n);
+    launch(stream);
+  }
+};
+CopyingGraph* last_copying_graph = nullptr;
+class CopyingGraphPlugin : public GraphPlugin {
+ public:
+  using GraphPlugin::GraphPlugin;
+  static kp::Descriptor describe() {
+    kp::Descriptor d = GraphPlugin::describe();
+    d.name = "graph_copies_test";
+    d.graph_copies = true;
+    return d;
+  }
+  std::unique_ptr<kp::GraphExec> graph_capture_end_with_copies(DLDevice, void*,
+                                                               const std::vector<KilnGraphCopy>& copies) override {
+    auto g = std::make_unique<CopyingGraph>();
+    g->now = copies;
+    last_copying_graph = g.get();
+    return g;
+  }
+};
+}  // namespace
+
+TEST(PluginApiHpp, GraphCopiesReachThePluginAndALaunchWithTheWrongCountIsRefused) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<CopyingGraphPlugin>(&host, 2, 3, &api), nullptr);
+  EXPECT_EQ(api->descriptor->capabilities, KILN_CAPABILITY_DEVICE_GRAPHS | KILN_CAPABILITY_GRAPH_COPIES);
+  char a[16], b[16], c[16], d[16];
+  const KilnGraphCopy recorded[2] = {{a, b, 16}, {c, d, 8}};
+  KilnGraphCaptureEndArgs end{};
+  end.struct_size = KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE;
+  end.plugin_ctx = api->plugin_ctx;
+  end.device = DLDevice{kDLCUDA, 0};
+  end.copies = recorded;
+  end.num_copies = 2;
+  ASSERT_EQ(api->graph_capture_end(&end), nullptr);
+  ASSERT_NE(end.graph, nullptr);
+  ASSERT_NE(last_copying_graph, nullptr);
+  ASSERT_EQ(last_copying_graph->now.size(), 2u);
+  EXPECT_EQ(last_copying_graph->now[1].dst, c);
+  EXPECT_EQ(last_copying_graph->now[1].bytes, 8u);
+
+  // This launch's addresses reach the graph, in the recorded order.
+  const KilnGraphCopy next[2] = {{a, d, 16}, {b, c, 8}};
+  KilnGraphLaunchArgs launch{KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE, end.graph, nullptr, next, 2};
+  EXPECT_EQ(api->graph_launch(&launch), nullptr);
+  EXPECT_EQ(last_copying_graph->launches, 1);
+  EXPECT_EQ(last_copying_graph->now[0].src, d);
+  EXPECT_EQ(last_copying_graph->now[1].dst, b);
+  // Without copies (or from a 2.2 host, whose struct ends at `stream`): the last addresses again.
+  launch.struct_size = KILN_STRUCT_SIZE(KilnGraphLaunchArgs, stream);
+  EXPECT_EQ(api->graph_launch(&launch), nullptr);
+  EXPECT_EQ(last_copying_graph->launches, 2);
+  EXPECT_EQ(last_copying_graph->now[0].src, d);
+  // One copy for a graph of two: refused, nothing launched.
+  launch.struct_size = KILN_GRAPH_LAUNCH_ARGS_STRUCT_SIZE;
+  launch.num_copies = 1;
+  auto [code, msg] = take(api, api->graph_launch(&launch));
+  EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("1 copies given, the graph recorded 2"), std::string::npos) << msg;
+  EXPECT_EQ(last_copying_graph->launches, 2);
+  KilnGraphDestroyArgs destroy{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, end.graph};
+  api->graph_destroy(&destroy);
+  last_copying_graph = nullptr;
+  shutdown(api);
+}
+
+TEST(PluginApiHpp, CopiesGivenToAPluginThatDoesNotRepointThemFailTheCaptureAfterEndingIt) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<GraphPlugin>(&host, 2, 3, &api), nullptr);
+  char a[4], b[4];
+  const KilnGraphCopy recorded[1] = {{a, b, 4}};
+  KilnGraphCaptureEndArgs end{};
+  end.struct_size = KILN_GRAPH_CAPTURE_END_ARGS_STRUCT_SIZE;
+  end.plugin_ctx = api->plugin_ctx;
+  end.device = DLDevice{kDLCUDA, 0};
+  end.copies = recorded;
+  end.num_copies = 1;
+  auto [code, msg] = take(api, api->graph_capture_end(&end));
+  EXPECT_EQ(code, KILN_ERROR_INTERNAL);
+  EXPECT_NE(msg.find("re-points no copies"), std::string::npos) << msg;
+  EXPECT_EQ(end.graph, nullptr);
   shutdown(api);
 }
 

@@ -156,6 +156,7 @@ cpu_block_cache_max_mb = 512
 writeback_copy = true
 compile_threads = 3
 channels_last = "never"
+graph_copies = false
 
 [debug]
 dump_dir = "/tmp/ir"
@@ -212,6 +213,7 @@ ratio = 0.5
   EXPECT_TRUE(a.runtime.writeback_copy);
   EXPECT_EQ(a.runtime.compile_threads, 3);
   EXPECT_EQ(a.runtime.channels_last, "never");
+  EXPECT_FALSE(a.runtime.graph_copies);
   EXPECT_EQ(a.debug.dump_dir, "/tmp/ir");
   EXPECT_TRUE(a.debug.check_meta);
   EXPECT_TRUE(a.debug.verify_groups);
@@ -225,8 +227,8 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":33:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":50:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":54:8");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":51:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":55:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -318,7 +320,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
     EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
   }
-  EXPECT_EQ(variables, 17u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+  EXPECT_EQ(variables, 18u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
 }
 
 TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {

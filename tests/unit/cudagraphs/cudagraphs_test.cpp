@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
@@ -327,6 +328,64 @@ TEST(CudaGraphsCuda, ANewBatchSizeRecordsASecondGraph) {
   EXPECT_EQ(st.graph_replays, 7);
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
+}
+
+// A training loop feeds a new batch every step. The graph copies it in (and the loss out, and
+// AdamW's run-time scalars in) itself, from addresses each replay sets: batches that are fresh
+// tensors, a strided view, the same tensor again, and a tensor changed in place after the step that
+// read it; every loss stays the step's own after later replays. All as LibTorch eager computes it,
+// and the same with the copies made around the launch instead (runtime.graph_copies = false).
+static void expect_fresh_batches_like_eager(bool graph_copies) {
+  const uint64_t seed = 2024;
+  kiln::WorkloadOptions o{"cuda", seed, 64};
+  o.optimizer = "adamw";
+  auto ref = kiln::make_workload("mlp", o);
+  auto w = kiln::make_workload("mlp", o);
+  auto ref_step = step_of(ref);
+  auto args = args_for("cudagraphs", "default");
+  args.runtime.graph_copies = graph_copies;
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<at::Tensor> got_losses, want_losses;
+  at::Tensor reused = at::randn(w.input.sizes(), gen).to(at::kCUDA);
+  const auto targets = w.target.clone();
+  for (int s = 0; s < 14; ++s) {
+    at::Tensor x;
+    if (s % 4 == 1) {
+      // A strided batch: the rows of a wider tensor, read through ATen's copy first.
+      auto wide = at::randn({w.input.size(0), 2 * w.input.size(1)}, gen).to(at::kCUDA);
+      x = wide.slice(1, 0, w.input.size(1));
+      ASSERT_FALSE(x.is_contiguous());
+    } else if (s % 4 == 2) {
+      x = reused;  // the same tensor as the last such step, changed in place since
+      reused.add_(0.5);
+    } else {
+      x = at::randn(w.input.sizes(), gen).to(at::kCUDA);
+    }
+    want_losses.push_back(ref_step({x, targets})[0]);
+    got_losses.push_back(step({x, targets})[0]);
+  }
+  for (size_t s = 0; s < got_losses.size(); ++s)
+    EXPECT_LE(rel_err(got_losses[s], want_losses[s]), 1e-5)
+        << "step " << s << ": " << got_losses[s].item<float>() << " vs " << want_losses[s].item<float>();
+  const auto& st = step.stats();
+  EXPECT_GE(st.graphs_recorded, 1) << st.last_graph_skip;
+  EXPECT_GE(st.graph_replays, 8) << st.last_graph_skip;
+  // The batch and its targets, AdamW's scalars (one buffer per dtype), the loss.
+  if (graph_copies) EXPECT_GE(st.graph_copies, 4);
+  else EXPECT_EQ(st.graph_copies, 0);
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
+}
+
+TEST(CudaGraphsCuda, FreshBatchesAreCopiedInsideTheGraphAsEagerReadsThem) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_fresh_batches_like_eager(true);
+}
+
+TEST(CudaGraphsCuda, FreshBatchesCopiedAroundTheGraphWhenSwitchedOff) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  expect_fresh_batches_like_eager(false);
 }
 
 TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {

@@ -117,6 +117,10 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   bool accepts_runtime_scalars() const;
   // The plugin records and replays device graphs (the loader checked all four graph functions).
   bool provides_device_graphs() const;
+  // Its graphs take copies whose addresses each launch re-points (ABI 2.3, KilnGraphCopy).
+  bool repoints_graph_copies() const {
+    return negotiated_minor_ >= 3 && provides_device_graphs() && (capabilities_ & KILN_CAPABILITY_GRAPH_COPIES) != 0;
+  }
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
   // All calls are thread-safe (serialised as docs/abi.md says where the plugin needs it).
@@ -142,7 +146,10 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   // Device graphs (provides_device_graphs()). Throw PluginError with the plugin's message.
   // graph_capture_end must follow every successful graph_capture_begin.
   void graph_capture_begin(DLDevice device, void* stream) const;
-  std::unique_ptr<PluginGraph> graph_capture_end(DLDevice device, void* stream) const;
+  // copies: the 1-D copies enqueued during the capture that launches re-point (only for a plugin
+  // that repoints_graph_copies()).
+  std::unique_ptr<PluginGraph> graph_capture_end(DLDevice device, void* stream,
+                                                 const std::vector<KilnGraphCopy>& copies = {}) const;
 
   const KilnPluginApi* api() const { return api_; }
 
@@ -209,8 +216,10 @@ class PluginGraph {
   ~PluginGraph();
   PluginGraph(const PluginGraph&) = delete;
   PluginGraph& operator=(const PluginGraph&) = delete;
-  // Enqueues one replay on `stream`. Throws PluginError.
-  void launch(void* stream) const;
+  // Enqueues one replay on `stream`. Throws PluginError. copies: empty (the addresses of the last
+  // launch), or one entry per copy recorded with the graph, in its order: this replay's addresses.
+  void launch(void* stream, const std::vector<KilnGraphCopy>& copies = {}) const;
+  size_t num_copies() const { return num_copies_; }
 
  private:
   friend class LoadedPlugin;
@@ -218,6 +227,7 @@ class PluginGraph {
       : plugin_(std::move(plugin)), exec_(exec) {}
   std::shared_ptr<const LoadedPlugin> plugin_;
   KilnGraphExec* exec_;
+  size_t num_copies_ = 0;
 };
 
 // A file that was found but not loaded, or a duplicate that was ignored.
