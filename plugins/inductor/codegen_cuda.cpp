@@ -448,23 +448,30 @@ class Emitter {
   // across `splits` blocks per column strip, each storing its partial result into a scratch
   // buffer (`partial_slot`, splits x columns of the accumulator's type) that column_finish()
   // combines in a fixed order: the result does not depend on which block ran first.
+  // Sibling reductions (KernelPlan::stages, several column reductions of one shape over the same
+  // rows that do not read each other: a batch norm backward's two sums) share the kernel's loads
+  // and loops, each with its accumulators, its shared-memory table and, when split, its partial
+  // results (`partial_slots`, one per stage).
   CudaLaunch column(const std::string& kernel, const KernelPlan& K, int width = 1, int64_t splits = 1,
-                    int partial_slot = -1) {
+                    const std::vector<int>& partial_slots = {}) {
     const int v = K.stages.at(0);
     const ValueInfo& info = val(v);
     const std::vector<int64_t> kept = stripped(info.shape);
     const int64_t n_kept = prod(kept), n_red = prod(info.red.red_shape);
+    const size_t ns = K.stages.size();
     CudaLaunch launch;
     launch.name = kernel;
     launch.what =
         "column " + std::string(ty_name(info.ty)) + shape_str(kept) + " over " + shape_str(info.red.red_shape);
+    if (ns > 1) launch.what += ", " + std::to_string(ns) + " reductions";
     if (width > 1) launch.what += ", " + std::to_string(width) + " columns a thread";
     if (splits > 1) launch.what += " in " + std::to_string(splits) + " parts";
     if (n_kept == 0) {
       empty_ = true;
       return launch;
     }
-    in_kernel_.insert(v);
+    if (splits > 1 && partial_slots.size() != ns) throw std::logic_error("column kernel: one partial slot a stage");
+    for (int s : K.stages) in_kernel_.insert(s);
     base_ = 1;
     const int64_t per_strip = 32 * static_cast<int64_t>(width);
     const int64_t strips = (n_kept + per_strip - 1) / per_strip, blocks = strips * splits;
@@ -485,16 +492,26 @@ class Emitter {
     std::vector<int> rvars;
     std::vector<int64_t> rsizes;
     const Idx red_idx = loop_index(info.red.red_shape, 2, &rvars, &rsizes);
-    const int root = info.red.body(pool_, idx, red_idx);
-    const Index out = LoweredGraph::offset(info, idx);
-    if (!out.exprs.empty()) throw std::logic_error("column reduction stored at a data-dependent index");
+    std::vector<int> roots;
+    std::vector<Index> outs;
     std::set<int> pending;
-    collect(root, pending);
+    for (int s : K.stages) {
+      roots.push_back(val(s).red.body(pool_, idx, red_idx));
+      outs.push_back(LoweredGraph::offset(val(s), idx));
+      if (!outs.back().exprs.empty()) throw std::logic_error("column reduction stored at a data-dependent index");
+      collect(roots.back(), pending);
+    }
     flush(pending, 0, 0);
-    const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v);
     const std::string W = std::to_string(width), per = lit(per_strip);
-    shared(acc_t, rows * width * pad);
-    body_ << "  __shared__ " << acc_t << " kiln_col[" << rows * width * pad << "];\n";
+    std::vector<std::string> acc_t(ns), acc(ns), tab(ns);
+    for (size_t k = 0; k < ns; ++k) {
+      const ValueInfo& sk = val(K.stages[k]);
+      acc_t[k] = acc_type(sk);
+      acc[k] = "acc" + std::to_string(K.stages[k]);
+      tab[k] = ns == 1 ? std::string("kiln_col") : "kiln_col" + std::to_string(k);
+      shared(acc_t[k], rows * width * pad);
+      body_ << "  __shared__ " << acc_t[k] << " " << tab[k] << "[" << rows * width * pad << "];\n";
+    }
     if (lanes == 32) body_ << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n";
     else body_ << "  const int tx = threadIdx.x % " << lanes << ", ty = threadIdx.x / " << lanes << ";\n";
     if (splits > 1)
@@ -511,17 +528,21 @@ class Emitter {
       decompose("x", std::vector<int>(kvars_.begin(), kvars_.end() - 1),
                 std::vector<int64_t>(ksizes_.begin(), ksizes_.end() - 1), 0, ksizes_.back());
       body_ << "  const kidx ib = " << (kvars_.size() > 1 ? "x % " + lit(ksizes_.back()) : std::string("x")) << ";\n";
-      vz = column_vectors(root, inner, width);
+      vz = column_vectors(roots, inner, width);
       body_ << "  const bool aligned = (" << vz.aligned << ") == 0;\n";
     } else {
       decompose("x", kvars_, ksizes_, 0);
     }
     flush(pending, 1, 0);
-    if (width > 1)
-      body_ << "  " << acc_t << " " << acc << "[" << W << "];\n"
-            << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) " << acc << "[u] = " << acc_init(info) << ";\n";
-    else body_ << "  " << acc_t << " " << acc << " = " << acc_init(info) << ";\n";
-    const std::string accu = width > 1 ? acc + "[u]" : acc;
+    for (size_t k = 0; k < ns; ++k) {
+      const ValueInfo& sk = val(K.stages[k]);
+      if (width > 1)
+        body_ << "  " << acc_t[k] << " " << acc[k] << "[" << W << "];\n"
+              << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) " << acc[k] << "[u] = " << acc_init(sk)
+              << ";\n";
+      else body_ << "  " << acc_t[k] << " " << acc[k] << " = " << acc_init(sk) << ";\n";
+    }
+    const auto accu = [&](size_t k) { return width > 1 ? acc[k] + "[u]" : acc[k]; };
     if (n_red > 0) {
       // Several columns a thread: four rows' words in flight at once.
       if (splits > 1) {
@@ -537,7 +558,7 @@ class Emitter {
       flush(pending, 2, 1);
       if (width > 1) {
         // The row's columns as whole words when aligned (one test for the whole kernel), else
-        // one element at a time; then each column's term.
+        // one element at a time; then each column's terms.
         for (const auto& [key, arr] : vz.arrays) {
           const auto& [name, ty] = arr;
           use_buf(key.first, ty);
@@ -553,9 +574,11 @@ class Emitter {
         vec_ = &vz;
         flush(pending, 3, 3);
         vec_ = nullptr;
-        body_ << "      " << combine(info, accu, name(root)) << "\n    }\n  }\n";
+        for (size_t k = 0; k < ns; ++k) body_ << "      " << combine(val(K.stages[k]), accu(k), name(roots[k])) << "\n";
+        body_ << "    }\n  }\n";
       } else {
-        body_ << "    " << combine(info, acc, name(root)) << "\n  }\n";
+        for (size_t k = 0; k < ns; ++k) body_ << "    " << combine(val(K.stages[k]), acc[k], name(roots[k])) << "\n";
+        body_ << "  }\n";
       }
     }
     // Each warp's accumulators into shared memory, then the first warp combines them in order and
@@ -565,24 +588,32 @@ class Emitter {
     const std::string cell = many ? "(ty * " + W + " + u) * " + P + " + tx" : "ty * " + P + " + tx";
     const std::string other = many ? "(w * " + W + " + u) * " + P + " + tx" : "w * " + P + " + tx";
     const int d = many ? 2 : 1;  // depth of the combining code
-    if (many)
-      body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) kiln_col[" << cell << "] = " << accu << ";\n";
-    else body_ << "  kiln_col[" << cell << "] = " << accu << ";\n";
+    for (size_t k = 0; k < ns; ++k) {
+      if (many)
+        body_ << "#pragma unroll\n  for (int u = 0; u < " << W << "; ++u) " << tab[k] << "[" << cell
+              << "] = " << accu(k) << ";\n";
+      else body_ << "  " << tab[k] << "[" << cell << "] = " << accu(k) << ";\n";
+    }
     body_ << "  __syncthreads();\n"
           << "  if (ty == 0 && active) {\n";
     if (many) body_ << "#pragma unroll\n    for (int u = 0; u < " << W << "; ++u) {\n";
-    body_ << ind(d) << "for (int w = 1; w < " << rows << "; ++w) " << accu << " = " << op_struct(info) << "()(" << accu
-          << ", kiln_col[" << other << "]);\n";
-    if (splits > 1) {
-      use_buf(partial_slot, acc_ty(info));
-      written_.insert(partial_slot);
-      body_ << ind(d) << "b" << partial_slot << "[part * " << lit(n_kept) << " + col" << (many ? " + u" : "")
-            << "] = " << accu << ";\n";
-    } else {
-      const std::string res = "rv" + std::to_string(v);
-      if (many) body_ << ind(d) << "const kidx " << vname(inner) << " = ib + u;\n";
-      body_ << ind(d) << "const " << reg_type(info.ty) << " " << res << " = " << finish(info, accu) << ";\n";
-      store(v, out, res, d);
+    if (many && splits == 1) body_ << ind(d) << "const kidx " << vname(inner) << " = ib + u;\n";
+    for (size_t k = 0; k < ns; ++k) {
+      const int s = K.stages[k];
+      const ValueInfo& sk = val(s);
+      body_ << ind(d) << "for (int w = 1; w < " << rows << "; ++w) " << accu(k) << " = " << op_struct(sk) << "()("
+            << accu(k) << ", " << tab[k] << "[" << other << "]);\n";
+      if (splits > 1) {
+        const int slot = partial_slots[k];
+        use_buf(slot, acc_ty(sk));
+        written_.insert(slot);
+        body_ << ind(d) << "b" << slot << "[part * " << lit(n_kept) << " + col" << (many ? " + u" : "")
+              << "] = " << accu(k) << ";\n";
+      } else {
+        const std::string res = "rv" + std::to_string(s);
+        body_ << ind(d) << "const " << reg_type(sk.ty) << " " << res << " = " << finish(sk, accu(k)) << ";\n";
+        store(s, outs[k], res, d);
+      }
     }
     if (many) body_ << "    }\n";
     body_ << "  }\n";
@@ -596,11 +627,11 @@ class Emitter {
   // A column kernel's loads that walk memory with its innermost kept variable `inner` (coefficient
   // 1, every other coefficient a multiple of `width`): one register array each, read as whole
   // words; `index_at` is the load's index at the thread's first column (ib).
-  Vectorized column_vectors(int root, int inner, int width) {
+  Vectorized column_vectors(const std::vector<int>& roots, int inner, int width) {
     Vectorized vz;
     vz.width = width;
     std::set<int> exprs;
-    collect_all(root, exprs);
+    for (int root : roots) collect_all(root, exprs);
     std::set<std::string> tests;
     for (int e : exprs) {
       const Expr& x = pool_.at(e);
@@ -691,53 +722,70 @@ class Emitter {
   // gradient): one launch instead of two.
   CudaLaunch column_finish(const std::string& kernel, const KernelPlan& K, int64_t splits, int partial_slot,
                            const std::vector<int>& epilogue = {}) {
+    return column_finish(kernel, K, splits, std::vector<int>{partial_slot}, epilogue);
+  }
+  // With sibling reductions: one partial slot per stage, each combined in the same fixed order.
+  CudaLaunch column_finish(const std::string& kernel, const KernelPlan& K, int64_t splits,
+                           const std::vector<int>& partial_slots, const std::vector<int>& epilogue = {}) {
     const int v = K.stages.at(0);
     const ValueInfo& info = val(v);
     const std::vector<int64_t> kept = stripped(info.shape);
     const int64_t n_kept = prod(kept);
+    const size_t ns = K.stages.size();
+    if (partial_slots.size() != ns) throw std::logic_error("column_finish: one partial slot a stage");
     CudaLaunch launch;
     launch.name = kernel;
     launch.what =
         "column " + std::string(ty_name(info.ty)) + shape_str(kept) + ", " + std::to_string(splits) + " parts combined";
+    if (ns > 1) launch.what += " for " + std::to_string(ns) + " reductions";
     if (!epilogue.empty())
       launch.what += ", then " + std::to_string(epilogue.size()) + (epilogue.size() == 1 ? " stage" : " stages");
     if (n_kept == 0) {
       empty_ = true;
       return launch;
     }
-    in_kernel_.insert(v);
+    for (int s : K.stages) in_kernel_.insert(s);
     base_ = 1;
     Idx idx = kept_index(info, kept);
-    const Index out = LoweredGraph::offset(info, idx);
-    const std::string acc_t = acc_type(info), acc = "acc" + std::to_string(v), res = "rv" + std::to_string(v);
-    use_buf(partial_slot, acc_ty(info));
-    read_.insert(partial_slot);
     // 32 columns a block, one a lane; the parts split over the block's warps (warp w takes parts
     // w, w + warps, ... in order: a few independent loads each, not `splits` in a row), then the
     // first warp combines the warps' sums in order. The order is fixed: the result does not
     // depend on scheduling.
     const int64_t warps = std::min<int64_t>(16, pow2_at_most(std::max<int64_t>(splits, 1)));
-    const std::string P = "b" + std::to_string(partial_slot);
-    shared(acc_t, warps * 33);
-    body_ << "  __shared__ " << acc_t << " kiln_col[" << warps * 33 << "];\n"
-          << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
+    body_ << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
           << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
-          << "  const kidx xs = col < " << lit(n_kept) << " ? col : " << lit(n_kept - 1) << ";\n"
-          << "  " << acc_t << " part_acc = " << acc_init(info) << ";\n"
-          << "#pragma unroll 4\n"
-          << "  for (int p = ty; p < " << splits << "; p += " << warps << ") part_acc = " << op_struct(info)
-          << "()(part_acc, " << P << "[(kidx)p * " << lit(n_kept) << " + xs]);\n"
-          << "  kiln_col[ty * 33 + tx] = part_acc;\n"
-          << "  __syncthreads();\n"
+          << "  const kidx xs = col < " << lit(n_kept) << " ? col : " << lit(n_kept - 1) << ";\n";
+    std::vector<std::string> tab(ns);
+    for (size_t k = 0; k < ns; ++k) {
+      const ValueInfo& sk = val(K.stages[k]);
+      const std::string acc_t = acc_type(sk), part = "part_acc" + (ns == 1 ? std::string() : std::to_string(k));
+      tab[k] = ns == 1 ? std::string("kiln_col") : "kiln_col" + std::to_string(k);
+      use_buf(partial_slots[k], acc_ty(sk));
+      read_.insert(partial_slots[k]);
+      const std::string P = "b" + std::to_string(partial_slots[k]);
+      shared(acc_t, warps * 33);
+      body_ << "  __shared__ " << acc_t << " " << tab[k] << "[" << warps * 33 << "];\n"
+            << "  " << acc_t << " " << part << " = " << acc_init(sk) << ";\n"
+            << "#pragma unroll 4\n"
+            << "  for (int p = ty; p < " << splits << "; p += " << warps << ") " << part << " = " << op_struct(sk)
+            << "()(" << part << ", " << P << "[(kidx)p * " << lit(n_kept) << " + xs]);\n"
+            << "  " << tab[k] << "[ty * 33 + tx] = " << part << ";\n";
+    }
+    body_ << "  __syncthreads();\n"
           << "  if (ty != 0 || col >= " << lit(n_kept) << ") return;\n"
           << "  const kidx x = col;\n";
     decompose("x", kvars_, ksizes_, 0);
-    body_ << "  " << acc_t << " " << acc << " = kiln_col[tx];\n"
-          << "  for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(info) << "()(" << acc
-          << ", kiln_col[w * 33 + tx]);\n"
-          << "  const " << reg_type(info.ty) << " " << res << " = " << finish(info, acc) << ";\n";
-    store(v, out, res, 0);
-    regs_[v] = res;
+    for (size_t k = 0; k < ns; ++k) {
+      const int s = K.stages[k];
+      const ValueInfo& sk = val(s);
+      const std::string acc = "acc" + std::to_string(s), res = "rv" + std::to_string(s);
+      body_ << "  " << acc_type(sk) << " " << acc << " = " << tab[k] << "[tx];\n"
+            << "  for (int w = 1; w < " << warps << "; ++w) " << acc << " = " << op_struct(sk) << "()(" << acc << ", "
+            << tab[k] << "[w * 33 + tx]);\n"
+            << "  const " << reg_type(sk.ty) << " " << res << " = " << finish(sk, acc) << ";\n";
+      store(s, LoweredGraph::offset(sk, idx), res, 0);
+      regs_[s] = res;
+    }
     for (int e : epilogue) in_kernel_.insert(e);
     for (int e : epilogue) {
       const int root = L_.compute(pool_, e, idx);
@@ -1324,11 +1372,19 @@ namespace {
 // The stages of the step after `si` that join a combining kernel (column_finish) of `info`: all of
 // that kernel plan when it is pointwise stages of the reduction's shape that read it, and each
 // other, only at their own element; else none.
+// Columns a thread of a column kernel: what every one of its reductions allows (4 where one
+// allows 8 and another 4; 1 when any allows only 1).
+int column_width_of(const LoweredGraph& L, const KernelPlan& K) {
+  int width = 8;
+  for (int v : K.stages) width = std::min(width, Emitter::column_width(L.values[static_cast<size_t>(v)]));
+  return width;
+}
+
 std::vector<int> absorbed_epilogue(const LoweredGraph& L, const Program& P, size_t si, const ValueInfo& info) {
   if (si + 1 >= P.steps.size() || P.steps[si + 1].kernel < 0) return {};
-  const int v0 = P.kernels.at(static_cast<size_t>(P.steps[si].kernel)).stages.at(0);
+  const KernelPlan& C = P.kernels.at(static_cast<size_t>(P.steps[si].kernel));
   const KernelPlan& N = P.kernels.at(static_cast<size_t>(P.steps[si + 1].kernel));
-  std::set<int> joined{v0};
+  std::set<int> joined(C.stages.begin(), C.stages.end());
   bool joins = !N.column && !N.stages.empty();
   for (int v : N.stages) {
     const ValueInfo& sv = L.values[static_cast<size_t>(v)];
@@ -1393,15 +1449,19 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
       add(f, std::move(finish));
     } else if (K.column) {
       const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
-      const int width = Emitter::column_width(info);
+      const int width = column_width_of(L, K);
       const int64_t splits =
           choice.splits >= 1 ? choice.splits : Emitter::column_splits(info, options.multiprocessors, width);
       if (splits > 1) {
-        // The partial results: a scratch slot of this program's own, after the lowering's.
-        const int slot =
-            static_cast<int>(L.num_inputs + L.num_outputs + L.scratch_bytes.size() + out.extra_scratch_bytes.size());
-        out.extra_scratch_bytes.push_back(splits * prod(stripped(info.shape)) *
-                                          static_cast<int64_t>(ty_size(Emitter::acc_ty(info))));
+        // The partial results: a scratch slot of this program's own per stage, after the lowering's.
+        std::vector<int> slot;
+        for (int v : K.stages) {
+          slot.push_back(
+              static_cast<int>(L.num_inputs + L.num_outputs + L.scratch_bytes.size() + out.extra_scratch_bytes.size()));
+          out.extra_scratch_bytes.push_back(
+              splits * prod(stripped(info.shape)) *
+              static_cast<int64_t>(ty_size(Emitter::acc_ty(L.values[static_cast<size_t>(v)]))));
+        }
         Emitter e(L, options, wide);
         CudaLaunch launch = e.column(base + "_0", K, width, splits, slot);
         add(e, std::move(launch));
@@ -1487,7 +1547,7 @@ std::vector<CudaChoice> cuda_variants(const LoweredGraph& L, const Program& P, s
       }
   } else if (K.column) {
     const ValueInfo& info = L.values[static_cast<size_t>(K.stages.at(0))];
-    const int width = Emitter::column_width(info);
+    const int width = column_width_of(L, K);
     const int64_t s0 = Emitter::column_splits(info, options.multiprocessors, width);
     const int64_t n_red = prod(info.red.red_shape);
     // Parts of at least 32 rows, at most as many as column_splits takes.

@@ -48,9 +48,10 @@ struct Settings {
   std::vector<std::string> cflags;
   bool extern_kernels = true;
   bool profile = false;
-  std::string nvrtc;              // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
-  bool cuda = true;               // generate CUDA kernels; false leaves the nodes on CUDA to ATen
-  bool horizontal_fusion = true;  // small independent CUDA launches become one (fuse_small_launches)
+  std::string nvrtc;               // libnvrtc, or its directory (empty: searched; cuda_nvrtc.h)
+  bool cuda = true;                // generate CUDA kernels; false leaves the nodes on CUDA to ATen
+  bool horizontal_fusion = true;   // small independent CUDA launches become one (fuse_small_launches)
+  bool sibling_reductions = true;  // CUDA column reductions over the same rows share a kernel
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -104,13 +105,16 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.cuda = parse_bool(key, value);
     } else if (key == "horizontal_fusion") {
       s.horizontal_fusion = parse_bool(key, value);
+    } else if (key == "sibling_reductions") {
+      s.sibling_reductions = parse_bool(key, value);
     } else if (key == "nvrtc") {
       if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] nvrtc is empty");
       s.nvrtc = value;
     } else {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, "
-                                                   "extern_kernels, profile, cuda, nvrtc, horizontal_fusion)");
+                                                   "extern_kernels, profile, cuda, nvrtc, horizontal_fusion, "
+                                                   "sibling_reductions)");
     }
   }
   if (s.threads == 0) {
@@ -989,6 +993,7 @@ class InductorPlugin : public Plugin {
     lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
     std::unique_ptr<LoweredGraph> L = lower(g, lo);
     Program P = schedule(*L);
+    if (s.sibling_reductions) join_sibling_columns(*L, P);
     CudaOptions co;
     co.multiprocessors = rt.driver->multiprocessors(device);
     co.compute_capability = arch;

@@ -206,6 +206,63 @@ void walk_stores_in_memory_order(const LoweredGraph& L, Program& P) {
   }
 }
 
+namespace {
+// Whether v's reduction reads any of `values` (from their buffers: a column kernel's stages are
+// only complete at its end).
+bool reads_any(const LoweredGraph& L, int v, const std::set<int>& values) {
+  const ValueInfo& info = L.values[static_cast<size_t>(v)];
+  ExprPool pool;
+  Idx idx, red_idx;
+  for (size_t d = 0; d < info.shape.size(); ++d) idx.push_back(Index::var(pool.new_var()));
+  for (size_t d = 0; d < info.red.red_shape.size(); ++d) red_idx.push_back(Index::var(pool.new_var()));
+  const int root = info.red.body(pool, idx, red_idx);
+  std::vector<int> stack{root};
+  std::set<int> seen;
+  while (!stack.empty()) {
+    const int e = stack.back();
+    stack.pop_back();
+    if (!seen.insert(e).second) continue;
+    const Expr& x = pool.at(e);
+    if (x.k == Expr::K::Load) {
+      if (values.count(x.value)) return true;
+      for (int u : values)
+        if (x.buf >= 0 && x.buf == L.values[static_cast<size_t>(u)].buffer) return true;
+    }
+    for (int c : x.args) stack.push_back(c);
+    for (const auto& [ee, k] : x.idx.exprs) stack.push_back(ee);
+  }
+  return false;
+}
+}  // namespace
+
+void join_sibling_columns(const LoweredGraph& L, Program& P, size_t most) {
+  std::vector<KernelPlan> kernels;
+  std::vector<Step> steps;
+  for (const Step& st : P.steps) {
+    if (st.kernel < 0) {
+      steps.push_back(st);
+      continue;
+    }
+    const KernelPlan& K = P.kernels[static_cast<size_t>(st.kernel)];
+    if (K.column && K.stages.size() == 1 && !steps.empty() && steps.back().kernel >= 0) {
+      KernelPlan& prev = kernels[static_cast<size_t>(steps.back().kernel)];
+      const ValueInfo& a = L.values[static_cast<size_t>(prev.stages[0])];
+      const ValueInfo& b = L.values[static_cast<size_t>(K.stages[0])];
+      const std::set<int> in_prev(prev.stages.begin(), prev.stages.end());
+      if (prev.column && prev.stages.size() < most && !a.red.scatter && !b.red.scatter && a.shape == b.shape &&
+          a.red.red_shape == b.red.red_shape && !reads_any(L, K.stages[0], in_prev)) {
+        prev.stages.push_back(K.stages[0]);
+        prev.work += K.work;
+        continue;
+      }
+    }
+    kernels.push_back(K);
+    steps.push_back(Step{static_cast<int>(kernels.size() - 1), -1});
+  }
+  P.kernels = std::move(kernels);
+  P.steps = std::move(steps);
+}
+
 Program schedule(const LoweredGraph& L) {
   Program P;
   KernelPlan cur;

@@ -53,6 +53,12 @@ Program schedule(const LoweredGraph& L);
 // independent, so any order computes the same.
 void walk_stores_in_memory_order(const LoweredGraph& L, Program& P);
 
+// The CUDA kernels' sibling reductions: consecutive column kernels of one shape over the same
+// reduced range (a batch norm backward's sum of the gradient and sum of the gradient times the
+// normalized input, over the same NHWC rows), none reading another's result, become one kernel
+// of up to `most` stages that reads the rows once. The CPU emitter keeps one stage a column kernel.
+void join_sibling_columns(const LoweredGraph& L, Program& P, size_t most = 4);
+
 // Whether stage `v` may run in a kernel whose outer space has `rank` dims and that already computes
 // `in_kernel`: it reads those values only at its own outer index (and through no reshape).
 bool legal_in_kernel(const LoweredGraph& L, int v, size_t rank, const std::set<int>& in_kernel);
