@@ -157,7 +157,14 @@ void Step::warm_up(const std::function<void(void*)>& body, const std::vector<at:
   Impl::order(current, impl_->stream);
   {
     c10::cuda::CUDAStreamGuard on_capture_stream(impl_->stream);
-    body(impl_->stream.stream());
+    try {
+      body(impl_->stream.stream());
+    } catch (...) {
+      // What the caller does next (put back what the step wrote, run it eagerly) runs on the
+      // current stream: after everything the failed warm-up enqueued.
+      Impl::order(impl_->stream, current);
+      throw;
+    }
   }
   Impl::order(impl_->stream, current);
   for (const auto& t : live)

@@ -247,7 +247,18 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
     return finish(false);
   }
   bind(inputs);
-  cg->warm_up([&](void* stream) { run_body(scalars, stream); }, env_);
+  // The warm-up is the signature's first compiled step, run for real: a plugin that fails in it
+  // leaves the step undone as outside graphs (run_body's undo copy, then StepFailedUntouched), and
+  // the step runs eagerly.
+  try {
+    cg->warm_up([&](void* stream) { run_body(scalars, stream, /*undoable=*/true); }, env_);
+  } catch (const std::exception& ex) {
+    bool restored = false;
+    const bool untouched = exec_->failed_untouched(&restored);
+    for (auto& t : env_) t.reset();
+    if (untouched) throw StepFailedUntouched(ex.what(), restored);
+    throw;
+  }
   auto results = finish(false);
   // Static inputs: the user inputs' buffers the graph reads; replays copy new inputs into them.
   {

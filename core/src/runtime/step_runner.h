@@ -59,8 +59,9 @@ class StepRunner {
 
   // One compiled step: `scalars` holds the current run-time scalars (StepPlan::num_scalars).
   // Returns the step's results; the parameters' .grad and every written tensor are updated.
-  // Throws StepFailedUntouched when it fails before writing into any tensor it was given (outside
-  // CUDA graphs), anything else when it fails later.
+  // Throws StepFailedUntouched when it fails before writing into any tensor it was given, or after
+  // with what it wrote put back (outside CUDA graphs, and in the step that warms a graph up: a
+  // replay cannot be undone), anything else when it fails otherwise.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, const std::vector<c10::IValue>& scalars);
 
   const StepPlan& plan() const { return *plan_; }

@@ -388,6 +388,41 @@ TEST(CudaGraphsCuda, FreshBatchesCopiedAroundTheGraphWhenSwitchedOff) {
   expect_fresh_batches_like_eager(false);
 }
 
+// A plugin whose execute fails while the whole-step graph warms up (the signature's first compiled
+// step, run for real on the capture stream): the step is undone as outside graphs and runs eagerly,
+// and training goes on giving exactly what eager gives: nothing lost, no graph.
+TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphWarmsUpRunsTheStepEagerlyAndLosesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  Deterministic deterministic;
+  const uint64_t seed = 77;
+  auto ref = kiln::make_workload("mlp", {"cuda", seed, 64});
+  auto w = kiln::make_workload("mlp", {"cuda", seed, 64});
+  auto ref_step = step_of(ref);
+  auto args = args_for("fails_execute_cuda", "reduce-overhead");
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_CUDA_PLUGIN_DIR, KILN_INTREE_PLUGIN_DIR};
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
+  const std::string tag = "warm-up-" + std::to_string(::getpid());
+  for (int s = 0; s < 6; ++s) {
+    // Steps 0 and 1: eager and the capture; step 2 warms the graph up, and its first execute fails.
+    if (s == 2) setenv("KILN_TEST_FAIL_EXECUTE_AT", (tag + ":1").c_str(), 1);
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    EXPECT_LE(rel_err(got, want), 1e-6) << "step " << s;
+  }
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  const auto& st = step.stats();
+  EXPECT_EQ(st.graphs_recorded, 0);
+  EXPECT_NE(st.last_fallback.find("injected failure in execute call 1"), std::string::npos) << st.last_fallback;
+  EXPECT_NE(st.last_fallback.find("before it changed any parameter"), std::string::npos) << st.last_fallback;
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
+  // The momentum buffers too: one more step on each side must agree.
+  auto want = ref_step({ref.input, ref.target})[0];
+  auto got = step({w.input, w.target})[0];
+  EXPECT_LE(rel_err(got, want), 1e-6);
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
+}
+
 TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   auto w = kiln::make_workload("mlp", {"cuda", 7, 0});
