@@ -189,6 +189,7 @@ void Step::record(const std::function<void(void*)>& body) {
                                                        [capture](cudaStream_t s) { return s == capture; });
   impl_->pool_used = true;
   std::string failure;
+  bool body_ran = false;
   try {
     impl_->plugin->graph_capture_begin(impl_->dl(), capture);
   } catch (const std::exception& e) {
@@ -199,6 +200,7 @@ void Step::record(const std::function<void(void*)>& body) {
     c10::cuda::CUDAStreamGuard on_capture_stream(impl_->stream);
     try {
       body(capture);
+      body_ran = true;
     } catch (const std::exception& e) {
       failure = body_failure(e);
     }
@@ -213,11 +215,13 @@ void Step::record(const std::function<void(void*)>& body) {
   c10::cuda::CUDACachingAllocator::endAllocateToPool(dev, impl_->pool);
   if (!failure.empty()) {
     impl_->graph.reset();
-    impl_->copies.clear();
     // So that this Step may record again (the runner retries without copies): the pool goes once
     // the caller has dropped the tensors the body allocated in it.
+    const bool copies_refused = body_ran && !impl_->copies.empty();
+    impl_->copies.clear();
     c10::cuda::CUDACachingAllocator::releasePool(dev, impl_->pool);
     impl_->pool_used = false;
+    if (copies_refused) throw CopiesRefused(failure);
     throw CaptureFailed(failure);
   }
   Impl::order(impl_->stream, current);

@@ -30,6 +30,14 @@ class CaptureFailed : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The step was recorded, but the plugin could not end the capture with the copies record_copy
+// made (it found them not, or not once, among the graph's copy nodes): recording again without
+// copies may succeed.
+class CopiesRefused : public CaptureFailed {
+ public:
+  using CaptureFailed::CaptureFailed;
+};
+
 class Step {
  public:
   // A dedicated capture stream and a private memory pool on `device`; graphs through `plugin`.

@@ -328,7 +328,7 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
     } catch (const cudagraph::CaptureFailed& f) {
       for (auto& t : env_) t.reset();
       gc_ = GraphCopies{};
-      if (with_copies) {
+      if (with_copies && dynamic_cast<const cudagraph::CopiesRefused*>(&f)) {
         log_info(std::string("kiln: recording the CUDA graph with the batch and result copies inside it failed (") +
                  f.what() + "); recording it with the copies around it");
         with_copies = false;

@@ -423,6 +423,40 @@ TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphWarmsUpRunsTheStepEagerlyAnd
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
 }
 
+// A plugin whose execute fails while the graph is recorded (the recording runs nothing on the
+// device: the warm-up step before it has done the step's work). The graph is skipped with the
+// plugin's message, that step's results are the warm-up's, and the later steps run compiled without
+// a graph: every step as eager computes it.
+TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphIsRecordedSkipsTheGraphAndLosesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  Deterministic deterministic;
+  const uint64_t seed = 78;
+  auto ref = kiln::make_workload("mlp", {"cuda", seed, 64});
+  auto w = kiln::make_workload("mlp", {"cuda", seed, 64});
+  auto ref_step = step_of(ref);
+  auto args = args_for("fails_execute_cuda", "reduce-overhead");
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_CUDA_PLUGIN_DIR, KILN_INTREE_PLUGIN_DIR};
+  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
+  // One execute a relu (mlp: Linear, ReLU, Linear, ReLU, Linear); the warm-up runs both, then the
+  // recording's first one fails.
+  const int relus = 2;
+  const std::string tag = "record-" + std::to_string(::getpid()) + ":" + std::to_string(relus + 1);
+  for (int s = 0; s < 6; ++s) {
+    if (s == 2) setenv("KILN_TEST_FAIL_EXECUTE_AT", tag.c_str(), 1);
+    auto want = ref_step({ref.input, ref.target})[0];
+    auto got = step({w.input, w.target})[0];
+    EXPECT_LE(rel_err(got, want), 1e-6) << "step " << s;
+  }
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  const auto& st = step.stats();
+  EXPECT_EQ(st.graphs_recorded, 0);
+  EXPECT_EQ(st.compiled_steps, 4) << st.last_fallback;
+  EXPECT_NE(st.last_graph_skip.find("injected failure in execute call " + std::to_string(relus + 1)), std::string::npos)
+      << st.last_graph_skip;
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
+}
+
 TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   auto w = kiln::make_workload("mlp", {"cuda", 7, 0});
