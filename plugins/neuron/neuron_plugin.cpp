@@ -64,6 +64,7 @@ HostTensor host_view(const DLTensor& t) {
     n *= t.shape[d];
   }
   h.bytes = static_cast<size_t>(n * es);
+  h.on_device = t.device.device_type == kDLCUDA;
   if (!dense)
     for (int d = 0; d < t.ndim; ++d) h.byte_strides.push_back(t.strides[d] * es);
   return h;
@@ -80,7 +81,7 @@ class PjrtGroup : public Executable {
   }
 
   void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
-                            const Scalars& scalars, void*) override {
+                            const Scalars& scalars, void* stream) override {
     std::vector<HostTensor> ins, outs;
     for (size_t i = 0; i < num_inputs; ++i) ins.push_back(host_view(inputs[i]));
     // The run-time scalars' current values: rank-0 f32 parameters after the inputs (ATen computes a
@@ -94,6 +95,8 @@ class PjrtGroup : public Executable {
     std::vector<std::vector<char>> dense(num_outputs);
     for (size_t k = 0; k < num_outputs; ++k) {
       HostTensor o = host_view(outputs[k]);
+      if (!o.byte_strides.empty() && o.on_device)
+        throw Error(KILN_ERROR_INTERNAL, "neuron: CUDA output " + std::to_string(k) + " is not dense row-major");
       if (!o.byte_strides.empty()) {
         dense[k].resize(o.bytes);
         o.data = dense[k].data();
@@ -102,7 +105,7 @@ class PjrtGroup : public Executable {
       outs.push_back(o);
     }
     try {
-      exe_->run(ins, outs);
+      exe_->run(ins, outs, stream);
     } catch (const PjrtError& e) {
       throw Error(KILN_ERROR_INTERNAL, e.what());
     }
@@ -210,8 +213,9 @@ class NeuronPlugin : public Plugin {
     d.vendor = "kiln";
     d.description =
         "AWS Trainium/Inferentia: StableHLO through PJRT (libneuronpjrt.so, or [plugin.neuron] pjrt_plugin)";
-    // CPU: with pjrt_plugin set, any PJRT plugin runs the groups of a step on LibTorch CPU tensors.
-    d.device_kinds = KILN_DEVICE_MASK_NEURON | KILN_DEVICE_MASK_CPU;
+    // CPU: with pjrt_plugin set, any PJRT plugin runs the groups of a step on LibTorch CPU tensors;
+    // CUDA: a CUDA PJRT plugin (XLA's, JAX's) runs them on LibTorch's CUDA tensors where they are.
+    d.device_kinds = KILN_DEVICE_MASK_NEURON | KILN_DEVICE_MASK_CPU | KILN_DEVICE_MASK_CUDA;
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
     d.runtime_scalars = true;  // the optimizers' changing values are parameters of @main
@@ -222,8 +226,10 @@ class NeuronPlugin : public Plugin {
     const KilnDeviceInfo* dev = devices.first(KILN_DEVICE_NEURON);
     const auto configured = host().option("pjrt_plugin");
     if (!dev) {
-      if (configured && !devices.first(KILN_DEVICE_CPU))
-        return Availability::no("no AWS Neuron device and no CPU offered (pjrt_plugin runs groups of CPU tensors)");
+      if (configured && !devices.first(KILN_DEVICE_CPU) && !devices.first(KILN_DEVICE_CUDA))
+        return Availability::no(
+            "no AWS Neuron device, and no CPU or CUDA device offered (pjrt_plugin runs groups of CPU tensors, or of "
+            "CUDA tensors with a CUDA PJRT plugin)");
       if (!configured) {
         const std::string runtime_error = try_open_runtime();
         if (!runtime_error.empty())
@@ -257,21 +263,41 @@ class NeuronPlugin : public Plugin {
   std::vector<int64_t> claim(const Graph& g) override {
     std::vector<int64_t> taken;
     // Nothing to claim for where no PJRT plugin opens (it is named by pjrt_plugin, or Neuron's).
+    std::shared_ptr<PjrtClient> client;
     try {
-      PjrtClient::open(host().option("pjrt_plugin").value_or(kNeuronPjrt));
+      client = PjrtClient::open(host().option("pjrt_plugin").value_or(kNeuronPjrt));
     } catch (const PjrtError& e) {
       host().debug(std::string("neuron: claims nothing: ") + e.what());
       return taken;
     }
+    // Where the tensors may be: host memory (copied in and out, or viewed), or with a CUDA PJRT
+    // plugin the first GPU's memory, the client's device, viewed in place and copied out on the
+    // device; those must be dense row-major (PJRT's views and results are).
+    const bool cuda_client = client->platform() == "cuda";
+    auto where = [&](const Value& v) -> std::string {
+      const DLDevice d = v.device();
+      if (d.device_type == kDLCPU) return "";
+      if (d.device_type != kDLCUDA) return "tensors on a device PJRT is not given";
+      if (!cuda_client) return "CUDA tensors, and the PJRT plugin's platform is " + client->platform();
+      if (d.device_id != 0)
+        return "a tensor on cuda:" + std::to_string(d.device_id) + " (the client runs on the first GPU)";
+      if (!v.is_contiguous()) return "a CUDA tensor that is not dense row-major";
+      return "";
+    };
     for (size_t i = 0; i < g.num_nodes(); ++i) {
       const Node n = g.node(static_cast<int64_t>(i));
       std::string why;
       for (int64_t v : n.outputs())
         if (v < 0) why = "an undefined result";
+      bool on_cpu = false, on_cuda = false;
       for (int64_t v : n.outputs())
-        if (why.empty() && g.value(v).device().device_type != kDLCPU) why = "tensors not on the CPU";
+        if (why.empty() && v >= 0) why = where(g.value(v));
       for (int64_t v : n.inputs())
-        if (why.empty() && g.value(v).device().device_type != kDLCPU) why = "tensors not on the CPU";
+        if (why.empty()) why = where(g.value(v));
+      for (int64_t v : n.outputs())
+        if (v >= 0) (g.value(v).device().device_type == kDLCUDA ? on_cuda : on_cpu) = true;
+      for (int64_t v : n.inputs()) (g.value(v).device().device_type == kDLCUDA ? on_cuda : on_cpu) = true;
+      if (why.empty() && on_cpu && on_cuda) why = "CPU and CUDA tensors in one node";
       if (why.empty()) why = kiln::neuron::why_not_emitted(g, n);
       if (why.empty()) taken.push_back(static_cast<int64_t>(i));
       else host().debug("neuron: node " + std::to_string(i) + " (" + n.op() + ") stays eager: " + why);

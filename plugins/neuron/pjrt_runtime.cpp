@@ -85,6 +85,44 @@ int64_t ty_bytes(PJRT_Buffer_Type t) {
   }
 }
 
+// The CUDA driver calls that move a CUDA client's results into LibTorch's tensors, from the
+// driver library any CUDA process has loaded (the plugin links no CUDA library: on a Neuron machine
+// there is none).
+struct CudaDriver {
+  using Sync = int (*)(void*);
+  using CopyAsync = int (*)(unsigned long long, unsigned long long, size_t, void*);
+  using ErrorName = int (*)(int, const char**);
+  Sync stream_synchronize = nullptr;
+  CopyAsync memcpy_dtod_async = nullptr;
+  ErrorName error_name = nullptr;
+  std::string problem;  // why it cannot be used; empty when it can
+
+  static const CudaDriver& get() {
+    static const CudaDriver d = [] {
+      CudaDriver r;
+      void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+      if (!h) {
+        const char* e = dlerror();
+        r.problem = std::string("the CUDA driver (libcuda.so.1) cannot be loaded: ") + (e ? e : "unknown error");
+        return r;
+      }
+      r.stream_synchronize = reinterpret_cast<Sync>(dlsym(h, "cuStreamSynchronize"));
+      r.memcpy_dtod_async = reinterpret_cast<CopyAsync>(dlsym(h, "cuMemcpyDtoDAsync_v2"));
+      r.error_name = reinterpret_cast<ErrorName>(dlsym(h, "cuGetErrorName"));
+      if (!r.stream_synchronize || !r.memcpy_dtod_async || !r.error_name)
+        r.problem = "the CUDA driver lacks cuStreamSynchronize, cuMemcpyDtoDAsync_v2 or cuGetErrorName";
+      return r;
+    }();
+    return d;
+  }
+  void check(int rc, const std::string& what) const {
+    if (rc == 0) return;
+    const char* name = nullptr;
+    error_name(rc, &name);
+    throw PjrtError(what + " failed: " + (name ? name : "CUDA error " + std::to_string(rc)), -1);
+  }
+};
+
 // A device buffer destroyed when it goes out of scope.
 struct BufferGuard {
   const PJRT_Api* api;
@@ -268,14 +306,37 @@ PjrtExecutable::~PjrtExecutable() {
   drop(api, api->PJRT_LoadedExecutable_Destroy(&d));
 }
 
-void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const {
+void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs,
+                         void* stream) const {
   const PjrtClient& c = *client_;
   const PJRT_Api* api = c.api();
-  std::lock_guard<std::mutex> lock(c.mu_);
   if (outputs.size() != num_outputs_)
     throw PjrtError("the executable has " + std::to_string(num_outputs_) + " results, " +
                         std::to_string(outputs.size()) + " outputs were given",
                     -1);
+  // A CUDA client views only CUDA memory (a host pointer as a device buffer is an illegal address
+  // in its kernels), a host client only host memory.
+  const bool cuda_client = c.platform() == "cuda";
+  bool cuda = false;
+  for (const auto& t : inputs) cuda = cuda || t.on_device;
+  for (const auto& t : outputs) cuda = cuda || t.on_device;
+  const CudaDriver* driver = nullptr;
+  if (cuda) {
+    if (!cuda_client)
+      throw PjrtError("PJRT plugin " + c.path() + " (platform " + c.platform() + ") was handed CUDA tensors", -1);
+    for (const auto& [name, offset] : std::initializer_list<std::pair<const char*, size_t>>{
+             {"PJRT_Client_CreateViewOfDeviceBuffer", offsetof(PJRT_Api, PJRT_Client_CreateViewOfDeviceBuffer)},
+             {"PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
+              offsetof(PJRT_Api, PJRT_Buffer_OpaqueDeviceMemoryDataPointer)},
+             {"PJRT_Buffer_OnDeviceSizeInBytes", offsetof(PJRT_Api, PJRT_Buffer_OnDeviceSizeInBytes)}})
+      if (!has_fn(api, offset))
+        throw PjrtError("PJRT plugin " + c.path() + " lacks " + name + ", which CUDA tensors need", -1);
+    driver = &CudaDriver::get();
+    if (!driver->problem.empty()) throw PjrtError(driver->problem, -1);
+    // The plugin reads the inputs on its own streams: what the step enqueued before must be done.
+    driver->check(driver->stream_synchronize(stream), "cuStreamSynchronize (before the PJRT execution)");
+  }
+  std::lock_guard<std::mutex> lock(c.mu_);
   auto await_event = [&](PJRT_Event* ev, const char* what) {
     if (!ev) return;
     auto w = args_of<PJRT_Event_Await_Args>(PJRT_Event_Await_Args_STRUCT_SIZE);
@@ -295,6 +356,7 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
     // XLA's CPU code may assume its buffers 64-byte aligned (vector loads): others are copied,
     // which aligns them. LibTorch's allocations are; a view of a tensor at an offset may not be.
     if (!c.views_.load() || !t.data || reinterpret_cast<uintptr_t>(t.data) % kViewAlignment != 0) return nullptr;
+    if (t.on_device != cuda_client) return nullptr;
     int64_t stride = ty_bytes(t.type);
     if (stride <= 0) return nullptr;
     for (size_t d = t.byte_strides.size(); d-- > 0;) {
@@ -329,6 +391,12 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
       ++c.inputs_viewed_;
       continue;
     }
+    if (t.on_device)
+      throw PjrtError("PJRT plugin " + c.path() + " makes no view of CUDA input " + std::to_string(i) +
+                          (t.byte_strides.empty() ? " (its address is not " + std::to_string(kViewAlignment) +
+                                                        "-byte aligned, or the plugin refused it)"
+                                                  : " (it is not dense row-major)"),
+                      -1);
     ++c.inputs_copied_;
     auto b = args_of<PJRT_Client_BufferFromHostBuffer_Args>(PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE);
     b.client = c.raw();
@@ -363,7 +431,8 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
   std::vector<BufferGuard> out(num_outputs_, BufferGuard{api});
   for (size_t k = 0; k < num_outputs_; ++k) out[k].b = results[k];
   await_event(done, "PJRT_Event_Await (execution)");
-  for (size_t k = 0; k < num_outputs_; ++k) {
+  // A result into host memory: its size asked first, then copied and waited for.
+  auto to_host = [&](size_t k) {
     auto h = args_of<PJRT_Buffer_ToHostBuffer_Args>(PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE);
     h.src = results[k];
     h.dst = nullptr;  // first: ask for the size
@@ -376,7 +445,47 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
     h.event = nullptr;
     c.check(api->PJRT_Buffer_ToHostBuffer(&h), "PJRT_Buffer_ToHostBuffer");
     await_event(h.event, "PJRT_Event_Await (result copy)");
+  };
+  if (!cuda) {
+    for (size_t k = 0; k < num_outputs_; ++k) to_host(k);
+    return;
   }
+  // Results on the device: copied device to device into LibTorch's tensors on the step's stream,
+  // which is waited for before the plugin's buffers are destroyed (at the end of this call).
+  for (size_t k = 0; k < num_outputs_; ++k) {
+    const HostTensor& o = outputs[k];
+    if (!o.on_device) {
+      to_host(k);
+      continue;
+    }
+    auto sz = args_of<PJRT_Buffer_OnDeviceSizeInBytes_Args>(PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE);
+    sz.buffer = results[k];
+    c.check(api->PJRT_Buffer_OnDeviceSizeInBytes(&sz), "PJRT_Buffer_OnDeviceSizeInBytes");
+    if (sz.on_device_size_in_bytes != o.bytes)
+      throw PjrtError("result " + std::to_string(k) + " has " + std::to_string(sz.on_device_size_in_bytes) +
+                          " bytes on the device, its output " + std::to_string(o.bytes),
+                      -1);
+    if (has_fn(api, offsetof(PJRT_Api, PJRT_Buffer_GetMemoryLayout)) && o.dims.size() > 1) {
+      // Row-major: minor_to_major n-1, ..., 0 and no tiles (a plugin may pick another layout).
+      auto l = args_of<PJRT_Buffer_GetMemoryLayout_Args>(PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE);
+      l.buffer = results[k];
+      c.check(api->PJRT_Buffer_GetMemoryLayout(&l), "PJRT_Buffer_GetMemoryLayout");
+      bool row_major = l.layout.type == PJRT_Buffer_MemoryLayout_Type_Tiled &&
+                       l.layout.tiled.minor_to_major_size == o.dims.size() && l.layout.tiled.num_tiles == 0;
+      for (size_t d = 0; row_major && d < o.dims.size(); ++d)
+        row_major = l.layout.tiled.minor_to_major[d] == static_cast<int64_t>(o.dims.size() - 1 - d);
+      if (!row_major) throw PjrtError("result " + std::to_string(k) + " is not row-major on the device", -1);
+    }
+    if (o.bytes == 0) continue;
+    auto p = args_of<PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args>(
+        PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args_STRUCT_SIZE);
+    p.buffer = results[k];
+    c.check(api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&p), "PJRT_Buffer_OpaqueDeviceMemoryDataPointer");
+    driver->check(driver->memcpy_dtod_async(reinterpret_cast<unsigned long long>(o.data),
+                                            reinterpret_cast<unsigned long long>(p.device_memory_ptr), o.bytes, stream),
+                  "cuMemcpyDtoDAsync (result " + std::to_string(k) + ")");
+  }
+  driver->check(driver->stream_synchronize(stream), "cuStreamSynchronize (after the result copies)");
 }
 
 }  // namespace kiln::neuron

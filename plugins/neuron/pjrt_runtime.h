@@ -26,13 +26,16 @@ class PjrtError : public std::runtime_error {
   int code_;
 };
 
-// A host tensor handed to or taken from an executable: dense, row-major strides given in bytes.
+// A tensor handed to or taken from an executable: dense, row-major strides given in bytes. In host
+// memory, or (on_device) in CUDA memory of the client's device, for a client of platform "cuda"
+// in the same process as LibTorch's CUDA (both on the device's primary context).
 struct HostTensor {
   PJRT_Buffer_Type type = PJRT_Buffer_Type_F32;
   std::vector<int64_t> dims;
   std::vector<int64_t> byte_strides;  // empty: row-major contiguous
   void* data = nullptr;
   size_t bytes = 0;  // of the dense data (outputs: the destination's size)
+  bool on_device = false;
 };
 
 class PjrtClient;
@@ -48,8 +51,11 @@ class PjrtExecutable {
   // row-major; its bytes must be the result's). Waits for the copies back. A dense row-major
   // input is passed as a view of its own memory where the plugin makes one
   // (PJRT_Client_CreateViewOfDeviceBuffer: no copy; the plugin reads it while this call runs),
-  // else copied into a device buffer.
-  void run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs) const;
+  // else copied into a device buffer. With CUDA tensors (on_device; a "cuda" client): the work
+  // enqueued on `stream` (the step's cudaStream_t) is waited for first, the inputs are views of
+  // the tensors' memory (never a host round trip), and each result is copied device to device
+  // into its output on `stream`, which is waited for before the plugin's buffers go.
+  void run(const std::vector<HostTensor>& inputs, const std::vector<HostTensor>& outputs, void* stream = nullptr) const;
   // The plugin's own serialization (PJRT_Executable_Serialize): for PjrtClient::load in a later
   // process with the same plugin. Throws PjrtError where the plugin cannot.
   std::string serialize() const;

@@ -747,3 +747,66 @@ TEST(NeuronStablehlo, EmitsRuntimeScalarsAsParametersAndConvolutionsWithTheirAtt
             "  }\n"
             "}\n");
 }
+
+namespace {
+// A CUDA PJRT plugin: KILN_PJRT_CUDA_PLUGIN, or JAX's where the GPU machine keeps it.
+std::string cuda_pjrt_plugin() {
+  if (const char* p = std::getenv("KILN_PJRT_CUDA_PLUGIN")) return p;
+  const char* jax = "/opt/torch/.venv/lib/python3.12/site-packages/jax_plugins/xla_cuda13/xla_cuda_plugin.so";
+  return std::filesystem::exists(jax) ? jax : "";
+}
+}  // namespace
+
+// LibTorch's CUDA tensors through a CUDA PJRT plugin in the same process: the inputs are views of
+// the tensors' own memory (a CUDA input without one is an error, never a host round trip) and the
+// results are copied device to device into kiln's outputs; each output matches the eager executor.
+// Only the plugin opens a client here (a second one would take the GPU's memory a second time).
+TEST(NeuronCuda, CudaTensorsRunThroughACudaPjrtPluginWhereTheyAre) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine";
+  const std::string path = cuda_pjrt_plugin();
+  if (path.empty()) GTEST_SKIP() << "no CUDA PJRT plugin (set KILN_PJRT_CUDA_PLUGIN to one)";
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = path;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[64,96]{96,1} on cuda:0 input "x"
+  input %1 : f32[96,48]{48,1} on cuda:0 input "w"
+  input %2 : f32[48]{1} on cuda:0 input "b"
+  %3 : f32[64,48]{48,1} on cuda:0 = aten::mm(%0, %1)
+  %4 : f32[64,48]{48,1} on cuda:0 = aten::add.Tensor(%3, %2, scalar(1))
+  %5 : f32[64,48]{48,1} on cuda:0 = aten::relu(%4)
+  %6 : f32[48]{1} on cuda:0 = aten::sum.dim_IntList(%5, i[0], false, None)
+  %7 : f32[]{} on cuda:0 = aten::sum(%5, None)
+  output %7 result "loss"
+  output %5 result "y"
+  output %6 result "col"
+}
+)");
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  EXPECT_EQ(exec.stats().nodes_compiled, g.nodes.size());
+  for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
+  for (int trial = 0; trial < 3; ++trial) {
+    const auto cuda = at::TensorOptions().device(at::kCUDA);
+    std::vector<at::Tensor> inputs = {at::randn({64, 96}, cuda), at::randn({96, 48}, cuda), at::randn({48}, cuda)};
+    std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i];
+    EagerExecutor(g).run(ref);
+    exec.run(env);
+    for (const auto& o : g.outputs) {
+      const at::Tensor& got = env[o.value];
+      ASSERT_TRUE(got.is_cuda()) << o.name;
+      const at::Tensor want = ref[o.value].to(at::kDouble);
+      // Sums against the sum of their terms' magnitudes (ReLU's outputs are not negative).
+      const double scale = want.abs().sum().item<double>();
+      const double rel = (got.to(at::kDouble) - want).abs().sum().item<double>() / std::max(scale, 1e-30);
+      EXPECT_LE(rel, 1e-5) << o.name << " trial " << trial;
+    }
+  }
+  // Available on a CUDA device when named, saying which plugin and platform.
+  std::vector<PluginDevice> gpu(1);
+  gpu[0].kind = KILN_DEVICE_CUDA;
+  gpu[0].name = "test GPU";
+  const PluginAvailability a = plugin->available(gpu);
+  EXPECT_TRUE(a.available) << a.reason;
+  EXPECT_NE(a.reason.find("platform cuda"), std::string::npos) << a.reason;
+}
