@@ -510,7 +510,7 @@ TEST(InTreeBackends, AllFiveLoadWithTheirDescriptors) {
       {"cudagraphs", "cuda", "default,reduce-overhead"},
       {"ipex", "cpu", "default,max-autotune-no-cudagraphs"},
       {"hpu_backend", "gaudi", "default"},
-      {"neuron", "cpu,neuron", "default"},
+      {"neuron", "cpu,cuda,neuron", "default"},
   };
   for (const auto& e : expected) {
     auto p = reg.find(e.name);
