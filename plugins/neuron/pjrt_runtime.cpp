@@ -201,6 +201,10 @@ std::shared_ptr<PjrtClient> PjrtClient::open(const std::string& path) {
   if (devs.num_addressable_devices == 0) throw PjrtError("PJRT plugin " + path + ": the client has no device", -1);
   c->device_ = devs.addressable_devices[0];
   c->views_ = has_fn(api, offsetof(PJRT_Api, PJRT_Client_CreateViewOfDeviceBuffer));
+  auto name = args_of<PJRT_Client_PlatformName_Args>(PJRT_Client_PlatformName_Args_STRUCT_SIZE);
+  name.client = c->client_;
+  c->check(api->PJRT_Client_PlatformName(&name), "PJRT_Client_PlatformName");
+  if (name.platform_name) c->platform_.assign(name.platform_name, name.platform_name_size);
   clients[path] = c;
   return c;
 }
@@ -210,13 +214,6 @@ PjrtClient::~PjrtClient() {
   auto a = args_of<PJRT_Client_Destroy_Args>(PJRT_Client_Destroy_Args_STRUCT_SIZE);
   a.client = client_;
   drop(api_, api_->PJRT_Client_Destroy(&a));
-}
-
-std::string PjrtClient::platform() const {
-  auto a = args_of<PJRT_Client_PlatformName_Args>(PJRT_Client_PlatformName_Args_STRUCT_SIZE);
-  a.client = client_;
-  check(api_->PJRT_Client_PlatformName(&a), "PJRT_Client_PlatformName");
-  return a.platform_name ? std::string(a.platform_name, a.platform_name_size) : "";
 }
 
 std::unique_ptr<PjrtExecutable> PjrtClient::compile(const std::string& mlir) const {

@@ -78,7 +78,7 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
   ~PjrtClient();
 
   const std::string& path() const { return path_; }
-  std::string platform() const;  // "cpu", "cuda", "neuron", ...
+  const std::string& platform() const { return platform_; }  // "cpu", "cuda", "neuron", ... (read at open)
   int api_major() const { return api_->pjrt_api_version.major_version; }
   int api_minor() const { return api_->pjrt_api_version.minor_version; }
   // Compiles a StableHLO module in MLIR text for one replica and one partition.
@@ -108,6 +108,7 @@ class PjrtClient : public std::enable_shared_from_this<PjrtClient> {
   PJRT_Device* device_ = nullptr;
   mutable std::mutex mu_;  // executions and compiles one at a time
   mutable std::atomic<bool> views_{false};
+  std::string platform_;
   mutable std::atomic<uint64_t> inputs_viewed_{0}, inputs_copied_{0};
   friend class PjrtExecutable;
 };

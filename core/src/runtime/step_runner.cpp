@@ -121,31 +121,29 @@ void StepRunner::fill_scalars(const std::vector<c10::IValue>& scalars) {
 at::Tensor StepRunner::scalar_values(size_t b, const std::vector<c10::IValue>& scalars) const {
   const auto& lifted = plan_->lifted;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  {
-    const auto& buf = scalar_buffers_[b];
-    at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
-    AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
-      scalar_t* p = host.data_ptr<scalar_t>();
-      for (size_t k = 0; k < lifted.size(); ++k) {
-        if (plan_->lifted_at[k].first != b) continue;
-        const c10::IValue& v = scalars.at(static_cast<size_t>(lifted[k].scalar));
-        const double d = v.isDouble() ? v.toDouble()
-                         : v.isInt()  ? static_cast<double>(v.toInt())
-                         : v.isBool() ? v.toBool()
-                                      : 0.0;
-        if (!lifted[k].reciprocal) {
-          p[plan_->lifted_at[k].second] = static_cast<scalar_t>(d);
-        } else {
-          // As ATen's CUDA division by a host scalar: 1/s in double, then rounded to the operand's
-          // math type (1/s in float differs in the last bit for about half the values: AdamW's
-          // 1/sqrt(1 - 0.999^3) does, and the lifted step drifted from eager).
-          using opmath_t = at::opmath_type<scalar_t>;
-          p[plan_->lifted_at[k].second] = static_cast<scalar_t>(static_cast<opmath_t>(1.0 / d));
-        }
+  const auto& buf = scalar_buffers_[b];
+  at::Tensor host = at::empty({buf.numel()}, buf.options().device(at::kCPU).pinned_memory(buf.is_cuda()));
+  AT_DISPATCH_ALL_TYPES_AND3(at::kHalf, at::kBFloat16, at::kBool, host.scalar_type(), "kiln_fill_scalars", [&] {
+    scalar_t* p = host.data_ptr<scalar_t>();
+    for (size_t k = 0; k < lifted.size(); ++k) {
+      if (plan_->lifted_at[k].first != b) continue;
+      const c10::IValue& v = scalars.at(static_cast<size_t>(lifted[k].scalar));
+      const double d = v.isDouble() ? v.toDouble()
+                       : v.isInt()  ? static_cast<double>(v.toInt())
+                       : v.isBool() ? v.toBool()
+                                    : 0.0;
+      if (!lifted[k].reciprocal) {
+        p[plan_->lifted_at[k].second] = static_cast<scalar_t>(d);
+      } else {
+        // As ATen's CUDA division by a host scalar: 1/s in double, then rounded to the operand's
+        // math type (1/s in float differs in the last bit for about half the values: AdamW's
+        // 1/sqrt(1 - 0.999^3) does, and the lifted step drifted from eager).
+        using opmath_t = at::opmath_type<scalar_t>;
+        p[plan_->lifted_at[k].second] = static_cast<scalar_t>(static_cast<opmath_t>(1.0 / d));
       }
-    });
-    return host;
-  }
+    }
+  });
+  return host;
 }
 
 void StepRunner::bind(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>* statics) {
@@ -314,9 +312,7 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
           for (size_t k = 0; k < plan_->outputs.size(); ++k) {
             if (plan_->outputs[k].role != ir::OutputRole::Result) continue;
             const auto& v = env_[static_cast<size_t>(plan_->outputs[k].value)];
-            if (!v.defined() || !v.is_cuda() || !v.is_non_overlapping_and_dense() || !v.is_contiguous() ||
-                v.nbytes() == 0)
-              continue;
+            if (!v.defined() || !v.is_cuda() || !v.is_contiguous() || v.nbytes() == 0) continue;
             gc_.result_target[k] = at::empty_like(v);
             gc_.result[k] = static_cast<int>(
                 cg->record_copy(gc_.result_target[k].data_ptr(), v.const_data_ptr(), v.nbytes(), false, stream));
@@ -384,8 +380,8 @@ std::vector<KilnGraphCopy> StepRunner::graph_copies(const std::vector<at::Tensor
   // launches enqueued so far have run.
   for (size_t b = 0; b < scalar_buffers_.size(); ++b) {
     const int c = copy_index(gc_.scalar, b);
-    if (c < 0) {
-      if (!plan_->lifted.empty()) scalar_buffers_[b].copy_(scalar_values(b, scalars), /*non_blocking=*/true);
+    if (c < 0) {  // copied before the launch, as fill_scalars does
+      scalar_buffers_[b].copy_(scalar_values(b, scalars), /*non_blocking=*/true);
       continue;
     }
     at::Tensor host = scalar_values(b, scalars);
@@ -425,7 +421,6 @@ std::vector<KilnGraphCopy> StepRunner::graph_copies(const std::vector<at::Tensor
     fresh_results_[o] = at::empty_like(v);
     copies[static_cast<size_t>(c)] = {fresh_results_[o].data_ptr(), v.const_data_ptr(), v.nbytes()};
   }
-  if (n == 0) copies.clear();
   return copies;
 }
 

@@ -6,9 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +106,27 @@ class Program : public Executable {
   std::map<int64_t, int64_t> numel_;
   Kernel kernel_;
 };
+
+// Fault injection for a plugin's execute: KILN_TEST_FAIL_EXECUTE_AT="<tag>:<n>" makes the nth call
+// since the variable last changed throw (unset or n = 0: never); KILN_TEST_EXECUTE_COUNT_FILE, when
+// set, gets the count after each call (how many calls a step makes). Call it first in execute.
+inline void count_execute_or_fail() {
+  static std::mutex mu;
+  static std::string seen;
+  static long executes = 0;
+  long n = 0, at = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const char* v = std::getenv("KILN_TEST_FAIL_EXECUTE_AT");
+    const std::string now = v ? v : "";
+    if (now != seen) seen = now, executes = 0;
+    n = ++executes;
+    const size_t colon = now.rfind(':');
+    at = colon == std::string::npos ? 0 : std::atol(now.c_str() + colon + 1);
+    if (const char* f = std::getenv("KILN_TEST_EXECUTE_COUNT_FILE")) std::ofstream(f) << n << "\n";
+  }
+  if (n == at) throw Error(KILN_ERROR_INTERNAL, "injected failure in execute call " + std::to_string(n));
+}
 
 // A CPU plugin that claims each node `takes` accepts.
 class CpuPlugin : public Plugin {

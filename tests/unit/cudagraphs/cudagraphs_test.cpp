@@ -388,39 +388,44 @@ TEST(CudaGraphsCuda, FreshBatchesCopiedAroundTheGraphWhenSwitchedOff) {
   expect_fresh_batches_like_eager(false);
 }
 
-// A plugin whose execute fails while the whole-step graph warms up (the signature's first compiled
-// step, run for real on the capture stream): the step is undone as outside graphs and runs eagerly,
-// and training goes on giving exactly what eager gives: nothing lost, no graph.
-TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphWarmsUpRunsTheStepEagerlyAndLosesNothing) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+// mlp on CUDA under reduce-overhead with the failing relu backend (tests/unit/cudagraphs/
+// fails_execute_cuda_plugin.cpp) next to LibTorch eager: from step 2 on (the warm-up and the
+// recording) KILN_TEST_FAIL_EXECUTE_AT is `fail_at`. Six steps, every loss against eager's, then the
+// parameters, then one more step (the momentum buffers) and the parameters again. Returns the stats.
+kiln::StepStats steps_with_a_failing_backend(uint64_t seed, const std::string& fail_at) {
   Deterministic deterministic;
-  const uint64_t seed = 77;
   auto ref = kiln::make_workload("mlp", {"cuda", seed, 64});
   auto w = kiln::make_workload("mlp", {"cuda", seed, 64});
   auto ref_step = step_of(ref);
   auto args = args_for("fails_execute_cuda", "reduce-overhead");
   args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_CUDA_PLUGIN_DIR, KILN_INTREE_PLUGIN_DIR};
   auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
-  const std::string tag = "warm-up-" + std::to_string(::getpid());
-  for (int s = 0; s < 6; ++s) {
-    // Steps 0 and 1: eager and the capture; step 2 warms the graph up, and its first execute fails.
-    if (s == 2) setenv("KILN_TEST_FAIL_EXECUTE_AT", (tag + ":1").c_str(), 1);
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (int s = 0; s < 7; ++s) {
+    // Steps 0 and 1: eager and the capture; step 2 warms the graph up and records it.
+    if (s == 2) setenv("KILN_TEST_FAIL_EXECUTE_AT", fail_at.c_str(), 1);
     auto want = ref_step({ref.input, ref.target})[0];
     auto got = step({w.input, w.target})[0];
     EXPECT_LE(rel_err(got, want), 1e-6) << "step " << s;
+    if (s == 5 || s == 6) {
+      for (size_t i = 0; i < pr.size(); ++i)
+        EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key() << " after step " << s;
+    }
   }
   unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
-  const auto& st = step.stats();
+  return step.stats();
+}
+
+// A plugin whose execute fails while the whole-step graph warms up (the signature's first compiled
+// step, run for real on the capture stream): the step is undone as outside graphs and runs eagerly,
+// and training goes on giving exactly what eager gives: nothing lost, no graph.
+TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphWarmsUpRunsTheStepEagerlyAndLosesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  // The warm-up's first execute fails.
+  const auto st = steps_with_a_failing_backend(77, "warm-up-" + std::to_string(::getpid()) + ":1");
   EXPECT_EQ(st.graphs_recorded, 0);
   EXPECT_NE(st.last_fallback.find("injected failure in execute call 1"), std::string::npos) << st.last_fallback;
   EXPECT_NE(st.last_fallback.find("before it changed any parameter"), std::string::npos) << st.last_fallback;
-  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
-  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
-  // The momentum buffers too: one more step on each side must agree.
-  auto want = ref_step({ref.input, ref.target})[0];
-  auto got = step({w.input, w.target})[0];
-  EXPECT_LE(rel_err(got, want), 1e-6);
-  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
 }
 
 // A plugin whose execute fails while the graph is recorded (the recording runs nothing on the
@@ -429,32 +434,15 @@ TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphWarmsUpRunsTheStepEagerlyAnd
 // a graph: every step as eager computes it.
 TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphIsRecordedSkipsTheGraphAndLosesNothing) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
-  Deterministic deterministic;
-  const uint64_t seed = 78;
-  auto ref = kiln::make_workload("mlp", {"cuda", seed, 64});
-  auto w = kiln::make_workload("mlp", {"cuda", seed, 64});
-  auto ref_step = step_of(ref);
-  auto args = args_for("fails_execute_cuda", "reduce-overhead");
-  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_CUDA_PLUGIN_DIR, KILN_INTREE_PLUGIN_DIR};
-  auto step = kiln::compile_step(step_of(w), {{w.model}, {w.optimizer.get()}}, args);
   // One execute a relu (mlp: Linear, ReLU, Linear, ReLU, Linear); the warm-up runs both, then the
   // recording's first one fails.
   const int relus = 2;
-  const std::string tag = "record-" + std::to_string(::getpid()) + ":" + std::to_string(relus + 1);
-  for (int s = 0; s < 6; ++s) {
-    if (s == 2) setenv("KILN_TEST_FAIL_EXECUTE_AT", tag.c_str(), 1);
-    auto want = ref_step({ref.input, ref.target})[0];
-    auto got = step({w.input, w.target})[0];
-    EXPECT_LE(rel_err(got, want), 1e-6) << "step " << s;
-  }
-  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
-  const auto& st = step.stats();
+  const auto st =
+      steps_with_a_failing_backend(78, "record-" + std::to_string(::getpid()) + ":" + std::to_string(relus + 1));
   EXPECT_EQ(st.graphs_recorded, 0);
-  EXPECT_EQ(st.compiled_steps, 4) << st.last_fallback;
+  EXPECT_EQ(st.compiled_steps, 5) << st.last_fallback;
   EXPECT_NE(st.last_graph_skip.find("injected failure in execute call " + std::to_string(relus + 1)), std::string::npos)
       << st.last_graph_skip;
-  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
-  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-6) << pr[i].key();
 }
 
 TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {

@@ -3,37 +3,21 @@
 // call: KILN_TEST_FAIL_EXECUTE_AT="<tag>:<n>" makes the nth execute since the variable last changed
 // fail (unset or n = 0: never), as the trainer tests' CPU plugin does. The whole-step CUDA graph
 // tests inject a failure while the graph warms up with it.
-#include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include <kiln/plugin_api.hpp>
+#include "test_plugin_support.h"
 
 namespace {
 
-using namespace kiln::plugin;
-
-std::mutex mu;
-std::string seen;
-long executes = 0;
+using namespace test_plugin;
 
 class Relu : public Executable {
  public:
   explicit Relu(const Host& host) : host_(host) {}
   void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void*) override {
-    long n = 0, at = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      const char* v = std::getenv("KILN_TEST_FAIL_EXECUTE_AT");
-      const std::string now = v ? v : "";
-      if (now != seen) seen = now, executes = 0;
-      n = ++executes;
-      const size_t colon = now.rfind(':');
-      at = colon == std::string::npos ? 0 : std::atol(now.c_str() + colon + 1);
-    }
-    if (n == at) throw Error(KILN_ERROR_INTERNAL, "injected failure in execute call " + std::to_string(n));
+    count_execute_or_fail();
     if (n_in != 1 || n_out != 1) throw Error(KILN_ERROR_INVALID_ARGUMENT, "relu takes one tensor, gives one");
     host_.call_eager("aten::relu", {tensor_arg("self", &in[0])}, out, 1);
   }

@@ -3,11 +3,8 @@
 // makes the nth execute since the variable last changed fail (unset or n = 0: never). The trainer tests inject a plugin
 // failure in the middle of training with it and check that nothing is lost. KILN_TEST_EXECUTE_COUNT_FILE, when set,
 // gets the count of executes since the variable last changed after each one (how many calls a step makes).
-#include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "test_plugin_support.h"
@@ -22,27 +19,11 @@ const std::map<std::string, int>& ops() {
   return m;
 }
 
-// KILN_TEST_FAIL_EXECUTE_AT="<tag>:<n>": the nth execute since the variable last changed fails.
-std::mutex mu;
-std::string seen;
-long executes = 0;
-
 class FailsOnce : public Executable {
  public:
   explicit FailsOnce(std::unique_ptr<Executable> inner) : inner_(std::move(inner)) {}
   void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void* stream) override {
-    long n = 0, at = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      const char* v = std::getenv("KILN_TEST_FAIL_EXECUTE_AT");
-      const std::string now = v ? v : "";
-      if (now != seen) seen = now, executes = 0;
-      n = ++executes;
-      const size_t colon = now.rfind(':');
-      at = colon == std::string::npos ? 0 : std::atol(now.c_str() + colon + 1);
-      if (const char* f = std::getenv("KILN_TEST_EXECUTE_COUNT_FILE")) std::ofstream(f) << n << "\n";
-    }
-    if (n == at) throw Error(KILN_ERROR_INTERNAL, "injected failure in execute call " + std::to_string(n));
+    count_execute_or_fail();
     inner_->execute(in, n_in, out, n_out, stream);
   }
 
