@@ -46,9 +46,12 @@ int clamped_index(ExprPool& p, int i64_value, int64_t n);
 
 class Lowerer {
  public:
-  Lowerer(const plugin::Graph& g, LoweredGraph* out) : g_(g), L_(out) {}
+  Lowerer(const plugin::Graph& g, LoweredGraph* out, bool cuda = false) : g_(g), L_(out), cuda_(cuda) {}
 
   const plugin::Graph& graph() const { return g_; }
+  // Whether the kernels are generated for CUDA (codegen_cuda.h) rather than the CPU: where a
+  // lowering's best form differs by device (batch norm's statistics).
+  bool cuda() const { return cuda_; }
   // Loaders keep this pointer: the LoweredGraph never moves while they live.
   const LoweredGraph* lowered() const { return L_; }
   ValueInfo& val(int64_t v) { return L_->values[static_cast<size_t>(v)]; }
@@ -79,6 +82,7 @@ class Lowerer {
  private:
   const plugin::Graph& g_;
   LoweredGraph* L_;
+  bool cuda_ = false;
   int order_ = 0;
 };
 

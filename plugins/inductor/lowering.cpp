@@ -122,7 +122,7 @@ std::unique_ptr<LoweredGraph> lower(const Graph& g, const LoweringOptions& opts)
     info.kind = ValueInfo::Kind::Input;
     info.materialized = true;
   }
-  Lowerer lowerer(g, L);
+  Lowerer lowerer(g, L, opts.target == Target::Cuda);
   for (size_t i = 0; i < g.num_nodes(); ++i) {
     Node n = g.node(static_cast<int64_t>(i));
     std::string why = why_not_claimed(g, n, opts);

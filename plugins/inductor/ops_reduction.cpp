@@ -323,21 +323,63 @@ void lower_batch_norm(Lowerer& l, const Node& n) {
   const int momentum = l.param(n.arg(6)), eps = l.param(n.arg(7));
   const int mean = static_cast<int>(outs[1]), invstd = static_cast<int>(outs[2]);
   const std::vector<int64_t> cs{shape.at(1)};
-  l.reduction(mean, shape, dims, false, "sum", 1.0 / static_cast<double>(count),
-              [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+  // ssd(p, c): the channel's sum of squared deviations from its mean, at a [C] index; the biased
+  // variance divides it by count, the unbiased one by count - 1.
+  std::function<int(ExprPool&, const Idx&)> ssd;
+  if (l.cuda()) {
+    // On CUDA, one pass over x: float64 sums of the deviations from a shift K (the channel's first
+    // element) and of their squares, mean = K + S1/n and ssd = S2 - S1^2/n. Both sums reduce the
+    // same rows and read nothing of each other, so they are one kernel (join_sibling_columns), where
+    // mean-then-variance is two kernels that each read x. The shift keeps S2 - S1^2/n from
+    // cancelling (its terms are of the order of the variance plus (mean - K)^2), and float64
+    // accumulation keeps the rest 2^29 below float32's rounding: the result is as exact as the two
+    // float32 passes, or more (ATen's own kernels use float32 Welford sums).
+    const size_t nd = shape.size();
+    auto first = [G, x, nd](ExprPool& p, const Index& c) {
+      Idx at(nd, Index::constant(0));
+      at[1] = c;
+      return p.cast(G->load(p, x, at), Ty::f64);
+    };
+    auto dev = [G, x, first](ExprPool& p, const Idx& i) {
+      return p.op("sub", Ty::f64, {p.cast(G->load(p, x, i), Ty::f64), first(p, i.at(1))});
+    };
+    const int s1 = l.hidden(cs, Ty::f64), s2 = l.hidden(cs, Ty::f64);
+    l.reduction(s1, shape, dims, false, "sum", 1.0, dev);
+    l.reduction(s2, shape, dims, false, "sum", 1.0, [dev](ExprPool& p, const Idx& i) {
+      const int d = dev(p, i);
+      return p.op("mul", Ty::f64, {d, d});
+    });
+    const double inv = 1.0 / static_cast<double>(count);
+    l.pointwise(mean, [G, s1, first, inv, ty](ExprPool& p, const Idx& c) {
+      return p.cast(p.op("add", Ty::f64,
+                         {first(p, c.at(0)), p.op("mul", Ty::f64, {G->load(p, s1, c), p.constant(inv, Ty::f64)})}),
+                    ty);
+    });
+    ssd = [G, s1, s2, inv, ty](ExprPool& p, const Idx& c) {
+      const int a = G->load(p, s1, c);
+      const int d =
+          p.op("sub", Ty::f64,
+               {G->load(p, s2, c), p.op("mul", Ty::f64, {p.op("mul", Ty::f64, {a, a}), p.constant(inv, Ty::f64)})});
+      // Never below zero: rounding could take a constant channel's sum a hair under it.
+      return p.cast(p.op("maximum", Ty::f64, {d, p.constant(0.0, Ty::f64)}), ty);
+    };
+  } else {
+    // On the CPU, two passes: the mean, then the squared deviations from it (no E[x^2] - E[x]^2).
+    l.reduction(mean, shape, dims, false, "sum", 1.0 / static_cast<double>(count),
+                [G, x, ty](ExprPool& p, const Idx& i) { return p.cast(G->load(p, x, i), ty); });
+    const int sq = l.hidden(cs, ty);
+    l.reduction(sq, shape, dims, false, "sum", 1.0, [G, x, mean, ty](ExprPool& p, const Idx& i) {
+      const int c = p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, channel(i))});
+      return p.op("mul", ty, {c, c});
+    });
+    ssd = [G, sq](ExprPool& p, const Idx& c) { return G->load(p, sq, c); };
+  }
   auto xc = [G, x, mean, ty](ExprPool& p, const Idx& i) {
     return p.op("sub", ty, {p.cast(G->load(p, x, i), ty), G->load(p, mean, channel(i))});
   };
-  // The sum of squared deviations: the biased variance divides it by count, the unbiased one by
-  // count - 1.
-  const int ssd = l.hidden(cs, ty);
-  l.reduction(ssd, shape, dims, false, "sum", 1.0, [xc, ty](ExprPool& p, const Idx& i) {
-    int c = xc(p, i);
-    return p.op("mul", ty, {c, c});
-  });
   const double inv = 1.0 / static_cast<double>(count), inv_unbiased = 1.0 / static_cast<double>(count - 1);
-  l.pointwise(invstd, [G, ssd, eps, inv, ty](ExprPool& p, const Idx& i) {
-    int var = p.op("mul", ty, {G->load(p, ssd, i), p.constant(inv, ty)});
+  l.pointwise(invstd, [ssd, eps, inv, ty](ExprPool& p, const Idx& i) {
+    int var = p.op("mul", ty, {ssd(p, i), p.constant(inv, ty)});
     return p.op("div", ty, {p.constant(1.0, ty), p.op("sqrt", ty, {p.op("add", ty, {var, p.param(eps, ty)})})});
   });
   l.pointwise(outs[0], [G, xc, invstd, w, b, ty](ExprPool& p, const Idx& i) {
@@ -356,8 +398,8 @@ void lower_batch_norm(Lowerer& l, const Node& n) {
     l.pointwise(outs[3],
                 [G, moved, rm, mean](ExprPool& p, const Idx& i) { return moved(p, rm, G->load(p, mean, i), i); });
   if (outs.size() > 4 && outs[4] >= 0)
-    l.pointwise(outs[4], [G, moved, rv, ssd, inv_unbiased, ty](ExprPool& p, const Idx& i) {
-      return moved(p, rv, p.op("mul", ty, {G->load(p, ssd, i), p.constant(inv_unbiased, ty)}), i);
+    l.pointwise(outs[4], [moved, rv, ssd, inv_unbiased, ty](ExprPool& p, const Idx& i) {
+      return moved(p, rv, p.op("mul", ty, {ssd(p, i), p.constant(inv_unbiased, ty)}), i);
     });
 }
 
