@@ -13,6 +13,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
 #include "kiln/internal/executor.h"
@@ -30,9 +31,18 @@ std::string first_line(const char* what) {
   return s;
 }
 
-// The reason of a capture whose body threw: the op being run and the error.
+// The reason of a capture whose body threw: the op being run and the error. CUDA running out of
+// memory is no fault of the op: the recording allocates from a private pool of its own, and
+// LibTorch's allocator cannot free cached blocks to make room while a capture is underway, so a
+// device that the warm-up still fitted can refuse the recording's memory. Said as such (a plugin's
+// call_eager passes LibTorch's message on, not its type).
 std::string body_failure(const std::exception& e) {
   const std::string op = current_node_op();
+  const bool oom = dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                   std::string(e.what()).find("CUDA out of memory") != std::string::npos;
+  if (oom)
+    return c10::str("out of memory", op.empty() ? std::string() : " in " + op, " during capture (",
+                    first_line(e.what()), ")");
   return c10::str(op.empty() ? std::string("an error") : "incompatible op " + op, " during capture (",
                   first_line(e.what()), ")");
 }
