@@ -258,82 +258,98 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
     throw;
   }
   auto results = finish(false);
-  // Static inputs: the user inputs' buffers the graph reads; replays copy new inputs into them.
-  {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    for (const auto& b : plan_->inputs)
-      if (b.user >= 0) {
-        const auto& in = inputs.at(static_cast<size_t>(b.user));
-        cg->static_inputs.push_back(at::empty_strided(in.sizes(), in.strides(), in.options()).copy_(in));
-      }
-  }
+  // From here on the step's work is done and `results` are its results: whatever fails while the
+  // graph is prepared or recorded skips the graph and keeps them. A failed recording is a
+  // CaptureFailed (CUDA running out of memory inside it too: cuda_graph_step.cpp); the static
+  // inputs and the copies' sources are allocated before the recording, outside it, where running
+  // out of memory is LibTorch's OutOfMemoryError. Thrown on, that would reach CompiledStep as a
+  // failed step after the step had updated the parameters: an error for the caller, and the
+  // optimizers' host state (AdamW's step counts) put back behind parameters that moved.
   const auto t0 = Clock::now();
-  // The copies of the batch in (and of changed run-time scalars) before the launch, and of the
-  // results out after it, are work of their own on the stream, and the device idles between them
-  // and the graph (about 15 us a step on an H200). Recorded inside the graph instead, with the
-  // addresses each replay re-points (ABI 2.3), the stream sees nothing but graph launches.
-  bool with_copies = options_.graph_copies && cg->takes_copies();
-  for (;;) {
-    gc_ = GraphCopies{};
-    bind(inputs, &cg->static_inputs);
-    if (with_copies) {
-      // What the recording copies from, allocated before it (a clone inside it would be a kernel
-      // of the graph): the values do not matter, each replay re-points the copies.
-      gc_.scalar.assign(scalar_buffers_.size(), -1);
-      gc_.scalar_host.resize(scalar_buffers_.size());
-      for (size_t b = 0; b < scalar_buffers_.size(); ++b)
-        if (scalar_buffers_[b].is_cuda() && scalar_buffers_[b].nbytes() > 0)
-          gc_.scalar_host[b] = scalar_values(b, scalars);
-      gc_.input.assign(cg->static_inputs.size(), -1);
-      gc_.input_source.resize(cg->static_inputs.size());
-      for (size_t k = 0; k < cg->static_inputs.size(); ++k) {
-        const auto& st = cg->static_inputs[k];
-        if (st.is_cuda() && st.is_contiguous() && st.nbytes() > 0) gc_.input_source[k] = at::empty_like(st);
-      }
+  try {
+    // Static inputs: the user inputs' buffers the graph reads; replays copy new inputs into them.
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (const auto& b : plan_->inputs)
+        if (b.user >= 0) {
+          const auto& in = inputs.at(static_cast<size_t>(b.user));
+          cg->static_inputs.push_back(at::empty_strided(in.sizes(), in.strides(), in.options()).copy_(in));
+        }
     }
-    try {
-      cg->record([&](void* stream) {
-        if (with_copies) {
-          for (size_t b = 0; b < scalar_buffers_.size(); ++b)
-            if (gc_.scalar_host[b].defined())
-              gc_.scalar[b] =
-                  static_cast<int>(cg->record_copy(scalar_buffers_[b].data_ptr(), gc_.scalar_host[b].const_data_ptr(),
-                                                   scalar_buffers_[b].nbytes(), true, stream));
-          for (size_t k = 0; k < cg->static_inputs.size(); ++k)
-            if (gc_.input_source[k].defined())
-              gc_.input[k] = static_cast<int>(cg->record_copy(cg->static_inputs[k].data_ptr(),
-                                                              gc_.input_source[k].const_data_ptr(),
-                                                              cg->static_inputs[k].nbytes(), false, stream));
-        }
-        run_body(scalars, stream);
-        if (with_copies) {
-          gc_.result.assign(plan_->outputs.size(), -1);
-          gc_.result_target.resize(plan_->outputs.size());
-          for (size_t k = 0; k < plan_->outputs.size(); ++k) {
-            if (plan_->outputs[k].role != ir::OutputRole::Result) continue;
-            const auto& v = env_[static_cast<size_t>(plan_->outputs[k].value)];
-            if (!v.defined() || !v.is_cuda() || !v.is_contiguous() || v.nbytes() == 0) continue;
-            gc_.result_target[k] = at::empty_like(v);
-            gc_.result[k] = static_cast<int>(
-                cg->record_copy(gc_.result_target[k].data_ptr(), v.const_data_ptr(), v.nbytes(), false, stream));
-          }
-        }
-      });
-      for (const auto& o : plan_->outputs) cg->static_outputs.push_back(env_[static_cast<size_t>(o.value)]);
-      break;
-    } catch (const cudagraph::CaptureFailed& f) {
-      for (auto& t : env_) t.reset();
+    // The copies of the batch in (and of changed run-time scalars) before the launch, and of the
+    // results out after it, are work of their own on the stream, and the device idles between them
+    // and the graph (about 15 us a step on an H200). Recorded inside the graph instead, with the
+    // addresses each replay re-points (ABI 2.3), the stream sees nothing but graph launches.
+    bool with_copies = options_.graph_copies && cg->takes_copies();
+    for (;;) {
       gc_ = GraphCopies{};
-      if (with_copies && dynamic_cast<const cudagraph::CopiesRefused*>(&f)) {
+      bind(inputs, &cg->static_inputs);
+      if (with_copies) {
+        // What the recording copies from, allocated before it (a clone inside it would be a kernel
+        // of the graph): the values do not matter, each replay re-points the copies.
+        gc_.scalar.assign(scalar_buffers_.size(), -1);
+        gc_.scalar_host.resize(scalar_buffers_.size());
+        for (size_t b = 0; b < scalar_buffers_.size(); ++b)
+          if (scalar_buffers_[b].is_cuda() && scalar_buffers_[b].nbytes() > 0)
+            gc_.scalar_host[b] = scalar_values(b, scalars);
+        gc_.input.assign(cg->static_inputs.size(), -1);
+        gc_.input_source.resize(cg->static_inputs.size());
+        for (size_t k = 0; k < cg->static_inputs.size(); ++k) {
+          const auto& st = cg->static_inputs[k];
+          if (st.is_cuda() && st.is_contiguous() && st.nbytes() > 0) gc_.input_source[k] = at::empty_like(st);
+        }
+      }
+      try {
+        cg->record([&](void* stream) {
+          if (with_copies) {
+            for (size_t b = 0; b < scalar_buffers_.size(); ++b)
+              if (gc_.scalar_host[b].defined())
+                gc_.scalar[b] =
+                    static_cast<int>(cg->record_copy(scalar_buffers_[b].data_ptr(), gc_.scalar_host[b].const_data_ptr(),
+                                                     scalar_buffers_[b].nbytes(), true, stream));
+            for (size_t k = 0; k < cg->static_inputs.size(); ++k)
+              if (gc_.input_source[k].defined())
+                gc_.input[k] = static_cast<int>(cg->record_copy(cg->static_inputs[k].data_ptr(),
+                                                                gc_.input_source[k].const_data_ptr(),
+                                                                cg->static_inputs[k].nbytes(), false, stream));
+          }
+          run_body(scalars, stream);
+          if (with_copies) {
+            gc_.result.assign(plan_->outputs.size(), -1);
+            gc_.result_target.resize(plan_->outputs.size());
+            for (size_t k = 0; k < plan_->outputs.size(); ++k) {
+              if (plan_->outputs[k].role != ir::OutputRole::Result) continue;
+              const auto& v = env_[static_cast<size_t>(plan_->outputs[k].value)];
+              if (!v.defined() || !v.is_cuda() || !v.is_contiguous() || v.nbytes() == 0) continue;
+              gc_.result_target[k] = at::empty_like(v);
+              gc_.result[k] = static_cast<int>(
+                  cg->record_copy(gc_.result_target[k].data_ptr(), v.const_data_ptr(), v.nbytes(), false, stream));
+            }
+          }
+        });
+        for (const auto& o : plan_->outputs) cg->static_outputs.push_back(env_[static_cast<size_t>(o.value)]);
+        break;
+      } catch (const cudagraph::CopiesRefused& f) {
+        if (!with_copies) throw;
+        for (auto& t : env_) t.reset();
+        gc_ = GraphCopies{};
         log_info(std::string("kiln: recording the CUDA graph with the batch and result copies inside it failed (") +
                  f.what() + "); recording it with the copies around it");
         with_copies = false;
-        continue;
       }
-      cg.reset();
-      skip_graph(f.what());
-      return results;
     }
+  } catch (const std::exception& ex) {
+    for (auto& t : env_) t.reset();
+    gc_ = GraphCopies{};
+    cg.reset();
+    if (dynamic_cast<const cudagraph::CaptureFailed*>(&ex)) {
+      skip_graph(ex.what());
+    } else {
+      std::string what = ex.what();
+      if (auto nl = what.find('\n'); nl != std::string::npos) what.resize(nl);  // ATen's backtrace
+      skip_graph("the recording could not be prepared (" + what + ")");
+    }
+    return results;
   }
   stats_.graph_copies = static_cast<int>(cg->num_copies());
   for (auto& t : env_) t.reset();
