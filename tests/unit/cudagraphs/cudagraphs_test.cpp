@@ -4,7 +4,8 @@
 //  - CUDA (skipped with the reason elsewhere): 20 steps of mlp, cnn and gpt (bf16 autocast) under
 //    `inductor` + `reduce-overhead` and under the `cudagraphs` backend match LibTorch eager; a new
 //    batch size records a second graph; a step with .item() falls back and says why; a step with
-//    dropout is graphed and draws eager's masks.
+//    dropout is graphed and draws eager's masks; a backend failing, or CUDA running out of memory,
+//    while the graph warms up or is recorded loses nothing.
 #include <cstdio>
 #include <cstdlib>
 #include <unistd.h>
@@ -18,6 +19,15 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/optim/adamw.h>
+
+#if defined(KILN_TEST_HAVE_CUDA)
+#include <ATen/record_function.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include "kiln/internal/backend.h"
 #include "kiln/compile.h"
@@ -443,6 +453,244 @@ TEST(CudaGraphsCuda, AnExecuteThatFailsWhileTheGraphIsRecordedSkipsTheGraphAndLo
   EXPECT_EQ(st.compiled_steps, 5) << st.last_fallback;
   EXPECT_NE(st.last_graph_skip.find("injected failure in execute call " + std::to_string(relus + 1)), std::string::npos)
       << st.last_graph_skip;
+}
+
+#if defined(KILN_TEST_HAVE_CUDA)
+// A real CUDA out-of-memory inside the recording of a whole-step graph, raised by LibTorch's own
+// caching allocator (c10::OutOfMemoryError), as on a device with no room left for the graph.
+//
+// Once armed, the first ATen op that runs on this thread while its current stream captures (the
+// recording's first op: a thread-local RecordFunction callback sees each op before it runs) limits
+// the allocator (setMemoryFraction) to what it has reserved at that moment plus 1 MiB. The recording
+// allocates from a private pool of its own, empty when it begins, and while a capture is underway
+// the allocator frees no cached blocks to make room (PyTorch's "captures_underway" check); a new
+// segment is 2 MiB at least, so the recording's first allocation fails. Limiting the allocator
+// before the step would not do: the step that records first runs for real (the warm-up) on the
+// capture stream, which cannot reuse the other streams' cached blocks; it would run against the
+// limit itself (outside a capture the allocator frees cached blocks and retries, so it may fit or
+// not) and leave the recording an unknown margin. A cudaMalloc shim (LD_PRELOAD) would fail
+// allocations outside the recording too, and none that the allocator serves from its cache.
+// The limit goes when the step returns (restore()), and with this object whatever happens.
+class OutOfMemoryWhileRecording {
+ public:
+  explicit OutOfMemoryWhileRecording(c10::DeviceIndex device) : device_(device) {
+    size_t free = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free, &total_));
+    fraction_before_ = c10::cuda::CUDACachingAllocator::getMemoryFraction(device_);
+    if (!(fraction_before_ > 0 && fraction_before_ <= 1)) fraction_before_ = 1.0;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_op).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OutOfMemoryWhileRecording() {
+    at::removeCallback(handle_);
+    if (armed_ == this) armed_ = nullptr;
+    try {
+      restore();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "restoring the CUDA allocator's memory fraction: " << e.what();
+    }
+  }
+  OutOfMemoryWhileRecording(const OutOfMemoryWhileRecording&) = delete;
+  OutOfMemoryWhileRecording& operator=(const OutOfMemoryWhileRecording&) = delete;
+
+  // The next op that runs on this thread while its current stream captures sets the limit.
+  void arm() { armed_ = this; }
+  void restore() {
+    if (armed_ == this) armed_ = nullptr;
+    if (!limited_) return;
+    limited_ = false;
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction_before_, device_);
+  }
+  bool fired() const { return !op_.empty(); }
+  const std::string& op() const { return op_; }  // the op the limit was set before
+  const std::string& error() const { return error_; }
+  int64_t reserved() const { return reserved_; }
+  int64_t limit() const { return limit_; }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
+    OutOfMemoryWhileRecording* self = armed_;
+    if (!self) return nullptr;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(self->device_).stream(), &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    if (status != cudaStreamCaptureStatusActive) return nullptr;
+    armed_ = nullptr;
+    try {
+      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(self->device_);
+      self->reserved_ = stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
+      self->limit_ = self->reserved_ + (int64_t{1} << 20);
+      // setMemoryFraction sets the device and asks CUDA for its memory (no stream work): relaxed, so
+      // that nothing but the allocation can count against the capture.
+      c10::cuda::CUDAStreamCaptureModeGuard relaxed(cudaStreamCaptureModeRelaxed);
+      c10::cuda::CUDACachingAllocator::setMemoryFraction(
+          static_cast<double>(self->limit_) / static_cast<double>(self->total_), self->device_);
+      self->limited_ = true;
+      self->op_ = fn.name();
+    } catch (const std::exception& e) {
+      self->error_ = e.what();
+    }
+    return nullptr;
+  }
+
+  static inline OutOfMemoryWhileRecording* armed_ = nullptr;  // this thread's callback only
+  c10::DeviceIndex device_;
+  size_t total_ = 0;
+  double fraction_before_ = 1.0;
+  at::CallbackHandle handle_ = at::INVALID_CALLBACK_HANDLE;
+  bool limited_ = false;
+  std::string op_, error_;
+  int64_t reserved_ = 0, limit_ = 0;
+};
+
+static int64_t allocator_ooms(c10::DeviceIndex device) {
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).num_ooms;
+}
+
+// Every parameter, AdamW's moments and its step count: bit for bit.
+static void expect_same_parameters_and_adamw_state(kiln::Workload& ref, kiln::Workload& w, int step) {
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  ASSERT_EQ(pr.size(), pw.size());
+  for (size_t i = 0; i < pr.size(); ++i) {
+    const std::string where = pr[i].key() + " after step " + std::to_string(step);
+    EXPECT_TRUE(at::equal(pw[i].value(), pr[i].value())) << where;
+    const auto r = ref.optimizer->state().find(pr[i].value().unsafeGetTensorImpl());
+    const auto k = w.optimizer->state().find(pw[i].value().unsafeGetTensorImpl());
+    ASSERT_TRUE(r != ref.optimizer->state().end()) << "no AdamW state in eager for " << where;
+    ASSERT_TRUE(k != w.optimizer->state().end()) << "no AdamW state in kiln for " << where;
+    const auto& sr = static_cast<const torch::optim::AdamWParamState&>(*r->second);
+    const auto& sk = static_cast<const torch::optim::AdamWParamState&>(*k->second);
+    EXPECT_EQ(sk.step(), sr.step()) << "AdamW step count of " << where;
+    EXPECT_TRUE(at::equal(sk.exp_avg(), sr.exp_avg())) << "exp_avg of " << where;
+    EXPECT_TRUE(at::equal(sk.exp_avg_sq(), sr.exp_avg_sq())) << "exp_avg_sq of " << where;
+  }
+}
+
+// mlp with AdamW on CUDA (deterministic kernels) under `args`, next to LibTorch eager, with CUDA
+// running out of memory while step 2 records the whole-step graph (step 0 eager, step 1 the
+// capture, step 2 the warm-up, which runs the step for real, then the recording). Seven steps: every
+// loss, where each leaves the CUDA generator, and from step 2 on every parameter and AdamW's state,
+// bit for bit eager's; the injection really happened (the limit set inside the capture, the
+// allocator counted an out-of-memory, the graph skipped saying so); the failed recording left no
+// capture open and no CUDA error pending, and the allocator out of capture mode; the later steps ran
+// compiled without a graph. dropout: the step draws a mask (recorded with at::cuda::CUDAGraph).
+static void expect_an_oom_while_recording_loses_nothing(const std::string& what, const kiln::TrainingArguments& args,
+                                                        uint64_t seed, bool dropout) {
+  SCOPED_TRACE(what);
+  Deterministic deterministic;
+  unsetenv("KILN_TEST_FAIL_EXECUTE_AT");
+  kiln::WorkloadOptions o{"cuda", seed, 64};
+  o.optimizer = "adamw";
+  auto ref = kiln::make_workload("mlp", o);
+  auto w = kiln::make_workload("mlp", o);
+  auto body = [dropout](kiln::Workload& m) -> kiln::StepFn {
+    return [&m, dropout](const std::vector<at::Tensor>& in) {
+      m.optimizer->zero_grad();
+      auto h = m.forward(in[0]);
+      if (dropout) h = at::dropout(h, 0.1, /*train=*/true);
+      auto loss = m.loss_fn(h, in[1]);
+      loss.backward();
+      m.optimizer->step();
+      return std::vector<at::Tensor>{loss.detach()};
+    };
+  };
+  auto ref_step = body(ref);
+  auto step = kiln::compile_step(body(w), {{w.model}, {w.optimizer.get()}}, args);
+  const c10::DeviceIndex device = w.input.device().index();
+  // One generator for both: each step of kiln starts where the eager step started.
+  at::Generator gen = at::globalContext().defaultGenerator(w.input.device());
+  auto rng_state = [&gen] {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  };
+  auto set_rng_state = [&gen](const at::Tensor& st) {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(st);
+  };
+  OutOfMemoryWhileRecording oom(device);
+  for (int s = 0; s < 7; ++s) {
+    const at::Tensor before = rng_state();
+    auto want = ref_step({ref.input, ref.target})[0];
+    const at::Tensor after_eager = rng_state();
+    set_rng_state(before);
+    int64_t ooms_before = 0;
+    if (s == 2) {
+      ooms_before = allocator_ooms(device);
+      oom.arm();
+    }
+    auto got = step({w.input, w.target})[0];
+    if (s == 2) {
+      oom.restore();
+      ASSERT_TRUE(oom.fired()) << "no op ran while the graph was recorded" << (oom.error().empty() ? "" : ": ")
+                               << oom.error() << " (" << step.stats().last_graph_skip << ")";
+      std::printf("%s: allocator limited to %.1f MiB (%.1f MiB reserved) before %s in the recording\n", what.c_str(),
+                  oom.limit() / 1048576.0, oom.reserved() / 1048576.0, oom.op().c_str());
+      EXPECT_GT(allocator_ooms(device), ooms_before) << "LibTorch's allocator counted no out-of-memory";
+      // A capture left open would fail the synchronize (and this thread's next cudaMalloc); an
+      // allocator still allocating to the graph's pool would fail emptyCache's internal assert; an
+      // error left pending would surface at the next kernel launch check.
+      EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess) << cudaGetErrorString(cudaPeekAtLastError());
+      EXPECT_NO_THROW(torch::cuda::synchronize());
+      EXPECT_NO_THROW(c10::cuda::CUDACachingAllocator::emptyCache());
+    }
+    ASSERT_TRUE(got.defined()) << "step " << s;
+    EXPECT_TRUE(at::equal(got, want)) << "loss at step " << s << ": " << got.item<float>() << " vs "
+                                      << want.item<float>();
+    EXPECT_TRUE(at::equal(rng_state(), after_eager)) << "the CUDA generator after step " << s;
+    if (s >= 2) expect_same_parameters_and_adamw_state(ref, w, s);
+  }
+  const auto& st = step.stats();
+  std::printf("%s: %s\n", what.c_str(), st.last_graph_skip.c_str());
+  EXPECT_EQ(st.graphs_recorded, 0) << st.last_graph_skip;
+  EXPECT_EQ(st.graph_replays, 0);
+  EXPECT_EQ(st.compiled_steps, 5) << st.last_fallback;  // steps 2 to 6
+  EXPECT_TRUE(step.last_step_compiled()) << st.last_fallback;
+  EXPECT_NE(st.last_graph_skip.find("kiln: skipping cudagraphs due to out of memory in aten::"), std::string::npos)
+      << st.last_graph_skip;
+  EXPECT_NE(st.last_graph_skip.find("during capture (CUDA out of memory"), std::string::npos) << st.last_graph_skip;
+}
+
+// LibTorch's allocator reports the native caching allocator's pools and limits; the
+// cudaMallocAsync backend (PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) has neither.
+static bool native_cuda_allocator() { return c10::cuda::CUDACachingAllocator::get()->name() == "native"; }
+#endif
+
+// CUDA runs out of memory while the whole-step graph is recorded (a real c10::OutOfMemoryError from
+// LibTorch's caching allocator, OutOfMemoryWhileRecording above): the same path as a backend failing
+// there (a CaptureFailed, the capture ended, the graph's pool released), so the graph is skipped
+// saying why, that step's results are the warm-up's, and the later steps run compiled without a
+// graph: every loss, parameter and AdamW state as eager computes them. With kiln's eager executor
+// inside the graph (the cudagraphs backend), and with a backend's groups inside it (the partitioned
+// executor: `fails_execute_cuda`'s relu, failing nowhere, under reduce-overhead).
+TEST(CudaGraphsCuda, CudaOutOfMemoryWhileTheGraphIsRecordedSkipsTheGraphAndLosesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+#if !defined(KILN_TEST_HAVE_CUDA)
+  GTEST_SKIP() << "built without the CUDA toolkit: no whole-step graphs to record";
+#else
+  if (!native_cuda_allocator())
+    GTEST_SKIP() << "LibTorch's CUDA allocator is " << c10::cuda::CUDACachingAllocator::get()->name()
+                 << ", not the native caching allocator that the injection limits";
+  expect_an_oom_while_recording_loses_nothing("cudagraphs", args_for("cudagraphs", "default"), 91, false);
+  auto args = args_for("fails_execute_cuda", "reduce-overhead");
+  args.runtime.plugin_dirs = {KILN_FAILS_EXECUTE_CUDA_PLUGIN_DIR, KILN_INTREE_PLUGIN_DIR};
+  expect_an_oom_while_recording_loses_nothing("fails_execute_cuda/reduce-overhead", args, 92, false);
+#endif
+}
+
+// The same with dropout in the step: recorded through at::cuda::CUDAGraph with the CUDA generator
+// registered, whose capture_end and pool release run after the out-of-memory. The recording draws
+// nothing, so every step leaves the generator where the eager step does.
+TEST(CudaGraphsCuda, CudaOutOfMemoryWhileAStepWithDropoutIsRecordedSkipsTheGraphAndLosesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+#if !defined(KILN_TEST_HAVE_CUDA)
+  GTEST_SKIP() << "built without the CUDA toolkit: no whole-step graphs to record";
+#else
+  if (!native_cuda_allocator())
+    GTEST_SKIP() << "LibTorch's CUDA allocator is " << c10::cuda::CUDACachingAllocator::get()->name()
+                 << ", not the native caching allocator that the injection limits";
+  expect_an_oom_while_recording_loses_nothing("cudagraphs with dropout", args_for("cudagraphs", "default"), 93, true);
+#endif
 }
 
 TEST(CudaGraphsCuda, AStepWithItemFallsBackAndSaysWhy) {
