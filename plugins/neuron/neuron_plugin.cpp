@@ -16,6 +16,7 @@
 #include <optional>
 #include <kiln/plugin_api.hpp>
 
+#include "boundary.h"
 #include "pjrt_runtime.h"
 #include "stablehlo_emit.h"
 
@@ -42,38 +43,35 @@ std::string try_open_runtime() {
   return why ? why : "unknown dlopen error";
 }
 
-PJRT_Buffer_Type pjrt_type(DLDataType t) {
-  if (is_float32(t)) return PJRT_Buffer_Type_F32;
-  if (t.code == kDLInt && t.bits == 64 && t.lanes == 1) return PJRT_Buffer_Type_S64;
-  throw Unimplemented("a " + dtype_name(t) + " tensor at the group's boundary");
+// A DLTensor's strides in elements (dense row-major where it has none).
+std::vector<int64_t> strides_of(const DLTensor& t) {
+  std::vector<int64_t> s(static_cast<size_t>(t.ndim));
+  int64_t acc = 1;
+  for (int d = t.ndim - 1; d >= 0; --d) {
+    s[static_cast<size_t>(d)] = t.strides ? t.strides[d] : acc;
+    acc *= t.shape[d];
+  }
+  return s;
 }
 
-// A DLTensor as PJRT reads it: its dims, and its strides in bytes when it is not dense row-major.
-HostTensor host_view(const DLTensor& t) {
-  HostTensor h;
-  h.type = pjrt_type(t.dtype);
-  h.dims.assign(t.shape, t.shape + t.ndim);
-  h.data = static_cast<char*>(t.data) + t.byte_offset;
-  const int64_t es = t.dtype.bits / 8;
-  int64_t n = 1, expect = 1;
-  bool dense = true;
-  for (int d = t.ndim - 1; d >= 0; --d) {
-    const int64_t st = t.strides ? t.strides[d] : expect;
-    if (t.shape[d] != 1 && st != expect) dense = false;
-    expect *= t.shape[d];
-    n *= t.shape[d];
+// The strides of a group's inputs and outputs as captured (those its module was emitted for).
+struct CapturedStrides {
+  std::vector<std::vector<int64_t>> inputs, outputs;
+  explicit CapturedStrides(const Graph& g) {
+    for (int64_t v : g.inputs()) inputs.push_back(g.value(v).strides());
+    for (int64_t v : g.outputs()) outputs.push_back(g.value(v).strides());
   }
-  h.bytes = static_cast<size_t>(n * es);
-  h.on_device = t.device.device_type == kDLCUDA;
-  if (!dense)
-    for (int d = 0; d < t.ndim; ++d) h.byte_strides.push_back(t.strides[d] * es);
-  return h;
-}
+};
 
 class PjrtGroup : public Executable {
  public:
-  PjrtGroup(std::shared_ptr<const PjrtExecutable> exe, std::vector<int32_t> runtime_scalars)
-      : exe_(std::move(exe)), runtime_scalars_(std::move(runtime_scalars)) {}
+  // `layout`: the storage order @main takes each input and returns each output in (emit_stablehlo).
+  PjrtGroup(std::shared_ptr<const PjrtExecutable> exe, std::vector<int32_t> runtime_scalars,
+            kiln::neuron::BoundaryLayout layout, CapturedStrides captured)
+      : exe_(std::move(exe)),
+        runtime_scalars_(std::move(runtime_scalars)),
+        layout_(std::move(layout)),
+        captured_(std::move(captured)) {}
 
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                void* stream) override {
@@ -82,8 +80,21 @@ class PjrtGroup : public Executable {
 
   void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                             const Scalars& scalars, void* stream) override {
+    if (num_inputs != layout_.inputs.size() || num_outputs != layout_.outputs.size())
+      throw Error(KILN_ERROR_INTERNAL, "neuron: the group was compiled for " + std::to_string(layout_.inputs.size()) +
+                                           " inputs and " + std::to_string(layout_.outputs.size()) +
+                                           " outputs, and is run with " + std::to_string(num_inputs) + " and " +
+                                           std::to_string(num_outputs));
     std::vector<HostTensor> ins, outs;
-    for (size_t i = 0; i < num_inputs; ++i) ins.push_back(host_view(inputs[i]));
+    // Each input as @main takes it: its dims in the storage order compiled for, over its own memory
+    // where its strides are still dense in that order. A host tensor whose strides changed since
+    // the capture is copied in with its byte strides; a CUDA one cannot be (PJRT views dense
+    // memory only), and is an error here rather than a wrong read.
+    for (size_t i = 0; i < num_inputs; ++i) {
+      ins.push_back(kiln::neuron::boundary_tensor(inputs[i], layout_.inputs[i]));
+      if (ins.back().on_device && !ins.back().byte_strides.empty())
+        throw Error(KILN_ERROR_INTERNAL, "neuron: " + changed_layout("input", i, inputs[i], captured_.inputs[i]));
+    }
     // The run-time scalars' current values: rank-0 f32 parameters after the inputs (ATen computes a
     // float32 op with a Scalar in float32 too).
     std::vector<float> values(runtime_scalars_.size());
@@ -91,13 +102,16 @@ class PjrtGroup : public Executable {
       values[k] = static_cast<float>(scalars.number(runtime_scalars_[k]));
       ins.push_back(HostTensor{PJRT_Buffer_Type_F32, {}, {}, &values[k], sizeof(float)});
     }
-    // Results come back dense: an output with other strides gets a dense copy, scattered after.
+    // Results come back dense in the storage order compiled for: an output whose strides are not
+    // dense in it (one with gaps, or overlapping) gets a dense copy, scattered after.
     std::vector<std::vector<char>> dense(num_outputs);
+    std::vector<HostTensor> scattered(num_outputs);
     for (size_t k = 0; k < num_outputs; ++k) {
-      HostTensor o = host_view(outputs[k]);
+      HostTensor o = kiln::neuron::boundary_tensor(outputs[k], layout_.outputs[k]);
       if (!o.byte_strides.empty() && o.on_device)
-        throw Error(KILN_ERROR_INTERNAL, "neuron: CUDA output " + std::to_string(k) + " is not dense row-major");
+        throw Error(KILN_ERROR_INTERNAL, "neuron: " + changed_layout("output", k, outputs[k], captured_.outputs[k]));
       if (!o.byte_strides.empty()) {
+        scattered[k] = o;
         dense[k].resize(o.bytes);
         o.data = dense[k].data();
         o.byte_strides.clear();
@@ -110,28 +124,43 @@ class PjrtGroup : public Executable {
       throw Error(KILN_ERROR_INTERNAL, e.what());
     }
     for (size_t k = 0; k < num_outputs; ++k)
-      if (!dense[k].empty()) scatter(dense[k].data(), outputs[k]);
+      if (!dense[k].empty()) scatter(dense[k].data(), scattered[k]);
   }
 
  private:
-  static void scatter(const char* src, const DLTensor& t) {
-    const int64_t es = t.dtype.bits / 8;
+  // Why a CUDA tensor cannot be handed to PJRT: its strides are not dense in the order compiled for.
+  static std::string changed_layout(const char* what, size_t i, const DLTensor& t,
+                                    const std::vector<int64_t>& captured) {
+    using kiln::neuron::ints_text;
+    return std::string("CUDA ") + what + " " + std::to_string(i) + " of shape " +
+           ints_text(std::vector<int64_t>(t.shape, t.shape + t.ndim)) + " has strides " + ints_text(strides_of(t)) +
+           ", and the group was compiled for the strides it was captured with, " + ints_text(captured) +
+           " (PJRT takes a CUDA tensor where it is only as the dense layout its module was compiled for)";
+  }
+
+  // Dense data in `t`'s dims order, written element by element where `t`'s byte strides say.
+  static void scatter(const char* src, const HostTensor& t) {
+    const size_t rank = t.dims.size();
     int64_t n = 1;
-    for (int d = 0; d < t.ndim; ++d) n *= t.shape[d];
-    char* base = static_cast<char*>(t.data) + t.byte_offset;
-    std::vector<int64_t> idx(static_cast<size_t>(t.ndim), 0);
+    for (int64_t s : t.dims) n *= s;
+    if (n == 0) return;
+    const int64_t es = static_cast<int64_t>(t.bytes) / n;
+    char* base = static_cast<char*>(t.data);
+    std::vector<int64_t> idx(rank, 0);
     for (int64_t i = 0; i < n; ++i) {
       int64_t off = 0;
-      for (int d = 0; d < t.ndim; ++d) off += idx[static_cast<size_t>(d)] * t.strides[d];
-      std::memcpy(base + off * es, src + i * es, static_cast<size_t>(es));
-      for (int d = t.ndim - 1; d >= 0; --d) {
-        if (++idx[static_cast<size_t>(d)] < t.shape[d]) break;
-        idx[static_cast<size_t>(d)] = 0;
+      for (size_t d = 0; d < rank; ++d) off += idx[d] * t.byte_strides[d];
+      std::memcpy(base + off, src + i * es, static_cast<size_t>(es));
+      for (size_t d = rank; d-- > 0;) {
+        if (++idx[d] < t.dims[d]) break;
+        idx[d] = 0;
       }
     }
   }
   std::shared_ptr<const PjrtExecutable> exe_;
   std::vector<int32_t> runtime_scalars_;
+  kiln::neuron::BoundaryLayout layout_;
+  CapturedStrides captured_;
 };
 
 // The compile cache on disk: <cache_dir>/neuron/<hash>.pjrt holds a format tag, the module's text
@@ -272,7 +301,8 @@ class NeuronPlugin : public Plugin {
     }
     // Where the tensors may be: host memory (copied in and out, or viewed), or with a CUDA PJRT
     // plugin the first GPU's memory, the client's device, viewed in place and copied out on the
-    // device; those must be dense row-major (PJRT's views and results are).
+    // device; those must be dense (PJRT's views and results are), row-major or in another order of
+    // their dims, which the module transposes from or to at its boundary (boundary.h).
     const bool cuda_client = client->platform() == "cuda";
     auto where = [&](const Value& v) -> std::string {
       const DLDevice d = v.device();
@@ -281,7 +311,10 @@ class NeuronPlugin : public Plugin {
       if (!cuda_client) return "CUDA tensors, and the PJRT plugin's platform is " + client->platform();
       if (d.device_id != 0)
         return "a tensor on cuda:" + std::to_string(d.device_id) + " (the client runs on the first GPU)";
-      if (!v.is_contiguous()) return "a CUDA tensor that is not dense row-major";
+      if (!kiln::neuron::storage_order(v.shape(), v.strides()))
+        return "a CUDA tensor of strides " + kiln::neuron::ints_text(v.strides()) + " for shape " +
+               kiln::neuron::ints_text(v.shape()) +
+               ", no permutation of a dense layout (PJRT views CUDA memory only as dense tensors)";
       return "";
     };
     for (size_t i = 0; i < g.num_nodes(); ++i) {
@@ -313,7 +346,8 @@ class NeuronPlugin : public Plugin {
     auto it = options.options.find("pjrt_plugin");
     const std::string path = it != options.options.end() ? it->second : kNeuronPjrt;
     std::vector<int32_t> runtime_scalars;
-    const std::string module = kiln::neuron::emit_stablehlo(g, &runtime_scalars);
+    kiln::neuron::BoundaryLayout layout;
+    const std::string module = kiln::neuron::emit_stablehlo(g, &runtime_scalars, &layout);
     std::shared_ptr<PjrtClient> client;
     try {
       client = PjrtClient::open(path);
@@ -327,7 +361,8 @@ class NeuronPlugin : public Plugin {
       std::string damaged;
       if (auto bytes = read_cached(file, module, &damaged)) {
         try {
-          return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars));
+          return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars), std::move(layout),
+                                             CapturedStrides(g));
         } catch (const PjrtError& e) {
           host().debug(std::string("neuron: compiling again: the cached executable ") + file +
                        " does not load: " + e.what());
@@ -351,7 +386,8 @@ class NeuronPlugin : public Plugin {
         host().debug(std::string("neuron: executable not cached: ") + e.what());
       }
     }
-    return std::make_unique<PjrtGroup>(std::move(exe), std::move(runtime_scalars));
+    return std::make_unique<PjrtGroup>(std::move(exe), std::move(runtime_scalars), std::move(layout),
+                                       CapturedStrides(g));
   }
 };
 

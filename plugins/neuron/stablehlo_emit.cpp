@@ -7,6 +7,8 @@
 #include <set>
 #include <sstream>
 
+#include "boundary.h"
+
 namespace kiln::neuron {
 
 namespace {
@@ -74,10 +76,23 @@ class Emitter {
   std::string module() {
     std::ostringstream head;
     const auto ins = g_.inputs(), outs = g_.outputs();
+    layout_.inputs.assign(ins.size(), {});
+    layout_.outputs.assign(outs.size(), {});
     for (size_t i = 0; i < ins.size(); ++i) {
       const auto v = g_.value(ins[i]);
-      names_[ins[i]] = "%arg" + std::to_string(i);
-      head << (i ? ", " : "") << names_[ins[i]] << ": " << tensor_type(v.shape(), element_type(v));
+      const std::string arg = "%arg" + std::to_string(i);
+      const char* e = element_type(v);
+      // An input dense in another order of its dims is taken as it lies in memory (the dims in
+      // storage order) and transposed to the graph's shape: PJRT reads it where it is.
+      const auto order = boundary_order(v);
+      head << (i ? ", " : "") << arg << ": " << tensor_type(permuted(v.shape(), order), e);
+      names_[ins[i]] = arg;
+      if (order.empty()) continue;
+      layout_.inputs[i] = order;
+      std::vector<int64_t> back(order.size());  // the storage dim of each of the graph's dims
+      for (size_t k = 0; k < order.size(); ++k) back[static_cast<size_t>(order[k])] = static_cast<int64_t>(k);
+      names_[ins[i]] = op("stablehlo.transpose", {arg}, {tensor_type(permuted(v.shape(), order), e)},
+                          tensor_type(v.shape(), e), "permutation = " + i64_array(back));
     }
     first_scalar_ = ins.size();
     for (size_t i = 0; i < g_.num_nodes(); ++i) node(g_.node(static_cast<int64_t>(i)));
@@ -89,8 +104,18 @@ class Emitter {
       auto it = names_.find(outs[k]);
       if (it == names_.end()) throw Unimplemented("output value " + std::to_string(outs[k]) + " is not computed");
       const auto v = g_.value(outs[k]);
-      ret_values += (k ? ", " : "") + it->second;
-      ret_types += (k ? ", " : "") + tensor_type(v.shape(), element_type(v));
+      const char* e = element_type(v);
+      // An output dense in another order of its dims is returned in that order, PJRT's dense result
+      // then being the output's memory as it lies.
+      const auto order = boundary_order(v);
+      std::string r = it->second;
+      if (!order.empty()) {
+        layout_.outputs[k] = order;
+        r = op("stablehlo.transpose", {r}, {tensor_type(v.shape(), e)}, tensor_type(permuted(v.shape(), order), e),
+               "permutation = " + i64_array(order));
+      }
+      ret_values += (k ? ", " : "") + r;
+      ret_types += (k ? ", " : "") + tensor_type(permuted(v.shape(), order), e);
     }
     std::ostringstream m;
     m << "module @kiln_group {\n"
@@ -102,8 +127,24 @@ class Emitter {
   }
 
   const std::vector<int32_t>& runtime_scalars() const { return scalars_; }
+  const BoundaryLayout& layout() const { return layout_; }
 
  private:
+  // The storage order a boundary value is passed in: empty where it is row-major, or where its
+  // strides are no permutation of a dense layout (PJRT is then handed its strides, as before).
+  static std::vector<int64_t> boundary_order(const kiln::plugin::Value& v) {
+    auto order = storage_order(v.shape(), v.strides());
+    if (!order || is_row_major(*order)) return {};
+    return *order;
+  }
+
+  static std::vector<int64_t> permuted(const std::vector<int64_t>& shape, const std::vector<int64_t>& order) {
+    if (order.empty()) return shape;
+    std::vector<int64_t> p;
+    for (int64_t d : order) p.push_back(shape[static_cast<size_t>(d)]);
+    return p;
+  }
+
   std::string fresh() { return "%" + std::to_string(next_++); }
 
   std::string op(const std::string& name, const std::vector<std::string>& args, const std::vector<std::string>& types,
@@ -1147,6 +1188,7 @@ class Emitter {
   int next_ = 0;
   size_t first_scalar_ = 0;       // the parameter number of the first run-time scalar
   std::vector<int32_t> scalars_;  // the run-time scalars read, in parameter order
+  BoundaryLayout layout_;
 };
 
 }  // namespace
@@ -1338,10 +1380,11 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   return "";
 }
 
-std::string emit_stablehlo(const Graph& g, std::vector<int32_t>* runtime_scalars) {
+std::string emit_stablehlo(const Graph& g, std::vector<int32_t>* runtime_scalars, BoundaryLayout* layout) {
   Emitter e(g);
   std::string m = e.module();
   if (runtime_scalars) *runtime_scalars = e.runtime_scalars();
+  if (layout) *layout = e.layout();
   return m;
 }
 

@@ -24,9 +24,21 @@ namespace kiln::neuron {
 // "" when emit_stablehlo can take node `n`, else why not (for the debug log).
 std::string why_not_emitted(const kiln::plugin::Graph& g, const kiln::plugin::Node& n);
 
+// How @main's tensors lie in memory: for each of the subgraph's inputs and outputs, the order of
+// its dims in storage, outermost first (boundary.h's storage_order), where it is dense in an order
+// other than row-major; empty where it is row-major, or no permutation of a dense layout at all.
+struct BoundaryLayout {
+  std::vector<std::vector<int64_t>> inputs, outputs;
+};
+
 // The whole subgraph as a module. Throws kiln::plugin::Unimplemented for a node it cannot take.
 // @main's parameters are the subgraph's inputs, then one rank-0 f32 per run-time scalar the nodes
-// read: `runtime_scalars` (when given) gets their numbers (Arg::runtime_scalar), in that order.
-std::string emit_stablehlo(const kiln::plugin::Graph& g, std::vector<int32_t>* runtime_scalars = nullptr);
+// read: `runtime_scalars` (when given) gets their numbers (Arg::runtime_scalar), in that order. An
+// input or output whose recorded strides are dense in another order of its dims (a transposed
+// weight, a channels-last activation) is a parameter or result of its dims in storage order, with a
+// stablehlo.transpose after the parameter or before the return; `layout` (when given) gets those
+// orders.
+std::string emit_stablehlo(const kiln::plugin::Graph& g, std::vector<int32_t>* runtime_scalars = nullptr,
+                           BoundaryLayout* layout = nullptr);
 
 }  // namespace kiln::neuron

@@ -18,6 +18,7 @@
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/passes.h"
 #include "kiln/internal/plugin_registry.h"
+#include "boundary.h"
 #include "pjrt_runtime.h"
 #include "stablehlo_emit.h"
 
@@ -89,6 +90,96 @@ TEST(NeuronStablehlo, SaysWhyANodeIsNotEmitted) {
   EXPECT_THROW(neuron::emit_stablehlo(pg), plugin::Unimplemented);
 }
 
+// Where a tensor's dims lie in memory: strides that are a permutation of a dense layout give the
+// order of its dims in storage (size-1 dims in their places, whatever their strides); others none.
+TEST(NeuronBoundary, StorageOrderOfDenseLayoutsAndNoneForOthers) {
+  using neuron::storage_order;
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(storage_order({4, 5}, {5, 1}), V({0, 1}));
+  EXPECT_EQ(storage_order({5, 6}, {1, 5}), V({1, 0}));                      // t(w) of a [6, 5] w
+  EXPECT_EQ(storage_order({2, 3, 4, 5}, {60, 1, 15, 3}), V({0, 2, 3, 1}));  // channels-last
+  EXPECT_EQ(storage_order({2, 1, 4, 5}, {20, 1, 5, 1}), V({0, 1, 2, 3}));   // channels-last, C = 1
+  EXPECT_EQ(storage_order({2, 1, 12}, {12, 12, 1}), V({0, 1, 2}));          // keepdim's size-1 dim
+  EXPECT_EQ(storage_order({3, 1, 4}, {1, 99, 3}), V({2, 1, 0}));            // size-1 dim stays
+  EXPECT_EQ(storage_order({2, 3, 4}, {1, 8, 2}), V({1, 2, 0}));
+  EXPECT_EQ(storage_order({}, {}), V());
+  EXPECT_EQ(storage_order({0, 5}, {1, 7}), V({0, 1}));    // no elements
+  EXPECT_FALSE(storage_order({4, 5}, {0, 1}));            // expanded
+  EXPECT_FALSE(storage_order({2, 5, 12}, {180, 36, 1}));  // a split's piece: gaps
+  EXPECT_FALSE(storage_order({3, 3}, {1, 1}));            // overlapping
+  EXPECT_FALSE(storage_order({4, 5}, {10, 2}));           // a stepped slice
+  EXPECT_TRUE(neuron::dense_in_order({5, 6}, {1, 5}, {1, 0}));
+  EXPECT_FALSE(neuron::dense_in_order({5, 6}, {6, 1}, {1, 0}));
+  EXPECT_TRUE(neuron::dense_in_order({5, 6}, {6, 1}, {}));
+  EXPECT_TRUE(neuron::dense_in_order({5, 1}, {1, 7}, {1, 0}));  // a size-1 dim's stride says nothing
+}
+
+// MLIR-test style: an input dense in another order of its dims (a transposed weight with strides
+// {1, 5}, a channels-last image) is a parameter in storage order, transposed first to the shape
+// the graph uses; an output so (t of the product, the image's relu) is transposed last into its
+// storage order.
+namespace {
+const char* kPermutedGraph = R"(graph {
+  input %0 : f32[4,5]{5,1} input "x"
+  input %1 : f32[5,6]{1,5} input "wt"
+  input %2 : f32[2,3,4,5]{60,1,15,3} input "img"
+  %3 : f32[4,6]{6,1} = aten::mm(%0, %1)
+  %4 : f32[6,4]{1,6} = aten::t(%3)
+  %5 : f32[2,3,4,5]{60,1,15,3} = aten::relu(%2)
+  output %4 result "yt"
+  output %5 result "act"
+}
+)";
+}  // namespace
+
+TEST(NeuronStablehlo, TakesAndReturnsPermutedLayoutsInStorageOrderWithTransposes) {
+  const ir::Graph g = ir::parse(kPermutedGraph);
+  View v(g);
+  neuron::BoundaryLayout layout;
+  EXPECT_EQ(neuron::emit_stablehlo(v.pg(), nullptr, &layout),
+            "module @kiln_group {\n"
+            "  func.func public @main(%arg0: tensor<4x5xf32>, %arg1: tensor<6x5xf32>, %arg2: tensor<2x4x5x3xf32>) "
+            "-> (tensor<4x6xf32>, tensor<2x4x5x3xf32>) {\n"
+            "    %0 = \"stablehlo.transpose\"(%arg1) {permutation = array<i64: 1, 0>} : (tensor<6x5xf32>) -> "
+            "tensor<5x6xf32>\n"
+            "    %1 = \"stablehlo.transpose\"(%arg2) {permutation = array<i64: 0, 3, 1, 2>} : "
+            "(tensor<2x4x5x3xf32>) -> tensor<2x3x4x5xf32>\n"
+            "    %2 = \"stablehlo.dot_general\"(%arg0, %0) {dot_dimension_numbers = #stablehlo.dot<"
+            "lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>, precision_config = "
+            "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<4x5xf32>, tensor<5x6xf32>) "
+            "-> tensor<4x6xf32>\n"
+            "    %3 = \"stablehlo.transpose\"(%2) {permutation = array<i64: 1, 0>} : (tensor<4x6xf32>) -> "
+            "tensor<6x4xf32>\n"
+            "    %4 = \"stablehlo.constant\"() {value = dense<0.00000000e+00> : tensor<2x3x4x5xf32>} : () -> "
+            "tensor<2x3x4x5xf32>\n"
+            "    %5 = \"stablehlo.maximum\"(%1, %4) : (tensor<2x3x4x5xf32>, tensor<2x3x4x5xf32>) -> "
+            "tensor<2x3x4x5xf32>\n"
+            "    %6 = \"stablehlo.transpose\"(%3) {permutation = array<i64: 1, 0>} : (tensor<6x4xf32>) -> "
+            "tensor<4x6xf32>\n"
+            "    %7 = \"stablehlo.transpose\"(%5) {permutation = array<i64: 0, 2, 3, 1>} : (tensor<2x3x4x5xf32>) -> "
+            "tensor<2x4x5x3xf32>\n"
+            "    \"func.return\"(%6, %7) : (tensor<4x6xf32>, tensor<2x4x5x3xf32>) -> ()\n"
+            "  }\n"
+            "}\n");
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(layout.inputs, std::vector<V>({V(), V({1, 0}), V({0, 2, 3, 1})}));
+  EXPECT_EQ(layout.outputs, std::vector<V>({V({1, 0}), V({0, 2, 3, 1})}));
+  // Row-major boundaries, and strides that are no permutation of a dense layout (expanded), are
+  // taken as before: no transpose.
+  const ir::Graph plain = ir::parse(R"(graph {
+  input %0 : f32[4,5]{0,1} input "rows"
+  %1 : f32[4,5]{5,1} = aten::neg(%0)
+  output %1 result "y"
+}
+)");
+  View pv(plain);
+  const std::string m = neuron::emit_stablehlo(pv.pg(), nullptr, &layout);
+  EXPECT_EQ(m.find("stablehlo.transpose"), std::string::npos) << m;
+  EXPECT_NE(m.find("@main(%arg0: tensor<4x5xf32>) -> (tensor<4x5xf32>)"), std::string::npos) << m;
+  EXPECT_EQ(layout.inputs, std::vector<V>({V()}));
+  EXPECT_EQ(layout.outputs, std::vector<V>({V()}));
+}
+
 // The runtime through XLA's CPU PJRT plugin: the module above compiles and computes what eager does;
 // a module PJRT rejects gives PJRT's own message, with the call and the plugin's path.
 // A float32 tensor handed to PJRT as dense row-major data.
@@ -144,6 +235,47 @@ TEST(NeuronPjrt, CompilesAndRunsAModuleOnTheCpuPluginAndReportsItsErrors) {
     EXPECT_GE(e.code(), 0) << what;
   }
   EXPECT_THROW(neuron::PjrtClient::open("/nonexistent/libpjrt.so"), neuron::PjrtError);
+}
+
+// The same layouts on the CPU cost no copy: the transposed weight and the channels-last image are
+// views of their own memory (the dims in storage order), and the results are written where their
+// outputs lie. An input whose strides are no longer those compiled for (the weight row-major now)
+// is copied in through its byte strides, and computes the same.
+TEST(NeuronPjrt, PermutedLayoutsAreViewedWhereTheyLie) {
+  auto client = neuron::PjrtClient::open(KILN_PJRT_CPU_PLUGIN);
+  const ir::Graph g = ir::parse(kPermutedGraph);
+  View v(g);
+  neuron::BoundaryLayout layout;
+  auto exe = client->compile(neuron::emit_stablehlo(v.pg(), nullptr, &layout));
+  using V = std::vector<int64_t>;
+  for (int trial = 0; trial < 3; ++trial) {
+    const at::Tensor x = at::randn({4, 5}), w = at::randn({6, 5});
+    const at::Tensor img = at::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast);
+    // The last trial hands the weight row-major, where the module was compiled for w.t().
+    const at::Tensor wt = trial < 2 ? w.t() : w.t().contiguous();
+    at::Tensor yt = at::empty_strided({6, 4}, {1, 6}), act = at::empty_like(img);
+    ASSERT_TRUE(act.is_contiguous(at::MemoryFormat::ChannelsLast));
+    std::vector<neuron::HostTensor> hin, hout;
+    for (const auto& [t, order] : {std::pair{x, layout.inputs[0]}, {wt, layout.inputs[1]}, {img, layout.inputs[2]}})
+      hin.push_back(neuron::boundary_tensor(to_dl_tensor(t), order));
+    hout.push_back(neuron::boundary_tensor(to_dl_tensor(yt), layout.outputs[0]));
+    hout.push_back(neuron::boundary_tensor(to_dl_tensor(act), layout.outputs[1]));
+    EXPECT_EQ(hin[1].dims, V({6, 5}));
+    EXPECT_EQ(hin[2].dims, V({2, 4, 5, 3}));
+    EXPECT_EQ(hin[2].data, img.data_ptr());
+    EXPECT_EQ(hout[0].dims, V({4, 6}));
+    for (const auto& h : hout) EXPECT_TRUE(h.byte_strides.empty());
+    EXPECT_TRUE(hin[0].byte_strides.empty());
+    EXPECT_TRUE(hin[2].byte_strides.empty());
+    if (trial < 2) EXPECT_TRUE(hin[1].byte_strides.empty());
+    else EXPECT_EQ(hin[1].byte_strides, V({4, 24}));  // [6, 5] read through the [5, 6] tensor's strides
+    const uint64_t viewed = client->inputs_viewed(), copied = client->inputs_copied();
+    exe->run(hin, hout);
+    EXPECT_EQ(client->inputs_viewed() - viewed, trial < 2 ? 3u : 2u);
+    EXPECT_EQ(client->inputs_copied() - copied, trial < 2 ? 0u : 1u);
+    EXPECT_TRUE(at::allclose(yt, at::mm(x, w.t()).t(), 1e-5, 1e-5)) << yt;
+    EXPECT_TRUE(at::equal(act, at::relu(img))) << act;
+  }
 }
 
 // Matmuls (addmm with beta and alpha, bmm), views (t, view, permute, expand), sums (over some dims
@@ -203,7 +335,9 @@ TEST(NeuronPjrt, MatmulsViewsSumsAndLogSoftmaxMatchAten) {
 
 // The plugin through the real host: with [plugin.neuron] pjrt_plugin it is available on the CPU
 // (only when named), claims the element-wise nodes of a step-like graph, and its groups match eager
-// on fresh inputs, strided ones included; without the option it says why it is unavailable.
+// on fresh inputs, strided ones included (`go` is recorded row-major and handed transposed: a host
+// tensor whose strides differ from those compiled for is copied in through them); without the
+// option it says why it is unavailable.
 TEST(NeuronPlugin, GroupsRunThroughPjrtAndMatchEager) {
   TrainingArguments args;
   args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
@@ -297,6 +431,46 @@ double neuron_vs_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs
 }
 
 }  // namespace
+
+// Transposed weights and channels-last activations through the plugin and the real host: every node
+// is claimed (the weight's t and the matmuls it feeds, a transposed input, a product handed on
+// transposed, channels-last element-wise ops and a sum over them), and the groups match eager on fresh inputs; then
+// with a weight handed row-major where the graph recorded it transposed (the CPU copies it in through its strides).
+TEST(NeuronPlugin, TransposedWeightsAndChannelsLastInputsAreClaimedAndMatchEager) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[8,5]{5,1} input "x"
+  input %1 : f32[6,5]{5,1} param "w"
+  input %2 : f32[6]{1} param "b"
+  input %3 : f32[5,6]{1,5} input "wt"
+  input %4 : f32[2,3,4,5]{60,1,15,3} input "img"
+  input %5 : f32[3,1,1]{1,1,1} param "scale"
+  %7 : f32[5,6]{1,5} = aten::t(%1)
+  %8 : f32[8,6]{6,1} = aten::addmm(%2, %0, %7, scalar(1), scalar(1))
+  %9 : f32[8,6]{6,1} = aten::mm(%0, %3)
+  %10 : f32[6,8]{1,6} = aten::t(%9)
+  %11 : f32[6,8]{1,6} = aten::neg(%10)
+  %12 : f32[2,3,4,5]{60,1,15,3} = aten::mul.Tensor(%4, %5)
+  %13 : f32[2,3,4,5]{60,1,15,3} = aten::relu(%12)
+  %14 : f32[3]{1} = aten::sum.dim_IntList(%13, i[0, 2, 3], false, None)
+  output %8 result "y"
+  output %11 result "neg_yt"
+  output %13 result "act"
+  output %14 result "per_channel"
+}
+)");
+  for (int trial = 0; trial < 3; ++trial) {
+    const at::Tensor wt = at::randn({6, 5}).t();
+    const std::vector<at::Tensor> in = {at::randn({8, 5}),
+                                        at::randn({6, 5}),
+                                        at::randn({6}),
+                                        trial < 2 ? wt : wt.contiguous(),
+                                        at::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast),
+                                        at::randn({3, 1, 1})};
+    size_t claimed = 0;
+    neuron_vs_eager(g, in, {}, &claimed);
+    EXPECT_EQ(claimed, g.nodes.size());
+  }
+}
 
 // nll_loss: the target's column picked by an iota compared with the targets, ignored rows left out.
 TEST(NeuronStablehlo, EmitsNllLossWithAnIotaCompareAndSelect) {
