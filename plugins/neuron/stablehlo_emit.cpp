@@ -223,6 +223,8 @@ class Emitter {
     const std::string T = tensor_type(shape);
     std::string r;
     if (o == "aten::clone" || o == "aten::alias" || o == "aten::detach") {
+      // A clone into any memory format: the same values, and where they lie in memory is the
+      // boundary's business (a result that leaves the group is returned in its storage order).
       r = names_.at(n.arg(0).tensor_index());
     } else if (o == "aten::nll_loss_forward") {
       nll_loss_forward(n);
@@ -1372,11 +1374,6 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   if (o == "aten::sum" || o == "aten::sum.dim_IntList")
     if (auto dt = n.find_arg("dtype"); dt && !dt->is_none()) return "a sum into another dtype";
   if ((o == "aten::_log_softmax" || o == "aten::_softmax") && n.arg(2).as_bool()) return "half_to_float";
-  if (o == "aten::clone") {
-    if (auto mf = n.find_arg("memory_format"); mf && !mf->is_none() && mf->raw()->i != KILN_MEMORY_FORMAT_PRESERVE &&
-                                               mf->raw()->i != KILN_MEMORY_FORMAT_CONTIGUOUS)
-      return "a clone into another memory format";
-  }
   return "";
 }
 

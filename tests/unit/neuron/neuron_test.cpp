@@ -434,8 +434,9 @@ double neuron_vs_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs
 
 // Transposed weights and channels-last activations through the plugin and the real host: every node
 // is claimed (the weight's t and the matmuls it feeds, a transposed input, a product handed on
-// transposed, channels-last element-wise ops and a sum over them), and the groups match eager on fresh inputs; then
-// with a weight handed row-major where the graph recorded it transposed (the CPU copies it in through its strides).
+// transposed, channels-last element-wise ops, a sum over them, a clone into channels-last), and the
+// groups match eager on fresh inputs; then with a weight handed row-major where the graph recorded
+// it transposed (the CPU copies it in through its strides).
 TEST(NeuronPlugin, TransposedWeightsAndChannelsLastInputsAreClaimedAndMatchEager) {
   const ir::Graph g = ir::parse(R"(graph {
   input %0 : f32[8,5]{5,1} input "x"
@@ -444,6 +445,7 @@ TEST(NeuronPlugin, TransposedWeightsAndChannelsLastInputsAreClaimedAndMatchEager
   input %3 : f32[5,6]{1,5} input "wt"
   input %4 : f32[2,3,4,5]{60,1,15,3} input "img"
   input %5 : f32[3,1,1]{1,1,1} param "scale"
+  input %6 : f32[2,3,4,5]{60,20,5,1} input "plain"
   %7 : f32[5,6]{1,5} = aten::t(%1)
   %8 : f32[8,6]{6,1} = aten::addmm(%2, %0, %7, scalar(1), scalar(1))
   %9 : f32[8,6]{6,1} = aten::mm(%0, %3)
@@ -452,10 +454,12 @@ TEST(NeuronPlugin, TransposedWeightsAndChannelsLastInputsAreClaimedAndMatchEager
   %12 : f32[2,3,4,5]{60,1,15,3} = aten::mul.Tensor(%4, %5)
   %13 : f32[2,3,4,5]{60,1,15,3} = aten::relu(%12)
   %14 : f32[3]{1} = aten::sum.dim_IntList(%13, i[0, 2, 3], false, None)
+  %15 : f32[2,3,4,5]{60,1,15,3} = aten::clone(%6, memory_format(2))
   output %8 result "y"
   output %11 result "neg_yt"
   output %13 result "act"
   output %14 result "per_channel"
+  output %15 result "nhwc"
 }
 )");
   for (int trial = 0; trial < 3; ++trial) {
@@ -465,7 +469,8 @@ TEST(NeuronPlugin, TransposedWeightsAndChannelsLastInputsAreClaimedAndMatchEager
                                         at::randn({6}),
                                         trial < 2 ? wt : wt.contiguous(),
                                         at::randn({2, 3, 4, 5}).contiguous(at::MemoryFormat::ChannelsLast),
-                                        at::randn({3, 1, 1})};
+                                        at::randn({3, 1, 1}),
+                                        at::randn({2, 3, 4, 5})};
     size_t claimed = 0;
     neuron_vs_eager(g, in, {}, &claimed);
     EXPECT_EQ(claimed, g.nodes.size());
