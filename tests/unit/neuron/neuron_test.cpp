@@ -989,3 +989,85 @@ TEST(NeuronCuda, CudaTensorsRunThroughACudaPjrtPluginWhereTheyAre) {
   EXPECT_TRUE(a.available) << a.reason;
   EXPECT_NE(a.reason.find("platform cuda"), std::string::npos) << a.reason;
 }
+
+// What kept the matmuls of a CUDA step eager before: `t` of a weight feeding `addmm` and `mm`, a
+// transposed input, channels-last activations and a result handed on transposed. Every node is
+// claimed, each such tensor is viewed where it lies (its dims in storage order, transposed inside
+// the module) and each result written where its output lies; the outputs match the eager executor.
+// An input handed with other strides than it was captured with is an error that says so (PJRT
+// views a CUDA tensor only as the dense layout compiled for), never a wrong read.
+TEST(NeuronCuda, TransposedWeightsAndChannelsLastTensorsAreClaimedAndViewedWhereTheyLie) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device: run on the GPU machine";
+  const std::string path = cuda_pjrt_plugin();
+  if (path.empty()) GTEST_SKIP() << "no CUDA PJRT plugin (set KILN_PJRT_CUDA_PLUGIN to one)";
+  TrainingArguments args;
+  args.plugin_options["neuron"]["pjrt_plugin"] = path;
+  auto plugin = PluginRegistry::load_file(KILN_NEURON_PLUGIN, torch_host_services(args));
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[64,96]{96,1} on cuda:0 input "x"
+  input %1 : f32[48,96]{96,1} on cuda:0 param "w"
+  input %2 : f32[48]{1} on cuda:0 param "b"
+  input %3 : f32[96,32]{1,96} on cuda:0 input "wt"
+  input %4 : f32[4,8,6,5]{240,1,40,8} on cuda:0 input "img"
+  input %5 : f32[8,1,1]{1,1,1} on cuda:0 param "scale"
+  %6 : f32[96,48]{1,96} on cuda:0 = aten::t(%1)
+  %7 : f32[64,48]{48,1} on cuda:0 = aten::addmm(%2, %0, %6, scalar(1), scalar(1))
+  %8 : f32[64,48]{48,1} on cuda:0 = aten::relu(%7)
+  %9 : f32[64,32]{32,1} on cuda:0 = aten::mm(%0, %3)
+  %10 : f32[32,64]{1,32} on cuda:0 = aten::t(%9)
+  %11 : f32[32,64]{1,32} on cuda:0 = aten::neg(%10)
+  %12 : f32[4,8,6,5]{240,1,40,8} on cuda:0 = aten::mul.Tensor(%4, %5)
+  %13 : f32[4,8,6,5]{240,1,40,8} on cuda:0 = aten::relu(%12)
+  %14 : f32[8]{1} on cuda:0 = aten::sum.dim_IntList(%13, i[0, 2, 3], false, None)
+  output %8 result "y"
+  output %11 result "neg_yt"
+  output %13 result "act"
+  output %14 result "per_channel"
+}
+)");
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  EXPECT_EQ(exec.stats().nodes_compiled, g.nodes.size());
+  for (const auto& o : exec.groups()) EXPECT_TRUE(o.compiled) << o.reason;
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  auto draw = [&] {
+    return std::vector<at::Tensor>{at::randn({64, 96}, cuda),
+                                   at::randn({48, 96}, cuda),
+                                   at::randn({48}, cuda),
+                                   at::randn({32, 96}, cuda).t(),
+                                   at::randn({4, 8, 6, 5}, cuda).contiguous(at::MemoryFormat::ChannelsLast),
+                                   at::randn({8, 1, 1}, cuda)};
+  };
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::vector<at::Tensor> inputs = draw();
+    std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i];
+    EagerExecutor(g).run(ref);
+    exec.run(env);
+    for (const auto& o : g.outputs) {
+      const at::Tensor& got = env[o.value];
+      ASSERT_TRUE(got.is_cuda()) << o.name;
+      EXPECT_EQ(got.strides().vec(), g.values[o.value].meta.strides) << o.name;
+      const at::Tensor want = ref[o.value].to(at::kDouble);
+      const double scale = want.abs().sum().item<double>();
+      const double rel = (got.to(at::kDouble) - want).abs().sum().item<double>() / std::max(scale, 1e-30);
+      EXPECT_LE(rel, 1e-5) << o.name << " trial " << trial;
+    }
+  }
+  // The transposed input handed row-major: the module reads it in the order it was compiled for,
+  // which its memory no longer has.
+  std::vector<at::Tensor> inputs = draw();
+  inputs[3] = inputs[3].contiguous();
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  try {
+    exec.run(env);
+    FAIL() << "a CUDA input with other strides than captured ran";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("CUDA input"), std::string::npos) << what;
+    EXPECT_NE(what.find("has strides [32, 1], and the group was compiled for the strides it was captured with, "
+                        "[1, 96]"),
+              std::string::npos)
+        << what;
+  }
+}
