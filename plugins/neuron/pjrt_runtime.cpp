@@ -92,9 +92,13 @@ struct CudaDriver {
   using Sync = int (*)(void*);
   using CopyAsync = int (*)(unsigned long long, unsigned long long, size_t, void*);
   using ErrorName = int (*)(int, const char**);
+  using Alloc = int (*)(unsigned long long*, size_t);
+  using Free = int (*)(unsigned long long);
   Sync stream_synchronize = nullptr;
   CopyAsync memcpy_dtod_async = nullptr;
   ErrorName error_name = nullptr;
+  Alloc mem_alloc = nullptr;
+  Free mem_free = nullptr;
   std::string problem;  // why it cannot be used; empty when it can
 
   static const CudaDriver& get() {
@@ -109,8 +113,12 @@ struct CudaDriver {
       r.stream_synchronize = reinterpret_cast<Sync>(dlsym(h, "cuStreamSynchronize"));
       r.memcpy_dtod_async = reinterpret_cast<CopyAsync>(dlsym(h, "cuMemcpyDtoDAsync_v2"));
       r.error_name = reinterpret_cast<ErrorName>(dlsym(h, "cuGetErrorName"));
-      if (!r.stream_synchronize || !r.memcpy_dtod_async || !r.error_name)
-        r.problem = "the CUDA driver lacks cuStreamSynchronize, cuMemcpyDtoDAsync_v2 or cuGetErrorName";
+      r.mem_alloc = reinterpret_cast<Alloc>(dlsym(h, "cuMemAlloc_v2"));
+      r.mem_free = reinterpret_cast<Free>(dlsym(h, "cuMemFree_v2"));
+      if (!r.stream_synchronize || !r.memcpy_dtod_async || !r.error_name || !r.mem_alloc || !r.mem_free)
+        r.problem =
+            "the CUDA driver lacks cuStreamSynchronize, cuMemcpyDtoDAsync_v2, cuGetErrorName, cuMemAlloc_v2 or "
+            "cuMemFree_v2";
       return r;
     }();
     return d;
@@ -192,8 +200,26 @@ std::shared_ptr<PjrtClient> PjrtClient::open(const std::string& path) {
   std::shared_ptr<PjrtClient> c(new PjrtClient(path, api));
   auto init = args_of<PJRT_Plugin_Initialize_Args>(PJRT_Plugin_Initialize_Args_STRUCT_SIZE);
   c->check(api->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
+  // XLA's GPU client takes 75 % of the device's memory up front unless told otherwise
+  // ("preallocate"), which would leave LibTorch, in the same process, a quarter of the GPU. Asked
+  // to grow on demand. A plugin may refuse options it does not know (XLA's plugins check their
+  // names; the CPU plugin of xla-cpu-pjrt takes this one and ignores it): then it is created
+  // without options.
+  PJRT_NamedValue grow{};
+  grow.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  grow.name = "preallocate";
+  grow.name_size = std::strlen(grow.name);
+  grow.type = PJRT_NamedValue_kBool;
+  grow.bool_value = false;
+  grow.value_size = 1;
   auto create = args_of<PJRT_Client_Create_Args>(PJRT_Client_Create_Args_STRUCT_SIZE);
-  c->check(api->PJRT_Client_Create(&create), "PJRT_Client_Create");
+  create.create_options = &grow;
+  create.num_options = 1;
+  if (PJRT_Error* e = api->PJRT_Client_Create(&create)) {
+    drop(api, e);
+    create = args_of<PJRT_Client_Create_Args>(PJRT_Client_Create_Args_STRUCT_SIZE);
+    c->check(api->PJRT_Client_Create(&create), "PJRT_Client_Create");
+  }
   c->client_ = create.client;
   auto devs = args_of<PJRT_Client_AddressableDevices_Args>(PJRT_Client_AddressableDevices_Args_STRUCT_SIZE);
   devs.client = c->client_;
@@ -330,9 +356,36 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
         throw PjrtError("PJRT plugin " + c.path() + " lacks " + name + ", which CUDA tensors need", -1);
     driver = &CudaDriver::get();
     if (!driver->problem.empty()) throw PjrtError(driver->problem, -1);
-    // The plugin reads the inputs on its own streams: what the step enqueued before must be done.
-    driver->check(driver->stream_synchronize(stream), "cuStreamSynchronize (before the PJRT execution)");
   }
+  // CUDA inputs the plugin cannot view where they lie (a tensor at an offset into its storage, off
+  // the views' alignment; one without elements, whose address may be null) are copied first into a
+  // device buffer of their own, on the step's stream: a copy on the device, never through the host.
+  // Freed when this call ends, after the views of them are gone (declared before them).
+  struct Staging {
+    const CudaDriver* driver = nullptr;
+    std::vector<unsigned long long> buffers;
+    ~Staging() {
+      for (unsigned long long p : buffers) driver->mem_free(p);
+    }
+  } staging{driver, {}};
+  std::vector<HostTensor> staged_inputs;
+  for (size_t i = 0; cuda && i < inputs.size(); ++i) {
+    const HostTensor& t = inputs[i];
+    if (!t.on_device || !t.byte_strides.empty()) continue;
+    if (t.data && t.bytes > 0 && reinterpret_cast<uintptr_t>(t.data) % kViewAlignment == 0) continue;
+    if (staged_inputs.empty()) staged_inputs = inputs;
+    unsigned long long p = 0;
+    driver->check(driver->mem_alloc(&p, std::max<size_t>(t.bytes, kViewAlignment)),
+                  "cuMemAlloc (a buffer for CUDA input " + std::to_string(i) + ")");
+    staging.buffers.push_back(p);
+    if (t.bytes > 0)
+      driver->check(driver->memcpy_dtod_async(p, reinterpret_cast<unsigned long long>(t.data), t.bytes, stream),
+                    "cuMemcpyDtoDAsync (CUDA input " + std::to_string(i) + " into its buffer)");
+    staged_inputs[i].data = reinterpret_cast<void*>(p);
+  }
+  const std::vector<HostTensor>& ins = staged_inputs.empty() ? inputs : staged_inputs;
+  // The plugin reads the inputs on its own streams: what the step enqueued before must be done.
+  if (cuda) driver->check(driver->stream_synchronize(stream), "cuStreamSynchronize (before the PJRT execution)");
   std::lock_guard<std::mutex> lock(c.mu_);
   auto await_event = [&](PJRT_Event* ev, const char* what) {
     if (!ev) return;
@@ -380,8 +433,8 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
     drop(api, e);
     return nullptr;
   };
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const HostTensor& t = inputs[i];
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const HostTensor& t = ins[i];
     if (PJRT_Buffer* view = view_of(t)) {
       in[i].b = view;
       args.push_back(view);
@@ -390,9 +443,7 @@ void PjrtExecutable::run(const std::vector<HostTensor>& inputs, const std::vecto
     }
     if (t.on_device)
       throw PjrtError("PJRT plugin " + c.path() + " makes no view of CUDA input " + std::to_string(i) +
-                          (t.byte_strides.empty() ? " (its address is not " + std::to_string(kViewAlignment) +
-                                                        "-byte aligned, or the plugin refused it)"
-                                                  : " (it is not dense row-major)"),
+                          (t.byte_strides.empty() ? " (the plugin refused it)" : " (it is not dense)"),
                       -1);
     ++c.inputs_copied_;
     auto b = args_of<PJRT_Client_BufferFromHostBuffer_Args>(PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE);

@@ -1037,22 +1037,48 @@ TEST(NeuronCuda, TransposedWeightsAndChannelsLastTensorsAreClaimedAndViewedWhere
                                    at::randn({4, 8, 6, 5}, cuda).contiguous(at::MemoryFormat::ChannelsLast),
                                    at::randn({8, 1, 1}, cuda)};
   };
-  for (int trial = 0; trial < 3; ++trial) {
-    const std::vector<at::Tensor> inputs = draw();
-    std::vector<at::Tensor> env(g.values.size()), ref(g.values.size());
-    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = ref[g.inputs[i].value] = inputs[i];
-    EagerExecutor(g).run(ref);
-    exec.run(env);
-    for (const auto& o : g.outputs) {
+  auto check = [&](const ir::Graph& graph, PartitionedExecutor& ex, const std::vector<at::Tensor>& inputs,
+                   const std::string& label) {
+    std::vector<at::Tensor> env(graph.values.size()), ref(graph.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[graph.inputs[i].value] = ref[graph.inputs[i].value] = inputs[i];
+    EagerExecutor(graph).run(ref);
+    ex.run(env);
+    for (const auto& o : graph.outputs) {
       const at::Tensor& got = env[o.value];
-      ASSERT_TRUE(got.is_cuda()) << o.name;
-      EXPECT_EQ(got.strides().vec(), g.values[o.value].meta.strides) << o.name;
+      ASSERT_TRUE(got.is_cuda()) << o.name << " " << label;
+      EXPECT_EQ(got.strides().vec(), graph.values[o.value].meta.strides) << o.name << " " << label;
       const at::Tensor want = ref[o.value].to(at::kDouble);
       const double scale = want.abs().sum().item<double>();
       const double rel = (got.to(at::kDouble) - want).abs().sum().item<double>() / std::max(scale, 1e-30);
-      EXPECT_LE(rel, 1e-5) << o.name << " trial " << trial;
+      EXPECT_LE(rel, 1e-5) << o.name << " " << label;
     }
-  }
+  };
+  for (int trial = 0; trial < 3; ++trial) check(g, exec, draw(), "trial " + std::to_string(trial));
+  // Inputs one element into their storage (off the views' alignment) are copied on the device into
+  // buffers of their own first: the same results.
+  auto at_offset = [](const at::Tensor& t) {
+    at::Tensor storage = at::empty({t.numel() + 1}, t.options());
+    return storage.narrow(0, 1, t.numel()).view(t.sizes()).copy_(t);
+  };
+  std::vector<at::Tensor> shifted = draw();
+  shifted[0] = at_offset(shifted[0]);
+  shifted[2] = at_offset(shifted[2]);
+  ASSERT_NE(reinterpret_cast<uintptr_t>(shifted[0].data_ptr()) % 64, 0u);
+  check(g, exec, shifted, "inputs at an offset");
+  // A tensor without elements, whose address may be null: a buffer of its own as well.
+  const ir::Graph e = ir::parse(R"(graph {
+  input %0 : f32[0,5]{5,1} on cuda:0 input "none"
+  input %1 : f32[5]{1} on cuda:0 input "b"
+  %2 : f32[0,5]{5,1} on cuda:0 = aten::add.Tensor(%0, %1, scalar(1))
+  %3 : f32[5]{1} on cuda:0 = aten::sum.dim_IntList(%2, i[0], false, None)
+  %4 : f32[5]{1} on cuda:0 = aten::add.Tensor(%3, %1, scalar(2))
+  output %2 result "empty"
+  output %4 result "twice_b"
+}
+)");
+  PartitionedExecutor empty(e, plugin, KILN_MODE_DEFAULT);
+  EXPECT_EQ(empty.stats().nodes_compiled, e.nodes.size());
+  check(e, empty, {at::empty({0, 5}, cuda), at::randn({5}, cuda)}, "no elements");
   // The transposed input handed row-major: the module reads it in the order it was compiled for,
   // which its memory no longer has.
   std::vector<at::Tensor> inputs = draw();
