@@ -2,8 +2,9 @@
 // through a PJRT plugin (pjrt_runtime.h) - Neuron's libneuronpjrt.so on Trainium and Inferentia, the
 // way JAX programs them. `[plugin.neuron] pjrt_plugin = "<path>"` points the backend at any other
 // PJRT plugin (XLA's CPU plugin in the tests, JAX's CUDA plugin), which is how all of kiln's side is
-// tested where there is no Neuron device. Tensors stay LibTorch CPU tensors; the PJRT client moves
-// them to its device and back. libnrt.so and the PJRT plugin are opened at run time, so the plugin
+// tested where there is no Neuron device. LibTorch's CPU tensors are moved by the PJRT client to its
+// device and back; with a CUDA PJRT plugin, LibTorch's CUDA tensors are viewed where they are and
+// results copied on the device. libnrt.so and the PJRT plugin are opened at run time, so the plugin
 // loads everywhere and says why it is unavailable.
 #include <dlfcn.h>
 
