@@ -70,7 +70,9 @@ ir::TensorMeta broadcast_meta(const ir::TensorMeta& a, const ir::TensorMeta& b) 
 std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedScalar>* lifted) {
   std::vector<std::string> unsupported;
   std::map<std::tuple<int32_t, int, std::string>, ir::ValueId> inputs;  // (q, dtype, device) -> input
-  auto scalar_tensor = [&](int32_t q, const ir::TensorMeta& like, bool reciprocal = false) {
+  // Adding a value grows g.values, which frees the metas that references into it point at: `like`
+  // (a meta of g) is taken by value, and so is every meta read from g before a value is added.
+  auto scalar_tensor = [&](int32_t q, const ir::TensorMeta like, bool reciprocal = false) {
     const auto key = std::make_tuple(reciprocal ? -2 - q : q, static_cast<int>(like.dtype), like.device.str());
     auto it = inputs.find(key);
     if (it != inputs.end()) return it->second;
@@ -109,7 +111,7 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& g, std::vector<LiftedSc
     }
     const auto& A = n.args;
     const ir::ValueId result = n.outputs.empty() ? ir::kNoValue : n.outputs[0];
-    const ir::TensorMeta& rmeta = g.value(result).meta;
+    const ir::TensorMeta rmeta = g.value(result).meta;  // a copy: g.values grows below
     const std::string& op = n.op;
     const ir::Phase ph = n.phase;
     auto T = [](ir::ValueId v) { return ir::Arg::tensor(v); };

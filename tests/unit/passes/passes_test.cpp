@@ -338,8 +338,38 @@ TEST(LiftRuntimeScalars, DivisionOnCudaBecomesAMultiplicationByTheReciprocal) {
   const std::string out = ir::print(g);
   ASSERT_EQ(lifted.size(), 1u);
   EXPECT_TRUE(lifted[0].reciprocal);
+  // The operand's dtype and device, read before the new input grew the graph's values (the pass
+  // once read them after, from freed memory: AddressSanitizer's heap-use-after-free).
+  EXPECT_EQ(lifted[0].dtype, c10::ScalarType::Float);
+  EXPECT_EQ(lifted[0].device, c10::Device("cuda:0"));
   EXPECT_NE(out.find("aten::mul.Tensor(%0, %2)"), std::string::npos) << out;
   EXPECT_NE(out.find("scalar.0.reciprocal.Float.cuda:0"), std::string::npos) << out;
+}
+
+// A form that adds a value after the scalar's input (CUDA addcdiv: the quotient) takes the
+// result's dtype and device from a copy: adding the input reallocates the graph's values, and the
+// pass once read the result's meta from the freed block (AddressSanitizer: heap-use-after-free).
+TEST(LiftRuntimeScalars, ValuesAddedAfterTheScalarKeepTheResultsDtypeAndDevice) {
+  ir::Graph g = ir::parse(R"(graph {
+  scalar $0 float "optimizer.scalar.0"
+  input %0 : bf16[4]{1} on cuda:0 param "p"
+  input %1 : bf16[4]{1} on cuda:0 state "m"
+  input %2 : bf16[4]{1} on cuda:0 state "d"
+  %3 : bf16[4]{1} on cuda:0 = aten::addcdiv(%0, %1, %2, $0:scalar(0.5))
+  output %3 result "y"
+}
+)");
+  std::vector<LiftedScalar> lifted;
+  EXPECT_TRUE(lift_runtime_scalars(g, &lifted).empty());
+  g.verify();
+  const std::string out = ir::print(g);
+  ASSERT_EQ(lifted.size(), 1u);
+  EXPECT_EQ(lifted[0].dtype, c10::ScalarType::BFloat16);
+  EXPECT_EQ(lifted[0].device, c10::Device("cuda:0"));
+  EXPECT_NE(out.find("scalar.0.BFloat16.cuda:0"), std::string::npos) << out;
+  ASSERT_EQ(g.values.size(), 6u) << out;  // %4 the scalar, %5 the quotient
+  EXPECT_NE(out.find("%5 : bf16[4]{1} on cuda:0 = aten::div.Tensor(%1, %2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("aten::addcmul(%0, %5, %4"), std::string::npos) << out;
 }
 
 TEST(LiftRuntimeScalars, ReportsOpsItCannotRewrite) {
