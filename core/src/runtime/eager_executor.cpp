@@ -97,7 +97,7 @@ PreparedNode::PreparedNode(const ir::Node& node)
   auto [name, overload] = split_op(node.op);
   auto h = c10::Dispatcher::singleton().findOp({name, overload});
   if (!h) throw std::runtime_error("eager executor: unknown op " + node.op);
-  handle_ = new c10::OperatorHandle(*h);  // leaked: handles live as long as the dispatcher
+  handle_ = std::make_shared<const c10::OperatorHandle>(*h);
   const auto& sargs = h->schema().arguments();
   if (sargs.size() != node.args.size())
     throw std::runtime_error("eager executor: " + node.op + " takes " + std::to_string(sargs.size()) +

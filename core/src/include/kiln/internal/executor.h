@@ -50,7 +50,9 @@ class PreparedNode {
     bool as_scalar = false;  // wrap the run-time scalar as a c10::Scalar
   };
   std::string op_;
-  const c10::OperatorHandle* handle_ = nullptr;
+  // Shared by the copies of this node, freed with the last (a handle is two pointers into the
+  // dispatcher; held through a pointer so that this header needs no Dispatcher.h).
+  std::shared_ptr<const c10::OperatorHandle> handle_;
   std::vector<ArgSlot> args_;
   std::vector<ir::ValueId> outputs_;
   bool returns_list_ = false;
