@@ -18,6 +18,7 @@
 #include <kiln/plugin_api.hpp>
 
 #include "boundary.h"
+#include "cache_entry.h"
 #include "pjrt_runtime.h"
 #include "stablehlo_emit.h"
 
@@ -28,6 +29,8 @@ using kiln::neuron::HostTensor;
 using kiln::neuron::PjrtClient;
 using kiln::neuron::PjrtError;
 using kiln::neuron::PjrtExecutable;
+using kiln::neuron::read_cache_entry;
+using kiln::neuron::write_cache_entry;
 
 constexpr const char* kRuntime = "libnrt.so";
 constexpr const char* kNeuronPjrt = "libneuronpjrt.so";  // in Neuron's libneuronxla package
@@ -185,53 +188,6 @@ std::string cache_file(const std::string& dir, const PjrtClient& client, const s
   return dir + "/neuron/" + name + ".pjrt";
 }
 
-constexpr uint64_t kCacheFormat = 0x3230726a70706e6bull;  // "knppjr02"
-
-uint64_t fnv1a64(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
-  return h;
-}
-
-// The entry's executable; nullopt when there is none for this module. `damaged` says why an entry
-// that was there is not used (cut short, bytes changed, another format).
-std::optional<std::string> read_cached(const std::string& file, const std::string& module, std::string* damaged) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return std::nullopt;
-  uint64_t format = 0, n = 0, size = 0, hash = 0;
-  auto u64 = [&](uint64_t* v) { return static_cast<bool>(in.read(reinterpret_cast<char*>(v), sizeof *v)); };
-  if (!u64(&format) || format != kCacheFormat)
-    return *damaged = "not a kiln neuron cache entry of this version", std::nullopt;
-  if (!u64(&n) || n > (uint64_t{1} << 32)) return *damaged = "cut short", std::nullopt;
-  std::string text(n, '\0');
-  if (!in.read(text.data(), static_cast<std::streamsize>(n))) return *damaged = "cut short", std::nullopt;
-  if (text != module) return std::nullopt;  // another module with the same key: a miss
-  if (!u64(&size) || !u64(&hash) || size > (uint64_t{1} << 40)) return *damaged = "cut short", std::nullopt;
-  std::string bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
-  if (bytes.size() != size) return *damaged = "cut short", std::nullopt;
-  if (fnv1a64(bytes) != hash) return *damaged = "its bytes changed", std::nullopt;
-  return bytes;
-}
-
-// Written to a temporary name and renamed, so that a concurrent reader sees all of it or nothing.
-bool write_cached(const std::string& file, const std::string& module, const std::string& bytes) {
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
-  const std::string tmp = file + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    const uint64_t header[2] = {kCacheFormat, module.size()}, tail[2] = {bytes.size(), fnv1a64(bytes)};
-    out.write(reinterpret_cast<const char*>(header), sizeof header);
-    out.write(module.data(), static_cast<std::streamsize>(module.size()));
-    out.write(reinterpret_cast<const char*>(tail), sizeof tail);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) return std::filesystem::remove(tmp, ec), false;
-  }
-  std::filesystem::rename(tmp, file, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
-  return !ec;
-}
-
 class NeuronPlugin : public Plugin {
  public:
   using Plugin::Plugin;
@@ -360,7 +316,7 @@ class NeuronPlugin : public Plugin {
     const std::string file = cached ? cache_file(dir, *client, module) : "";
     if (cached) {
       std::string damaged;
-      if (auto bytes = read_cached(file, module, &damaged)) {
+      if (auto bytes = read_cache_entry(file, module, &damaged)) {
         try {
           return std::make_unique<PjrtGroup>(client->load(*bytes), std::move(runtime_scalars), std::move(layout),
                                              CapturedStrides(g));
@@ -381,7 +337,7 @@ class NeuronPlugin : public Plugin {
     }
     if (cached) {
       try {
-        if (!write_cached(file, module, exe->serialize()))
+        if (!write_cache_entry(file, module, exe->serialize()))
           host().debug("neuron: could not write the compile cache file " + file);
       } catch (const PjrtError& e) {
         host().debug(std::string("neuron: executable not cached: ") + e.what());

@@ -2,8 +2,11 @@
 // XLA's CPU PJRT plugin (compile, run, errors carrying PJRT's message), and the plugin through the
 // real host, its groups checked against the eager executor on fresh random inputs.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,6 +22,7 @@
 #include "kiln/internal/passes.h"
 #include "kiln/internal/plugin_registry.h"
 #include "boundary.h"
+#include "cache_entry.h"
 #include "pjrt_runtime.h"
 #include "stablehlo_emit.h"
 
@@ -787,6 +791,95 @@ TEST(NeuronPjrt, SerializedExecutablesLoadBackAndRun) {
 // Through the plugin: the first compile writes <cache_dir>/neuron/<key>.pjrt, a later one loads it,
 // and a damaged file (cut short, bytes changed, another format) is compiled again and replaced;
 // every executable matches eager.
+// The compile cache's entry files on their own (plugins/neuron/cache_entry.h): what is written
+// reads back; each kind of damage is refused with its reason, never handed on.
+TEST(NeuronCacheEntry, WrittenEntriesReadBackAndDamagedOnesSayWhy) {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_entry_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string file = dir + "/neuron/entry.pjrt";
+  const std::string module = "module @m {}\n";
+  std::string bytes(1000 + static_cast<size_t>(at::randint(0, 1000, {1}).item<int64_t>()), '\0');
+  for (auto& c : bytes) c = static_cast<char>(at::randint(0, 256, {1}).item<int64_t>());
+  ASSERT_TRUE(neuron::write_cache_entry(file, module, bytes));
+  std::string damaged;
+  auto read = neuron::read_cache_entry(file, module, &damaged);
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(*read, bytes);
+  EXPECT_EQ(damaged, "");
+  // Another module under the same name: a miss, not damage.
+  EXPECT_FALSE(neuron::read_cache_entry(file, "module @other {}\n", &damaged).has_value());
+  EXPECT_EQ(damaged, "");
+  EXPECT_FALSE(neuron::read_cache_entry(dir + "/neuron/none.pjrt", module, &damaged).has_value());
+  EXPECT_EQ(damaged, "");
+  const auto whole = [&] {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  }();
+  const auto reason = [&](const std::string& contents) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << contents;
+    std::string why;
+    EXPECT_FALSE(neuron::read_cache_entry(file, module, &why).has_value()) << why;
+    return why;
+  };
+  EXPECT_EQ(reason(whole.substr(0, whole.size() - 1)), "cut short");
+  EXPECT_EQ(reason(whole.substr(0, 12)), "cut short");
+  EXPECT_EQ(reason(whole + "x"), "longer than its header says");
+  std::string changed = whole;
+  changed[changed.size() - 10] = static_cast<char>(changed[changed.size() - 10] ^ 0x5a);
+  EXPECT_EQ(reason(changed), "its bytes changed");
+  EXPECT_EQ(reason(std::string(64, '\x01')), "not a kiln neuron cache entry of this version");
+  std::filesystem::remove_all(dir);
+}
+
+// A header whose sizes say more than the file holds (a changed byte, another program's file) is
+// refused before a buffer of that size is made: the module's size here says 3 GiB in a file of 70
+// bytes. It is read in a child process that may map 1 GiB more than it has, where a reader that
+// trusted the header (as the first one did, up to 4 GiB) fails to allocate.
+TEST(NeuronCacheEntry, SizesInAHeaderBeyondTheFileAreRefusedBeforeAnythingIsAllocated) {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_entry_big_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/entry.pjrt";
+  const std::string module = "module @m {}\n";
+  ASSERT_TRUE(neuron::write_cache_entry(file, module, std::string(40, 'x')));
+  std::string text;
+  {
+    std::ifstream in(file, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+  }
+  const uint64_t huge = uint64_t{3} << 30;
+  std::string module_size_past_the_end = text, executable_size_past_the_end = text;
+  std::memcpy(module_size_past_the_end.data() + 8, &huge, sizeof huge);
+  std::memcpy(executable_size_past_the_end.data() + 16 + module.size(), &huge, sizeof huge);
+  for (const auto& contents : {module_size_past_the_end, executable_size_past_the_end}) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << contents;
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // This process's mappings now, plus 1 GiB: a 3 GiB buffer cannot be made.
+      std::ifstream statm("/proc/self/statm");
+      unsigned long pages = 0;
+      statm >> pages;
+      const rlim_t limit =
+          static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{1} << 30);
+      const rlimit lim{limit, limit};
+      if (::setrlimit(RLIMIT_AS, &lim) != 0) ::_exit(3);
+      try {
+        std::string why;
+        const bool refused = !neuron::read_cache_entry(file, module, &why).has_value() && why == "cut short";
+        ::_exit(refused ? 0 : 1);
+      } catch (...) {
+        ::_exit(2);  // std::bad_alloc: the reader tried to make the buffer the header asked for
+      }
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "the child did not exit (signal " << WTERMSIG(status) << ")";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "1: not refused as cut short; 2: an allocation of the header's size; 3: "
+                                         "setrlimit failed";
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
   const std::string dir = ::testing::TempDir() + "/kiln_neuron_cache_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
