@@ -96,6 +96,9 @@ TEST(InductorThreads, CompileAndExecuteFromSeveralThreadsThroughTheLoader) {
   std::vector<std::unique_ptr<Graph>> graphs;
   graphs.push_back(std::make_unique<Graph>(1000));
   for (int t = 0; t < kThreads; ++t) graphs.push_back(std::make_unique<Graph>(1001 + t));
+  // The views are made here, before the threads: making one writes the builder's view.
+  std::vector<const KilnGraphView*> views;
+  for (auto& g : graphs) views.push_back(g->g.view());
   std::vector<std::unique_ptr<kiln::PluginExecutable>> shared(kThreads), own(kThreads);
   std::vector<std::string> errors(kThreads);
   std::atomic<int> ready{0};
@@ -106,9 +109,8 @@ TEST(InductorThreads, CompileAndExecuteFromSeveralThreadsThroughTheLoader) {
         ++ready;
         while (ready.load() < kThreads) std::this_thread::yield();  // start together
         try {
-          shared[static_cast<size_t>(t)] = plugin->compile(*graphs[0]->g.view(), KILN_MODE_DEFAULT);
-          own[static_cast<size_t>(t)] =
-              plugin->compile(*graphs[static_cast<size_t>(t) + 1]->g.view(), KILN_MODE_DEFAULT);
+          shared[static_cast<size_t>(t)] = plugin->compile(*views[0], KILN_MODE_DEFAULT);
+          own[static_cast<size_t>(t)] = plugin->compile(*views[static_cast<size_t>(t) + 1], KILN_MODE_DEFAULT);
         } catch (const std::exception& e) {
           errors[static_cast<size_t>(t)] = e.what();
         }
