@@ -22,7 +22,10 @@ endif()
 if(_kiln_san)
   # GCC's flow analysis on instrumented code reports libstdc++'s own std::function and <regex> as
   # maybe uninitialized (a known false positive under sanitizers); the normal build keeps the check.
-  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${_kiln_san};-fno-omit-frame-pointer;-g1>"
+  # -O1 (the level the sanitizers' documentation recommends) overrides the build type's -O3:
+  # instrumented, libkiln's files (LibTorch's headers in each) compile in about two thirds of the
+  # time, 34 s against 53 s for the trainer's on one core.
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${_kiln_san};-O1;-fno-omit-frame-pointer;-g1>"
                       "$<$<COMPILE_LANGUAGE:CXX>:-Wno-maybe-uninitialized>")
   add_link_options("$<$<LINK_LANGUAGE:C,CXX>:${_kiln_san}>")
   # Plugins are shared libraries that the sanitizer runtime of the executable serves.

@@ -196,6 +196,16 @@ TEST(Trainer, RecompileLimitHoldsThenRunsEagerly) {
   expect_same_params(ref, s);
 }
 
+// Whether resident memory follows what the process holds. AddressSanitizer's allocator keeps
+// freed blocks in a quarantine (256 MiB) and caches each size class, so its builds (scripts/test
+// --sanitize=address) grow by up to that whatever is freed: there the steps below run and are
+// checked, their resident memory is not, and LeakSanitizer checks instead that nothing leaks.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kResidentMemoryIsChecked = false;
+#else
+constexpr bool kResidentMemoryIsChecked = true;
+#endif
+
 // This process's resident memory (/proc/self/statm), in MiB.
 double resident_mib() {
   std::ifstream statm("/proc/self/statm");
@@ -234,7 +244,9 @@ TEST(Trainer, ARecompileStormStaysWithinTheLimitAndItsMemory) {
   for (const auto& w : logs.warnings()) mentions += w.find("recompile_limit") != std::string::npos;
   EXPECT_EQ(mentions, 1);
   // The batches grow to 400 examples (25 KB of input): what stays is bounded by a few of them.
-  EXPECT_LT(grown, 8.0);
+  if (kResidentMemoryIsChecked) {
+    EXPECT_LT(grown, 8.0);
+  }
   expect_same_params(ref, s);
 }
 
@@ -258,7 +270,9 @@ TEST(Trainer, TenThousandCompiledStepsKeepHostMemoryFlat) {
   EXPECT_EQ(trainer.stats().compiled_steps, 9998);
   EXPECT_EQ(trainer.stats().compiles, 1);
   // A leak of 100 bytes a step would be 0.86 MiB over these 9,000 steps.
-  EXPECT_LT(grown, 0.5);
+  if (kResidentMemoryIsChecked) {
+    EXPECT_LT(grown, 0.5);
+  }
 }
 
 // The same on the GPU, with and without the whole-step CUDA graph: the device memory LibTorch's
@@ -291,7 +305,9 @@ TEST(TrainerCuda, TenThousandCompiledStepsKeepDeviceMemoryFlat) {
               << resident_mib() - host_1000 << " MiB\n";
     EXPECT_EQ(trainer.stats().compiled_steps, 9998) << mode;
     EXPECT_EQ(grown, 0) << mode;
-    EXPECT_LT(resident_mib() - host_1000, 0.5) << mode;
+    if (kResidentMemoryIsChecked) {
+      EXPECT_LT(resident_mib() - host_1000, 0.5) << mode;
+    }
   }
 }
 
