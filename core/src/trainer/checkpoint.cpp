@@ -82,9 +82,53 @@ at::Tensor state_of(at::Generator gen) {
   return gen.get_state();
 }
 
+// Writes an archive into `p` through kiln's own checked writes, then syncs it. LibTorch's writer
+// to a file name cannot be trusted with a failing disk: when a write fails (no space left, a file
+// size limit) its archive writer throws, and its destructor then writes the archive's end again and
+// throws a second time, which ends the process (std::terminate). Here LibTorch always hears that
+// its bytes were taken; the first failure is kept, the rest of the archive is not written, and the
+// failure is reported (with errno's reason) once LibTorch is done.
 void write_archive(torch::serialize::OutputArchive& ar, const fs::path& p) {
-  ar.save_to(p.string());
-  sync_path(p);
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw CheckpointError(p.string(), std::string("cannot be created: ") + std::strerror(errno));
+  int failure = 0;
+  std::string buffer;  // small records gathered into writes of 1 MiB or more
+  auto flush = [&](const char* data, size_t n) {
+    while (n > 0 && failure == 0) {
+      const ssize_t w = ::write(fd, data, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        failure = w < 0 ? errno : EIO;
+        break;
+      }
+      data += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  try {
+    ar.save_to([&](const void* data, size_t n) -> size_t {
+      if (failure != 0) return n;
+      if (data == nullptr) {  // LibTorch asks to skip n bytes (a record written elsewhere)
+        flush(buffer.data(), buffer.size());
+        buffer.clear();
+        if (failure == 0 && ::lseek(fd, static_cast<off_t>(n), SEEK_CUR) < 0) failure = errno;
+        return n;
+      }
+      buffer.append(static_cast<const char*>(data), n);
+      if (buffer.size() >= (size_t{1} << 20)) {
+        flush(buffer.data(), buffer.size());
+        buffer.clear();
+      }
+      return n;
+    });
+    flush(buffer.data(), buffer.size());
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (failure == 0 && ::fsync(fd) != 0) failure = errno;
+  if (::close(fd) != 0 && failure == 0) failure = errno;
+  if (failure != 0) throw CheckpointError(p.string(), std::string("could not be written: ") + std::strerror(failure));
 }
 
 // Opens one file of the checkpoint, or says why not.
@@ -197,6 +241,12 @@ void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputA
 
 }  // namespace
 
+namespace {
+// Every file of a checkpoint into the folder `tmp`, each synced, then the folder.
+void write_folder(const fs::path& tmp, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                  const LoopState& loop, const std::string& trainer_state_json);
+}  // namespace
+
 std::string folder_name(int64_t global_step) { return "checkpoint-" + std::to_string(global_step); }
 
 std::string save(const std::string& output_dir, const torch::nn::Module& model,
@@ -209,8 +259,44 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
     if (e.is_directory() && e.path().filename().string().rfind("tmp-checkpoint-", 0) == 0) fs::remove_all(e.path());
   const std::string name = folder_name(loop.global_step);
   const fs::path final_dir = out / name, tmp = out / ("tmp-" + name);
-  fs::create_directories(tmp);
+  // The newest complete checkpoint before this one: what a failure below leaves to resume from.
+  const std::string before = last(output_dir);
+  try {
+    write_folder(tmp, model, optimizer, loop, trainer_state_json);
+  } catch (const std::exception& e) {
+    // Nothing half-written is left (it would hold the space a full disk needs), and the message
+    // says what a run can resume from; the model and optimizer in memory are untouched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const std::string file =
+        dynamic_cast<const CheckpointError*>(&e) ? static_cast<const CheckpointError&>(e).file() : tmp.string();
+    std::string what = e.what();
+    if (what.rfind(file + ": ", 0) == 0) what = what.substr(file.size() + 2);
+    throw CheckpointError(file, what + "; " + name + " was not saved (its partial folder was removed); " +
+                                    (before.empty() ? std::string("there is no earlier checkpoint in ") + output_dir
+                                                    : "the newest complete checkpoint is " + before) +
+                                    ", and the model and optimizer in memory are as training left them");
+  }
 
+  // Into place. A folder of that name (a run that reached this step before) is moved aside first,
+  // since rename() does not replace a folder that has files.
+  std::optional<fs::path> old;
+  if (fs::exists(final_dir)) {
+    old = out / ("tmp-" + name + "-replaced");
+    fs::remove_all(*old);
+    fs::rename(final_dir, *old);
+  }
+  fs::rename(tmp, final_dir);
+  sync_path(out);
+  if (old) fs::remove_all(*old);
+  return final_dir.string();
+}
+
+namespace {
+
+void write_folder(const fs::path& tmp, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                  const LoopState& loop, const std::string& trainer_state_json) {
+  fs::create_directories(tmp);
   {
     torch::serialize::OutputArchive ar;
     model.save(ar);
@@ -262,24 +348,17 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
     std::ofstream f(p, std::ios::trunc);
     f << trainer_state_json;
     f.close();
-    if (!f) throw std::runtime_error("kiln::Trainer: cannot write " + p.string());
+    if (!f) {
+      const int err = errno;
+      throw CheckpointError(p.string(),
+                            std::string("could not be written") + (err ? std::string(": ") + std::strerror(err) : ""));
+    }
     sync_path(p);
   }
   sync_path(tmp);
-
-  // Into place. A folder of that name (a run that reached this step before) is moved aside first,
-  // since rename() does not replace a folder that has files.
-  std::optional<fs::path> old;
-  if (fs::exists(final_dir)) {
-    old = out / ("tmp-" + name + "-replaced");
-    fs::remove_all(*old);
-    fs::rename(final_dir, *old);
-  }
-  fs::rename(tmp, final_dir);
-  sync_path(out);
-  if (old) fs::remove_all(*old);
-  return final_dir.string();
 }
+
+}  // namespace
 
 std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep) {
   std::vector<std::string> removed;
