@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <system_error>
@@ -55,7 +56,10 @@ std::optional<std::string> read_cache_entry(const std::string& file, const std::
 bool write_cache_entry(const std::string& file, const std::string& module, const std::string& bytes) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
-  const std::string tmp = file + ".tmp" + std::to_string(::getpid());
+  // A name of its own for each write, in this process and across processes: two writers of the same
+  // entry (two contexts, two threads) must not write into one temporary file.
+  static std::atomic<uint64_t> writes{0};
+  const std::string tmp = file + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes++);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     const uint64_t header[2] = {kCacheFormat, module.size()}, tail[2] = {bytes.size(), fnv1a64(bytes)};

@@ -6,10 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -828,6 +832,50 @@ TEST(NeuronCacheEntry, WrittenEntriesReadBackAndDamagedOnesSayWhy) {
   changed[changed.size() - 10] = static_cast<char>(changed[changed.size() - 10] ^ 0x5a);
   EXPECT_EQ(reason(changed), "its bytes changed");
   EXPECT_EQ(reason(std::string(64, '\x01')), "not a kiln neuron cache entry of this version");
+  std::filesystem::remove_all(dir);
+}
+
+// Writers of one entry at once (two contexts of the plugin in one process, threads) each write a
+// temporary file of their own and rename it into place: a reader at any moment sees one of the
+// written entries whole, or none, never a mix of two.
+TEST(NeuronCacheEntry, WritersOfOneEntryAtOnceLeaveItWhole) {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_entry_threads_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string file = dir + "/neuron/entry.pjrt";
+  const std::string module = "module @m {}\n";
+  constexpr int kWriters = 4, kWrites = 25;
+  std::vector<std::string> payloads;
+  for (int w = 0; w < kWriters; ++w) payloads.push_back(std::string(256 << 10, static_cast<char>('a' + w)));
+  std::atomic<int> running{kWriters};
+  std::vector<std::string> errors(kWriters + 1);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w)
+    threads.emplace_back([&, w] {
+      for (int k = 0; k < kWrites; ++k)
+        if (!neuron::write_cache_entry(file, module, payloads[static_cast<size_t>(w)]))
+          errors[static_cast<size_t>(w)] = "a write failed";
+      --running;
+    });
+  threads.emplace_back([&] {
+    int reads = 0;
+    while (running.load() > 0 || reads == 0) {
+      std::string why;
+      const auto got = neuron::read_cache_entry(file, module, &why);
+      ++reads;
+      if (!why.empty()) errors[kWriters] = "a reader saw a damaged entry: " + why;
+      if (got && std::find(payloads.begin(), payloads.end(), *got) == payloads.end())
+        errors[kWriters] = "a reader saw bytes no writer wrote";
+    }
+  });
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+  std::string why;
+  const auto last = neuron::read_cache_entry(file, module, &why);
+  ASSERT_TRUE(last.has_value()) << why;
+  EXPECT_NE(std::find(payloads.begin(), payloads.end(), *last), payloads.end());
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir + "/neuron")) ++files;
+  EXPECT_EQ(files, 1u) << "a temporary file was left behind";
   std::filesystem::remove_all(dir);
 }
 
