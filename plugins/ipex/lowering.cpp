@@ -1,6 +1,7 @@
 #include "lowering.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -803,7 +804,10 @@ dnnl::matmul::primitive_desc tuned_matmul(const Tuning& t, const std::function<d
     std::ostringstream rec;
     rec << "impl " << names[best] << "\n";
     for (size_t i = 0; i < ms.size(); ++i) rec << "timed " << ms[i] << " ms " << names[i] << "\n";
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    // A temporary name of its own for each write: two contexts of the plugin in one process may
+    // tune the same matmul at once.
+    static std::atomic<uint64_t> writes{0};
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." + std::to_string(writes++);
     std::ofstream out(tmp);
     out << rec.str();
     out.close();
