@@ -197,21 +197,31 @@ void expect_no_fallback(const Run& run, int total_steps, int min_captures, int m
   expect_no_fallback(*run.stats, run.last_step_compiled, total_steps, min_captures, max_captures, log);
 }
 
+namespace {
+// Which way nudge_parameters moves the parameters: +1 one ulp up, -1 one ulp down.
+thread_local int nudge_direction = 1;
+}  // namespace
+
 void nudge_parameters(torch::nn::Module& module) {
   at::NoGradGuard no_grad;
-  for (auto& p : module.parameters()) p.copy_(at::nextafter(p, at::full_like(p, INFINITY)));
+  const double towards = nudge_direction > 0 ? INFINITY : -INFINITY;
+  for (auto& p : module.parameters()) p.copy_(at::nextafter(p, at::full_like(p, towards)));
 }
 
 // The tolerance for one tensor: 1e-4, or ten times how far eager itself moves when its start is
-// one ulp away (noise), whichever is larger.
-double tolerance_for(const at::Tensor& want, const at::Tensor* moved) {
-  if (!moved || !moved->defined() || !want.defined()) return kTolerance;
-  const double floor = compare(*moved, want, false).rel;
-  return std::isfinite(floor) ? std::max(kTolerance, 10 * floor) : kTolerance;
+// one ulp away (noise: up, and down where given, the farther), whichever is larger.
+double tolerance_for(const at::Tensor& want, const at::Tensor* moved, const at::Tensor* moved_down) {
+  double floor = 0;
+  for (const at::Tensor* m : {moved, moved_down}) {
+    if (!m || !m->defined() || !want.defined()) continue;
+    const double f = compare(*m, want, false).rel;
+    if (std::isfinite(f)) floor = std::max(floor, f);
+  }
+  return std::max(kTolerance, 10 * floor);
 }
 
 void expect_same_run(const Run& kiln, const Run& eager, const std::string& backend,
-                     const std::vector<std::string>& names, const Run* noise) {
+                     const std::vector<std::string>& names, const Run* noise, const Run* noise_down) {
   const bool exact = backend == "eager";
   const std::string how = exact   ? "bit for bit"
                           : noise ? "within a relative error of 1e-4 or ten times eager's own noise floor"
@@ -220,13 +230,17 @@ void expect_same_run(const Run& kiln, const Run& eager, const std::string& backe
     EXPECT_EQ(noise->steps.size(), eager.steps.size()) << "steps of the noise-floor run";
     EXPECT_EQ(noise->state.size(), eager.state.size()) << "state of the noise-floor run";
   }
-  auto moved_result = [&](size_t s, size_t k) -> const at::Tensor* {
-    return noise && s < noise->steps.size() && k < noise->steps[s].size() ? &noise->steps[s][k] : nullptr;
+  if (noise_down) {
+    EXPECT_EQ(noise_down->steps.size(), eager.steps.size()) << "steps of the second noise-floor run";
+    EXPECT_EQ(noise_down->state.size(), eager.state.size()) << "state of the second noise-floor run";
+  }
+  auto moved_result = [&](const Run* n, size_t s, size_t k) -> const at::Tensor* {
+    return n && s < n->steps.size() && k < n->steps[s].size() ? &n->steps[s][k] : nullptr;
   };
-  auto moved_state = [&](const std::string& name) -> const at::Tensor* {
-    if (!noise) return nullptr;
-    for (const auto& [n, t] : noise->state)
-      if (n == name) return &t;
+  auto moved_state = [&](const Run* n, const std::string& name) -> const at::Tensor* {
+    if (!n) return nullptr;
+    for (const auto& [m, t] : n->state)
+      if (m == name) return &t;
     return nullptr;
   };
   ASSERT_EQ(kiln.steps.size(), eager.steps.size()) << "steps run";
@@ -239,8 +253,9 @@ void expect_same_run(const Run& kiln, const Run& eager, const std::string& backe
     double worst_rel = 0;
     std::string first_detail;
     for (size_t s = 0; s < eager.steps.size(); ++s) {
-      const auto d = compare(kiln.steps[s][k], eager.steps[s][k], exact,
-                             exact ? 0.0 : tolerance_for(eager.steps[s][k], moved_result(s, k)));
+      const auto d = compare(
+          kiln.steps[s][k], eager.steps[s][k], exact,
+          exact ? 0.0 : tolerance_for(eager.steps[s][k], moved_result(noise, s, k), moved_result(noise_down, s, k)));
       if (d.same) continue;
       if (bad++ == 0) {
         first = static_cast<int>(s);
@@ -263,7 +278,8 @@ void expect_same_run(const Run& kiln, const Run& eager, const std::string& backe
       lines.push_back(name + ": missing from kiln's run");
       continue;
     }
-    const auto d = compare(it->second, want, exact, exact ? 0.0 : tolerance_for(want, moved_state(name)));
+    const auto d = compare(it->second, want, exact,
+                           exact ? 0.0 : tolerance_for(want, moved_state(noise, name), moved_state(noise_down, name)));
     if (!d.same) lines.push_back(name + ": " + d.detail);
   }
   if (!lines.empty()) {
@@ -285,9 +301,21 @@ std::pair<Run, Run> expect_trains_like_eager(const TrainFn& train, const std::st
   KilnLog log;
   auto kiln = train(seed, backend, false);
   expect_no_fallback(kiln, total_steps, captures, log);
-  std::optional<Run> noise;
-  if (with_noise_floor && backend != "eager") noise = train(seed, std::nullopt, true);
-  expect_same_run(kiln, eager, backend, names, noise ? &*noise : nullptr);
+  // Eager's noise floor from both sides: parameters one ulp up, then one ulp down. A ReLU mask or a
+  // max-pool choice that rounding flips in kiln's run may be flipped by one nudge and not the other.
+  std::optional<Run> noise, noise_down;
+  if (with_noise_floor && backend != "eager") {
+    noise = train(seed, std::nullopt, true);
+    nudge_direction = -1;
+    try {
+      noise_down = train(seed, std::nullopt, true);
+    } catch (...) {
+      nudge_direction = 1;
+      throw;
+    }
+    nudge_direction = 1;
+  }
+  expect_same_run(kiln, eager, backend, names, noise ? &*noise : nullptr, noise_down ? &*noise_down : nullptr);
   return {std::move(eager), std::move(kiln)};
 }
 

@@ -83,24 +83,28 @@ inline void expect_no_fallback(const Run& run, int total_steps, int captures, co
 // kiln's run against eager's: bit for bit (torch::equal) with the eager backend, else
 // ||kiln - eager|| / ||eager|| <= 1e-4 for every step result and every final state tensor.
 // `names`: the step's results, for the messages.
-// Every parameter of `module` one ulp up: the start of a noise-floor run (expect_same_run).
+// Every parameter of `module` one ulp away: the start of a noise-floor run (expect_same_run). Up,
+// except in the second noise-floor run of expect_trains_like_eager, where it is down.
 void nudge_parameters(torch::nn::Module& module);
 
 // `noise`, for programs whose training amplifies rounding (a GAN's discriminator): an eager run of
-// the same program from parameters one ulp away. With generated kernels a tensor then passes within
-// ten times how far that run strayed from eager, when that is more than 1e-4 (conformance judges
-// whole training steps the same way).
+// the same program from parameters one ulp away (`noise_down`, if given, another from one ulp the
+// other way). With generated kernels a tensor then passes within ten times how far those runs
+// strayed from eager (the farther), when that is more than 1e-4 (conformance judges whole training
+// steps the same way).
 void expect_same_run(const Run& kiln, const Run& eager, const std::string& backend,
-                     const std::vector<std::string>& names, const Run* noise = nullptr);
+                     const std::vector<std::string>& names, const Run* noise = nullptr,
+                     const Run* noise_down = nullptr);
 
 // A program trained from `seed`, as written (backend unset) or through kiln; `nudge` starts it from
-// parameters one ulp up (the noise-floor run, see expect_same_run).
+// parameters one ulp away (the noise-floor runs, see expect_same_run).
 using TrainFn = std::function<Run(uint64_t seed, const std::optional<std::string>& backend, bool nudge)>;
 
 // The whole check of a program: trained eagerly and through kiln from one fresh seed, kiln must run
 // without fallback (`captures` signatures) and reproduce eager's run (`names`: the step's results).
-// with_noise_floor: with generated kernels, judge against eager's own noise floor (programs whose
-// training amplifies rounding). Returns the eager run and kiln's, for checks of their own.
+// with_noise_floor: with generated kernels, judge against eager's own noise floor, from parameters
+// one ulp up and one ulp down (programs whose training amplifies rounding). Returns the eager run and kiln's, for
+// checks of their own.
 std::pair<Run, Run> expect_trains_like_eager(const TrainFn& train, const std::string& backend, int total_steps,
                                              int captures, const std::vector<std::string>& names,
                                              bool with_noise_floor = false);
