@@ -15,13 +15,14 @@ namespace {
 // size and text, then the executable's size and hash, then its bytes.
 constexpr uint64_t kCacheFormat = 0x3230726a70706e6bull;
 
-}  // namespace
-
+// FNV-1a over the executable's bytes: the entry's check sum.
 uint64_t fnv1a64(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
   for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
   return h;
 }
+
+}  // namespace
 
 std::optional<std::string> read_cache_entry(const std::string& file, const std::string& module, std::string* damaged) {
   std::ifstream in(file, std::ios::binary | std::ios::ate);

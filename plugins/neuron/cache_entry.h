@@ -4,14 +4,10 @@
 // LibTorch here, so that the fuzz target and the tests read entries on their own.
 #pragma once
 
-#include <cstdint>
 #include <optional>
 #include <string>
 
 namespace kiln::neuron {
-
-// FNV-1a over the bytes (the executable's check sum and the cache key's hash).
-uint64_t fnv1a64(const std::string& s);
 
 // The entry's executable; nullopt when there is none for `module`. `damaged` gets why an entry that
 // was there is not used (cut short, its bytes changed, another format); it stays empty for a miss

@@ -4,38 +4,21 @@
 // exactly what write_cache_entry writes for the module asked about; and it must never make a buffer
 // larger than the file could fill (libFuzzer's malloc limit stops a run that does: a header's sizes
 // are outside input too).
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
-#include <system_error>
 
 #include "cache_entry.h"
+#include "fuzz_temp_dir.h"
 
 namespace {
 
 // The module the seeds' entries were written for (make_neuron_cache_seeds.py).
 const std::string kModule = "module @kiln_group {\n  func.func public @main() {\n    return\n  }\n}\n";
 
-std::string temp_dir;
-void remove_temp_dir() {
-  std::error_code ec;
-  std::filesystem::remove_all(temp_dir, ec);
-}
-
-std::string temp_path(const char* what) {
-  if (temp_dir.empty()) {
-    char pattern[] = "/tmp/kiln-fuzz-neuron-cache-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) std::abort();
-    temp_dir = pattern;
-    std::atexit(remove_temp_dir);
-  }
-  return temp_dir + "/" + what;
-}
+std::string temp_path(const char* what) { return kiln::fuzz::temp_path("neuron-cache", what); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

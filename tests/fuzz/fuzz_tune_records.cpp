@@ -3,37 +3,20 @@
 // left. Each input is a file; its first byte is the number of kernels the reader expects. The
 // reader must return false or winners that make sense (one per kernel, variant >= 0, threads >= 1),
 // and what it accepts must write and read back the same.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "fuzz_temp_dir.h"
 #include "toolchain.h"
 
 namespace {
 
-std::string temp_dir;
-void remove_temp_dir() {
-  std::error_code ec;
-  std::filesystem::remove_all(temp_dir, ec);
-}
-
-std::string temp_path(const char* what) {
-  if (temp_dir.empty()) {
-    char pattern[] = "/tmp/kiln-fuzz-tune-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) std::abort();
-    temp_dir = pattern;
-    std::atexit(remove_temp_dir);
-  }
-  return temp_dir + "/" + what;
-}
+std::string temp_path(const char* what) { return kiln::fuzz::temp_path("tune", what); }
 
 }  // namespace
 

@@ -200,6 +200,14 @@ void expect_no_fallback(const Run& run, int total_steps, int min_captures, int m
 namespace {
 // Which way nudge_parameters moves the parameters: +1 one ulp up, -1 one ulp down.
 thread_local int nudge_direction = 1;
+
+// Down for as long as it lives.
+struct NudgeDown {
+  NudgeDown() { nudge_direction = -1; }
+  ~NudgeDown() { nudge_direction = 1; }
+  NudgeDown(const NudgeDown&) = delete;
+  NudgeDown& operator=(const NudgeDown&) = delete;
+};
 }  // namespace
 
 void nudge_parameters(torch::nn::Module& module) {
@@ -306,14 +314,8 @@ std::pair<Run, Run> expect_trains_like_eager(const TrainFn& train, const std::st
   std::optional<Run> noise, noise_down;
   if (with_noise_floor && backend != "eager") {
     noise = train(seed, std::nullopt, true);
-    nudge_direction = -1;
-    try {
-      noise_down = train(seed, std::nullopt, true);
-    } catch (...) {
-      nudge_direction = 1;
-      throw;
-    }
-    nudge_direction = 1;
+    const NudgeDown down;
+    noise_down = train(seed, std::nullopt, true);
   }
   expect_same_run(kiln, eager, backend, names, noise ? &*noise : nullptr, noise_down ? &*noise_down : nullptr);
   return {std::move(eager), std::move(kiln)};

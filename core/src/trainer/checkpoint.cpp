@@ -239,61 +239,7 @@ void load_optimizer(torch::optim::Optimizer& optimizer, torch::serialize::InputA
   }
 }
 
-}  // namespace
-
-namespace {
 // Every file of a checkpoint into the folder `tmp`, each synced, then the folder.
-void write_folder(const fs::path& tmp, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                  const LoopState& loop, const std::string& trainer_state_json);
-}  // namespace
-
-std::string folder_name(int64_t global_step) { return "checkpoint-" + std::to_string(global_step); }
-
-std::string save(const std::string& output_dir, const torch::nn::Module& model,
-                 const torch::optim::Optimizer& optimizer, const LoopState& loop,
-                 const std::string& trainer_state_json) {
-  const fs::path out(output_dir);
-  fs::create_directories(out);
-  // Temporary folders of a run that stopped while writing: never complete, never resumed from.
-  for (const auto& e : fs::directory_iterator(out))
-    if (e.is_directory() && e.path().filename().string().rfind("tmp-checkpoint-", 0) == 0) fs::remove_all(e.path());
-  const std::string name = folder_name(loop.global_step);
-  const fs::path final_dir = out / name, tmp = out / ("tmp-" + name);
-  // The newest complete checkpoint before this one: what a failure below leaves to resume from.
-  const std::string before = last(output_dir);
-  try {
-    write_folder(tmp, model, optimizer, loop, trainer_state_json);
-  } catch (const std::exception& e) {
-    // Nothing half-written is left (it would hold the space a full disk needs), and the message
-    // says what a run can resume from; the model and optimizer in memory are untouched.
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    const std::string file =
-        dynamic_cast<const CheckpointError*>(&e) ? static_cast<const CheckpointError&>(e).file() : tmp.string();
-    std::string what = e.what();
-    if (what.rfind(file + ": ", 0) == 0) what = what.substr(file.size() + 2);
-    throw CheckpointError(file, what + "; " + name + " was not saved (its partial folder was removed); " +
-                                    (before.empty() ? std::string("there is no earlier checkpoint in ") + output_dir
-                                                    : "the newest complete checkpoint is " + before) +
-                                    ", and the model and optimizer in memory are as training left them");
-  }
-
-  // Into place. A folder of that name (a run that reached this step before) is moved aside first,
-  // since rename() does not replace a folder that has files.
-  std::optional<fs::path> old;
-  if (fs::exists(final_dir)) {
-    old = out / ("tmp-" + name + "-replaced");
-    fs::remove_all(*old);
-    fs::rename(final_dir, *old);
-  }
-  fs::rename(tmp, final_dir);
-  sync_path(out);
-  if (old) fs::remove_all(*old);
-  return final_dir.string();
-}
-
-namespace {
-
 void write_folder(const fs::path& tmp, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                   const LoopState& loop, const std::string& trainer_state_json) {
   fs::create_directories(tmp);
@@ -359,6 +305,51 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
 }
 
 }  // namespace
+
+std::string folder_name(int64_t global_step) { return "checkpoint-" + std::to_string(global_step); }
+
+std::string save(const std::string& output_dir, const torch::nn::Module& model,
+                 const torch::optim::Optimizer& optimizer, const LoopState& loop,
+                 const std::string& trainer_state_json) {
+  const fs::path out(output_dir);
+  fs::create_directories(out);
+  // Temporary folders of a run that stopped while writing: never complete, never resumed from.
+  for (const auto& e : fs::directory_iterator(out))
+    if (e.is_directory() && e.path().filename().string().rfind("tmp-checkpoint-", 0) == 0) fs::remove_all(e.path());
+  const std::string name = folder_name(loop.global_step);
+  const fs::path final_dir = out / name, tmp = out / ("tmp-" + name);
+  try {
+    write_folder(tmp, model, optimizer, loop, trainer_state_json);
+  } catch (const std::exception& e) {
+    // Nothing half-written is left (it would hold the space a full disk needs), and the message
+    // says what a run can resume from (the newest complete checkpoint, which `tmp` never is); the
+    // model and optimizer in memory are untouched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const auto* failed = dynamic_cast<const CheckpointError*>(&e);
+    const std::string file = failed ? failed->file() : tmp.string();
+    std::string what = e.what();
+    if (what.rfind(file + ": ", 0) == 0) what = what.substr(file.size() + 2);
+    const std::string before = last(output_dir);
+    throw CheckpointError(file, what + "; " + name + " was not saved (its partial folder was removed); " +
+                                    (before.empty() ? std::string("there is no earlier checkpoint in ") + output_dir
+                                                    : "the newest complete checkpoint is " + before) +
+                                    ", and the model and optimizer in memory are as training left them");
+  }
+
+  // Into place. A folder of that name (a run that reached this step before) is moved aside first,
+  // since rename() does not replace a folder that has files.
+  std::optional<fs::path> old;
+  if (fs::exists(final_dir)) {
+    old = out / ("tmp-" + name + "-replaced");
+    fs::remove_all(*old);
+    fs::rename(final_dir, *old);
+  }
+  fs::rename(tmp, final_dir);
+  sync_path(out);
+  if (old) fs::remove_all(*old);
+  return final_dir.string();
+}
 
 std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep) {
   std::vector<std::string> removed;

@@ -5,14 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kiln/plugin_api.hpp"
+#include "run_together.h"
 #include "toolchain.h"
 
 namespace fs = std::filesystem;
@@ -37,24 +36,18 @@ TEST(InductorCacheThreads, ThreadsCompilingOneSourceAtOnceShareOneWholeEntry) {
   for (int round = 0; round < 2; ++round) {
     std::vector<std::string> keys(kThreads), errors(kThreads);
     std::vector<int> hits(kThreads, -1);
-    std::atomic<int> ready{0};
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        ++ready;
-        while (ready.load() < kThreads) std::this_thread::yield();  // start together
-        try {
-          const std::string root = usable_cache_root(inductor_cache_dir(dir), host);
-          CacheStats stats;
-          auto lib = compile_cached(source, tc, root, host, &keys[static_cast<size_t>(t)], &stats);
-          auto fn = reinterpret_cast<int (*)(int)>(lib->symbol("kiln_answer"));
-          if (!fn || fn(7) != 42) errors[static_cast<size_t>(t)] = "the library computes the wrong value";
-          hits[static_cast<size_t>(t)] = stats.hit ? 1 : 0;
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(t)] = e.what();
-        }
-      });
-    for (auto& th : threads) th.join();
+    kiln::test::run_together(kThreads, [&](int t) {
+      try {
+        const std::string root = usable_cache_root(inductor_cache_dir(dir), host);
+        CacheStats stats;
+        auto lib = compile_cached(source, tc, root, host, &keys[static_cast<size_t>(t)], &stats);
+        auto fn = reinterpret_cast<int (*)(int)>(lib->symbol("kiln_answer"));
+        if (!fn || fn(7) != 42) errors[static_cast<size_t>(t)] = "the library computes the wrong value";
+        hits[static_cast<size_t>(t)] = stats.hit ? 1 : 0;
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(t)] = e.what();
+      }
+    });
     for (int t = 0; t < kThreads; ++t) {
       EXPECT_EQ(errors[static_cast<size_t>(t)], "") << "round " << round << " thread " << t;
       EXPECT_EQ(keys[static_cast<size_t>(t)], keys[0]) << "round " << round << " thread " << t;

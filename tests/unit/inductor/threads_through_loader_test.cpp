@@ -8,16 +8,15 @@
 
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../loader/graph_builder.h"
+#include "run_together.h"
 #include "kiln/internal/host_services.h"
 #include "kiln/internal/plugin_registry.h"
 
@@ -101,44 +100,29 @@ TEST(InductorThreads, CompileAndExecuteFromSeveralThreadsThroughTheLoader) {
   for (auto& g : graphs) views.push_back(g->g.view());
   std::vector<std::unique_ptr<kiln::PluginExecutable>> shared(kThreads), own(kThreads);
   std::vector<std::string> errors(kThreads);
-  std::atomic<int> ready{0};
-  {
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        ++ready;
-        while (ready.load() < kThreads) std::this_thread::yield();  // start together
-        try {
-          shared[static_cast<size_t>(t)] = plugin->compile(*views[0], KILN_MODE_DEFAULT);
-          own[static_cast<size_t>(t)] = plugin->compile(*views[static_cast<size_t>(t) + 1], KILN_MODE_DEFAULT);
-        } catch (const std::exception& e) {
-          errors[static_cast<size_t>(t)] = e.what();
-        }
-      });
-    for (auto& th : threads) th.join();
-  }
+  kiln::test::run_together(kThreads, [&](int t) {
+    try {
+      shared[static_cast<size_t>(t)] = plugin->compile(*views[0], KILN_MODE_DEFAULT);
+      own[static_cast<size_t>(t)] = plugin->compile(*views[static_cast<size_t>(t) + 1], KILN_MODE_DEFAULT);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(t)] = e.what();
+    }
+  });
   for (int t = 0; t < kThreads; ++t) ASSERT_EQ(errors[static_cast<size_t>(t)], "") << "compile, thread " << t;
 
   // Then the threads run every executable at once, 25 times each, with fresh inputs: the loader
   // holds execute to one call at a time for this plugin (its descriptor does not promise more).
   EXPECT_FALSE(plugin->concurrent_execution_safe());
-  ready = 0;
-  {
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t)
-      threads.emplace_back([&, t] {
-        std::mt19937 rng(static_cast<unsigned>(std::random_device{}()) + static_cast<unsigned>(t));
-        ++ready;
-        while (ready.load() < kThreads) std::this_thread::yield();
-        for (int r = 0; r < 25 && errors[static_cast<size_t>(t)].empty(); ++r) {
-          const size_t k = static_cast<size_t>(t + r) % kThreads;
-          std::string e = run_once(*shared[k], graphs[0]->n, rng);
-          if (e.empty()) e = run_once(*own[k], graphs[k + 1]->n, rng);
-          if (!e.empty()) errors[static_cast<size_t>(t)] = "run " + std::to_string(r) + ": " + e;
-        }
-      });
-    for (auto& th : threads) th.join();
-  }
+  const unsigned seed = std::random_device{}();
+  kiln::test::run_together(kThreads, [&](int t) {
+    std::mt19937 rng(seed + static_cast<unsigned>(t));
+    for (int r = 0; r < 25 && errors[static_cast<size_t>(t)].empty(); ++r) {
+      const size_t k = static_cast<size_t>(t + r) % kThreads;
+      std::string e = run_once(*shared[k], graphs[0]->n, rng);
+      if (e.empty()) e = run_once(*own[k], graphs[k + 1]->n, rng);
+      if (!e.empty()) errors[static_cast<size_t>(t)] = "run " + std::to_string(r) + ": " + e;
+    }
+  });
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[static_cast<size_t>(t)], "") << "execute, thread " << t;
 
   // The executables outlive nothing they need: freed here, from this thread, after the others ran

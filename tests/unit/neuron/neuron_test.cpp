@@ -34,6 +34,12 @@ using namespace kiln;
 
 namespace {
 
+// A file's bytes.
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
+}
+
 // The whole graph as one subgraph view, as the host hands a group to the plugin.
 struct View {
   explicit View(const ir::Graph& g) : graph(g) {
@@ -815,10 +821,7 @@ TEST(NeuronCacheEntry, WrittenEntriesReadBackAndDamagedOnesSayWhy) {
   EXPECT_EQ(damaged, "");
   EXPECT_FALSE(neuron::read_cache_entry(dir + "/neuron/none.pjrt", module, &damaged).has_value());
   EXPECT_EQ(damaged, "");
-  const auto whole = [&] {
-    std::ifstream in(file, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
-  }();
+  const std::string whole = file_bytes(file);
   const auto reason = [&](const std::string& contents) {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << contents;
     std::string why;
@@ -889,11 +892,7 @@ TEST(NeuronCacheEntry, SizesInAHeaderBeyondTheFileAreRefusedBeforeAnythingIsAllo
   const std::string file = dir + "/entry.pjrt";
   const std::string module = "module @m {}\n";
   ASSERT_TRUE(neuron::write_cache_entry(file, module, std::string(40, 'x')));
-  std::string text;
-  {
-    std::ifstream in(file, std::ios::binary);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
-  }
+  const std::string text = file_bytes(file);
   const uint64_t huge = uint64_t{3} << 30;
   std::string module_size_past_the_end = text, executable_size_past_the_end = text;
   std::memcpy(module_size_past_the_end.data() + 8, &huge, sizeof huge);
@@ -960,21 +959,17 @@ TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
   const auto stamp = std::filesystem::last_write_time(written[0]);
   check();  // loaded: the file is left as it was
   EXPECT_EQ(std::filesystem::last_write_time(written[0]), stamp);
-  auto slurp = [](const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>{});
-  };
   // Repaired: whole again, so the next compile loads it and leaves it as it is.
   auto expect_repaired = [&](const std::string& damaged) {
     check();
     ASSERT_EQ(files().size(), 1u);
-    EXPECT_NE(slurp(written[0]), damaged);
+    EXPECT_NE(file_bytes(written[0]), damaged);
     const auto repaired = std::filesystem::last_write_time(written[0]);
     check();
     EXPECT_EQ(std::filesystem::last_write_time(written[0]), repaired);
   };
   std::filesystem::resize_file(written[0], size - 100);  // cut short
-  expect_repaired(slurp(written[0]));
+  expect_repaired(file_bytes(written[0]));
   EXPECT_EQ(std::filesystem::file_size(written[0]), size);
   // Three bytes changed inside the executable (a changed byte may still parse, and the plugin's
   // deserializer need not survive it): the entry's hash tells, so they never reach the plugin.
@@ -983,10 +978,10 @@ TEST(NeuronPlugin, CompileCacheOnDiskIsWrittenReadAndRepaired) {
     f.seekp(static_cast<std::streamoff>(size - 200));
     f.write("\x5a\xa5\x5a", 3);
   }
-  expect_repaired(slurp(written[0]));
+  expect_repaired(file_bytes(written[0]));
   // An entry of another format (the first version had no tag and no hash): compiled again.
   std::ofstream(written[0], std::ios::binary | std::ios::trunc) << std::string(64, '\x01');
-  expect_repaired(slurp(written[0]));
+  expect_repaired(file_bytes(written[0]));
   std::filesystem::remove_all(dir);
 }
 
