@@ -1,11 +1,15 @@
 /* A kiln plugin whose every answer comes from the fuzzer's input, for fuzz_plugin_returns: its
  * function table, descriptor, availability, claims, compile result (executable or not, in-place
  * acceptances) and errors (codes and messages) are read from the bytes the fuzz target exports as
- * kiln_fuzz_plugin_input. It keeps to what the ABI lets a plugin do with memory (it writes only
- * into the buffers the host hands it, within their sizes) and lies about everything else, so that
- * the host's checks of what plugins return are what is being fuzzed. */
+ * kiln_fuzz_plugin_input. Its table may say any ABI version and, for another major, have the 1.2
+ * layout or a 2.x one with every slot past the frozen first fields a trap. It keeps to what the ABI lets a plugin do
+ * with memory (it writes only into the buffers the host hands it, within their sizes) and lies about everything else,
+ * so that the host's checks of what plugins return are what is being fuzzed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +143,82 @@ static KilnError* graph_begin(KilnGraphCaptureBeginArgs* a) {
   return make_error();
 }
 
+/* The 1.2 function table, field for field: the layout a table of another major may have. Its
+ * shutdown sits where a 2.x table has executable_destroy. */
+typedef struct {
+  size_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  KilnErrorCode (*error_code)(const KilnError* error);
+  const char* (*error_message)(const KilnError* error);
+  void (*error_destroy)(KilnError* error);
+  void* plugin_ctx;
+  const void* descriptor;
+  void* available;
+  void* claim;
+  void* compile;
+  void* execute;
+  void* executable_destroy;
+  void (*shutdown)(void* plugin_ctx);
+  void* execute_with_scalars;
+  void* graph_capture_begin;
+  void* graph_capture_end;
+  void* graph_launch;
+  void* graph_destroy;
+} PluginApiV1_2;
+
+/* A table of another major: anything past its frozen first fields is the host's to leave alone.
+ * Every such slot is a trap and every pointer leads to memory that cannot be read, so the fuzzer
+ * stops on a host that reads or calls one. */
+static void trap(void) {
+  static const char msg[] = "fuzzed_plugin: the host called a slot of a table of another ABI major\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  abort();
+}
+static void* unreadable(void) {
+  static void* page = NULL;
+  if (!page) page = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return page;
+}
+static union {
+  KilnPluginApi v2;
+  PluginApiV1_2 v1;
+  void* slots[32];
+} foreign;
+
+/* The version a table says: the host's, 1.x, 0, the next majors, the largest, or any. */
+static uint32_t fuzzed_major(uint32_t host_major) {
+  switch (next() % 8) {
+    case 0: return 1;
+    case 1: return 0;
+    case 2: return host_major + 1 + next() % 2;
+    case 3: return UINT32_MAX;
+    case 4: return next32();
+    default: return host_major;
+  }
+}
+
+/* A table of another major in the 1.2 layout or a 2.x one (2.0 ... this SDK's size), its slots
+ * trapped; its error functions valid when the input says so. */
+static const KilnPluginApi* foreign_table(uint32_t major, uint32_t minor, int with_errors) {
+  static const size_t sizes[6] = {sizeof(PluginApiV1_2),
+                                  KILN_STRUCT_SIZE(PluginApiV1_2, shutdown),
+                                  KILN_STRUCT_SIZE(KilnPluginApi, graph_destroy),
+                                  KILN_PLUGIN_API_STRUCT_SIZE,
+                                  KILN_PLUGIN_API_HEADER_SIZE,
+                                  sizeof foreign};
+  const size_t first = offsetof(KilnPluginApi, plugin_ctx) / sizeof(void*);
+  for (size_t i = first; i < sizeof foreign.slots / sizeof foreign.slots[0]; ++i)
+    foreign.slots[i] = (i % 2) ? unreadable() : (void*)trap;
+  foreign.v2.struct_size = sizes[next() % 6];
+  foreign.v2.abi_major = major;
+  foreign.v2.abi_minor = minor;
+  foreign.v2.error_code = with_errors ? err_code : NULL;
+  foreign.v2.error_message = with_errors ? err_message : NULL;
+  foreign.v2.error_destroy = with_errors ? err_destroy : NULL;
+  return &foreign.v2;
+}
+
 KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_major, uint32_t host_minor,
                                                const KilnPluginApi** out) {
   (void)host;
@@ -146,11 +226,20 @@ KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t
   memset(&api, 0, sizeof api);
   memset(&descriptor, 0, sizeof descriptor);
   const uint8_t shape = next();
+  const uint32_t major = fuzzed_major(host_major);
+  const uint32_t minor = next() % 2 ? next() % 5 : next32();
+  if (major != host_major) {
+    const int with_errors = !(next() & 1);
+    errors_freeable = with_errors;
+    *out = shape & 8 ? NULL : foreign_table(major, minor, with_errors);
+    errors_freeable = errors_freeable && *out && foreign.v2.struct_size >= KILN_PLUGIN_API_HEADER_SIZE;
+    return shape & 16 ? make_error() : NULL;
+  }
   static const size_t sizes[4] = {KILN_PLUGIN_API_STRUCT_SIZE, KILN_PLUGIN_API_HEADER_SIZE,
                                   KILN_STRUCT_SIZE(KilnPluginApi, executable_destroy), 7};
   api.struct_size = sizes[shape % 4];
-  api.abi_major = shape & 4 ? host_major + (next() % 3) : host_major;
-  api.abi_minor = next() % 5;
+  api.abi_major = major;
+  api.abi_minor = minor;
   const uint8_t fns = next();
   errors_freeable = !(fns & 1);
   if (!(fns & 1)) {

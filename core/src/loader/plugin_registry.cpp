@@ -17,6 +17,7 @@
 #include <boost/dll/shared_library.hpp>
 
 #include "kiln/internal/elf_check.h"
+#include "kiln/internal/plugin_crash.h"
 
 #include "kiln/log.h"
 #include "kiln/plugin_api.hpp"
@@ -32,44 +33,19 @@ namespace {
 constexpr size_t kPluginApiSize_2_0 = KILN_STRUCT_SIZE(KilnPluginApi, graph_destroy);
 constexpr size_t kDescriptorSize_2_0 = KILN_STRUCT_SIZE(KilnPluginDescriptor, reserved0);
 
-// The 1.x table and descriptor, as far as the loader reads them to name and shut down a plugin
-// built for ABI 1 (it is refused, but its init may have made a context).
-struct PluginApiV1 {
-  size_t struct_size;
-  uint32_t abi_major, abi_minor;
-  KilnErrorCode (*error_code)(const KilnError*);
-  const char* (*error_message)(const KilnError*);
-  void (*error_destroy)(KilnError*);
-  void* plugin_ctx;
-  const struct DescriptorV1* descriptor;
-  void* available;
-  void* claim;
-  void* compile;
-  void* execute;
-  void* executable_destroy;
-  void (*shutdown)(void* plugin_ctx);
-};
-struct DescriptorV1 {
-  size_t struct_size;
-  const char* name;
-};
-static_assert(offsetof(PluginApiV1, descriptor) == 48 && offsetof(PluginApiV1, shutdown) == 96,
-              "the ABI 1.x layout on LP64");
-
-// The name a table of another major says, when its layout is known and it has one; "" otherwise.
-std::string foreign_plugin_name(const KilnPluginApi* api) {
-  if (api->abi_major != 1 || api->struct_size < KILN_STRUCT_SIZE(PluginApiV1, descriptor)) return "";
-  const auto* v1 = reinterpret_cast<const PluginApiV1*>(api);
-  const DescriptorV1* d = v1->descriptor;
-  if (!d || d->struct_size < KILN_STRUCT_SIZE(DescriptorV1, name) || !d->name) return "";
-  return d->name;
+// Libraries whose init handed back a table of another ABI major. Nothing past the table's frozen
+// first fields may be read or called (a table that says 1.x may have any layout, and a 2.x table
+// claiming 1.x would have its executable_destroy called as 1.x's shutdown), so their context cannot
+// be ended; they stay mapped for the life of the process, as unloading code that may still run
+// (a thread the plugin's init started) would crash the host later, far from the cause.
+std::mutex g_foreign_mu;
+std::vector<std::shared_ptr<boost::dll::shared_library>>& foreign_libraries() {
+  static auto* kept = new std::vector<std::shared_ptr<boost::dll::shared_library>>();
+  return *kept;
 }
-
-// Ends the context a table of another major made, when its layout is known.
-void shut_down_foreign(const KilnPluginApi* api) {
-  if (api->abi_major != 1 || api->struct_size < KILN_STRUCT_SIZE(PluginApiV1, shutdown)) return;
-  const auto* v1 = reinterpret_cast<const PluginApiV1*>(api);
-  if (v1->shutdown) v1->shutdown(v1->plugin_ctx);
+void keep_mapped(std::shared_ptr<boost::dll::shared_library> lib) {
+  std::lock_guard<std::mutex> lock(g_foreign_mu);
+  foreign_libraries().push_back(std::move(lib));
 }
 
 std::string version_string(uint32_t major, uint32_t minor) {
@@ -196,7 +172,11 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   auto& init = lib->get<std::remove_pointer_t<KilnPluginInitFn>>(KILN_PLUGIN_INIT_SYMBOL);
 
   const KilnPluginApi* api = nullptr;
-  KilnError* err = init(host->api(), KILN_ABI_VERSION_MAJOR, KILN_ABI_VERSION_MINOR, &api);
+  KilnError* err = nullptr;
+  {
+    PluginCallScope in_plugin("", path.c_str(), "kiln_plugin_init");
+    err = init(host->api(), KILN_ABI_VERSION_MAJOR, KILN_ABI_VERSION_MINOR, &api);
+  }
 
   const std::string host_version = version_string(KILN_ABI_VERSION_MAJOR, KILN_ABI_VERSION_MINOR);
   // The frozen header (struct_size, version, error functions) is all we may read before checking
@@ -209,13 +189,14 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   };
 
   if (header_ok && api->abi_major != KILN_ABI_VERSION_MAJOR) {
-    const std::string name = shown(foreign_plugin_name(api).c_str());
+    // Only the frozen fields are touched: the version just read, and the error functions when
+    // init failed. The context a successful init made is left alone (see keep_mapped).
     std::string init_said;
     if (err) init_said = " (" + take(err) + ")";
-    else shut_down_foreign(api);
-    *error = (name.empty() ? std::string("plugin") : "plugin '" + name + "'") + " was built for kiln plugin ABI " +
-             version_string(api->abi_major, api->abi_minor) + "; this kiln speaks " + host_version +
-             " — rebuild it against the kiln " + std::to_string(KILN_ABI_VERSION_MAJOR) + ".x SDK" + init_said;
+    else keep_mapped(lib);
+    *error = "plugin was built for kiln plugin ABI " + version_string(api->abi_major, api->abi_minor) +
+             "; this kiln speaks " + host_version + " — rebuild it against the kiln " +
+             std::to_string(KILN_ABI_VERSION_MAJOR) + ".x SDK" + init_said;
     return nullptr;
   }
   if (err) {
@@ -231,6 +212,7 @@ std::shared_ptr<LoadedPlugin> PluginLoader::load(const std::string& path,
   auto reject = [&](const std::string& why) -> std::shared_ptr<LoadedPlugin> {
     if (api->struct_size >= KILN_STRUCT_SIZE(KilnPluginApi, shutdown) && api->shutdown) {
       KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api->plugin_ctx};
+      PluginCallScope in_plugin("", path.c_str(), "shutdown");
       api->shutdown(&a);
     }
     *error = why;
@@ -324,6 +306,7 @@ void LoadedPlugin::reject(const char* call, const std::string& what) const {
 LoadedPlugin::~LoadedPlugin() {
   if (api_ && api_->shutdown) {
     KilnPluginShutdownArgs a{KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, api_->plugin_ctx};
+    PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "shutdown");
     api_->shutdown(&a);
   }
   api_ = nullptr;
@@ -355,7 +338,12 @@ PluginAvailability LoadedPlugin::available(const KilnDeviceInfo* const* devices,
   a.reason_capacity = reason.size();
   try {
     std::lock_guard<std::mutex> lock(call_mu_);
-    check(api_->available(&a), "available");
+    KilnError* err = nullptr;
+    {
+      PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "available");
+      err = api_->available(&a);
+    }
+    check(err, "available");
   } catch (const PluginError& e) {
     result.available = false;
     result.reason = e.what();
@@ -385,7 +373,12 @@ std::vector<int64_t> LoadedPlugin::claim(const KilnGraphView& graph) const {
   a.claimed_nodes = claimed.data();
   {
     std::lock_guard<std::mutex> lock(call_mu_);
-    check(api_->claim(&a), "claim");
+    KilnError* err = nullptr;
+    {
+      PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "claim");
+      err = api_->claim(&a);
+    }
+    check(err, "claim");
   }
   const size_t count = a.num_claimed;
   if (count > n)
@@ -435,10 +428,12 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
     // run from several threads at once.
     std::unique_lock<std::mutex> lock(call_mu_, std::defer_lock);
     if (!concurrent_compile_safe()) lock.lock();
+    PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "compile");
     err = api_->compile(&a);
   }
   if (err && a.executable) {
     KilnExecutableDestroyArgs d{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, a.executable};
+    PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "executable_destroy");
     api_->executable_destroy(&d);
   }
   check(err, "compile");
@@ -473,7 +468,12 @@ void LoadedPlugin::graph_capture_begin(DLDevice device, void* stream) const {
   a.device = device;
   a.stream = stream;
   std::lock_guard<std::mutex> lock(call_mu_);
-  check(api_->graph_capture_begin(&a), "graph_capture_begin");
+  KilnError* err = nullptr;
+  {
+    PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "graph_capture_begin");
+    err = api_->graph_capture_begin(&a);
+  }
+  check(err, "graph_capture_begin");
 }
 
 std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, void* stream,
@@ -491,11 +491,12 @@ std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, vo
       a.struct_size = KILN_STRUCT_SIZE(KilnGraphCaptureEndArgs, graph);
       {
         std::lock_guard<std::mutex> lock(call_mu_);
+        PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "graph_capture_end");
         if (KilnError* e = api_->graph_capture_end(&a)) api_->error_destroy(e);
-      }
-      if (a.graph) {
-        KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
-        api_->graph_destroy(&d);
+        if (a.graph) {
+          KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
+          api_->graph_destroy(&d);
+        }
       }
       throw PluginError(KILN_ERROR_UNIMPLEMENTED, where() + " does not re-point graph copies (ABI 2.3)");
     }
@@ -505,11 +506,12 @@ std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, vo
   KilnError* err = nullptr;
   {
     std::lock_guard<std::mutex> lock(call_mu_);
+    PluginCallScope in_plugin(name_.c_str(), path_.c_str(), "graph_capture_end");
     err = api_->graph_capture_end(&a);
-  }
-  if (err && a.graph) {
-    KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
-    api_->graph_destroy(&d);
+    if (err && a.graph) {
+      KilnGraphDestroyArgs d{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, a.graph};
+      api_->graph_destroy(&d);
+    }
   }
   check(err, "graph_capture_end");
   if (!a.graph) reject("graph_capture_end", "returned no graph");
@@ -523,6 +525,7 @@ std::unique_ptr<PluginGraph> LoadedPlugin::graph_capture_end(DLDevice device, vo
 PluginExecutable::~PluginExecutable() {
   if (exe_) {
     KilnExecutableDestroyArgs a{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, exe_};
+    PluginCallScope in_plugin(plugin_->name_.c_str(), plugin_->path_.c_str(), "executable_destroy");
     plugin_->api_->executable_destroy(&a);
   }
 }
@@ -548,10 +551,10 @@ void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTens
   }
   a.stream = stream;
   KilnError* err = nullptr;
-  if (plugin_->concurrent_execution_safe()) {
-    err = plugin_->api_->execute(&a);
-  } else {
-    std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
+  {
+    std::unique_lock<std::mutex> lock(plugin_->execute_mu_, std::defer_lock);
+    if (!plugin_->concurrent_execution_safe()) lock.lock();
+    PluginCallScope in_plugin(plugin_->name_.c_str(), plugin_->path_.c_str(), "execute");
     err = plugin_->api_->execute(&a);
   }
   plugin_->check(err, "execute");
@@ -560,6 +563,7 @@ void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTens
 PluginGraph::~PluginGraph() {
   if (exec_) {
     KilnGraphDestroyArgs a{KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, exec_};
+    PluginCallScope in_plugin(plugin_->name_.c_str(), plugin_->path_.c_str(), "graph_destroy");
     plugin_->api_->graph_destroy(&a);
   }
 }
@@ -576,10 +580,10 @@ void PluginGraph::launch(void* stream, const std::vector<KilnGraphCopy>& copies)
   }
   KilnError* err = nullptr;
   // Launches enqueue work like execute does, under the same rule.
-  if (plugin_->concurrent_execution_safe()) {
-    err = plugin_->api_->graph_launch(&a);
-  } else {
-    std::lock_guard<std::mutex> lock(plugin_->execute_mu_);
+  {
+    std::unique_lock<std::mutex> lock(plugin_->execute_mu_, std::defer_lock);
+    if (!plugin_->concurrent_execution_safe()) lock.lock();
+    PluginCallScope in_plugin(plugin_->name_.c_str(), plugin_->path_.c_str(), "graph_launch");
     err = plugin_->api_->graph_launch(&a);
   }
   plugin_->check(err, "graph_launch");

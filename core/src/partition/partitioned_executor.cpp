@@ -14,6 +14,7 @@
 #include "kiln/log.h"
 #include "kiln/internal/op_info.h"
 #include "kiln/internal/passes.h"
+#include "kiln/internal/plugin_crash.h"
 #include "kiln/internal/plugin_registry.h"
 #include "../runtime/cpu_block_cache.h"
 
@@ -154,10 +155,13 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   };
   std::vector<Attempt> attempts(part.groups.size());
   const auto proposals = inplace_proposals(g, part);
+  const int64_t step = current_plugin_step();  // for a crash's message, on whichever thread compiles
   auto attempt = [&](size_t gi) {
     const auto& pg = part.groups[gi];
     GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
     const auto& plugin = plugins[static_cast<size_t>(pg.backend)];
+    const PluginStepScope at_step(step);
+    const PluginGroupScope in_group(static_cast<int64_t>(gi));
     try {
       attempts[gi].exe = plugin->compile(sub.view(), modes[static_cast<size_t>(pg.backend)], proposals[gi]);
     } catch (const PluginError& e) {
@@ -446,6 +450,7 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
         out.push_back(to_dl_tensor(t));
       }
       // (a plugin that does not take run-time scalars is called with none: PluginExecutable::execute)
+      const PluginGroupScope in_group(unit.group);
       grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }

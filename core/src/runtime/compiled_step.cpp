@@ -24,6 +24,7 @@
 #include <c10/util/StringUtil.h>
 
 #include "kiln/internal/backend.h"
+#include "kiln/internal/plugin_crash.h"
 #include "kiln/log.h"
 #include "optimizer_probe.h"
 #include "plan_step.h"
@@ -215,6 +216,7 @@ struct CompiledStep::Impl {
 
   std::vector<at::Tensor> step(const std::vector<at::Tensor>& inputs) {
     ++stats.steps;
+    const PluginStepScope at_step(stats.steps);  // names the step if a plugin crashes in it
     if (!args.compile_enabled()) return eager(inputs);
     // The first step ever runs eagerly, so that optimizer state exists when the step is captured.
     if (stats.steps == 1) return eager(inputs);

@@ -13,11 +13,15 @@
 #include <functional>
 #include <random>
 
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "graph_builder.h"
+#include "kiln/internal/plugin_crash.h"
 #include "kiln/internal/plugin_registry.h"
 
 namespace fs = std::filesystem;
@@ -195,13 +199,33 @@ TEST(Loader, RefusesPluginBuiltForAbi1) {
     kiln::PluginRegistry::load_file(path, test_host());
     FAIL() << "a 1.2 plugin was loaded";
   } catch (const kiln::PluginError& e) {
-    EXPECT_EQ(std::string(e.what()), path +
-                                         ": plugin 'old_abi' was built for kiln plugin ABI 1.2; this kiln speaks "
-                                         "2." +
+    // Nothing past the frozen fields is read, so not the name in its 1.x descriptor either: the
+    // path names it.
+    EXPECT_EQ(std::string(e.what()), path + ": plugin was built for kiln plugin ABI 1.2; this kiln speaks 2." +
                                          std::to_string(KILN_ABI_VERSION_MINOR) +
                                          " — rebuild it against the kiln 2.x SDK");
     EXPECT_EQ(e.code(), KILN_ERROR_UNAVAILABLE);
   }
+}
+
+// A 2.x table whose version says 1.2: the slot where a 1.x table keeps shutdown holds its
+// executable_destroy, and its descriptor points nowhere. Every slot past the frozen fields is a
+// trap that aborts the process, so refusing it must touch none of them - loading it directly, in
+// a folder scan, and again (the library stays mapped; a second init finds it so).
+TEST(Loader, RefusesTableThatClaimsAnotherMajorWithoutTouchingItsSlots) {
+  const std::string path = kCorpus + "/libkiln_bad_reports_abi1.so";
+  for (int round = 0; round < 2; ++round) {
+    try {
+      kiln::PluginRegistry::load_file(path, test_host());
+      FAIL() << "loaded";
+    } catch (const kiln::PluginError& e) {
+      EXPECT_EQ(std::string(e.what()), path + ": plugin was built for kiln plugin ABI 1.2; this kiln speaks 2." +
+                                           std::to_string(KILN_ABI_VERSION_MINOR) +
+                                           " — rebuild it against the kiln 2.x SDK");
+    }
+  }
+  auto reg = kiln::PluginRegistry::load(only({kCorpus}), test_host());
+  EXPECT_NE(failure_for(reg, "libkiln_bad_reports_abi1.so").find("built for kiln plugin ABI 1.2"), std::string::npos);
 }
 
 TEST(Loader, ReportsInitFailureWithPluginMessage) {
@@ -237,10 +261,10 @@ TEST(Loader, CorpusLoadsOnlyTheWellFormedLibrariesAndReportsEveryOtherFile) {
     failed.push_back(fs::path(f.path).filename().string());
   }
   std::sort(failed.begin(), failed.end());
-  EXPECT_EQ(failed, (std::vector<std::string>{"libkiln_abi1_plugin.so", "libkiln_bad_abi_major.so",
-                                              "libkiln_bad_init_fails.so", "libkiln_bad_null_execute.so",
-                                              "libkiln_bad_null_name.so", "libkiln_bad_undersized.so",
-                                              "libkiln_empty.so", "libkiln_no_entry.so", "libkiln_text.so"}));
+  EXPECT_EQ(failed, (std::vector<std::string>{
+                        "libkiln_abi1_plugin.so", "libkiln_bad_abi_major.so", "libkiln_bad_init_fails.so",
+                        "libkiln_bad_null_execute.so", "libkiln_bad_null_name.so", "libkiln_bad_reports_abi1.so",
+                        "libkiln_bad_undersized.so", "libkiln_empty.so", "libkiln_no_entry.so", "libkiln_text.so"}));
 }
 
 TEST(Loader, LoadFileThrowsWithPathAndReason) {
@@ -694,3 +718,105 @@ class TempCleanup : public ::testing::Environment {
 };
 const auto* const kTempCleanup = ::testing::AddGlobalTestEnvironment(new TempCleanup);
 }  // namespace
+
+// ---- a plugin that crashes ----------------------------------------------------------------------
+
+// What the crash line says, for a call with and without a group and step, a plugin not yet named
+// (its init), a crash on a thread of the plugin's own, and a buffer too small for all of it.
+TEST(PluginCrash, TheLineNamesPluginFileCallGroupAndStep) {
+  char line[1024];
+  kiln::PluginCallSite site;
+  site.plugin = "vecops";
+  site.path = "/opt/p/libkiln_vecops.so";
+  site.call = "execute";
+  site.group = 2;
+  site.step = 17;
+  size_t n = kiln::format_plugin_crash(line, sizeof line, SIGSEGV, site);
+  EXPECT_EQ(std::string(line, n),
+            "kiln: fatal signal SIGSEGV (Segmentation fault) in plugin 'vecops' (/opt/p/libkiln_vecops.so) during "
+            "execute of group 2 at step 17; the process cannot continue: the crash is in the plugin's code, which runs "
+            "in this process. Rerun with torch_compile_backend = \"eager\" or another backend, and report it to the "
+            "plugin's vendor");
+  site.group = -1;
+  site.step = 0;
+  site.call = "claim";
+  n = kiln::format_plugin_crash(line, sizeof line, SIGBUS, site);
+  EXPECT_EQ(std::string(line, n).rfind(
+                "kiln: fatal signal SIGBUS (Bus error) in plugin 'vecops' (/opt/p/libkiln_vecops.so) during claim;", 0),
+            0u)
+      << line;
+  site.plugin = "";
+  site.call = "kiln_plugin_init";
+  n = kiln::format_plugin_crash(line, sizeof line, SIGABRT, site);
+  EXPECT_EQ(std::string(line, n).rfind(
+                "kiln: fatal signal SIGABRT (Aborted) in plugin /opt/p/libkiln_vecops.so during kiln_plugin_init;", 0),
+            0u)
+      << line;
+  site.plugin = "vecops";
+  site.call = "execute";
+  site.group = 0;
+  site.step = 3;
+  n = kiln::format_plugin_crash(line, sizeof line, SIGFPE, site, false);
+  EXPECT_NE(std::string(line, n).find("SIGFPE (Floating-point exception) on a thread kiln did not call the plugin "
+                                      "from, while plugin 'vecops' (/opt/p/libkiln_vecops.so) ran execute of group 0 "
+                                      "at step 3;"),
+            std::string::npos)
+      << line;
+  n = kiln::format_plugin_crash(line, 20, SIGSEGV, site);
+  EXPECT_EQ(n, 19u);
+  EXPECT_EQ(std::string(line), "kiln: fatal signal ");
+}
+
+namespace {
+
+// In a child: loads the plugin that crashes in its third execute and executes it three times, inside
+// the scopes a training step sets (group 2, step 17).
+[[noreturn]] void execute_until_the_plugin_crashes() {
+  auto reg = kiln::PluginRegistry::load(only({KILN_CRASHING_DIR}), test_host());
+  auto plugin = reg.find("crashes_in_execute");
+  if (!plugin) std::_Exit(3);
+  GraphBuilder g;
+  three_node_graph(g);
+  auto exe = plugin->compile(*g.view(), KILN_MODE_DEFAULT);
+  std::vector<float> in(4, 1.f), out(4, 0.f);
+  int64_t shape[] = {4};
+  DLTensor tin{in.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  DLTensor tout{out.data(), {kDLCPU, 0}, 1, {kDLFloat, 32, 1}, shape, nullptr, 0};
+  const kiln::PluginStepScope step(17);
+  const kiln::PluginGroupScope group(2);
+  for (int i = 0; i < 3; ++i) exe->execute(&tin, 1, &tout, 1);
+  std::_Exit(0);
+}
+
+// Died of SIGSEGV: by the signal itself, or, under AddressSanitizer (whose handler kiln's hands the
+// signal to), by ASan's exit after its report.
+bool died_of_the_crash(int status) {
+  return (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) ||
+         (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3);
+}
+
+}  // namespace
+
+// A plugin that crashes inside execute: the process dies of the plugin's signal (handed on, so a
+// core dump or debugger sees the original), after one line that names the plugin, its file, the
+// call, the group and the step.
+TEST(PluginCrash, ACrashInsideExecuteIsNamedThenTheSignalGoesOn) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      execute_until_the_plugin_crashes(), died_of_the_crash,
+      "kiln: fatal signal SIGSEGV \\(Segmentation fault\\) in plugin 'crashes_in_execute' "
+      "\\(.*/libkiln_crashes_in_execute.so\\) during execute of group 2 at step 17; the process cannot continue");
+}
+
+// The handler changes nothing for a crash outside plugin calls: no line, and the same signal.
+TEST(PluginCrash, ACrashOutsidePluginCallsIsHandedOnUntouched) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  kiln::install_plugin_crash_handler();
+  EXPECT_EXIT(
+      {
+        kiln::install_plugin_crash_handler();
+        raise(SIGSEGV);
+        std::_Exit(0);
+      },
+      died_of_the_crash, ::testing::Not(::testing::HasSubstr("kiln: fatal signal")));
+}

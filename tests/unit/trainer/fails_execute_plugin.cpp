@@ -3,6 +3,11 @@
 // makes the nth execute since the variable last changed fail (unset or n = 0: never). The trainer tests inject a plugin
 // failure in the middle of training with it and check that nothing is lost. KILN_TEST_EXECUTE_COUNT_FILE, when set,
 // gets the count of executes since the variable last changed after each one (how many calls a step makes).
+// KILN_TEST_CRASH_EXECUTE_AT=<n> makes the nth execute of the process crash with SIGSEGV, as a plugin
+// with a memory bug does.
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,10 +24,20 @@ const std::map<std::string, int>& ops() {
   return m;
 }
 
+void crash_at_call() {
+  static std::atomic<long> calls{0};
+  const char* at = std::getenv("KILN_TEST_CRASH_EXECUTE_AT");
+  if (at && ++calls == std::atol(at)) {
+    volatile uintptr_t nowhere = 8;  // hidden from the compiler, which would refuse a constant
+    *reinterpret_cast<volatile int*>(nowhere) = 1;
+  }
+}
+
 class FailsOnce : public Executable {
  public:
   explicit FailsOnce(std::unique_ptr<Executable> inner) : inner_(std::move(inner)) {}
   void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void* stream) override {
+    crash_at_call();
     count_execute_or_fail();
     inner_->execute(in, n_in, out, n_out, stream);
   }

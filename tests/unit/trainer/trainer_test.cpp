@@ -1,5 +1,7 @@
 // kiln::Trainer and compile_step: fallback, fullgraph, guards and recompilation, run-time
 // optimizer scalars. Every test checks the numbers against LibTorch eager too: nothing is lost.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -542,6 +544,28 @@ TEST(Trainer, AnExecuteThatFailsBeforeAnyWriteRunsTheStepEagerlyAndLosesNothing)
             1);
   // The optimizers' momentum buffers too: one more step on each side must agree.
   step_like_eager(trainer, ref, s, 6);
+}
+
+// A plugin that crashes inside execute during training: the process cannot go on, but its last
+// words name the plugin, its file, the call, the group and the step.
+TEST(Trainer, APluginThatCrashesInExecuteIsNamedWithItsGroupAndStep) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto seed = fresh_seed();
+  EXPECT_EXIT(
+      {
+        setenv("KILN_TEST_CRASH_EXECUTE_AT", "1", 1);
+        auto s = make(seed);
+        kiln::Trainer trainer(
+            s.net.ptr(), [&](const at::Tensor& x) { return s.net->forward(x); }, *s.opt, ce, fails_execute_args());
+        for (int i = 0; i < 4; ++i) trainer.step(at::randn({8, 12}), at::randint(0, 5, {8}));
+        std::_Exit(0);
+      },
+      // (or AddressSanitizer's exit, when its handler is the one kiln's hands the signal on to)
+      [](int status) {
+        return (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
+      },
+      "kiln: fatal signal SIGSEGV \\(Segmentation fault\\) in plugin 'fails_execute' "
+      "\\(.*/libkiln_fails_execute.so\\) during execute of group [0-9]+ at step [23];");
 }
 
 // A plugin that fails after the step has written into parameters (the step's last call to it comes

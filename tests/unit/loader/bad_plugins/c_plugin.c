@@ -105,6 +105,57 @@ static const KilnPluginDescriptor g_descriptor = {
 
 static KilnPluginApi g_api;
 
+#if defined(BAD_REPORTS_ABI_1_2)
+/* A 2.x table that says it is 1.2 (a plugin with a stale version constant). A host that refuses it
+ * may read the frozen first fields and nothing else: every other slot is a trap, and the descriptor
+ * points nowhere. In a 1.x table, the slot where this one has executable_destroy is shutdown. */
+#include <stdio.h>
+static void trap(const char* slot) {
+  fprintf(stderr, "c_plugin: the host called '%s' of a table it had to refuse\n", slot);
+  abort();
+}
+static KilnError* trap_available(KilnPluginAvailableArgs* a) {
+  (void)a;
+  trap("available");
+  return NULL;
+}
+static KilnError* trap_claim(KilnPluginClaimArgs* a) {
+  (void)a;
+  trap("claim");
+  return NULL;
+}
+static KilnError* trap_compile(KilnPluginCompileArgs* a) {
+  (void)a;
+  trap("compile");
+  return NULL;
+}
+static void trap_shutdown(KilnPluginShutdownArgs* a) {
+  (void)a;
+  trap("shutdown");
+}
+static KilnError* trap_execute(KilnExecutableExecuteArgs* a) {
+  (void)a;
+  trap("execute");
+  return NULL;
+}
+static void trap_executable_destroy(KilnExecutableDestroyArgs* a) {
+  (void)a;
+  trap("executable_destroy");
+}
+#endif
+
+#if defined(BAD_EXECUTE_CRASHES)
+/* Executes crash on the third call, as a plugin with a memory bug does some way into a training. */
+static KilnError* crashing_execute(KilnExecutableExecuteArgs* args) {
+  static int calls = 0;
+  if (++calls == 3) {
+    volatile uintptr_t nowhere = 8; /* hidden from the compiler, which would refuse a constant */
+    *(volatile int*)nowhere = 1;
+  }
+  return plugin_execute(args);
+}
+#endif
+
 KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t host_abi_major,
                                                uint32_t host_abi_minor, const KilnPluginApi** out) {
   (void)host;
@@ -136,6 +187,20 @@ KILN_PLUGIN_EXPORT KilnError* kiln_plugin_init(const KilnHostApi* host, uint32_t
 #endif
 #if defined(BAD_NULL_EXECUTE)
   g_api.execute = NULL;
+#endif
+#if defined(BAD_EXECUTE_CRASHES)
+  g_api.execute = crashing_execute;
+#endif
+#if defined(BAD_REPORTS_ABI_1_2)
+  g_api.abi_major = 1;
+  g_api.abi_minor = 2;
+  g_api.descriptor = (const KilnPluginDescriptor*)(uintptr_t)16;
+  g_api.available = trap_available;
+  g_api.claim = trap_claim;
+  g_api.compile = trap_compile;
+  g_api.shutdown = trap_shutdown;
+  g_api.execute = trap_execute;
+  g_api.executable_destroy = trap_executable_destroy;
 #endif
   *out = &g_api;
 #if defined(BAD_INIT_FAILS)
