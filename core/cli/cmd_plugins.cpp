@@ -1,5 +1,5 @@
-// `kiln plugins [--json] [--dir DIR]...`: every plugin file found, what it is, and whether it can run
-// on this machine (and why not); every file that failed to load, with the reason.
+// `kiln plugins [--json] [--plugin-dir DIR]...`: every plugin file found, what it is, and whether it
+// can run on this machine (and why not); every file that failed to load, with the reason.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -34,20 +34,34 @@ Json json_list(const std::string& comma_separated) {
 
 int cmd_plugins(int argc, char** argv) {
   bool json = false, no_default_dirs = false;
+  std::vector<std::string> plugin_dirs, old_dirs;
   PluginSearchOptions search;
   CLI::App app;
-  setup_command(app, "kiln plugins", "usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]",
-                "Lists the backend plugins (libkiln_*.so) found in --dir directories, KILN_PLUGIN_PATH and\n"
-                "kiln's own plugin folder, with availability on this machine, and every file that failed to load.");
+  setup_command(app, "kiln plugins", "usage: kiln plugins [--json] [--plugin-dir DIR]... [--no-default-dirs]",
+                "Lists the backend plugins (libkiln_*.so) found in --plugin-dir directories, KILN_PLUGIN_PATH\n"
+                "and kiln's own plugin folder, with availability on this machine, and every file that failed\n"
+                "to load.");
   app.add_flag("--json", json, "a JSON array, one object per file");
-  app.add_option("--dir", search.dirs, "search DIR first (repeatable)")->option_text("DIR")->allow_extra_args(false);
-  app.add_flag("--no-default-dirs", no_default_dirs, "only the --dir directories");
+  CLI::Option* plugin_dir = app.add_option("--plugin-dir", plugin_dirs, "search DIR first (repeatable)")
+                                ->option_text("DIR")
+                                ->allow_extra_args(false);
+  // The flag's older name, as `kiln bench` calls it --plugin-dir: still accepted, so that scripts
+  // keep working, but not shown by --help.
+  CLI::Option* dir = app.add_option("--dir", old_dirs)->allow_extra_args(false)->group("");
+  app.add_flag("--no-default-dirs", no_default_dirs, "only the --plugin-dir directories");
   if (auto status = parse_command_line(app, argc, argv, "argument")) return *status;
   if (no_default_dirs) search.use_builtin = false;
+  // Both names' directories, in the order the command line gives them.
+  size_t next_plugin_dir = 0, next_dir = 0;
+  for (const CLI::Option* o : app.parse_order()) {
+    if (o == plugin_dir && next_plugin_dir < plugin_dir->results().size())
+      search.dirs.push_back(plugin_dir->results()[next_plugin_dir++]);
+    else if (o == dir && next_dir < dir->results().size()) search.dirs.push_back(dir->results()[next_dir++]);
+  }
 
   TrainingArguments args;
   args.apply_env();      // KILN_CACHE_DIR, and KILN_PLUGIN_PATH in runtime.plugin_dirs
-  if (!no_default_dirs)  // after the --dir directories
+  if (!no_default_dirs)  // after the --plugin-dir directories
     search.dirs.insert(search.dirs.end(), args.runtime.plugin_dirs.begin(), args.runtime.plugin_dirs.end());
   auto host = HostServices::basic(args);
   PluginRegistry reg = PluginRegistry::load(search, host);
@@ -86,7 +100,7 @@ int cmd_plugins(int argc, char** argv) {
   }
 
   if (reg.searched_dirs().empty()) {
-    std::printf("no plugin directories to search (use --dir DIR or KILN_PLUGIN_PATH)\n");
+    std::printf("no plugin directories to search (use --plugin-dir DIR or KILN_PLUGIN_PATH)\n");
   } else {
     std::printf("searched:");
     for (const auto& d : reg.searched_dirs()) std::printf(" %s", d.c_str());

@@ -138,8 +138,11 @@ struct TrainingArguments {
   void apply_env();
   // Checks every value, set in code too (mode name, limits); throws ConfigError.
   void validate() const;
-  // Checks the backend name against the plugins actually found ("auto" always passes).
-  void validate_backend(const std::vector<std::string>& available) const;
+  // Checks the backend name against the plugins actually found ("auto" always passes). `refused`:
+  // plugin files the loader refused, by the name their file gives them, each with "<path>: <why>";
+  // naming one of them says that instead of "unknown backend".
+  void validate_backend(const std::vector<std::string>& available,
+                        const std::map<std::string, std::string>& refused = {}) const;
 
   // Hugging Face semantics: naming a backend or a mode turns torch_compile on.
   bool compile_enabled() const;

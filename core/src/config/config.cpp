@@ -1029,7 +1029,8 @@ void TrainingArguments::validate() const {
     if (s.check) s.check(*this, origin_or_code(*this, s.key));
 }
 
-void TrainingArguments::validate_backend(const std::vector<std::string>& available) const {
+void TrainingArguments::validate_backend(const std::vector<std::string>& available,
+                                         const std::map<std::string, std::string>& refused) const {
   if (torch_compile_backend == "auto") return;
   // "a+b" composes backends: b takes what a leaves. Each part is a backend's name ("auto" and
   // "eager" are not: what a composition leaves runs eagerly anyway).
@@ -1041,6 +1042,9 @@ void TrainingArguments::validate_backend(const std::vector<std::string>& availab
                         "'" + torch_compile_backend + "': a composition of backends (\"a+b\": b takes the nodes a " +
                             "leaves) names backends, not '" + part + "'");
     if (std::find(available.begin(), available.end(), part) != available.end()) continue;
+    if (auto bad = refused.find(part); bad != refused.end())
+      throw ConfigError(origin_or_code(*this, "torch_compile_backend"), "torch_compile_backend",
+                        "backend '" + part + "' was found, but kiln refused its plugin file " + bad->second);
     std::string msg = "unknown backend '" + part + "'" + (composed ? " in '" + torch_compile_backend + "'" : "");
     if (auto near = nearest_name(part, available)) msg += "; did you mean '" + *near + "'?";
     msg += " Backends found: " + (available.empty() ? std::string("(none)") : join(available));

@@ -20,6 +20,7 @@ struct LoadedBackends {
   std::shared_ptr<PluginRegistry> registry;
   std::vector<hw::Device> devices;
   std::vector<BackendCandidate> candidates;
+  std::vector<RefusedPlugin> refused;  // files found and refused, to say why a named one is missing
 };
 
 // Plugins stay loaded for the life of the process: compiled steps hold their executables.
@@ -39,6 +40,7 @@ const LoadedBackends& loaded_backends(const TrainingArguments& args) {
     for (const auto& f : lb->registry->failures()) log_debug(c10::str("plugin not loaded: ", f.path, ": ", f.message));
     lb->devices = hw::probe({}).devices;
     lb->candidates = plugin_candidates(*lb->registry, lb->devices);
+    lb->refused = refused_plugins(*lb->registry);
     slot = lb;
   }
   return *slot;
@@ -85,14 +87,16 @@ ResolvedBackend resolve_backend(const TrainingArguments& args) {
   if (args.torch_compile_backend != "auto" && args.torch_compile_backend != "eager") {
     auto names = lb.registry->names();
     names.push_back("eager");
-    args.validate_backend(names);
+    std::map<std::string, std::string> refused;
+    for (const auto& f : lb.refused) refused.emplace(f.name, f.path + ": " + f.reason);
+    args.validate_backend(names, refused);
   }
   // "a+b": backend a, then b for the nodes a does not claim (each must be available here).
   const std::vector<std::string> parts = split_backends(args.torch_compile_backend);
-  r.choice = select_backend(lb.devices, lb.candidates, parts.front());
+  r.choice = select_backend(lb.devices, lb.candidates, parts.front(), lb.refused);
   if (r.choice.backend != "eager") r.plugin = lb.registry->find(r.choice.backend);
   for (size_t k = 1; k < parts.size(); ++k) {
-    const BackendChoice c = select_backend(lb.devices, lb.candidates, parts[k]);
+    const BackendChoice c = select_backend(lb.devices, lb.candidates, parts[k], lb.refused);
     auto p = lb.registry->find(c.backend);
     if (!p || p == r.plugin || std::find(r.then.begin(), r.then.end(), p) != r.then.end())
       throw BackendSelectionError("backend '" + args.torch_compile_backend + "' names '" + parts[k] + "' twice",

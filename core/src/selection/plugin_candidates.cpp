@@ -70,4 +70,16 @@ std::vector<BackendCandidate> plugin_candidates(const PluginRegistry& registry,
   return out;
 }
 
+std::vector<RefusedPlugin> refused_plugins(const PluginRegistry& registry) {
+  std::vector<RefusedPlugin> out;
+  for (const auto& f : registry.failures()) {
+    const std::string file = f.path.substr(f.path.find_last_of('/') + 1);
+    if (file.size() <= 11 || file.rfind("libkiln_", 0) != 0 || file.compare(file.size() - 3, 3, ".so") != 0) continue;
+    const std::string name = file.substr(8, file.size() - 11);
+    if (registry.find(name)) continue;  // a duplicate, or another file of a name that did load
+    out.push_back({name, f.path, f.message});
+  }
+  return out;
+}
+
 }  // namespace kiln

@@ -113,7 +113,7 @@ std::string describe_devices(const std::vector<hw::Device>& devices) {
 }
 
 BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::vector<BackendCandidate>& plugins,
-                             const std::string& requested) {
+                             const std::string& requested, const std::vector<RefusedPlugin>& refused) {
   BackendChoice c;
   c.requested = requested.empty() ? "auto" : requested;
   c.order = automatic_order(plugins);
@@ -150,6 +150,14 @@ BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::
     std::string msg;
     const bool in_tree =
         std::find(builtin_backends().begin(), builtin_backends().end(), c.requested) != builtin_backends().end();
+    const auto bad =
+        std::find_if(refused.begin(), refused.end(), [&](const RefusedPlugin& r) { return r.name == c.requested; });
+    if (bad != refused.end()) {
+      throw BackendSelectionError("backend '" + c.requested + "' was found, but kiln refused its plugin file " +
+                                      bad->path + ": " + bad->reason + ". Available backends: " + list +
+                                      " (or \"auto\" to pick one)",
+                                  available);
+    }
     if (in_tree) msg = "backend '" + c.requested + "' is not installed (no plugin of that name was found)";
     else msg = "unknown backend '" + c.requested + "'";
     std::optional<std::string> near;

@@ -36,8 +36,10 @@ TEST(Cli, HelpOfEveryCommandIsOnStdoutWithExitZero) {
       {"",
        {"usage: kiln [--version] [--help] <command> [<args>]", "probe", "plugins", "conformance", "bench", "cache",
         "Run 'kiln <command> --help' for a command's options."}},
-      {"probe", {"usage: kiln probe [--json]", "--explain", "--sysfs-root DIR", "--plugins-dir DIR", "--backend NAME"}},
-      {"plugins", {"usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]", "--no-default-dirs"}},
+      {"probe", {"usage: kiln probe [--json]", "--explain", "--sysfs-root DIR", "--plugin-dir DIR", "--backend NAME"}},
+      {"plugins",
+       {"usage: kiln plugins [--json] [--plugin-dir DIR]... [--no-default-dirs]", "--plugin-dir DIR",
+        "--no-default-dirs"}},
       {"conformance",
        {"usage: kiln conformance PLUGIN.so", "--filter PATTERN", "--jobs N", "--seed N", "--list",
         "docs/conformance.md"}},
@@ -98,7 +100,7 @@ TEST(Cli, AMisspeltOptionGetsTheNearestOne) {
   expect_usage_error("--verison", {"kiln: unknown option '--verison'; did you mean '--version'?"});
   expect_usage_error("prob", {"kiln: unknown command 'prob'; did you mean 'probe'?"});
   expect_usage_error("probe --jsn", {"kiln probe: unknown option '--jsn'; did you mean '--json'?"});
-  expect_usage_error("probe --plugin-dir x", {"unknown option '--plugin-dir'; did you mean '--plugins-dir'?"});
+  expect_usage_error("probe --plugin-dr x", {"unknown option '--plugin-dr'; did you mean '--plugin-dir'?"});
   expect_usage_error("plugins --dirs x", {"kiln plugins: unknown argument '--dirs'; did you mean '--dir'?"});
   expect_usage_error("bench mlp --kernel", {"kiln bench: unknown option '--kernel'; did you mean '--kernels'?"});
   expect_usage_error("bench mlp --tolerence=1e-3", {"unknown option '--tolerence=1e-3'; did you mean '--tolerance'?"});
@@ -119,7 +121,7 @@ TEST(Cli, ArgumentsACommandDoesNotTakeAreUsageErrors) {
   expect_usage_error("bench mlpp", {"unknown workload 'mlpp'; valid workloads: mlp, cnn, gpt"});
   expect_usage_error("bench mlp --device tpu", {"--device 'tpu': use cpu or cuda"});
   expect_usage_error("probe extra", {"kiln probe: unexpected argument 'extra'"});
-  expect_usage_error("probe --plugins-dir a b", {"kiln probe: unexpected argument 'b'"});  // one DIR per flag
+  expect_usage_error("probe --plugin-dir a b", {"kiln probe: unexpected argument 'b'"});  // one DIR per flag
   expect_usage_error("cache", {"kiln cache: which action? (ls or clear)"});
   expect_usage_error("conformance", {"kiln conformance: which plugin? give the path of its .so"});
 }
@@ -136,4 +138,46 @@ TEST(Cli, OptionValuesAndRepeats) {
   EXPECT_EQ(c.out, "cache " + dir + ": empty (no such directory)\n");
 }
 
+// `kiln plugins` and `kiln bench` name a plugin folder alike, --plugin-dir DIR (repeatable).
+// `kiln plugins --dir`, the flag's older name, still works in scripts but is not in --help.
+TEST(Cli, PluginsAndBenchTakePluginDir) {
+  const CliRun r = kiln_cli("plugins --no-default-dirs --plugin-dir /nonexistent/a --plugin-dir=/nonexistent/b");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("searched: /nonexistent/a /nonexistent/b\n"), std::string::npos) << r.out;
+  // The old name, mixed with the new: the folders in command-line order.
+  const CliRun mixed = kiln_cli(
+      "plugins --no-default-dirs --plugin-dir /nonexistent/a --dir /nonexistent/b --plugin-dir /nonexistent/c");
+  EXPECT_EQ(mixed.status, 0) << mixed.err;
+  EXPECT_NE(mixed.out.find("searched: /nonexistent/a /nonexistent/b /nonexistent/c\n"), std::string::npos) << mixed.out;
+  // A plugin is found in the folder named: kiln's own, next to the tool (bin/../plugins).
+  const std::string cli = KILN_CLI;
+  const std::string plugins = cli.substr(0, cli.rfind("/bin/")) + "/plugins";
+  const CliRun found = kiln_cli("plugins --no-default-dirs --plugin-dir " + kiln::test::shell_quote(plugins));
+  EXPECT_EQ(found.status, 0) << found.err;
+  EXPECT_NE(found.out.find("searched: " + plugins + "\n"), std::string::npos) << found.out;
+  EXPECT_NE(found.out.find("    " + plugins + "/libkiln_"), std::string::npos) << found.out;  // a plugin's path
+  const CliRun help = kiln_cli("plugins --help");
+  EXPECT_NE(help.out.find("--plugin-dir DIR"), std::string::npos) << help.out;
+  EXPECT_EQ(help.out.find("--dir"), std::string::npos) << help.out;
+  EXPECT_NE(kiln_cli("bench --help").out.find("--plugin-dir"), std::string::npos);
+}
+
 }  // namespace
+
+// A backend named on the command line whose plugin file the loader refused: the loader's reason and
+// the file, not "unknown backend". The scan of that folder also meets a table that claims another
+// ABI major, which must not bring the tool down.
+TEST(Cli, BenchOfABackendRefusedAtLoadGivesTheLoadersReason) {
+  const std::string corpus = KILN_BAD_CORPUS;
+  CliRun r = kiln_cli("bench mlp --steps 4 --backend bad_reports_abi1 --plugin-dir " + kiln::test::shell_quote(corpus));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("backend 'bad_reports_abi1' was found, but kiln refused its plugin file " + corpus +
+                       "/libkiln_bad_reports_abi1.so: plugin was built for kiln plugin ABI 1.2; this kiln speaks 2."),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("unknown backend"), std::string::npos) << r.err;
+  r = kiln_cli("bench mlp --steps 4 --backend bad_init_fails --plugin-dir " + kiln::test::shell_quote(corpus));
+  EXPECT_NE(r.err.find("libkiln_bad_init_fails.so: kiln_plugin_init failed (unavailable): license server"),
+            std::string::npos)
+      << r.err;
+}

@@ -101,7 +101,7 @@ TEST(PluginsCommand, JsonReportsEveryFailedFileWithPathAndError) {
   Result r = run({"--json", "--no-default-dirs", "--dir", corpus});
   ASSERT_EQ(r.rc, 0);
   const Json list = Json::parse(r.out);
-  EXPECT_EQ(count_loaded(list, false), 9u) << r.out;
+  EXPECT_EQ(count_loaded(list, false), 10u) << r.out;
   const Json empty = entry(list, "libkiln_empty.so");
   EXPECT_EQ(keys(empty), (std::vector<std::string>{"loaded", "path", "error"}));
   EXPECT_EQ(empty.at("path"), corpus + "/libkiln_empty.so");
@@ -160,7 +160,7 @@ TEST(PluginsCommand, RejectsUnknownArgumentsWithUsage) {
 TEST(PluginsCommand, HelpListsEveryOption) {
   Result r = run({"--help"});
   EXPECT_EQ(r.rc, 0);
-  EXPECT_EQ(r.out.rfind("usage: kiln plugins [--json] [--dir DIR]... [--no-default-dirs]\n", 0), 0u) << r.out;
-  for (const char* option : {"--json", "--dir DIR", "--no-default-dirs", "search DIR first (repeatable)"})
+  EXPECT_EQ(r.out.rfind("usage: kiln plugins [--json] [--plugin-dir DIR]... [--no-default-dirs]\n", 0), 0u) << r.out;
+  for (const char* option : {"--json", "--plugin-dir DIR", "--no-default-dirs", "search DIR first (repeatable)"})
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " in\n" << r.out;
 }

@@ -1,5 +1,5 @@
 // `kiln probe` end to end: the real binary on machines described as trees, with stand-in plugins
-// whose presence (the --plugins-dir) and availability (KILN_FAKE_UNAVAILABLE) the test decides.
+// whose presence (the --plugin-dir) and availability (KILN_FAKE_UNAVAILABLE) the test decides.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,10 +29,10 @@ CliRun kiln_cli(const std::string& args, const std::string& env = "") {
       "kiln_probe");
 }
 
-// `kiln probe --json --sysfs-root T --plugins-dir <stand-ins>`, parsed.
+// `kiln probe --json --sysfs-root T --plugin-dir <stand-ins>`, parsed.
 Json probe_json(const FakeMachine& m, const std::string& env = "", const std::string& extra = "") {
   CliRun r = kiln_cli(
-      "probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR) + " " + extra,
+      "probe --json --sysfs-root " + quote(m.root()) + " --plugin-dir " + quote(KILN_FAKE_PLUGIN_DIR) + " " + extra,
       env);
   EXPECT_EQ(r.status, 0) << r.err;
   try {
@@ -171,7 +171,7 @@ TEST(CliProbe, NoPluginsMeansEagerWithTheReason) {
   m.cpu();
   m.mkdir("/empty-plugins");
   CliRun r =
-      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(m.root() + "/empty-plugins"));
+      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugin-dir " + quote(m.root() + "/empty-plugins"));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
   EXPECT_EQ(j["default_backend"].get<std::string>(), "eager");
@@ -181,7 +181,7 @@ TEST(CliProbe, NoPluginsMeansEagerWithTheReason) {
 TEST(CliProbe, NamedUnavailableBackendExitsWithThePluginsReason) {
   FakeMachine m;
   m.cpu();
-  CliRun r = kiln_cli("probe --json --backend hpu_backend --sysfs-root " + quote(m.root()) + " --plugins-dir " +
+  CliRun r = kiln_cli("probe --json --backend hpu_backend --sysfs-root " + quote(m.root()) + " --plugin-dir " +
                       quote(KILN_FAKE_PLUGIN_DIR));
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(r.out.empty()) << r.out;
@@ -193,7 +193,7 @@ TEST(CliProbe, NamedUnavailableBackendExitsWithThePluginsReason) {
 TEST(CliProbe, UnknownBackendSuggestsTheNearestThroughKilnBackend) {
   FakeMachine m;
   m.cpu();
-  CliRun r = kiln_cli("probe --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR),
+  CliRun r = kiln_cli("probe --sysfs-root " + quote(m.root()) + " --plugin-dir " + quote(KILN_FAKE_PLUGIN_DIR),
                       "KILN_BACKEND=nueron");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("unknown backend 'nueron'; did you mean 'neuron'?"), std::string::npos) << r.err;
@@ -217,7 +217,7 @@ TEST(CliProbe, TextOutputIsATableThenTheBackendAndWhy) {
   m.cpu();
   m.gaudi("0000:19:00.0", 0x1020, 0);
   CliRun r =
-      kiln_cli("probe --explain --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_FAKE_PLUGIN_DIR));
+      kiln_cli("probe --explain --sysfs-root " + quote(m.root()) + " --plugin-dir " + quote(KILN_FAKE_PLUGIN_DIR));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("gaudi   0   Intel Gaudi2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Default backend: hpu_backend\n  - ranked the available backends by the score each gave for "
@@ -244,7 +244,7 @@ TEST(CliProbe, InTreeHpuBackendSaysWhyItCannotRunOnAGaudiWithoutSynapse) {
   m.cpu();
   m.gaudi("0000:19:00.0", 0x1020, 0);
   CliRun r =
-      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugins-dir " + quote(KILN_INTREE_PLUGIN_DIR));
+      kiln_cli("probe --json --sysfs-root " + quote(m.root()) + " --plugin-dir " + quote(KILN_INTREE_PLUGIN_DIR));
   ASSERT_EQ(r.status, 0) << r.err;
   Json j = Json::parse(r.out);
   EXPECT_NE(j["default_backend"].get<std::string>(), "hpu_backend");

@@ -22,6 +22,14 @@ struct BackendCandidate {
   int32_t score = 0;   // its availability score here: "auto" takes the highest positive one
 };
 
+// A plugin file the loader refused (a bad table, another ABI major, init failed), by the name its
+// file gives it (libkiln_<name>.so): naming that backend says why it cannot be used.
+struct RefusedPlugin {
+  std::string name;
+  std::string path;
+  std::string reason;  // the loader's words
+};
+
 struct BackendChoice {
   std::string backend;                  // the plugin to use; "eager" when none can run
   std::string requested;                // "auto" or the name the user gave
@@ -54,10 +62,11 @@ std::vector<std::string> automatic_order(const std::vector<BackendCandidate>& pl
 //  - "eager": always granted.
 //  - a name: used if installed and available. Installed but unavailable: BackendSelectionError
 //    with the plugin's reason. Not installed: BackendSelectionError listing the available
-//    backends, with "did you mean" when a name is close.
+//    backends, with "did you mean" when a name is close; when a file of that name was refused at
+//    load (`refused`), with its path and the loader's reason instead.
 // Logs the choice at info level with the runners-up, and each reason at debug level.
 BackendChoice select_backend(const std::vector<hw::Device>& devices, const std::vector<BackendCandidate>& plugins,
-                             const std::string& requested = "auto");
+                             const std::string& requested = "auto", const std::vector<RefusedPlugin>& refused = {});
 
 // "8 × Intel Gaudi2, 1 × NVIDIA H100 80GB HBM3, CPU Intel(R) Xeon(R) ..." for messages.
 std::string describe_devices(const std::vector<hw::Device>& devices);
@@ -71,6 +80,8 @@ class PluginRegistry;
 std::vector<PluginDevice> to_plugin_devices(const std::vector<hw::Device>& devices);
 // Asks every loaded plugin whether it can run on `devices`.
 std::vector<BackendCandidate> plugin_candidates(const PluginRegistry& registry, const std::vector<hw::Device>& devices);
+// The files the registry refused that are named like a plugin (duplicates of a loaded name aside).
+std::vector<RefusedPlugin> refused_plugins(const PluginRegistry& registry);
 
 // ---- The `kiln probe` report ----
 
