@@ -6,8 +6,9 @@
 // group fell back to kiln's eager executor trains right and proves nothing, so the report names it.
 // --check trains both from the same initial weights for N steps and fails (exit 1) when a loss or a
 // final parameter (with --check-grads: or its last gradient) differs beyond the tolerance, when a
-// step ran eagerly, or when the backend claimed groups and none of them, or not all that did not
-// decline, compiled. On CUDA it also reports each side's peak allocated memory, and --check makes
+// step ran eagerly, when the backend claimed groups and none of them, or not all that did not
+// decline, compiled, or when the backend asked for ran nothing of the step (everything on kiln's
+// eager executor; --backend eager aside). On CUDA it also reports each side's peak allocated memory, and --check makes
 // CUDA deterministic (cuDNN's convolution backward, embedding backward's atomics and flash
 // attention's backward are not, and eager would not even match itself). Time without --check.
 // --kernels then profiles a few more steady-state steps of each side with LibTorch's profiler
@@ -109,7 +110,8 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
   app.add_flag("--check", o.check,
                "also compare losses and final parameters; exit 1 beyond tolerance (and beyond ten\n"
                "times LibTorch eager's own spread from weights one ulp away), or when a step\n"
-               "ran eagerly, or the backend's claimed groups failed to compile or all fell back");
+               "ran eagerly, or the backend's claimed groups failed to compile or all fell back,\n"
+               "or the backend ran nothing of the step (everything on eager; --backend eager aside)");
   app.add_flag("--check-grads", o.check_grads, "--check, and the last step's gradients too");
   app.add_option("--tolerance", o.tolerance,
                  "relative error allowed by --check (default: float32 1e-5, or 1e-4 when the\n"
@@ -497,6 +499,12 @@ Comparison compare(const BenchOptions& o, const BenchRun& r, const BackendUse& u
   else if (u.groups_failed > 0) c.failure = std::to_string(u.groups_failed) + " claimed groups failed to compile";
   else if (u.groups > 0 && u.groups_run == 0)
     c.failure = r.chosen + " compiled none of the " + std::to_string(u.groups) + " groups it claimed";
+  // Nothing of the backend asked for ran (it claimed no node and recorded no device graph, or no
+  // backend runs here): kiln's eager executor computed the whole step, so the numbers match eager
+  // and prove nothing of it. Asking for eager itself is the one run where that is the point.
+  else if (!u.ran && r.requested != "eager")
+    c.failure = (r.chosen != "eager" ? r.chosen : "backend '" + r.requested + "'") +
+                " ran nothing of the step (runs on: eager)" + (u.fallback.empty() ? "" : ": " + u.fallback);
   c.ok = c.failure.empty();
   return c;
 }

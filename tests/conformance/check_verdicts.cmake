@@ -3,10 +3,20 @@
 #   declines_everything   compile always returns KILN_ERROR_UNIMPLEMENTED
 #   compile_always_fails  compile always returns KILN_ERROR_INTERNAL
 #   wrong_kernel          add and sub ignore alpha
+#   claims_nothing        available, claims no node of any graph
+#   stale_scalars         keeps the run-time scalar values of its first execute
 #   cmake -DKILN=path/to/kiln -DPLUGIN_DIR=dir -DWORK_DIR=dir -P check_verdicts.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/conformance_checks.cmake)
 file(MAKE_DIRECTORY ${WORK_DIR})
+# The cases each plugin runs: where its defect shows, and beside it cases it must still pass or skip.
 set(_cases "Claim.PartitionsFormedFromClaimsCompile:Numeric.UnaryPointwise:Numeric.BinaryPointwise:Workload.Mlp")
+set(_cases_declines_everything ${_cases})
+set(_cases_compile_always_fails ${_cases})
+set(_cases_wrong_kernel ${_cases})
+set(_cases_claims_nothing "Claim.PartitionsFormedFromClaimsCompile:Numeric.UnaryPointwise:Numeric.RuntimeScalars:\
+Workload.Mlp:Workload.PluginRunsInSomeReferenceStep")
+set(_cases_stale_scalars "Numeric.UnaryPointwise:Numeric.BinaryPointwise:Numeric.RuntimeScalars:\
+Numeric.RuntimeScalarChains")
 # plugin|case|result|text the message must contain
 set(_expected
   "declines_everything|Claim.PartitionsFormedFromClaimsCompile|passed| groups: 0 compiled, "
@@ -21,7 +31,18 @@ set(_expected
   "wrong_kernel|Claim.PartitionsFormedFromClaimsCompile|passed|compiled, 0 declined"
   "wrong_kernel|Numeric.UnaryPointwise|passed|variants claimed and checked"
   "wrong_kernel|Numeric.BinaryPointwise|failed|aten::add.Tensor(f32[4,5], f32[4,5]): output 0 relative error"
-  "wrong_kernel|Workload.Mlp|failed|mlp loss at step 4")
+  "wrong_kernel|Workload.Mlp|failed|mlp loss at step 4"
+  "claims_nothing|Claim.PartitionsFormedFromClaimsCompile|skipped|the plugin claims no node of the"
+  "claims_nothing|Numeric.UnaryPointwise|skipped|the plugin claims none of the"
+  "claims_nothing|Numeric.RuntimeScalars|skipped|does not declare KILN_CAPABILITY_RUNTIME_SCALARS"
+  "claims_nothing|Workload.Mlp|skipped|claims_nothing claims none of the"
+  "claims_nothing|Workload.PluginRunsInSomeReferenceStep|failed|claims_nothing claimed no node of any reference workload (mlp, cnn, gpt)"
+  "claims_nothing|Workload.PluginRunsInSomeReferenceStep|failed|nothing of it ran"
+  "stale_scalars|Numeric.UnaryPointwise|passed|variants claimed and checked"
+  "stale_scalars|Numeric.BinaryPointwise|passed|variants claimed and checked"
+  "stale_scalars|Numeric.RuntimeScalars|failed|aten::mul.Scalar(f32[4,5], other=$0), execute 2 of 4"
+  "stale_scalars|Numeric.RuntimeScalars|failed|execute 1, with the values it was compiled with, matched"
+  "stale_scalars|Numeric.RuntimeScalarChains|failed|adamw update(f32[33,65], f32[33,65], f32[33,65], f32[33,65], step_size=$0, bias_correction2_sqrt=$1, decay=$2), execute 2 of 4")
 
 # Each case must have rows in _expected, and match every one of them.
 function(check_case plugin name result msg)
@@ -49,9 +70,12 @@ function(check_case plugin name result msg)
   endif()
 endfunction()
 
-foreach(plugin declines_everything compile_always_fails wrong_kernel)
+foreach(plugin declines_everything compile_always_fails wrong_kernel claims_nothing stale_scalars)
+  string(REPLACE ":" ";" case_list "${_cases_${plugin}}")
+  list(LENGTH case_list n_cases)
   conformance_run(LABEL ${plugin} PLUGIN ${PLUGIN_DIR}/libkiln_${plugin}.so JSON ${WORK_DIR}/${plugin}.json
-    CASES 4 EXIT_NOTE " (a case fails)" CHECK_CASE check_case ARGS --filter ${_cases} --jobs 2 --steps 2)
+    CASES ${n_cases} EXIT_NOTE " (a case fails)" CHECK_CASE check_case
+    ARGS --filter ${_cases_${plugin}} --jobs 2 --steps 2)
 endforeach()
 conformance_finish("the conformance suite misjudged plugins whose code did not run or was wrong"
-  "declined everything, failed every compile, wrong kernel: each got its verdicts")
+  "declined everything, failed every compile, wrong kernel, claimed nothing, stale run-time scalars: each got its verdicts")

@@ -454,10 +454,11 @@ std::vector<SampleGraph> sample_graphs() {
   return out;
 }
 
-std::vector<at::Tensor> run_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> run_eager(const ir::Graph& g, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<c10::IValue>* scalars) {
   std::vector<at::Tensor> env(g.values.size());
   for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-  EagerExecutor(g).run(env);
+  EagerExecutor(g).run(env, scalars);
   std::vector<at::Tensor> outs;
   for (const auto& o : g.outputs) outs.push_back(env[o.value]);
   return outs;
@@ -469,7 +470,7 @@ PluginProgram::PluginProgram(const ir::Graph& g, KilnMode mode) : graph_(g) {
   {
     GraphView view(g);
     for (auto c : plugin->claim(view.view()))
-      if (node_can_be_claimed(g.nodes[static_cast<size_t>(c)], false)) claimed.push_back(c);
+      if (node_can_be_claimed(g.nodes[static_cast<size_t>(c)], plugin->accepts_runtime_scalars())) claimed.push_back(c);
   }
   claimed_ = claimed.size();
   std::sort(claimed.begin(), claimed.end());
@@ -491,19 +492,47 @@ PluginProgram::PluginProgram(const ir::Graph& g, KilnMode mode) : graph_(g) {
 
 PluginProgram::~PluginProgram() = default;
 
-std::vector<at::Tensor> PluginProgram::run(const std::vector<at::Tensor>& inputs) const {
+namespace {
+
+// The run-time scalars as the pipeline hands them to execute: scalar k is a BOOL, INT or DOUBLE
+// KilnArg with runtime_scalar k (PartitionedExecutor::run).
+struct ScalarArgs {
+  std::vector<KilnArg> args;
+  std::vector<const KilnArg*> ptrs;
+  explicit ScalarArgs(const std::vector<c10::IValue>* scalars) {
+    if (!scalars) return;
+    args.resize(scalars->size());
+    for (size_t k = 0; k < scalars->size(); ++k) {
+      KilnArg& a = args[k];
+      a.struct_size = KILN_ARG_STRUCT_SIZE;
+      a.name = "";
+      a.runtime_scalar = static_cast<int32_t>(k);
+      const c10::IValue& v = (*scalars)[k];
+      if (v.isBool()) a.tag = KILN_ARG_BOOL, a.i = v.toBool();
+      else if (v.isInt()) a.tag = KILN_ARG_INT, a.i = v.toInt();
+      else a.tag = KILN_ARG_DOUBLE, a.d = v.toScalar().toDouble();
+      ptrs.push_back(&a);
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> PluginProgram::run(const std::vector<at::Tensor>& inputs,
+                                           const std::vector<c10::IValue>* scalars) const {
   const ir::Graph& g = graph_;
+  const ScalarArgs scalar_args(scalars);
   std::vector<at::Tensor> env(g.values.size());
   for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
   for (auto u : part_.order) {
     if (u >= 0) {
-      EagerExecutor::run_node(g.nodes[static_cast<size_t>(u)], env);
+      EagerExecutor::run_node(g.nodes[static_cast<size_t>(u)], env, scalars);
       continue;
     }
     const size_t gi = static_cast<size_t>(-u - 1);
     const auto& pg = part_.groups[gi];
     if (!exes_[gi]) {
-      for (auto ni : pg.nodes) EagerExecutor::run_node(g.nodes[static_cast<size_t>(ni)], env);
+      for (auto ni : pg.nodes) EagerExecutor::run_node(g.nodes[static_cast<size_t>(ni)], env, scalars);
       continue;
     }
     std::vector<DLTensor> in, out;
@@ -512,7 +541,8 @@ std::vector<at::Tensor> PluginProgram::run(const std::vector<at::Tensor>& inputs
       env[v] = poisoned(g.value(v).meta);
       out.push_back(to_dl_tensor(env[v]));
     }
-    exes_[gi]->execute(in.data(), in.size(), out.data(), out.size());
+    // (PluginExecutable passes no scalars to a plugin without KILN_CAPABILITY_RUNTIME_SCALARS.)
+    exes_[gi]->execute(in.data(), in.size(), out.data(), out.size(), scalar_args.ptrs.data(), scalar_args.ptrs.size());
   }
   if (case_device().is_cuda()) torch::cuda::synchronize();
   std::vector<at::Tensor> outs;

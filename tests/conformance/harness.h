@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include "kiln/config.h"
 #include "kiln/internal/host_services.h"
@@ -180,7 +181,8 @@ at::Tensor poisoned(const ir::TensorMeta& meta);
 
 // A graph run through the plugin as the pipeline would: the plugin claims, the host partitions,
 // every group compiles once (UNIMPLEMENTED groups and unclaimed nodes run eagerly), and each run()
-// executes the groups with poisoned outputs.
+// executes the groups with poisoned outputs. Nodes with run-time scalars are the plugin's only
+// when it has KILN_CAPABILITY_RUNTIME_SCALARS, as in the pipeline.
 class PluginProgram {
  public:
   // Throws PluginError from claim.
@@ -190,8 +192,11 @@ class PluginProgram {
   size_t nodes_compiled() const { return nodes_compiled_; }                           // nodes the plugin runs
   const std::vector<std::string>& compile_errors() const { return compile_errors_; }  // not UNIMPLEMENTED
   size_t groups_declined() const { return groups_declined_; }                         // KILN_ERROR_UNIMPLEMENTED
-  // The graph outputs for `inputs`. Throws PluginError from execute.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) const;
+  // The graph outputs for `inputs`, with the graph's run-time scalars (Graph::scalar_inputs) at
+  // `scalars` (null when it has none): each execute gets them as KilnArgs, as the pipeline passes
+  // them. Throws PluginError from execute.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs,
+                              const std::vector<c10::IValue>* scalars = nullptr) const;
 
  private:
   const ir::Graph& graph_;
@@ -213,7 +218,9 @@ struct SampleGraph {
   std::vector<at::Tensor> inputs;
 };
 std::vector<SampleGraph> sample_graphs();
-// The eager executor's outputs (the reference).
-std::vector<at::Tensor> run_eager(const ir::Graph& graph, const std::vector<at::Tensor>& inputs);
+// The eager executor's outputs (the reference), with the run-time scalars' values when the graph
+// has some.
+std::vector<at::Tensor> run_eager(const ir::Graph& graph, const std::vector<at::Tensor>& inputs,
+                                  const std::vector<c10::IValue>* scalars = nullptr);
 
 }  // namespace kiln::conformance

@@ -1,8 +1,10 @@
 #include "op_catalogue.h"
 
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -111,6 +113,101 @@ std::vector<std::pair<InputSpec, InputSpec>> binary_shapes(Fill second) {
     out.emplace_back(a, b);
   }
   return out;
+}
+
+// A one-node variant whose run-time scalar $0 is argument `arg`, drawn from [lo, hi].
+OpVariant scalar_node(const std::string& family, const std::string& call, std::vector<InputSpec> inputs,
+                      ScalarSpec scalar) {
+  OpVariant v = node(family, call, std::move(inputs));
+  v.scalars = {std::move(scalar)};
+  return v;
+}
+
+// Run-time scalars: every op and argument kiln marks as one and knows how to lift
+// (core/src/passes/lift_runtime_scalars.cpp: add, sub, mul, div, addcdiv, addcmul, lerp, pow, fill),
+// and the optimizer chains where several of them meet in one group. The value in the body is the
+// capture's; each execute after the first hands the plugin another.
+std::vector<OpVariant> runtime_scalar_variants() {
+  std::vector<OpVariant> c;
+  auto spec = [](std::string arg, double lo, double hi, bool integer = false) {
+    return ScalarSpec{std::move(arg), integer, lo, hi};
+  };
+  // One tensor and the scalar: 0-d, odd sizes, non-contiguous, every training dtype.
+  const std::vector<T> one = {T({4, 5}), T({}), T({33, 65}).t(), T({4, 5}, bf16), T({4, 5}, f64)};
+  const std::vector<std::tuple<std::string, ScalarSpec, Fill>> unary = {
+      {"aten::mul.Scalar(%0, $0:scalar(0.5))", spec("other", -2, 2), Fill::Normal},
+      {"aten::div.Scalar(%0, $0:scalar(0.5))", spec("other", 0.25, 4), Fill::Normal},
+      {"aten::add.Scalar(%0, $0:scalar(1.5), scalar(1))", spec("other", -2, 2), Fill::Normal},
+      {"aten::add.Scalar(%0, scalar(1.5), $0:scalar(0.5))", spec("alpha", -2, 2), Fill::Normal},
+      {"aten::sub.Scalar(%0, $0:scalar(1.5), scalar(1))", spec("other", -2, 2), Fill::Normal},
+      {"aten::sub.Scalar(%0, scalar(1.5), $0:scalar(0.5))", spec("alpha", -2, 2), Fill::Normal},
+      {"aten::pow.Tensor_Scalar(%0, $0:scalar(2.0))", spec("exponent", 0.5, 3), Fill::Positive},
+  };
+  for (const auto& [call, scalar, fill] : unary)
+    for (T t : one) {
+      t.fill = fill;
+      c.push_back(scalar_node("RuntimeScalars", call, {t}, scalar));
+    }
+  for (const T& t : {T({4, 5}), T({}), T({4, 5}, bf16)})
+    c.push_back(scalar_node("RuntimeScalars", "aten::fill.Scalar(%0, $0:scalar(1.5))", {t}, spec("value", -2, 2)));
+  // Two or three tensors and the scalar: same shapes and broadcast, bf16 and f64.
+  const std::vector<std::pair<T, T>> two = {{T({4, 5}), T({4, 5})},
+                                            {T({4, 5}), T({5})},
+                                            {T({4, 5}, bf16), T({4, 5}, bf16)},
+                                            {T({4, 5}, f64), T({4, 5}, f64)}};
+  for (const auto& call : {"aten::add.Tensor(%0, %1, $0:scalar(0.5))", "aten::sub.Tensor(%0, %1, $0:scalar(0.5))"})
+    for (const auto& [a, b] : two) c.push_back(scalar_node("RuntimeScalars", call, {a, b}, spec("alpha", -2, 2)));
+  for (const auto& [a, b] : two)
+    c.push_back(
+        scalar_node("RuntimeScalars", "aten::lerp.Scalar(%0, %1, $0:scalar(0.1))", {a, b}, spec("weight", 0, 1)));
+  for (const T& t : {T({4, 5}), T({33, 65}), T({4, 5}, bf16), T({4, 5}, f64)}) {
+    T pos = t;
+    pos.fill = Fill::Positive;
+    c.push_back(
+        scalar_node("RuntimeScalars", "aten::addcmul(%0, %1, %2, $0:scalar(0.5))", {t, t, t}, spec("value", -2, 2)));
+    c.push_back(scalar_node("RuntimeScalars", "aten::addcdiv(%0, %1, %2, $0:scalar(-0.01))", {t, t, pos},
+                            spec("value", -2, 2)));
+  }
+  // An int scalar (KILN_ARG_INT in the execute's scalars, not DOUBLE).
+  c.push_back(scalar_node("RuntimeScalars", "aten::add.Tensor(%0, %1, $0:scalar(2))", {T({4, 5}), T({4, 5})},
+                          spec("alpha", -5, 5, true)));
+  c.push_back(
+      scalar_node("RuntimeScalars", "aten::mul.Scalar(%0, $0:scalar(3))", {T({4, 5})}, spec("other", -5, 5, true)));
+
+  // Several scalars in one group, as optimizers make them. The indices are the step's, not the
+  // group's: AdamW's update reads $2 before $0 and $1, and the SGD group reads only $1 of two.
+  for (const T& t : {T({33, 65}), T({4, 5}, f64)}) {
+    T pos = t;
+    pos.fill = Fill::Positive;
+    OpVariant adamw;
+    adamw.family = "RuntimeScalarChains";
+    adamw.op = "adamw update";
+    adamw.inputs = {t, t, t, pos};  // param, grad, exp_avg, exp_avg_sq
+    adamw.scalars = {spec("step_size", -0.5, -0.001), spec("bias_correction2_sqrt", 0.05, 1),
+                     spec("decay", 0.9, 0.9999)};
+    adamw.body =
+        "%4 = aten::mul.Scalar(%0, $2:scalar(0.999))\n"
+        "%5 = aten::lerp.Scalar(%2, %1, scalar(0.1))\n"
+        "%6 = aten::mul.Scalar(%3, scalar(0.999))\n"
+        "%7 = aten::addcmul(%6, %1, %1, scalar(0.001))\n"
+        "%8 = aten::sqrt(%7)\n"
+        "%9 = aten::div.Scalar(%8, $1:scalar(0.0316))\n"
+        "%10 = aten::add.Scalar(%9, scalar(1e-08), scalar(1))\n"
+        "%11 = aten::addcdiv(%4, %5, %10, $0:scalar(-0.01))";
+    c.push_back(adamw);
+
+    OpVariant sgd;
+    sgd.family = "RuntimeScalarChains";
+    sgd.op = "sgd update with a scheduled lr";
+    sgd.inputs = {t, t, t};  // param, grad, momentum buffer
+    sgd.scalars = {spec("weight_decay", 0, 0.1), spec("neg_lr", -0.5, -0.001)};
+    sgd.body =
+        "%3 = aten::mul.Scalar(%2, scalar(0.9))\n"
+        "%4 = aten::add.Tensor(%3, %1, scalar(1))\n"
+        "%5 = aten::add.Tensor(%0, %4, $1:scalar(-0.01))";
+    c.push_back(sgd);
+  }
+  return c;
 }
 
 std::vector<OpVariant> build_catalogue() {
@@ -336,6 +433,7 @@ std::vector<OpVariant> build_catalogue() {
         "%6 = aten::neg(%5)";
     add(v);
   }
+  for (auto& v : runtime_scalar_variants()) add(std::move(v));
   return c;
 }
 
@@ -390,6 +488,10 @@ at::Tensor make_input(const InputSpec& s, const c10::Device& device) {
 std::string OpVariant::label() const {
   std::string s = op + "(";
   for (size_t i = 0; i < inputs.size(); ++i) s += (i ? ", " : "") + short_type(inputs[i]);
+  // The run-time scalars the body reads (a group may read only some of the step's).
+  for (size_t k = 0; k < scalars.size(); ++k)
+    if (body.find("$" + std::to_string(k) + ":") != std::string::npos)
+      s += ", " + scalars[k].arg + "=$" + std::to_string(k);
   return s + ")";
 }
 
@@ -419,6 +521,8 @@ std::vector<at::Tensor> make_inputs(const OpVariant& v, const c10::Device& devic
 ir::Graph build_graph(const OpVariant& v, const std::vector<at::Tensor>& sample) {
   std::ostringstream text;
   text << "graph {\n";
+  for (size_t k = 0; k < v.scalars.size(); ++k)
+    text << "  scalar $" << k << " " << (v.scalars[k].integer ? "int" : "float") << " \"" << v.scalars[k].arg << "\"\n";
   for (size_t i = 0; i < sample.size(); ++i) {
     ir::TensorMeta m;
     m.dtype = sample[i].scalar_type();
@@ -455,8 +559,9 @@ ir::Graph build_graph(const OpVariant& v, const std::vector<at::Tensor>& sample)
   // Result types: run the nodes once.
   std::vector<at::Tensor> env(g.values.size());
   for (size_t i = 0; i < sample.size(); ++i) env[g.inputs[i].value] = sample[i];
+  const std::vector<c10::IValue> scalars = captured_scalars(g);
   for (const auto& n : g.nodes) {
-    EagerExecutor::run_node(n, env);
+    EagerExecutor::run_node(n, env, &scalars);
     for (auto o : n.outputs) {
       const at::Tensor& t = env[o];
       auto& m = g.value(o).meta;
@@ -469,6 +574,39 @@ ir::Graph build_graph(const OpVariant& v, const std::vector<at::Tensor>& sample)
   }
   g.verify();
   return g;
+}
+
+std::vector<c10::IValue> captured_scalars(const ir::Graph& g) {
+  std::vector<c10::IValue> out(g.scalar_inputs.size());
+  for (const auto& n : g.nodes)
+    for (const auto& a : n.args)
+      if (a.scalar_input >= 0)
+        out.at(static_cast<size_t>(a.scalar_input)) = a.kind == ir::Arg::Kind::Double ? c10::IValue(a.d)
+                                                      : a.kind == ir::Arg::Kind::Bool ? c10::IValue(a.i != 0)
+                                                                                      : c10::IValue(a.i);
+  // A scalar of the step that no node of this graph reads still has a value to pass.
+  for (size_t k = 0; k < out.size(); ++k)
+    if (out[k].isNone())
+      out[k] = g.scalar_inputs[k].kind == ir::Arg::Kind::Int ? c10::IValue(int64_t{1}) : c10::IValue(1.0);
+  return out;
+}
+
+std::vector<c10::IValue> make_scalars(const OpVariant& v, const std::vector<c10::IValue>& previous) {
+  std::vector<c10::IValue> out;
+  for (size_t k = 0; k < v.scalars.size(); ++k) {
+    const ScalarSpec& s = v.scalars[k];
+    const c10::IValue* last = k < previous.size() ? &previous[k] : nullptr;
+    // Drawn from LibTorch's generator, so that --seed repeats them with the inputs.
+    for (;;) {
+      const double u = at::rand({1}, at::kDouble).item<double>();
+      const c10::IValue x = s.integer ? c10::IValue(static_cast<int64_t>(std::floor(s.lo + u * (s.hi - s.lo + 1))))
+                                      : c10::IValue(s.lo + u * (s.hi - s.lo));
+      if (last && last->isScalar() && x.toScalar().toDouble() == last->toScalar().toDouble()) continue;
+      out.push_back(x);
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace kiln::conformance
