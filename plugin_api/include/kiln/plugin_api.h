@@ -1,4 +1,4 @@
-/* kiln plugin ABI, version 2.0: the whole contract between the kiln host and a backend plugin.
+/* kiln plugin ABI, version 2.3: the whole contract between the kiln host and a backend plugin.
  *
  * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
  * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
