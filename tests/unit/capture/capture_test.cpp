@@ -15,6 +15,8 @@
 #include "kiln/internal/capture.h"
 #include "kiln/internal/executor.h"
 #include "kiln/internal/passes.h"
+#include "kiln/internal/ir_text.h"
+#include "kiln/internal/shape_unify.h"
 #include "kiln/workloads.h"
 
 using kiln::ir::InputRole;
@@ -259,4 +261,184 @@ TEST(CaptureCuda, RecordsAutocastBf16Casts) {
   EXPECT_GT(bf16_casts, 0);
   EXPECT_GT(bf16_mm, 0);
   expect_has(r, "optimizer", {"aten::addcdiv_"});
+}
+
+// ---- shape-generic steps from two captures (shape_unify.h) ----------------------------------------
+
+namespace {
+
+kiln::ir::Graph captured(const std::string& workload, int64_t batch) {
+  auto w = kiln::make_workload(workload, {"cpu", 7, batch});
+  auto r = record_workload(w);
+  EXPECT_TRUE(r.ok) << r.failure;
+  return r.graph;
+}
+
+// Unifies `workload` captured at batches a and b, then makes the graph at each of `others` from the
+// expressions alone and compares it, text for text, with a real capture at that batch.
+void expect_unified_graph_matches_real_captures(const std::string& workload, int64_t a, int64_t b,
+                                                const std::vector<int64_t>& others) {
+  const auto ga = captured(workload, a), gb = captured(workload, b);
+  const auto u = kiln::ir::unify_captures(ga, gb);
+  ASSERT_TRUE(u.step) << u.failure;
+  // The batch's dimension of the input and of the target are one size (duck sizing).
+  EXPECT_EQ(u.step->symbols_text(), "s0 = input.0 dim 0");
+  EXPECT_GT(u.step->sites.size(), 2u);
+  EXPECT_EQ(kiln::ir::print(kiln::ir::specialise(*u.step, {a})), kiln::ir::print(ga));
+  for (int64_t n : others) {
+    const auto real = captured(workload, n);
+    EXPECT_EQ(u.step->sizes_of(real), std::vector<int64_t>{n});
+    EXPECT_EQ(kiln::ir::print(kiln::ir::specialise(*u.step, {n})), kiln::ir::print(real))
+        << workload << " at batch " << n << ", unified from " << a << " and " << b;
+  }
+}
+
+}  // namespace
+
+TEST(ShapeUnify, MlpAtTwoBatchSizesGivesTheGraphOfBatchesNeitherCaptureSaw) {
+  expect_unified_graph_matches_real_captures("mlp", 8, 12, {5, 2, 33});
+}
+
+TEST(ShapeUnify, CnnAtTwoBatchSizesGivesTheGraphOfBatchesNeitherCaptureSaw) {
+  expect_unified_graph_matches_real_captures("cnn", 4, 6, {3, 9});
+}
+
+TEST(ShapeUnify, GptAtTwoBatchSizesGivesTheGraphOfBatchesNeitherCaptureSaw) {
+  expect_unified_graph_matches_real_captures("gpt", 2, 3, {5});
+}
+
+// Sizes 0 and 1 stay specialised, as in PyTorch: neither a capture at 1 nor a graph for 1.
+TEST(ShapeUnify, SizesBelowTwoStaySpecialised) {
+  const auto g8 = captured("mlp", 8), g12 = captured("mlp", 12), g1 = captured("mlp", 1);
+  const auto u = kiln::ir::unify_captures(g8, g12);
+  ASSERT_TRUE(u.step) << u.failure;
+  try {
+    kiln::ir::specialise(*u.step, {1});
+    FAIL() << "a graph for batch 1";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("s0 (input.0 dim 0) = 1: sizes 0 and 1 stay specialised"), std::string::npos)
+        << e.what();
+  }
+  const auto one = kiln::ir::unify_captures(g8, g1);
+  EXPECT_FALSE(one.step);
+  EXPECT_EQ(one.failure, "input.0 dim 0 is 1 in one capture: sizes 0 and 1 stay specialised");
+}
+
+TEST(ShapeUnify, StepsThatDifferInTheirOpsAreNotUnified) {
+  const auto u = kiln::ir::unify_captures(captured("mlp", 8), captured("cnn", 8));
+  EXPECT_FALSE(u.step);
+  EXPECT_FALSE(u.failure.empty());
+}
+
+// Two sizes that both change: a view to [B*T], its stride, a mean's 1/(B*T), a slice bound T - 1,
+// fitted from (8, 64) and (4, 96) and specialised at (5, 37).
+TEST(ShapeUnify, ProductsOfTwoSizesConstantsAndReciprocals) {
+  using namespace kiln::ir;
+  auto make = [](int64_t b, int64_t t) {
+    Graph g;
+    TensorMeta x;
+    x.shape = {b, t};
+    x.strides = {t, 1};
+    const ValueId in = g.add_input(x, InputRole::UserInput, "input.0");
+    TensorMeta flat;
+    flat.shape = {b * t};
+    flat.strides = {1};
+    const ValueId y = g.add_value(flat);
+    Node view;
+    view.op = "aten::view";
+    view.args = {Arg::tensor(in), Arg::int_list({b * t})};
+    view.outputs = {y};
+    g.add_node(view);
+    const ValueId z = g.add_value(flat);
+    Node scale;
+    scale.op = "aten::mul.Scalar";
+    Arg factor = Arg::real(1.0 / static_cast<double>(b * t));
+    factor.is_scalar = true;
+    scale.args = {Arg::tensor(y), factor};
+    scale.outputs = {z};
+    g.add_node(scale);
+    TensorMeta cut;
+    cut.shape = {b, t - 1};
+    cut.strides = {t, 1};
+    const ValueId s = g.add_value(cut);
+    Node slice;
+    slice.op = "aten::slice.Tensor";
+    slice.args = {Arg::tensor(in), Arg::integer(1), Arg::integer(0), Arg::integer(t - 1), Arg::integer(1)};
+    slice.outputs = {s};
+    g.add_node(slice);
+    g.outputs.push_back({z, OutputRole::Result, 0, "result.0"});
+    g.outputs.push_back({s, OutputRole::Result, 1, "result.1"});
+    return g;
+  };
+  const auto u = unify_captures(make(8, 64), make(4, 96));
+  ASSERT_TRUE(u.step) << u.failure;
+  EXPECT_EQ(u.step->symbols_text(), "s0 = input.0 dim 0, s1 = input.0 dim 1");
+  EXPECT_EQ(print(specialise(*u.step, {5, 37})), print(make(5, 37)));
+  EXPECT_EQ(print(specialise(*u.step, {3, 2})), print(make(3, 2)));
+  std::vector<std::string> exprs;
+  for (const auto& site : u.step->sites) exprs.push_back(site.expr.str());
+  for (const char* e : {"s0*s1", "1/(s0*s1)", "s1 - 1"})
+    EXPECT_NE(std::find(exprs.begin(), exprs.end(), e), exprs.end()) << e;
+}
+
+namespace {
+
+// gpt captured with batches of `batch` sequences of `length` tokens (its context is 64 on the CPU).
+kiln::ir::Graph captured_gpt(int64_t batch, int64_t length) {
+  auto w = kiln::make_workload("gpt", {"cpu", 7, batch});
+  w.input = w.input.narrow(1, 0, length).contiguous();
+  w.target = w.target.narrow(1, 0, length).contiguous();
+  auto r = record_workload(w);
+  EXPECT_TRUE(r.ok) << r.failure;
+  return r.graph;
+}
+
+}  // namespace
+
+// What per-batch padding gives a language model: the sequence length changes from batch to batch.
+// Unified from lengths 32 and 48, the graph at 20, 61 and 64 is the real capture's, position
+// embedding's arange(T), views to [B*T, C] and attention included.
+TEST(ShapeUnify, GptAtTwoSequenceLengthsGivesTheGraphOfLengthsNeitherCaptureSaw) {
+  const auto g32 = captured_gpt(2, 32), g48 = captured_gpt(2, 48);
+  const auto u = kiln::ir::unify_captures(g32, g48);
+  ASSERT_TRUE(u.step) << u.failure;
+  EXPECT_EQ(u.step->symbols_text(), "s0 = input.0 dim 1");
+  for (int64_t t : {20, 61, 64})
+    EXPECT_EQ(kiln::ir::print(kiln::ir::specialise(*u.step, {t})), kiln::ir::print(captured_gpt(2, t)))
+        << "length " << t;
+}
+
+// Batch and length both changing: two symbols, products of the two in the views.
+TEST(ShapeUnify, GptWithBatchAndLengthChangingTogether) {
+  const auto u = kiln::ir::unify_captures(captured_gpt(2, 32), captured_gpt(3, 40));
+  ASSERT_TRUE(u.step) << u.failure;
+  EXPECT_EQ(u.step->symbols_text(), "s0 = input.0 dim 0, s1 = input.0 dim 1");
+  EXPECT_EQ(kiln::ir::print(kiln::ir::specialise(*u.step, {5, 23})), kiln::ir::print(captured_gpt(5, 23)));
+}
+
+// A tensor the step reads in place (a constant captured by value, a buffer) is bound once: a step
+// where one changes size with the batch is not made shape-generic.
+TEST(ShapeUnify, ATensorReadInPlaceThatChangesSizeIsNotUnified) {
+  using namespace kiln::ir;
+  auto make = [](int64_t b) {
+    Graph g;
+    TensorMeta x;
+    x.shape = {b, 4};
+    x.strides = {4, 1};
+    const ValueId in = g.add_input(x, InputRole::UserInput, "input.0");
+    const ValueId mask = g.add_input(x, InputRole::Constant, "const.0");
+    const ValueId y = g.add_value(x);
+    Node mul;
+    mul.op = "aten::mul.Tensor";
+    mul.args = {Arg::tensor(in), Arg::tensor(mask)};
+    mul.outputs = {y};
+    g.add_node(mul);
+    g.outputs.push_back({y, OutputRole::Result, 0, "result.0"});
+    return g;
+  };
+  const auto u = unify_captures(make(8), make(12));
+  EXPECT_FALSE(u.step);
+  EXPECT_EQ(u.failure,
+            "const.0 (const) is f32[8,4]{4,1} in one capture and f32[12,4]{4,1} in the other: only the step's "
+            "inputs may change size");
 }
