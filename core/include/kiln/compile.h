@@ -87,6 +87,15 @@ struct StepStats {
                                      // recorded); the others were computed in place or adopted
   double probe_seconds = 0;          // host time of the optimizer probe, all compiled steps together
   std::vector<GroupOutcome> groups;  // plugin groups of the last compiled plan
+  // Dynamic shapes ([runtime] dynamic). `compiles` counts captures; a shape that a symbolic step
+  // covers is planned from it without a capture (a specialisation: the passes and the backend's
+  // compile for that shape, which a backend caches).
+  int shape_specialisations = 0;        // plans made from a symbolic step for a new shape
+  double last_specialise_seconds = 0;   // the last one's planning time
+  int shape_evictions = 0;              // plans of a dynamic step dropped as least recently used
+  std::vector<std::string> dynamic_dims;  // symbolic dimensions of the last dynamic step: "input 0 dim 1"
+  // Why the last compile happened: "input 0 dim 1 changed 37 -> 52: compiling with it symbolic"
+  std::string last_recompile_reason;
 };
 
 // LibTorch's CUDA caching allocator on `device`: bytes allocated now and at the peak since the
@@ -107,6 +116,9 @@ class CompiledStep {
 
   // Whether the last call ran the compiled graph.
   bool last_step_compiled() const;
+  // Input `input`'s dimension `dim` is symbolic from its first compile (torch._dynamo.mark_dynamic;
+  // also [runtime] mark_dynamic = ["input:dim"]). Call before the step is captured.
+  void mark_dynamic(size_t input, int64_t dim);
   const StepStats& stats() const;
   // The last signature's graphs: as captured (views, in-place ops) and as compiled (pure).
   // Null before the first capture.

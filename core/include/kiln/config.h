@@ -46,6 +46,18 @@ struct RuntimeOptions {                         // [runtime]
   std::string cache_dir = default_cache_dir();  // KILN_CACHE_DIR
   bool fullgraph = false;                       // a step that cannot be captured whole is an error, not an eager run
   int recompile_limit = 8;
+  // KILN_DYNAMIC: shapes that change between steps (PyTorch's dynamic=None/True/False). "auto": the
+  // first shape compiles static, and the first time a size changes the step is compiled once more
+  // with that dimension symbolic; "true": every dimension a second shape changes is symbolic, and
+  // dimensions marked in mark_dynamic are symbolic from the first step; "false": one plan per shape.
+  // In a file also a boolean.
+  std::string dynamic = "auto";
+  // Input dimensions that are symbolic from the start (torch._dynamo.mark_dynamic): "input:dim",
+  // e.g. "0:1" for the sequence length of the step's first input.
+  std::vector<std::string> mark_dynamic;
+  // Shapes of a dynamic step whose plans are kept at once (least recently used dropped); kept apart
+  // from recompile_limit.
+  int dynamic_shape_cache = 64;
   bool cpu_block_cache = true;            // KILN_CPU_CACHE
   int64_t cpu_block_cache_max_mb = 2048;  // KILN_CPU_CACHE_MAX_MB
   bool writeback_copy = false;            // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
@@ -107,6 +119,12 @@ struct TrainingArguments {
   // No progress bar on a terminal: plain log lines every logging_steps instead, as when stderr is
   // not a terminal.
   bool disable_tqdm = false;
+  // Variable-length examples (kiln/data.h): each epoch's order groups examples of similar length
+  // into the same batches (Hugging Face's LengthGroupedSampler), so they need little padding.
+  bool group_by_length = false;
+  // DataCollatorWithPadding rounds a batch's padded length up to a multiple of this (fewer distinct
+  // shapes to compile); 0 pads to the longest example only.
+  int64_t pad_to_multiple_of = 0;
   // Data-parallel training (docs/distributed.md), when the process runs under torchrun (WORLD_SIZE
   // > 1) or is handed a process group: gradients averaged across the ranks inside the step.
   std::string ddp_backend;                  // "gloo" or "nccl"; "" picks nccl for CUDA models, else gloo

@@ -561,6 +561,54 @@ Setting resume_setting() {
   return s;
 }
 
+// runtime.mark_dynamic: an array of "input:dim" (both non-negative integers).
+Setting mark_dynamic_setting() {
+  const std::string key = "runtime.mark_dynamic";
+  Setting s{key, ""};
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_array()) throw wrong_type(v, source, key, "an array of strings \"input:dim\"");
+    std::vector<std::string> values;
+    for (const auto& e : *v.as_array()) {
+      if (!e.is_string())
+        throw ConfigError(origin_of(e, source), key, "every entry of '" + key + "' must be a string, not " + a_type(e));
+      values.push_back(e.as_string()->get());
+    }
+    a.runtime.mark_dynamic = std::move(values);
+  };
+  s.show = [](const TrainingArguments& a) {
+    std::vector<std::string> q;
+    for (const auto& d : a.runtime.mark_dynamic) q.push_back(quoted(d));
+    return "[" + join(q) + "]";
+  };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    for (const auto& m : a.runtime.mark_dynamic) {
+      const auto colon = m.find(':');
+      auto digits = [](const std::string& t) {
+        return !t.empty() && t.size() < 7 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (colon == std::string::npos || !digits(m.substr(0, colon)) || !digits(m.substr(colon + 1)))
+        throw ConfigError(where, key,
+                          "'" + m + "' is not \"input:dim\" (the step's input index and a dimension, e.g. \"0:1\")");
+    }
+  };
+  return s;
+}
+
+// runtime.dynamic: "auto", "true" or "false"; in a file also a boolean.
+Setting dynamic_setting() {
+  Setting s = text(
+      "runtime.dynamic", "KILN_DYNAMIC", [](auto& a) -> auto& { return a.runtime.dynamic; },
+      one_of({"auto", "true", "false"}, "runtime.dynamic"));
+  const std::string key = s.key;
+  auto from_string = s.from_toml;
+  s.from_toml = [key, from_string](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (v.is_boolean()) a.runtime.dynamic = v.as_boolean()->get() ? "true" : "false";
+    else if (v.is_string()) from_string(a, v, source);
+    else throw wrong_type(v, source, key, "\"auto\", true or false");
+  };
+  return s;
+}
+
 // The file's list replaces the code's; KILN_PLUGIN_PATH's directories go before it. Entries that
 // repeat an earlier one are dropped, so applying the environment twice is applying it once.
 Setting plugin_dirs_setting() {
@@ -667,6 +715,10 @@ const std::vector<Setting>& table() {
     v.push_back(integer(
         "gradient_accumulation_steps", "", [](auto& a) -> auto& { return a.gradient_accumulation_steps; }, 1,
         int64_t{1} << 20));
+    v.push_back(flag(
+        "group_by_length", "", [](auto& a) -> auto& { return a.group_by_length; }));
+    v.push_back(integer(
+        "pad_to_multiple_of", "", [](auto& a) -> auto& { return a.pad_to_multiple_of; }, 0, int64_t{1} << 20));
     v.push_back(real(
         "learning_rate", [](auto& a) -> auto& { return a.learning_rate; }, 0, 1e9, "a finite number >= 0"));
     v.push_back(text(
@@ -721,6 +773,10 @@ const std::vector<Setting>& table() {
         "runtime.fullgraph", "", [](auto& a) -> auto& { return a.runtime.fullgraph; }));
     v.push_back(integer(
         "runtime.recompile_limit", "", [](auto& a) -> auto& { return a.runtime.recompile_limit; }, 0, 1000000));
+    v.push_back(dynamic_setting());
+    v.push_back(mark_dynamic_setting());
+    v.push_back(integer(
+        "runtime.dynamic_shape_cache", "", [](auto& a) -> auto& { return a.runtime.dynamic_shape_cache; }, 1, 1000000));
     v.push_back(flag(
         "runtime.cpu_block_cache", "KILN_CPU_CACHE", [](auto& a) -> auto& { return a.runtime.cpu_block_cache; }));
     v.push_back(integer(
