@@ -1,7 +1,10 @@
 #include "codegen.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -196,11 +199,8 @@ class KernelEmitter {
     }
   }
 
-  std::string simd_pragma(const std::string& extra = "") const {
-    std::string s = "#pragma omp simd";
-    if (var_.simdlen > 0) s += " simdlen(" + std::to_string(var_.simdlen) + ")";
-    return s + extra;
-  }
+  std::string simdlen() const { return var_.simdlen > 0 ? " simdlen(" + std::to_string(var_.simdlen) + ")" : ""; }
+  std::string simd_pragma(const std::string& extra = "") const { return "#pragma omp simd" + simdlen() + extra; }
 
   std::string acc_type(const ValueInfo& v) const {
     if (v.red.combine == "sum") return is_float(v.ty) ? "double" : "int64_t";
@@ -238,7 +238,6 @@ class KernelEmitter {
   // Row kernels: parallel over the flattened outer space, stages inside.
   void emit_rows() {
     const int64_t n_outer = prod(K_.outer);
-    const bool par = K_.work >= kParallelThreshold;
     int depth = 0;
     std::vector<int> ovars;
     for (size_t d = 0; d < K_.outer.size(); ++d) {
@@ -248,11 +247,10 @@ class KernelEmitter {
     }
     if (!K_.outer.empty()) {
       base_ = 1;
-      if (K_.flat)
-        body_ << (par ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)"
-                      : simd_pragma())
-              << "\n";
-      else if (par) body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
+      // Threads when the work is large enough, decided at run time, so that the text is the same on
+      // either side of the threshold (kernels whose numbers are arguments serve both).
+      body_ << (K_.flat ? "#pragma omp parallel for simd" + simdlen() : std::string("#pragma omp parallel for"))
+            << parallel_if(K_.work) << "\n";
       body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
       depth = 1;
       int64_t stride = n_outer;
@@ -269,7 +267,7 @@ class KernelEmitter {
       base_ = 0;
     }
     // Without an outer loop each stage is a loop nest of its own, parallel when it is large.
-    for (int v : K_.stages) emit_stage(v, ovars, depth, K_.outer.empty() && stage_work(v) >= kParallelThreshold);
+    for (int v : K_.stages) emit_stage(v, ovars, depth, K_.outer.empty() ? stage_work(v) : -1);
     if (!K_.outer.empty()) body_ << "  }\n";
   }
 
@@ -285,7 +283,15 @@ class KernelEmitter {
           << vname(var) << ") {\n";
   }
 
-  void emit_stage(int v, const std::vector<int>& ovars, int depth, bool parallel_inner) {
+  // " num_threads(nt) schedule(static) if(parallel: ...)": threads when there are several and the
+  // kernel's work reaches kParallelThreshold.
+  static std::string parallel_if(int64_t work) {
+    return " num_threads(nt) schedule(static) if(parallel: nt > 1 && " + std::to_string(work) + "LL >= " +
+           std::to_string(kParallelThreshold) + "LL)";
+  }
+
+  // parallel_work >= 0: the stage's outer loop may run on threads (a kernel without outer loops).
+  void emit_stage(int v, const std::vector<int>& ovars, int depth, int64_t parallel_work) {
     const ValueInfo& info = L_.values[static_cast<size_t>(v)];
     const bool red = info.kind == ValueInfo::Kind::Reduction;
     const size_t k = ovars.size();
@@ -346,9 +352,9 @@ class KernelEmitter {
     for (size_t i = 0; i < loops.size(); ++i) {
       const bool innermost = i + 1 == loops.size();
       std::string pragma;
-      if (i == 0 && parallel_inner && i < n_kept) {
-        pragma = innermost ? "#pragma omp parallel for simd num_threads(nt) schedule(static) if(parallel: nt > 1)"
-                           : "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)";
+      if (i == 0 && parallel_work >= 0 && i < n_kept) {
+        pragma = (innermost ? "#pragma omp parallel for simd" + simdlen() : std::string("#pragma omp parallel for")) +
+                 parallel_if(parallel_work);
       } else if (innermost) {
         if (!red) pragma = simd_pragma();
         else if (info.red.combine == "sum") pragma = simd_pragma(" reduction(+:" + acc + ")");
@@ -405,8 +411,7 @@ class KernelEmitter {
     }
     const int tb = pool_.new_var();
     var_level_[tb] = 1;
-    if (K_.work >= kParallelThreshold)
-      body_ << "#pragma omp parallel for num_threads(nt) schedule(static) if(parallel: nt > 1)\n";
+    body_ << "#pragma omp parallel for" << parallel_if(K_.work) << "\n";
     body_ << "  for (int64_t x = 0; x < " << n_outer << "LL; ++x) {\n";
     int64_t stride = n_outer;
     for (size_t d = 0; d < lead.size(); ++d) {
@@ -483,6 +488,101 @@ std::string generate_source(const LoweredGraph& L, const Program& P,
     for (size_t v = 0; v < variants[k].size(); ++v)
       KernelEmitter(L, P.kernels[k], variants[k][v], os).emit("kiln_k" + std::to_string(k) + "_v" + std::to_string(v));
   return os.str();
+}
+
+namespace {
+
+bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; }
+bool hex_digit(char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; }
+
+}  // namespace
+
+HoistedSource hoist_literals(const std::string& source, size_t first_slot) {
+  static const std::string kFn = "extern \"C\" __attribute__((visibility(\"default\"))) void kiln_k";
+  static const std::string kEntry = "(void)P; (void)nt;\n";
+  HoistedSource h;
+  const size_t start = source.find(kFn);
+  if (start == std::string::npos) {
+    h.text = source;
+    return h;
+  }
+  h.text = source.substr(0, start);  // the prelude, untouched
+  // One slot per occurrence, in the order of the text: numbers that happen to be equal at one shape
+  // (a length equal to a width) and not at another still give the same text.
+  auto slot = [&](double v) {
+    h.values.push_back(v);
+    return h.values.size() - 1;
+  };
+  size_t pos = start;
+  while (pos < source.size()) {
+    size_t next = source.find(kFn, pos + 1);
+    if (next == std::string::npos) next = source.size();
+    const std::string fn = source.substr(pos, next - pos);
+    std::string body;
+    std::map<size_t, char> used;  // slot -> 'L' int64, 'D' double, 'F' float
+    for (size_t i = 0; i < fn.size();) {
+      const char c = fn[i];
+      const bool starts = std::isdigit(static_cast<unsigned char>(c)) && (i == 0 || !ident_char(fn[i - 1]));
+      if (!starts) {
+        body += c;
+        ++i;
+        continue;
+      }
+      size_t j = i;
+      if (c == '0' && j + 1 < fn.size() && (fn[j + 1] == 'x' || fn[j + 1] == 'X')) {
+        // A hexadecimal floating-point constant: 0x1.5555555555555p-9, with 'f' for a float.
+        j += 2;
+        while (j < fn.size() && (hex_digit(fn[j]) || fn[j] == '.')) ++j;
+        if (j < fn.size() && (fn[j] == 'p' || fn[j] == 'P')) {
+          ++j;
+          if (j < fn.size() && (fn[j] == '+' || fn[j] == '-')) ++j;
+          while (j < fn.size() && std::isdigit(static_cast<unsigned char>(fn[j]))) ++j;
+          const bool is_float = j < fn.size() && fn[j] == 'f';
+          const double v = std::strtod(fn.substr(i, j - i).c_str(), nullptr);
+          const size_t end = j + (is_float ? 1 : 0);
+          if (v == 0 || v == 1 || (end < fn.size() && ident_char(fn[end]))) {
+            body += fn.substr(i, end - i);
+          } else {
+            const char kind = is_float ? 'F' : 'D';
+            const size_t k = slot(v);
+            used[k] = kind;
+            body += std::string("K") + kind + std::to_string(k);
+          }
+          i = end;
+          continue;
+        }
+        body += fn.substr(i, j - i);
+        i = j;
+        continue;
+      }
+      while (j < fn.size() && std::isdigit(static_cast<unsigned char>(fn[j]))) ++j;
+      const bool ll = fn.compare(j, 2, "LL") == 0 && (j + 2 >= fn.size() || !ident_char(fn[j + 2]));
+      const std::string digits = fn.substr(i, j - i);
+      if (!ll || digits == "0" || digits == "1" || digits.size() > 15) {
+        body += fn.substr(i, (ll ? j + 2 : j) - i);
+        i = ll ? j + 2 : j;
+        continue;
+      }
+      const size_t k = slot(static_cast<double>(std::stoll(digits)));
+      used[k] = 'L';
+      body += "KL" + std::to_string(k);
+      i = j + 2;
+    }
+    // The numbers this kernel reads, declared at its entry.
+    std::string decls;
+    for (const auto& [k, kind] : used) {
+      const std::string from = "P[" + std::to_string(first_slot + k) + "]";
+      if (kind == 'L') decls += "  const int64_t KL" + std::to_string(k) + " = (int64_t)" + from + ";\n";
+      if (kind == 'D') decls += "  const double KD" + std::to_string(k) + " = " + from + ";\n";
+      if (kind == 'F') decls += "  const float KF" + std::to_string(k) + " = (float)" + from + ";\n";
+    }
+    const size_t entry = body.find(kEntry);
+    if (entry == std::string::npos) throw std::logic_error("hoist_literals: a kernel without its entry line");
+    body.insert(entry + kEntry.size(), decls);
+    h.text += body;
+    pos = next;
+  }
+  return h;
 }
 
 }  // namespace kiln::inductor

@@ -24,4 +24,17 @@ std::vector<Variant> variants_for(const KernelPlan& k, bool autotune);
 // extern "C" void kiln_k<K>_v<V>(void** B, const double* P, int nt).
 std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants);
 
+// A generated source whose numbers are read at run time: every integer constant of the kernels
+// (written "<digits>LL": loop bounds, strides, index coefficients) other than 0 and 1, and every
+// floating-point constant (a mean's 1/n), becomes a local read from P[first_slot + k] at the
+// kernel's entry, with values[k] its value. Two shapes whose generated kernels differ only in those
+// numbers give the same `text`, so one compiled library serves both: the kernels are exactly the
+// ones generated for each shape, with their numbers handed in. Constants in other places (array
+// sizes, pragmas, the prelude) stay as they are, so a source where they differ gives another text.
+struct HoistedSource {
+  std::string text;
+  std::vector<double> values;
+};
+HoistedSource hoist_literals(const std::string& source, size_t first_slot);
+
 }  // namespace kiln::inductor

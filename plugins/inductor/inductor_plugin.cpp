@@ -52,6 +52,9 @@ struct Settings {
   bool cuda = true;                // generate CUDA kernels; false leaves the nodes on CUDA to ATen
   bool horizontal_fusion = true;   // small independent CUDA launches become one (fuse_small_launches)
   bool sibling_reductions = true;  // CUDA column reductions over the same rows share a kernel
+  // CPU kernels whose numbers are arguments (hoist_literals): "auto" from the second shape of the
+  // same kernels on (the first is compiled with its sizes as constants), "always", "never".
+  std::string size_args = "auto";
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -82,6 +85,18 @@ int default_threads() {
 using OmpMaxThreads = int (*)();
 int runtime_threads(OmpMaxThreads from_library);
 
+// Whether kernels with these hoisted numbers were compiled in this process before for other
+// numbers (another shape): the first shape is compiled with its sizes as constants, as a static
+// step would be, and the second turns the numbers into arguments, once for every later shape.
+bool second_shape_of(const std::string& hoisted, const std::string& source) {
+  static std::mutex m;
+  static std::map<std::string, std::string> first;  // hash of the hoisted text -> of the first source
+  const std::string h = hash_hex(hoisted), src = hash_hex(source);
+  std::lock_guard<std::mutex> lock(m);
+  auto [it, fresh] = first.emplace(h, src);
+  return !fresh && it->second != src;
+}
+
 Settings parse_settings(const std::map<std::string, std::string>& options) {
   Settings s;
   for (const auto& [key, value] : options) {
@@ -107,6 +122,11 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.horizontal_fusion = parse_bool(key, value);
     } else if (key == "sibling_reductions") {
       s.sibling_reductions = parse_bool(key, value);
+    } else if (key == "size_args") {
+      if (value != "auto" && value != "always" && value != "never")
+        throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                    "[plugin.inductor] size_args = '" + value + "' is not one of auto, always, never");
+      s.size_args = value;
     } else if (key == "nvrtc") {
       if (value.empty()) throw Error(KILN_ERROR_INVALID_ARGUMENT, "[plugin.inductor] nvrtc is empty");
       s.nvrtc = value;
@@ -114,7 +134,7 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, "
                                                    "extern_kernels, profile, cuda, nvrtc, horizontal_fusion, "
-                                                   "sibling_reductions)");
+                                                   "sibling_reductions, size_args)");
     }
   }
   if (s.threads == 0) {
@@ -370,7 +390,8 @@ class CompiledGroup : public GroupBase {
   std::vector<char> kernel_threads_follow;  // threads = 0 and not tuned to one thread: runtime_threads()
   OmpMaxThreads omp_max_threads = nullptr;  // the generated library's view of the OpenMP runtime
   std::vector<Step> steps;
-  std::vector<double> param_values;
+  std::vector<double> param_values;  // the scalars, then the kernels' numbers when they are arguments
+  std::vector<double> literals;      // the kernels' numbers (hoist_literals); empty when compiled in
   std::vector<AlignedBuf> scratch;   // one per scratch slot
   std::vector<AlignedBuf> relayout;  // inputs/outputs whose strides are not the expected ones
 
@@ -906,11 +927,28 @@ class InductorPlugin : public Plugin {
       const Toolchain tc = make_toolchain(s.cxx, s.cflags);
       const std::string root = usable_cache_root(
           inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir), host());
+      // A shape of kernels compiled before for another shape: the library whose numbers are
+      // arguments serves both, so a new batch size or sequence length compiles nothing.
+      // max-autotune keeps its tuned constants per shape.
+      std::string lib_source = source;
+      bool size_args = false;
+      if (!autotune && s.size_args != "never") {
+        HoistedSource h = hoist_literals(source, L->params.size());
+        if (!h.values.empty()) {
+          size_args = s.size_args == "always" || cache_has(h.text, tc, root);
+          if (!size_args) size_args = second_shape_of(h.text, source);
+          if (size_args) {
+            lib_source = std::move(h.text);
+            exe->literals = std::move(h.values);
+          }
+        }
+      }
       std::string key;
       CacheStats stats;
-      exe->lib = compile_cached(source, tc, root, host(), &key, &stats);
+      exe->lib = compile_cached(lib_source, tc, root, host(), &key, &stats);
       host().debug(std::string(stats.hit ? "cache hit " : "compiled ") + key + " (" + std::to_string(P.kernels.size()) +
-                   " kernels" + (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
+                   " kernels" + (size_args ? ", sizes as arguments" : "") +
+                   (stats.hit ? "" : ", " + std::to_string(stats.compile_seconds) + " s") + ")");
       std::vector<std::pair<int, int>> winners(P.kernels.size(), {0, s.threads});
       if (autotune && !read_tune(root + "/" + key + ".tune", &winners, P.kernels.size())) {
         prepare_cpu(*exe, g, *L, P);
@@ -1313,6 +1351,8 @@ class InductorPlugin : public Plugin {
   void prepare_cpu(CompiledGroup& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
     exe.param_values.clear();
     for (const auto& p : L.params) exe.param_values.push_back(p.value);
+    // Kernels with their numbers as arguments read them after the scalars (hoist_literals).
+    exe.param_values.insert(exe.param_values.end(), exe.literals.begin(), exe.literals.end());
     exe.scratch.clear();
     for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64);
     prepare(exe, g, L, P);

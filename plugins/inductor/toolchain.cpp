@@ -292,11 +292,25 @@ std::mutex& entry_mutex(const std::string& base) {
 
 }  // namespace
 
-std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
-                                        const plugin::Host& host, std::string* key_out, CacheStats* stats) {
+namespace {
+std::string cpu_key(const std::string& source, const Toolchain& tc) {
   std::string fingerprint = "kiln-inductor 1\n" + tc.cxx + "\n" + tc.version + "\n" + tc.cpu_features + "\n";
   for (const auto& f : tc.flags) fingerprint += f + " ";
-  const std::string key = hash_hex(fingerprint + "\n" + source);
+  return hash_hex(fingerprint + "\n" + source);
+}
+}  // namespace
+
+bool cache_has(const std::string& source, const Toolchain& tc, const std::string& cache_root) {
+  const std::string key = cpu_key(source, tc);
+  const std::string base = cache_root + "/" + key;
+  std::lock_guard<std::mutex> building(entry_mutex(base));
+  std::string why;
+  return entry_valid(base, ".so", key, &why);
+}
+
+std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
+                                        const plugin::Host& host, std::string* key_out, CacheStats* stats) {
+  const std::string key = cpu_key(source, tc);
   if (key_out) *key_out = key;
   mkdirs(cache_root);
   const std::string base = cache_root + "/" + key;

@@ -61,6 +61,9 @@ struct CacheStats {
 std::shared_ptr<Library> compile_cached(const std::string& source, const Toolchain& tc, const std::string& cache_root,
                                         const plugin::Host& host, std::string* key_out, CacheStats* stats);
 
+// Whether the cache holds a whole entry for `source` (nothing is compiled).
+bool cache_has(const std::string& source, const Toolchain& tc, const std::string& cache_root);
+
 // The cubin of a generated CUDA source for sm_<arch>: loaded from the cache when its entry is whole,
 // else compiled by NVRTC (and stored). Entries are <key>.cu (the source), <key>.cubin and the
 // manifest <key>.ok, as for the C++ libraries; <key> hashes the source, the architecture, NVRTC's
