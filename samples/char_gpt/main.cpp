@@ -2,10 +2,14 @@
 // default backend, the way a LibTorch user would write it. The text is a file or a folder of them
 // (--data; by default /usr/share/common-licenses: the licence texts every Debian system ships with
 // its base-files package, about 240 KB of English, which their own terms let anyone copy), cut into
-// windows of `context` characters whose targets are the same windows one character on. The
-// training's settings come from a TOML file with Hugging Face's TrainingArguments names
-// (samples/char_gpt/train.toml, or --config FILE): 200 steps with a cosine learning-rate schedule,
-// evaluation on the last tenth of the text, metrics.jsonl and checkpoints in the output directory.
+// windows of 16 to 64 characters (kiln::TextDataset) whose labels are the same windows one
+// character on. As Hugging Face trains a language model on text of every length, each batch is
+// padded to its longest window (kiln::DataCollatorWithPadding, labels -100 at the padding) and the
+// batches group windows of similar length (group_by_length), so the compiled step sees a different
+// sequence length from batch to batch. The training's settings come from a TOML file with Hugging
+// Face's TrainingArguments names (samples/char_gpt/train.toml, or --config FILE): 200 steps with a
+// cosine learning-rate schedule, evaluation on the last tenth of the text (windows of 64),
+// metrics.jsonl and checkpoints in the output directory.
 // The flags --steps, --output-dir and --resume override what the file says. The program ends by
 // drawing the loss curves into loss.png and writing a few lines of text from the trained model.
 #include <algorithm>
@@ -13,11 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,51 +33,6 @@
 #include "loss_plot.h"
 
 namespace {
-
-// Windows of a token sequence: example i is (tokens[i*stride, +context), tokens[i*stride+1, +context)).
-// Their number is rounded down to a multiple of `batch`: every micro-batch has one shape, so the
-// step compiles once (a short last batch would be a second shape, and a second compile).
-class TextWindows : public kiln::Dataset {
- public:
-  TextWindows(at::Tensor tokens, int64_t context, int64_t stride, int64_t batch)
-      : tokens_(std::move(tokens)), context_(context), stride_(stride) {
-    const int64_t windows = tokens_.size(0) > context_ ? (tokens_.size(0) - context_ - 1) / stride_ + 1 : 0;
-    size_ = static_cast<size_t>(windows / batch * batch);
-    if (size_ == 0) throw std::invalid_argument("the text is shorter than one batch of windows");
-  }
-  size_t size() const override { return size_; }
-  kiln::Example get(size_t i) const override {
-    const int64_t at = static_cast<int64_t>(i) * stride_;
-    return {{tokens_.slice(0, at, at + context_)}, tokens_.slice(0, at + 1, at + context_ + 1)};
-  }
-
- private:
-  at::Tensor tokens_;
-  int64_t context_, stride_;
-  size_t size_ = 0;
-};
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read the training text " + path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// A file, or every regular file of a folder in name order (links skipped: common-licenses' GPL is
-// a link to GPL-3), one after another with a blank line between.
-std::string read_text(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return read_file(path);
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(path, ec))
-    if (!e.is_symlink() && e.is_regular_file()) files.push_back(e.path());
-  if (files.empty()) throw std::runtime_error("cannot read the training text " + path + ": no files in it");
-  std::sort(files.begin(), files.end());
-  std::string text;
-  for (const auto& f : files) text += (text.empty() ? "" : "\n\n") + read_file(f.string());
-  return text;
-}
 
 int usage(FILE* out) {
   std::fprintf(out,
@@ -121,34 +76,36 @@ int main(int argc, char** argv) try {
   if (!output_dir.empty()) args.output_dir = output_dir;
   if (resume) args.resume_from_checkpoint = "last";
 
-  // The text as tokens: one per distinct byte, in byte order.
-  const std::string text = read_text(data);
-  std::vector<int> index_of(256, -1);
-  std::string alphabet;
-  for (unsigned char c : text) index_of[c] = 0;
-  for (int c = 0; c < 256; ++c)
-    if (index_of[static_cast<size_t>(c)] == 0) {
-      index_of[static_cast<size_t>(c)] = static_cast<int>(alphabet.size());
-      alphabet.push_back(static_cast<char>(c));
-    }
-  std::vector<int64_t> ids;
-  ids.reserve(text.size());
-  for (unsigned char c : text) ids.push_back(index_of[c]);
+  // The text as tokens: one per distinct byte, in byte order. The model's context is 64 characters:
+  // training windows of 16 to 64 (starting every 32 characters, as the fixed windows of 64 did, and
+  // seeded by the run's seed), evaluation windows of 64 side by side, as before, so that the
+  // evaluation loss compares with earlier runs.
+  const std::string text = kiln::read_text(data);
+  const kiln::CharTokenizer tokenizer(text);
   const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  const at::Tensor tokens = at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(dev);
-  const int64_t n = tokens.size(0), split = n * 9 / 10, context = 64;
-  TextWindows train_data(tokens.slice(0, 0, split), context, context / 2, args.per_device_train_batch_size);
-  TextWindows eval_data(tokens.slice(0, split, n), context, context, 1);
+  const at::Tensor tokens = tokenizer.encode(text).to(dev);
+  const int64_t n = tokens.size(0), split = n * 9 / 10, context = 64, shortest = 16;
+  const auto train_data = kiln::TextDataset::windows(tokens.slice(0, 0, split), shortest, context, context / 2,
+                                                     static_cast<uint64_t>(args.seed));
+  const auto eval_data = kiln::TextDataset::windows(tokens.slice(0, split, n), context, context, context);
+  const int64_t multiple = args.pad_to_multiple_of;
+  if (multiple > 0 && (context + multiple - 1) / multiple * multiple > context)
+    throw std::invalid_argument(c10::str("pad_to_multiple_of = ", multiple, " would pad windows of ", context,
+                                         " characters past the model's context of ", context,
+                                         ": use a divisor of it, or 0"));
   std::printf("config: %s\n", config.c_str());
-  std::printf("text: %s, %lld characters, %zu distinct; %zu training and %zu evaluation windows of %lld\n",
-              data.c_str(), static_cast<long long>(n), alphabet.size(), train_data.size(), eval_data.size(),
-              static_cast<long long>(context));
+  std::printf(
+      "text: %s, %lld characters, %lld distinct; %zu training windows of %lld to %lld, %zu evaluation windows of "
+      "%lld\n",
+      data.c_str(), static_cast<long long>(n), static_cast<long long>(tokenizer.vocab_size()), train_data.size(),
+      static_cast<long long>(shortest), static_cast<long long>(context), eval_data.size(),
+      static_cast<long long>(context));
 
   // The model (seeded, so that the eager twin timed at the end starts from the same weights) and its
   // AdamW.
   auto make_model = [&] {
     torch::manual_seed(1);
-    auto m = kiln::make_char_gpt(static_cast<int64_t>(alphabet.size()), context, /*layers=*/4, /*heads=*/4,
+    auto m = kiln::make_char_gpt(tokenizer.vocab_size(), context, /*layers=*/4, /*heads=*/4,
                                  /*width=*/cuda ? 384 : 128);
     m.module->to(dev);
     return m;
@@ -161,6 +118,13 @@ int main(int argc, char** argv) try {
   };
 
   kiln::Trainer trainer(model.module, model.forward, optimizer, loss_fn, args);
+  // Batches padded to their longest window (rounded up to pad_to_multiple_of), labels -100 at the
+  // padding, which cross_entropy ignores. No attention mask: the padding comes after the text, and
+  // causal attention (built from each batch's own length) never lets a position see a later one,
+  // so no real character sees the padding; the model takes the token ids alone.
+  kiln::DataCollatorWithPadding collator(/*pad_token_id=*/0);
+  collator.return_attention_mask = false;
+  trainer.set_data_collator(collator);
   std::printf("backend: %s\n", trainer.backend().c_str());
   for (const auto& r : trainer.backend_reasons()) std::printf("  why: %s\n", r.c_str());
 
@@ -168,12 +132,17 @@ int main(int argc, char** argv) try {
   const kiln::TrainOutput out = trainer.train(train_data, eval_data);
   const auto after = trainer.evaluate(eval_data);
   auto metric = [&](const char* name) { return out.metrics.count(name) ? out.metrics.at(name) : 0.0; };
+  // Compiled when the compiled step ran: with batches of varying length, the last step may well be
+  // the first of a new length, which runs while the step is captured again (eagerly).
+  const kiln::StepStats& stats = trainer.stats();
   std::printf(
       "\n%lld steps in %.1f s (%.2f steps/s), %s; training loss %.3f; evaluation loss %.3f before, %.3f after "
       "(a uniform guess: %.3f)\n",
       static_cast<long long>(out.global_step), metric("train_runtime"), metric("train_steps_per_second"),
-      trainer.compiled() ? "compiled" : "running eagerly (see the log for why)", out.training_loss,
-      before.at("eval_loss"), after.at("eval_loss"), std::log(static_cast<double>(alphabet.size())));
+      stats.compiled_steps > 0 ? "compiled" : "running eagerly (see the log for why)", out.training_loss,
+      before.at("eval_loss"), after.at("eval_loss"), std::log(static_cast<double>(tokenizer.vocab_size())));
+  std::printf("steps: %d compiled, %d eager (warm-up, captures, fallbacks); %d compiles\n", stats.compiled_steps,
+              stats.eager_steps, stats.compiles);
   if (!args.output_dir.empty()) {
     const std::string metrics = args.output_dir + "/metrics.jsonl";
     std::printf("metrics: %s; checkpoints: %s\n", metrics.c_str(),
@@ -198,9 +167,9 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < 300; ++i) {
     const at::Tensor logits = model.forward(context_ids).select(1, -1).squeeze(0).to(at::kFloat).cpu();
     const at::Tensor probs = at::softmax(logits / 0.8, 0);
-    const int64_t next = at::multinomial(probs, 1, false, gen).item<int64_t>();
-    written.push_back(alphabet[static_cast<size_t>(next)]);
-    context_ids = at::cat({context_ids.slice(1, 1, context), at::full({1, 1}, next, context_ids.options())}, 1);
+    const at::Tensor next = at::multinomial(probs, 1, false, gen);
+    written += tokenizer.decode(next);
+    context_ids = at::cat({context_ids.slice(1, 1, context), next.to(context_ids.device()).view({1, 1})}, 1);
   }
   std::printf("\nthe model writes, after the opening of the held-out text:\n---\n%s\n---\n", written.c_str());
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job, short: with the settings of train.toml (read by default) and --steps 24 over its
-# max_steps, 24 compiled steps on the licence texts make the evaluation loss fall, write the metrics
+# max_steps, 24 steps on windows of the licence texts of 16 to 64 characters, batches padded to
+# their longest and run through the compiled step, make the evaluation loss fall, write the metrics
 # file at the file's logging and evaluation steps, checkpoints, and loss.png, which must decode with
 # Python's zlib and show both curves; --resume continues from the newest to 32 steps. --config
 # reads another file; a bad key in it, and a missing text file, are errors that name them.
@@ -30,7 +31,9 @@ evaluated=$(grep '"eval_loss"' "$dir/run/metrics.jsonl" | grep -o '"step": *[0-9
 python3 "$here/../loss_plot/check_png.py" "$dir/run/loss.png" 800 500 || fail "loss.png"
 out=$("$bin" --steps 32 --output-dir "$dir/run" --resume 2>&1) || fail "resume: exit $?"
 [[ $out == *"32 steps in"* && -d $dir/run/checkpoint-32 ]] || fail "resume did not reach step 32"
-printf 'torch_compile = true\nmax_steps = 3\nlogging_steps = 1\noutput_dir = "%s"\n' "$dir/other" >"$dir/other.toml"
+# pad_to_multiple_of = 64: every batch padded to the whole context, one shape (warm-up, capture, compiled).
+printf 'torch_compile = true\nmax_steps = 3\nlogging_steps = 1\npad_to_multiple_of = 64\noutput_dir = "%s"\n' \
+  "$dir/other" >"$dir/other.toml"
 out=$("$bin" --config "$dir/other.toml" 2>&1) || fail "--config: exit $?"
 [[ $out == *"3 steps in"*", compiled;"* && -d $dir/other/checkpoint-3 ]] || fail "--config $dir/other.toml not used"
 printf 'torch_compile = true\nmax_steps = 2\nlearning_rat = 0.1\n' >"$dir/bad.toml"
@@ -38,5 +41,5 @@ out=$("$bin" --config "$dir/bad.toml" 2>&1)
 [[ $? -eq 1 && $out == *"$dir/bad.toml:3:1: unknown key 'learning_rat'; did you mean 'learning_rate'?"* ]] ||
   fail "the bad key is not reported with its file, line and name"
 out=$("$bin" --data "$dir/no-such-text" --steps 2 2>&1)
-[[ $? -eq 1 && $out == *"cannot read the training text $dir/no-such-text"* ]] || fail "missing text not reported"
+[[ $? -eq 1 && $out == *"cannot read $dir/no-such-text"* ]] || fail "missing text not reported"
 echo "char_gpt: evaluation loss $before -> $after in 24 steps; resumed to 32; loss.png checked; --config and a bad key checked"

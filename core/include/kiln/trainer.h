@@ -17,6 +17,8 @@
 //   kiln::TrainOutput out = trainer.train(data);
 //   trainer.set_compute_metrics(accuracy);       // optional: metrics of the evaluation
 //   out = trainer.train(data, eval_data);        // with evaluation
+// Variable-length examples (token sequences; kiln/data.h) are padded per batch by a collator:
+//   trainer.set_data_collator(kiln::DataCollatorWithPadding(pad_token_id));
 #pragma once
 
 #include <cstddef>
@@ -35,6 +37,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "kiln/config.h"
+#include "kiln/data.h"
 
 namespace kiln {
 class CompiledStep;
@@ -94,37 +97,10 @@ MultiForwardFn forward_of(const std::shared_ptr<Module>& model) {
 }
 }  // namespace trainer_detail
 
-// One example of a dataset: the tensors forward takes, and the target the loss reads.
-struct Example {
-  std::vector<at::Tensor> inputs;
-  at::Tensor target;
-};
-
-// What Trainer::train reads: examples by index. train() stacks per_device_train_batch_size of them
-// (along a new dim 0) into a micro-batch; every example has the same number of inputs and the same
-// shapes.
-class Dataset {
- public:
-  virtual ~Dataset() = default;
-  virtual size_t size() const = 0;
-  virtual Example get(size_t index) const = 0;
-};
-
-// Examples along dim 0 of tensors: example i is ({inputs[0][i], ...}, target[i]).
-class TensorDataset : public Dataset {
- public:
-  TensorDataset(std::vector<at::Tensor> inputs, at::Tensor target);
-  size_t size() const override;
-  Example get(size_t index) const override;
-
- private:
-  std::vector<at::Tensor> inputs_;
-  at::Tensor target_;
-};
-
 // What an evaluation hands the metrics function (Hugging Face's EvalPrediction): the model's outputs
 // for every example of the evaluation dataset and their targets, each batch's concatenated along
-// dim 0 (so the outputs must agree in every other dim).
+// dim 0. Batches that differ in another dim (padded to different lengths) are first padded to the
+// longest with -100, as Hugging Face's evaluation loop pads them.
 struct EvalPrediction {
   at::Tensor predictions;
   at::Tensor label_ids;
@@ -183,9 +159,12 @@ class Trainer {
 
   // A whole training over `dataset`, driven by args() with Hugging Face's meanings: max_steps
   // optimizer steps when > 0, else ceil(num_train_epochs * steps per epoch), where an epoch is the
-  // dataset shuffled (a generator seeded with args.seed), cut into micro-batches of
-  // per_device_train_batch_size examples (the last may be smaller) and those grouped by
-  // gradient_accumulation_steps (the last group may be shorter). Before every optimizer step each
+  // dataset shuffled (a generator seeded with args.seed; with group_by_length, then grouped by
+  // length as length_grouped_indices does, batches of per_device_train_batch_size *
+  // gradient_accumulation_steps examples), cut into micro-batches of per_device_train_batch_size
+  // examples (the last may be smaller), each made by the data collator (set_data_collator;
+  // stacked without one), and those grouped by gradient_accumulation_steps (the last group may be
+  // shorter). Before every optimizer step each
   // parameter group's learning rate is set to the schedule's (learning_rate, lr_scheduler_type,
   // warmup_steps or warmup_ratio); the optimizer's own lr is replaced. A group of one micro-batch
   // runs through step(); a longer group runs through a second compiled step that adds the
@@ -217,7 +196,8 @@ class Trainer {
   // order from the same place in the epoch, the same learning rates, the same random numbers, the
   // same metrics lines. The steps after it go through this Trainer's compiled steps: before it
   // continues, train() makes the calls the stopped run's compiled steps had made (each one's
-  // eager warm-up, each capture) on examples of the dataset and then puts the model, the
+  // eager warm-up, each capture; with a collator, of every batch shape in the order they came,
+  // each on the examples that first had it) and then puts the model, the
   // optimizer's state and the generators back, so every later step runs compiled exactly where the
   // uninterrupted run's did, and nothing is compiled that a fresh Trainer would not compile (for
   // LibTorch's own optimizers; with another, the first resumed steps run eagerly). A checkpoint
@@ -240,6 +220,12 @@ class Trainer {
   std::map<std::string, double> evaluate(const Dataset& eval_dataset);
   // The metrics function of every evaluation (none by default: eval_loss only).
   void set_compute_metrics(ComputeMetricsFn compute_metrics);
+  // How train() and evaluate() make a micro-batch of examples (Hugging Face's data_collator): the
+  // batch's inputs go to forward, its target to the loss. Without one, examples are stacked
+  // (default_data_collator), which needs examples of one shape. A DataCollatorWithPadding whose
+  // pad_to_multiple_of is 0 takes args().pad_to_multiple_of. Set it before train().
+  void set_data_collator(DataCollator collator);
+  void set_data_collator(DataCollatorWithPadding collator);
 
   // The newest complete checkpoint-<step> folder in output_dir (by step), or "" when there is none:
   // what resume_from_checkpoint "last" resumes from (Hugging Face's get_last_checkpoint).

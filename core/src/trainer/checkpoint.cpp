@@ -287,6 +287,7 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
     ar.write("per_device_train_batch_size", c10::IValue(loop.per_device_train_batch_size));
     ar.write("gradient_accumulation_steps", c10::IValue(loop.gradient_accumulation_steps));
     ar.write("seed", c10::IValue(loop.seed));
+    ar.write("group_by_length", c10::IValue(static_cast<int64_t>(loop.group_by_length)));
     write_archive(ar, tmp / kTrainerState);
   }
   {
@@ -426,6 +427,10 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
     loop.per_device_train_batch_size = read_int(ar, f, "per_device_train_batch_size");
     loop.gradient_accumulation_steps = read_int(ar, f, "gradient_accumulation_steps");
     loop.seed = read_int(ar, f, "seed");
+    if (c10::IValue v; ar.try_read("group_by_length", v)) {
+      if (!v.isInt()) throw CheckpointError(f.string(), "'group_by_length' is not an integer");
+      loop.group_by_length = v.toInt() != 0;
+    }
     if (loop.global_step < 0 || loop.epoch < 0 || loop.step_in_epoch < 0 || loop.interval_steps < 0)
       throw CheckpointError(f.string(), "holds a negative step count");
   }

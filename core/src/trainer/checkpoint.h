@@ -43,7 +43,9 @@ struct LoopState {
   at::Tensor data_order_state;           // the data-order generator's state before this epoch's shuffle
   std::vector<std::string> log_history;  // every metrics line so far (JSON objects)
   // What train()'s compiled steps have run, in order: each one's first (warm-up) call, "warm-up
-  // step 8" (one micro-batch of 8 examples), then each input layout it captured, "accumulate 8 8".
+  // step 8" (one micro-batch of 8 examples), then each input layout it captured, "accumulate 8 8";
+  // with a data collator also the batches' shapes and the examples that first made them,
+  // "step 8 [8,40][8,40] @ 3 17 22 5 1 0 9 8".
   // A resumed run makes the same calls before it continues (and puts everything back), so that
   // every later step runs as it would have, compiled or eagerly.
   std::vector<std::string> layouts;
@@ -52,6 +54,7 @@ struct LoopState {
   int64_t per_device_train_batch_size = 0;
   int64_t gradient_accumulation_steps = 0;
   int64_t seed = 0;
+  bool group_by_length = false;  // (absent from checkpoints written before it existed: false)
   Schedule schedule;
   // Set by load(): the generators' states, applied by apply_rng().
   at::Tensor cpu_rng_state;

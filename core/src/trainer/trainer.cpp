@@ -12,6 +12,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/StringUtil.h>
@@ -55,6 +56,12 @@ struct Trainer::Impl {
       for (auto& group : optimizer->param_groups()) group.options().set_lr(*next_lr);
   }
   ComputeMetricsFn compute_metrics;
+  // train()'s and evaluate()'s micro-batches; none: examples stacked (stack_examples).
+  DataCollator collator;
+  // The examples order[begin, end) of `dataset` as one micro-batch: its inputs, then its target
+  // (`per` tensors; 0 when not known yet).
+  std::vector<at::Tensor> make_batch(const Dataset& dataset, const std::vector<int64_t>& order, int64_t begin,
+                                     int64_t end, size_t per, const char* who) const;
 
   // Data parallelism: the group and the reducer the step functions call after the backward (both
   // null in a world of one), the log level of every rank but 0, and the calls made so far (which
@@ -185,6 +192,43 @@ std::vector<at::Tensor> stack_examples(const Dataset& dataset, const std::vector
   return out;
 }
 
+// A micro-batch's shapes, as a layout records them: "[8,40][8,40][8]" (one word).
+std::string shapes_text(const std::vector<at::Tensor>& ts) {
+  std::string out;
+  for (const auto& t : ts) {
+    out += "[";
+    for (int64_t d = 0; d < t.dim(); ++d) out += (d ? "," : "") + std::to_string(t.size(d));
+    out += "]";
+  }
+  return out;
+}
+
+// Hugging Face's nested_concat for the evaluation's outputs and targets: the batches' tensors along
+// dim 0, each first padded with -100 to the largest size of every other dim when they differ
+// (batches padded to different lengths).
+at::Tensor concat_padded(const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> shape = ts[0].sizes().vec();
+  bool differ = false;
+  for (const auto& t : ts) {
+    if (t.dim() != ts[0].dim() || t.dim() == 0) return at::cat(ts);  // at::cat says what is wrong
+    for (int64_t d = 1; d < t.dim(); ++d) {
+      differ = differ || t.size(d) != shape[static_cast<size_t>(d)];
+      shape[static_cast<size_t>(d)] = std::max(shape[static_cast<size_t>(d)], t.size(d));
+    }
+  }
+  if (!differ) return at::cat(ts);
+  std::vector<at::Tensor> padded;
+  for (const auto& t : ts) {
+    shape[0] = t.size(0);
+    at::Tensor out = at::full(shape, -100, t.options());
+    at::Tensor region = out;
+    for (int64_t d = 1; d < t.dim(); ++d) region = region.narrow(d, 0, t.size(d));
+    region.copy_(t);
+    padded.push_back(out);
+  }
+  return at::cat(padded);
+}
+
 // The checkpoint folder resume_from_checkpoint names: "" for none ("" or "false"), the newest
 // checkpoint-<step> of output_dir for "true" or "last" (Hugging Face's get_last_checkpoint).
 std::string resume_folder(const TrainingArguments& a) {
@@ -217,6 +261,20 @@ std::vector<int64_t> layout_sizes(const std::string& text) {
   std::vector<int64_t> sizes;
   for (int64_t m; in >> m;) sizes.push_back(m);
   return sizes;
+}
+
+// With a data collator a layout also holds the micro-batches' shapes, which tell its compiled
+// signatures apart, and, after " @ ", the examples of the step that first had them, which make the
+// same batch again when a resumed run replays it: "step 8 [8,40][8,40][8,40] @ 3 17 ...".
+std::string layout_key(const std::string& entry) { return entry.substr(0, entry.find(" @ ")); }
+
+std::vector<int64_t> layout_examples(const std::string& entry) {
+  std::vector<int64_t> out;
+  const size_t at = entry.find(" @ ");
+  if (at == std::string::npos) return out;
+  std::istringstream in(entry.substr(at + 3));
+  for (int64_t i; in >> i;) out.push_back(i);
+  return out;
 }
 
 // The state tensors of LibTorch's optimizers; false for an optimizer of another kind.
@@ -259,6 +317,7 @@ std::string trainer_state_json(const checkpoint::LoopState& loop, const Training
                     {"steps_per_epoch", steps_per_epoch},
                     {"gradient_accumulation_steps", loop.gradient_accumulation_steps},
                     {"seed", loop.seed},
+                    {"group_by_length", loop.group_by_length},
                     {"dataset_size", loop.dataset_size}}}};
   return json_text(j, 2) + "\n";
 }
@@ -268,22 +327,23 @@ std::string trainer_state_json(const checkpoint::LoopState& loop, const Training
 CheckpointError::CheckpointError(std::string file, const std::string& what)
     : std::runtime_error(file + ": " + what), file_(std::move(file)) {}
 
-TensorDataset::TensorDataset(std::vector<at::Tensor> inputs, at::Tensor target)
-    : inputs_(std::move(inputs)), target_(std::move(target)) {
-  if (inputs_.empty()) throw std::invalid_argument("kiln::TensorDataset: no input tensors");
-  for (const auto& t : inputs_)
-    if (t.dim() == 0 || t.size(0) != target_.size(0))
-      throw std::invalid_argument("kiln::TensorDataset: every input must have the target's length along dim 0 (" +
-                                  std::to_string(target_.size(0)) + ")");
-}
-
-size_t TensorDataset::size() const { return static_cast<size_t>(target_.size(0)); }
-
-Example TensorDataset::get(size_t index) const {
-  Example e;
-  for (const auto& t : inputs_) e.inputs.push_back(t.select(0, static_cast<int64_t>(index)));
-  e.target = target_.select(0, static_cast<int64_t>(index));
-  return e;
+std::vector<at::Tensor> Trainer::Impl::make_batch(const Dataset& dataset, const std::vector<int64_t>& order,
+                                                  int64_t begin, int64_t end, size_t per, const char* who) const {
+  if (!collator) return stack_examples(dataset, order, begin, end, per, who);
+  std::vector<Example> examples;
+  examples.reserve(static_cast<size_t>(end - begin));
+  for (int64_t i = begin; i < end; ++i)
+    examples.push_back(dataset.get(static_cast<size_t>(order[static_cast<size_t>(i)])));
+  Batch b = collator(examples);
+  if (!b.target.defined())
+    throw std::invalid_argument(std::string(who) + ": the data collator made a batch without a target");
+  if (per != 0 && b.inputs.size() + 1 != per)
+    throw std::invalid_argument(std::string(who) + ": the data collator made a batch of " +
+                                std::to_string(b.inputs.size()) + " inputs, the first batch had " +
+                                std::to_string(per - 1));
+  std::vector<at::Tensor> out = std::move(b.inputs);
+  out.push_back(std::move(b.target));
+  return out;
 }
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward, torch::optim::Optimizer& optimizer,
@@ -449,6 +509,13 @@ void Trainer::set_compute_metrics(ComputeMetricsFn compute_metrics) {
   impl_->compute_metrics = std::move(compute_metrics);
 }
 
+void Trainer::set_data_collator(DataCollator collator) { impl_->collator = std::move(collator); }
+
+void Trainer::set_data_collator(DataCollatorWithPadding collator) {
+  if (collator.pad_to_multiple_of == 0) collator.pad_to_multiple_of = args().pad_to_multiple_of;
+  impl_->collator = collator;
+}
+
 std::map<std::string, double> Trainer::evaluate(const Dataset& eval_dataset) {
   const auto m = impl_->evaluate(eval_dataset, args().per_device_eval_batch_size);
   return std::map<std::string, double>(m.begin(), m.end());
@@ -459,7 +526,9 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   const auto start = Clock::now();
   const auto n = static_cast<int64_t>(dataset.size());
   if (n == 0) throw std::invalid_argument("kiln::Trainer::evaluate: the evaluation dataset is empty");
-  const size_t per = dataset.get(0).inputs.size() + 1;
+  const std::vector<int64_t> first{0};
+  const size_t per = collator ? make_batch(dataset, first, 0, 1, 0, "kiln::Trainer::evaluate").size()
+                              : dataset.get(0).inputs.size() + 1;
   struct Mode {
     torch::nn::Module& m;
     bool training;
@@ -474,7 +543,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   std::vector<at::Tensor> predictions, labels;
   for (int64_t b = 0; b < n; b += batch_size) {
     const int64_t end = std::min(b + batch_size, n);
-    const auto batch = stack_examples(dataset, order, b, end, per, "kiln::Trainer::evaluate");
+    const auto batch = make_batch(dataset, order, b, end, per, "kiln::Trainer::evaluate");
     const auto output = forward(std::vector<at::Tensor>(batch.begin(), batch.end() - 1));
     loss_sum += loss_fn(output, batch.back()).item<double>() * static_cast<double>(end - b);
     if (compute_metrics) {
@@ -487,14 +556,14 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   if (compute_metrics) {
     EvalPrediction p;
     try {
-      p.predictions = at::cat(predictions);
+      p.predictions = concat_padded(predictions);
+      p.label_ids = concat_padded(labels);
     } catch (const c10::Error& e) {
       throw std::invalid_argument(
-          "kiln::Trainer::evaluate: the model's outputs of the evaluation batches cannot be concatenated along dim 0 "
-          "for the metrics function (they differ in another dim): " +
+          "kiln::Trainer::evaluate: the model's outputs or the targets of the evaluation batches cannot be "
+          "concatenated along dim 0 for the metrics function: " +
           e.msg());
     }
-    p.label_ids = at::cat(labels);
     for (const auto& [name, value] : compute_metrics(p))
       out.emplace_back(name.rfind("eval_", 0) == 0 ? name : "eval_" + name, value);
   }
@@ -546,16 +615,22 @@ void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpo
     }
     checkpoint::apply_rng(resumed);
   };
-  std::vector<int64_t> order(dataset.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  const auto n = static_cast<int64_t>(dataset.size());
   try {
     // The calls that made each compiled step what it was: its warm-up, then a capture per layout.
     for (const auto& l : resumed.layouts) {
       {
+        // Each micro-batch of the layout: the examples it names (by their index modulo the
+        // dataset's size, should the dataset have shrunk), or, without, the first ones.
+        const std::vector<int64_t> examples = layout_examples(l);
         std::vector<at::Tensor> inputs;
+        size_t next = 0;
         for (int64_t m : layout_sizes(l)) {
-          auto mb = stack_examples(dataset, order, 0, std::min<int64_t>(m, static_cast<int64_t>(order.size())),
-                                   per_micro, "kiln::Trainer::train");
+          std::vector<int64_t> order;
+          for (int64_t k = 0; k < std::min(m, n); ++k, ++next)
+            order.push_back(examples.empty() ? k : examples[next % examples.size()] % n);
+          auto mb =
+              make_batch(dataset, order, 0, static_cast<int64_t>(order.size()), per_micro, "kiln::Trainer::train");
           inputs.insert(inputs.end(), mb.begin(), mb.end());
         }
         // As the step the run continues with: the look-ahead after a capture sees the rate move.
@@ -616,7 +691,15 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   } reset_next_lr{im};
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.seed));
-  im->per_micro = dataset.get(0).inputs.size() + 1;
+  {
+    const std::vector<int64_t> first{0};
+    im->per_micro = im->collator ? im->make_batch(dataset, first, 0, 1, 0, "kiln::Trainer::train").size()
+                                 : dataset.get(0).inputs.size() + 1;
+  }
+  // group_by_length: every example's length, read once.
+  std::vector<int64_t> lengths;
+  if (a.group_by_length)
+    for (int64_t i = 0; i < n; ++i) lengths.push_back(dataset.length(static_cast<size_t>(i)));
 
   // What a checkpoint holds of the loop; the loss sums and the position are kept here.
   checkpoint::LoopState loop;
@@ -624,6 +707,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   loop.per_device_train_batch_size = bs;
   loop.gradient_accumulation_steps = ga;
   loop.seed = a.seed;
+  loop.group_by_length = a.group_by_length;
   loop.schedule = {a.lr_scheduler_type, a.learning_rate, warmup, total_steps};
 
   // Resuming: everything is read and checked before anything of this run is written.
@@ -643,7 +727,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.interval_steps = r.interval_steps;
     loop.log_history = std::move(r.log_history);
     const bool same_data = r.dataset_size == n && r.per_device_train_batch_size == bs &&
-                           r.gradient_accumulation_steps == ga && r.seed == a.seed;
+                           r.gradient_accumulation_steps == ga && r.seed == a.seed &&
+                           r.group_by_length == a.group_by_length;
     if (same_data) {
       start_epoch = r.epoch;
       start_in_epoch = r.step_in_epoch;
@@ -654,9 +739,10 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       // Hugging Face's way: the position from the global step, the order of a fresh generator.
       log_warn(c10::str("kiln::Trainer::train: the checkpoint ", dir, " was written with ", r.dataset_size,
                         " examples, per_device_train_batch_size ", r.per_device_train_batch_size,
-                        ", gradient_accumulation_steps ", r.gradient_accumulation_steps, " and seed ", r.seed,
-                        "; this run has ", n, ", ", bs, ", ", ga, " and ", a.seed, ": it continues from step ",
-                        r.global_step, " in another order of the examples"));
+                        ", gradient_accumulation_steps ", r.gradient_accumulation_steps, ", seed ", r.seed,
+                        " and group_by_length ", r.group_by_length ? "true" : "false", "; this run has ", n, ", ", bs,
+                        ", ", ga, ", ", a.seed, " and ", a.group_by_length ? "true" : "false",
+                        ": it continues from step ", r.global_step, " in another order of the examples"));
       start_epoch = r.global_step / steps_per_epoch;
       start_in_epoch = r.global_step % steps_per_epoch;
       for (int64_t e = 0; e < start_epoch; ++e) at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
@@ -743,8 +829,14 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     const bool first = epoch == start_epoch;
     if (loop.global_step >= total_steps && !(first && resumed_epoch_end)) break;
     const at::Tensor order_state = shuffle.get_state();  // what a checkpoint of this epoch holds
-    const at::Tensor perm = at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
-    std::vector<int64_t> order(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
+    // Both draw one randperm from the generator, so the skip over epochs above holds for both.
+    std::vector<int64_t> order;
+    if (a.group_by_length) {
+      order = length_grouped_indices(lengths, bs * ga, shuffle);
+    } else {
+      const at::Tensor perm = at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
+      order.assign(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n);
+    }
     if (world > 1) {
       std::vector<int64_t> mine;
       for (int64_t i = rank; i < n_local * world; i += world) mine.push_back(order[static_cast<size_t>(i % n)]);
@@ -758,17 +850,25 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       std::vector<int64_t> sizes;
       for (int64_t b = first_batch; b < last_batch; ++b) {
         const int64_t end = std::min((b + 1) * bs, n_local);
-        auto mb = stack_examples(dataset, order, b * bs, end, im->per_micro, "kiln::Trainer::train");
+        auto mb = im->make_batch(dataset, order, b * bs, end, im->per_micro, "kiln::Trainer::train");
         inputs.insert(inputs.end(), mb.begin(), mb.end());
         sizes.push_back(end - b * bs);
       }
       {
-        // The compiled steps' history: each one's warm-up call, then each layout it captured.
+        // The compiled steps' history: each one's warm-up call, then each layout it captured (with
+        // a collator each batch shape, and the examples that first had it).
         CompiledStep* cs = sizes.size() > 1 ? im->accumulate.get() : im->step.get();
-        const std::string l = layout_text(sizes);
-        if (!cs || cs->stats().steps == 0) loop.layouts.push_back("warm-up " + l);
-        else if (std::find(loop.layouts.begin(), loop.layouts.end(), l) == loop.layouts.end())
-          loop.layouts.push_back(l);
+        std::string key = layout_text(sizes), examples;
+        if (im->collator) {
+          key += " " + shapes_text(inputs);
+          examples = " @";
+          for (int64_t i = first_batch * bs; i < std::min(last_batch * bs, n_local); ++i)
+            examples += " " + std::to_string(order[static_cast<size_t>(i)]);
+        }
+        if (!cs || cs->stats().steps == 0) loop.layouts.push_back("warm-up " + key + examples);
+        else if (std::none_of(loop.layouts.begin(), loop.layouts.end(),
+                              [&](const std::string& l) { return layout_key(l) == key; }))
+          loop.layouts.push_back(key + examples);
       }
       for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
       im->next_lr = lr_at(loop.global_step + 1);
