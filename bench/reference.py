@@ -38,9 +38,35 @@ peak_mem_above_start_bytes leaves out what was allocated before the first step o
 model and the batch), as kiln bench reports its peaks. Both include compilation and, for the
 whole-step graphs, the warm-up and the graph's memory pool. A configuration that cannot run
 prints {"workload", "device", "config", "error"}.
+
+--dynamic MIN:MAX (gpt only; `kiln bench gpt --dynamic MIN:MAX` is kiln's side) trains gpt at a
+sequence length that changes every step, drawn uniformly from [MIN, MAX] with splitmix64 from
+--dynamic-seed (1234), exactly as kiln's dynamic_lengths draws it; a step at length T trains the
+first T tokens of every row of the batch, built from kiln bench's seed (1234), so that PyTorch
+eager and LibTorch eager train the same numbers. Its configurations:
+  eager                         PyTorch eager
+  default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs
+                                torch.compile(model, mode=M) with its default dynamic shapes
+                                (dynamic=None: the first shape compiles static, a change of size
+                                compiles again with that dimension dynamic)
+  dynamic-false                 torch.compile(model, dynamic=False): a graph per shape, eager past
+                                torch._dynamo.config.recompile_limit (8)
+  static-mean                   torch.compile(model), every step at the lengths' mean (rounded)
+The default set is eager and default. Every step is timed alone, ending in a device sync; a step is
+warm-up when it is the first or when Dynamo compiled in it (a new graph, or compile time spent),
+steady otherwise. One JSON object per configuration:
+  {"workload", "device", "config", "dynamic", "length_seed", "steps", "batch", "distinct_lengths",
+   "mean_length", "lengths" (the drawn ones), "static_length" (static-mean's, else null), "tokens", "tokens_per_s", "steady_tokens_per_s", "warmup_s",
+   "warmup_steps", "steady_s", "steady_steps", "unique_graphs", "recompiles", "compile_s",
+   "hit_recompile_limit", "first_step_s", "threads", "final_loss"}
+tokens is batch x length summed over the steps; unique_graphs is torch._dynamo's
+counters["stats"]["unique_graphs"]; recompiles the graphs compiled after the first step's;
+compile_s torch._dynamo.utils.calculate_time_spent()'s total_wall_time (Dynamo, AOTAutograd and
+Inductor, forward and backward). --lengths prints the lengths alone (no torch needed).
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -62,11 +88,52 @@ CUDA_ONLY = {
 # The model inside each whole-step graph: eager, or compiled with this torch.compile mode.
 WHOLE_STEP_GRAPH = {"whole-step-graph": None, "whole-step-graph-compiled": "default",
                     "whole-step-graph-max-autotune": "max-autotune-no-cudagraphs"}
+KILN_BENCH_SEED = 1234  # the weights' and batch's seed of kiln bench (core/cli/cmd_bench.cpp)
+DYNAMIC_CONFIGS = ["eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+                   "dynamic-false", "static-mean"]
+DEFAULT_DYNAMIC_CONFIGS = ["eager", "default"]
 DEFAULT_CONFIGS = {
     "cpu": ["eager", "default", "compiled-model-compiled-optimizer"],
     "cuda": ["eager", "default", "reduce-overhead", "compiled-model-compiled-optimizer", "whole-step-graph",
              "whole-step-graph-compiled"],
 }
+
+
+def gpt_block_size(device):
+    """gpt's context: the longest sequence its position embedding holds (kiln's workload_block_size)."""
+    return 256 if device == "cuda" else 64
+
+
+def parse_dynamic(text):
+    """"MIN:MAX" -> (MIN, MAX), 1 <= MIN <= MAX, or SystemExit naming the flag."""
+    usage = "use MIN:MAX, two sequence lengths with 1 <= MIN <= MAX (e.g. 16:48)"
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise SystemExit(f"--dynamic {text!r}: {usage}")
+    lo, hi = int(parts[0]), int(parts[1])
+    if lo < 1 or lo > hi:
+        raise SystemExit(f"--dynamic {text!r}: {usage}")
+    return lo, hi
+
+
+def dynamic_lengths(lo, hi, steps, seed):
+    """kiln's dynamic_lengths (core/src/workloads/workloads.cpp), line for line: splitmix64 from
+    seed, each length lo + z mod (hi - lo + 1)."""
+    mask = (1 << 64) - 1
+    state, out = seed & mask, []
+    for _ in range(steps):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        out.append(lo + z % (hi - lo + 1))
+    return out
+
+
+def mean_length(lengths):
+    """The mean, rounded half away from zero as kiln's std::llround does."""
+    return math.floor(sum(lengths) / len(lengths) + 0.5)
 
 
 def build(workload, device, seed=0):
@@ -243,17 +310,139 @@ def run_one(workload, device, config, steps, warmup):
     }
 
 
+def run_dynamic(device, config, lengths, spec, seed):
+    """gpt at a changing sequence length (the module's docstring, --dynamic)."""
+    import torch
+    import torch._dynamo.utils as dynamo_utils
+    cuda = device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("--device cuda, but torch.cuda.is_available() is False")
+    if config in CUDA_ONLY and not cuda:
+        raise SystemExit(f"{config} {CUDA_ONLY[config]}: it needs --device cuda")
+    # kiln bench's seed (1234), so that both sides start from the same weights and batch and train
+    # the same numbers at the same lengths (the final losses can be compared).
+    model, opt, x, y, loss_fn, autocast = build("gpt", device, seed=KILN_BENCH_SEED)
+    drawn = lengths
+    if config == "eager":
+        fwd = model
+    elif config == "dynamic-false":
+        fwd = torch.compile(model, dynamic=False)
+    elif config == "static-mean":
+        fwd = torch.compile(model)
+        lengths = [mean_length(lengths)] * len(lengths)
+    else:
+        fwd = torch.compile(model, mode=config)
+    # Every length's batch made before the first step, as kiln bench does: the first T tokens of
+    # every row (kiln's workload_batch).
+    batches = {t: (x[:, :t].contiguous(), y[:, :t].contiguous()) for t in sorted(set(lengths))}
+    batch = x.shape[0]
+
+    def compile_seconds():
+        return dynamo_utils.calculate_time_spent().get("total_wall_time", 0.0)
+
+    def graphs():
+        return dynamo_utils.counters["stats"]["unique_graphs"]
+
+    dynamo_utils.counters.clear()
+    c_start = compile_seconds()
+    tokens = steady_tokens = warm_steps = steady_steps = 0
+    warm_s = steady_s = 0.0
+    graphs_after_first = 0
+    first = 0.0
+    loss = None
+    for i, t in enumerate(lengths):
+        xb, yb = batches[t]
+        g0, c0 = graphs(), compile_seconds()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = loss_fn(fwd(xb), yb)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        loss_value = float(loss.detach().float().item())
+        if i == 0:
+            first = dt
+            graphs_after_first = graphs()
+        warm = i == 0 or graphs() != g0 or compile_seconds() != c0
+        tokens += batch * t
+        if warm:
+            warm_s += dt
+            warm_steps += 1
+        else:
+            steady_s += dt
+            steady_steps += 1
+            steady_tokens += batch * t
+    unimplemented = dynamo_utils.counters.get("unimplemented", {})
+    return {
+        "workload": "gpt", "device": device, "config": config, "dynamic": spec,
+        "length_seed": seed, "steps": len(lengths), "batch": batch,
+        "distinct_lengths": len(set(drawn)), "mean_length": sum(drawn) / len(drawn), "lengths": drawn,
+        "static_length": lengths[0] if config == "static-mean" else None,
+        "tokens": tokens, "tokens_per_s": tokens / (warm_s + steady_s),
+        "steady_tokens_per_s": steady_tokens / steady_s if steady_s > 0 else None,
+        "warmup_s": warm_s, "warmup_steps": warm_steps, "steady_s": steady_s, "steady_steps": steady_steps,
+        "unique_graphs": graphs(), "recompiles": graphs() - graphs_after_first,
+        "compile_s": compile_seconds() - c_start,
+        "hit_recompile_limit": any("recompile limit" in k.lower() or "recompile_limit" in k for k in unimplemented),
+        "first_step_s": first, "threads": torch.get_num_threads(), "final_loss": loss_value,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workloads", nargs="*", default=["mlp", "cnn", "gpt"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=None, help="comma-separated, of: " + ", ".join(CONFIGS) + "; default: "
                     + ",".join(DEFAULT_CONFIGS["cpu"]) + " on CPU, " + ",".join(DEFAULT_CONFIGS["cuda"]) + " on CUDA")
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50); with --dynamic every step "
+                    "of the run (default 120)")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--timeout", type=int, default=300, help="seconds per configuration")
+    ap.add_argument("--timeout", type=int, default=None, help="seconds per configuration (default 300; with "
+                    "--dynamic 1800: every new shape may compile)")
+    ap.add_argument("--dynamic", default=None, metavar="MIN:MAX",
+                    help="gpt at a sequence length drawn per step from [MIN, MAX] (see above); --steps is then "
+                    "every step of the run (default 120)")
+    ap.add_argument("--dynamic-seed", type=int, default=1234, help="with --dynamic: the lengths' seed")
+    ap.add_argument("--lengths", action="store_true", help="with --dynamic: print the lengths as JSON and exit")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode
     a = ap.parse_args()
+    if a.dynamic is not None:
+        lo, hi = parse_dynamic(a.dynamic)
+        if a.workloads == ["mlp", "cnn", "gpt"]:
+            a.workloads = ["gpt"]
+        if a.workloads != ["gpt"]:
+            raise SystemExit(f"--dynamic {a.dynamic!r}: only gpt has a sequence length")
+        if hi > gpt_block_size(a.device):
+            raise SystemExit(f"--dynamic {a.dynamic!r}: MAX ({hi}) is above gpt's block size on {a.device} "
+                             f"({gpt_block_size(a.device)})")
+        if a.steps is None:
+            a.steps = 120
+        if a.timeout is None:
+            a.timeout = 1800
+        lengths = dynamic_lengths(lo, hi, a.steps, a.dynamic_seed)
+        if a.lengths:
+            print(json.dumps({"dynamic": a.dynamic, "seed": a.dynamic_seed, "steps": a.steps, "lengths": lengths,
+                              "distinct_lengths": len(set(lengths)), "static_length": mean_length(lengths)}))
+            return
+        configs = a.configs.split(",") if a.configs else DEFAULT_DYNAMIC_CONFIGS
+        for c in configs:
+            if c not in DYNAMIC_CONFIGS:
+                raise SystemExit(f"unknown config {c!r} with --dynamic; use {', '.join(DYNAMIC_CONFIGS)}")
+        if a.one:
+            print(json.dumps(run_dynamic(a.device, configs[0], lengths, a.dynamic, a.dynamic_seed)), flush=True)
+            return
+        for c in configs:
+            cmd = [sys.executable, os.path.abspath(__file__), "gpt", "--device", a.device, "--configs", c,
+                   "--steps", str(a.steps), "--dynamic", a.dynamic, "--dynamic-seed", str(a.dynamic_seed), "--one"]
+            run_child(cmd, "gpt", a.device, c, a.timeout)
+        return
+    if a.steps is None:
+        a.steps = 50
+    if a.timeout is None:
+        a.timeout = 300
     configs = a.configs.split(",") if a.configs else DEFAULT_CONFIGS[a.device]
     for c in configs:
         if c not in CONFIGS:
@@ -265,17 +454,22 @@ def main():
         for c in configs:
             cmd = [sys.executable, os.path.abspath(__file__), w, "--device", a.device, "--configs", c,
                    "--steps", str(a.steps), "--warmup", str(a.warmup), "--one"]
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-                line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
-                if line:
-                    print(line, flush=True)
-                else:
-                    err = (out.stderr.strip().splitlines() or ["no output"])[-1]
-                    print(json.dumps({"workload": w, "device": a.device, "config": c, "error": err}), flush=True)
-            except subprocess.TimeoutExpired:
-                print(json.dumps({"workload": w, "device": a.device, "config": c,
-                                  "error": f"did not finish within {a.timeout} s"}), flush=True)
+            run_child(cmd, w, a.device, c, a.timeout)
+
+
+def run_child(cmd, workload, device, config, timeout):
+    """One configuration in a process of its own: prints its JSON line, or one naming its error."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        line = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+        if line:
+            print(line, flush=True)
+        else:
+            err = (out.stderr.strip().splitlines() or ["no output"])[-1]
+            print(json.dumps({"workload": workload, "device": device, "config": config, "error": err}), flush=True)
+    except subprocess.TimeoutExpired:
+        print(json.dumps({"workload": workload, "device": device, "config": config,
+                          "error": f"did not finish within {timeout} s"}), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,13 @@
 """Runs kiln's and PyTorch's benchmarks one after the other on this machine and prints one table
 (see scripts/bench): per workload, LibTorch eager and kiln (`kiln bench`, run twice: cold and warm
 compile cache) and every PyTorch configuration of bench/reference.py, each with its speed-up over
-its own side's eager and kiln's speed-up over it. All numbers come from this run."""
+its own side's eager and kiln's speed-up over it. All numbers come from this run.
+
+With --dynamic MIN:MAX, gpt at a sequence length drawn per step from [MIN, MAX] instead (the same
+lengths on both sides, from --dynamic-seed): `kiln bench gpt --dynamic` (LibTorch eager, kiln with
+the configuration's dynamic setting, kiln with dynamic = false, kiln at the mean length) and
+`bench/reference.py gpt --dynamic` (PyTorch eager, torch.compile with its default dynamic shapes;
+--configs for more), one table in tokens per second, warm-up and steady state apart."""
 import argparse
 import json
 import os
@@ -83,6 +89,80 @@ def kernel_lines(r):
             f"kiln {g['op_calls_per_step']:.1f}"]
 
 
+def dynamic_table(kiln, torch_rows, a):
+    """The --dynamic table: one row per kiln mode and PyTorch configuration. "kiln vs it" is the
+    first kiln mode's (the configuration's dynamic setting) tokens/s over the row's, over all steps
+    (above 1: kiln is faster)."""
+    f = lambda x, spec="{:.1f}": fmt(x, spec)
+    rows = []
+    modes = (kiln or {}).get("modes", [])
+    kiln_tps = modes[1]["tokens_per_s"] if len(modes) > 1 else None
+    kiln_eager = modes[0] if modes else {}
+    for m in modes:
+        rows.append([f"kiln bench: {m['name']}", m["runs_on"], f"{m['compiled_steps']}/{m['steps']}",
+                     f"{m['compiles']} ({m['shape_specialisations']} specialised)" if m["key"] != "eager" else "—",
+                     f(m["compile_s"], "{:.2f}") if m["key"] != "eager" else "—",
+                     f"{m['warmup_s']:.2f} ({m['warmup_steps']})", f(m["steady_tokens_per_s"]),
+                     fmt(ratio(m["steady_tokens_per_s"], kiln_eager.get("steady_tokens_per_s")), "{:.2f}x"),
+                     f(m["tokens_per_s"]), fmt(ratio(m["tokens_per_s"], kiln_eager.get("tokens_per_s")), "{:.2f}x"),
+                     fmt(ratio(kiln_tps, m["tokens_per_s"]), "{:.2f}x")])
+    py_eager = next((t for t in torch_rows if t.get("config") == "eager" and "tokens_per_s" in t), {})
+    for t in torch_rows:
+        if "error" in t:
+            rows.append([f"PyTorch {t['config']}", "did not run: " + t["error"]] + [""] * 9)
+            continue
+        compiled = t["config"] != "eager"
+        rows.append([f"PyTorch {t['config']}", "torch.compile" if compiled else "eager", "—",
+                     (f"{t['unique_graphs']} graphs ({t['recompiles']} recompiles"
+                      + (", hit recompile_limit" if t.get("hit_recompile_limit") else "") + ")") if compiled else "—",
+                     f(t["compile_s"], "{:.2f}") if compiled else "—", f"{t['warmup_s']:.2f} ({t['warmup_steps']})",
+                     f(t["steady_tokens_per_s"]),
+                     fmt(ratio(t["steady_tokens_per_s"], py_eager.get("steady_tokens_per_s")), "{:.2f}x"),
+                     f(t["tokens_per_s"]), fmt(ratio(t["tokens_per_s"], py_eager.get("tokens_per_s")), "{:.2f}x"),
+                     fmt(ratio(kiln_tps, t["tokens_per_s"]), "{:.2f}x")])
+    return rows
+
+
+def main_dynamic(a):
+    cache = tempfile.mkdtemp(prefix="kiln-bench-cache-")
+    env = dict(os.environ, KILN_CACHE_DIR=cache)
+    steps = ["--steps", str(a.steps)] if a.steps_given else []
+    kiln = run_json([a.kiln, "bench", "gpt", "--device", a.device, "--backend", a.backend, "--mode", a.mode,
+                     "--dynamic", a.dynamic, "--dynamic-seed", str(a.dynamic_seed), "--json"] + steps, env)
+    ref_cmd = [sys.executable, os.path.join(HERE, "reference.py"), "gpt", "--device", a.device, "--dynamic", a.dynamic,
+               "--dynamic-seed", str(a.dynamic_seed)] + steps
+    if a.configs:
+        ref_cmd += ["--configs", a.configs]
+    if a.timeout:
+        ref_cmd += ["--timeout", str(a.timeout)]
+    ref = run_json(ref_cmd)
+    k = kiln[0] if kiln else {}
+    d = k.get("dynamic", {})
+    same = all(t.get("lengths") == d.get("lengths") for t in ref if "lengths" in t)
+    threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+    print(f"\ngpt at sequence lengths {a.dynamic} on {a.device} ({threads} threads), seed {a.dynamic_seed}: "
+          f"{k.get('steps', '?')} steps, {d.get('distinct_lengths', '?')} distinct lengths, mean "
+          f"{fmt(d.get('mean_length'))}, batch {k.get('batch', '?')}; the same lengths on both sides: "
+          f"{'yes' if same and d else 'NO'}. kiln backend {k.get('backend_selected', a.backend)}, mode {a.mode}, "
+          f"its dynamic setting {k.get('config_dynamic', '?')}. Every step timed alone; warm-up = the first step and "
+          f"every step that compiled; tok/s = batch x length summed over the steps / their time; \"vs its eager\" "
+          f"against that side's eager; \"kiln vs it\" = kiln's (first kiln row) tok/s over all steps / its\n")
+    head = ["configuration", "runs on", "compiled steps", "compiles", "compile s", "warm-up s (steps)",
+            "steady tok/s", "vs its eager", "all tok/s", "vs its eager", "kiln vs it"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for row in dynamic_table(k, ref, a):
+        print("| " + " | ".join(row) + " |")
+    eager_k = next((m for m in k.get("modes", []) if m["key"] == "eager"), {})
+    eager_py = next((t for t in ref if t.get("config") == "eager" and "final_loss" in t), {})
+    if eager_k and eager_py:
+        print(f"\nfinal loss after the same steps from the same weights: LibTorch eager {eager_k['final_loss']:.6g}, "
+              f"PyTorch eager {eager_py['final_loss']:.6g}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"kiln": k, "torch": ref}, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workloads", nargs="*", default=["mlp", "cnn", "gpt"])
@@ -90,7 +170,11 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--mode", default="default")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=None, help="steps (default 30; with --dynamic kiln bench's and "
+                    "reference.py's default, 120)")
+    ap.add_argument("--dynamic", default=None, metavar="MIN:MAX", help="gpt at a sequence length drawn per step "
+                    "from [MIN, MAX], both sides on the same lengths")
+    ap.add_argument("--dynamic-seed", type=int, default=1234, help="with --dynamic: the lengths' seed")
     ap.add_argument("--configs", default=None, help="PyTorch configurations for bench/reference.py (comma-separated; "
                     "default: reference.py's for the device)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per PyTorch configuration (reference.py's "
@@ -99,6 +183,14 @@ def main():
                     "its timed steps): kernels per step, GPU busy time and the generated kernels' share")
     ap.add_argument("--json", default=None, help="also write every row to this file")
     a = ap.parse_args()
+    a.steps_given = a.steps is not None
+    if a.dynamic is not None:
+        if a.workloads not in (["mlp", "cnn", "gpt"], ["gpt"]):
+            raise SystemExit(f"--dynamic {a.dynamic!r}: only gpt has a sequence length")
+        main_dynamic(a)
+        return
+    if a.steps is None:
+        a.steps = 30
 
     cache = tempfile.mkdtemp(prefix="kiln-bench-cache-")
     env = dict(os.environ, KILN_CACHE_DIR=cache)

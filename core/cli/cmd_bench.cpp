@@ -14,6 +14,9 @@
 // --kernels then profiles a few more steady-state steps of each side with LibTorch's profiler
 // (bench_kernels.h): on CUDA the kernels a step runs, their GPU time and the generated kernels'
 // share; on the CPU the ATen operator calls a step makes.
+// --dynamic MIN:MAX (bench_dynamic.h) trains gpt at a sequence length drawn per step instead: LibTorch
+// eager, kiln with the configuration's dynamic setting, kiln one plan per shape and kiln at the mean
+// length, in tokens per second, warm-up and steady state apart.
 //
 // One pass per stage: parse the flags, run both sides, compare them, print the report.
 #include <dlfcn.h>
@@ -35,6 +38,7 @@
 #include <torch/cuda.h>
 
 #include "bench_ddp.h"
+#include "bench_dynamic.h"
 #include "bench_kernels.h"
 #include "commands.h"
 #include "kiln/compile.h"
@@ -67,6 +71,9 @@ struct BenchOptions {
   int nproc = 0;            // > 0: data-parallel ranks (bench_ddp.h)
   std::string ddp_backend;  // --ddp-backend
   bool ddp_child = false;   // one process of a --nproc run
+  std::string dynamic;      // --dynamic MIN:MAX ("" = the fixed batch)
+  int64_t min_length = 0, max_length = 0;
+  uint64_t dynamic_seed = 1234;
 };
 
 // Fills `o` from the command line. Returns nothing when the benchmark is to run, else the exit
@@ -77,7 +84,8 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       app, "kiln bench",
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
       "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
-      "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--json]",
+      "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--dynamic MIN:MAX [--dynamic-seed S]] "
+      "[--json]",
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
       "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.");
@@ -92,10 +100,11 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                  "also look for backend plugins in D (repeatable; searched after KILN_PLUGIN_PATH)")
       ->option_text("D")
       ->allow_extra_args(false);
-  app.add_option("--steps", o.steps,
-                 "steps per run (default 20; at least 4: the eager warm-up, the capture, two timed)")
-      ->type_name("N")
-      ->transform(integer<int>(4));
+  CLI::Option* steps = app.add_option("--steps", o.steps,
+                                      "steps per run (default 20, with --dynamic 120; at least 4: the eager warm-up,\n"
+                                      "the capture, two timed)")
+                           ->type_name("N")
+                           ->transform(integer<int>(4));
   app.add_option("--batch", o.batch, "batch size (default: the workload's size for the device)")
       ->type_name("N")
       ->transform(integer<int64_t>(1));
@@ -153,6 +162,17 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
   app.add_option("--ddp-backend", o.ddp_backend, "with --nproc: gloo or nccl (default: nccl on CUDA, else gloo)")
       ->type_name("B");
   app.add_flag("--ddp-child", o.ddp_child)->group("");  // a process of a --nproc run (the launcher passes it)
+  app.add_option("--dynamic", o.dynamic,
+                 "gpt at a sequence length drawn per step, uniformly from [MIN, MAX] (MAX at most the\n"
+                 "block size: 64 on the CPU, 256 on CUDA) from a fixed seed that bench/reference.py\n"
+                 "--dynamic draws alike. Compares, in tokens per second with warm-up and steady state\n"
+                 "apart: LibTorch eager, kiln with the configuration's dynamic setting (KILN_DYNAMIC),\n"
+                 "kiln with dynamic = false (one plan per shape), and kiln at the mean length every\n"
+                 "step. Not with --interleave, --kernels, --profiler-range or --nproc")
+      ->type_name("MIN:MAX");
+  app.add_option("--dynamic-seed", o.dynamic_seed, "with --dynamic: the seed of the lengths (default 1234)")
+      ->type_name("S")
+      ->transform(integer<uint64_t>());
   app.add_flag("--json", o.json, "one JSON object on stdout");
   if (auto status = parse_command_line(app, argc, argv)) return status;
   o.check = o.check || o.check_grads;
@@ -175,6 +195,22 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
     return usage_error(app,
                        "--nproc measures time only: not with --check, --kernels, --interleave, --trace or "
                        "--profiler-range");
+  if (app.count("--dynamic-seed") > 0 && app.count("--dynamic") == 0)
+    return usage_error(app, "--dynamic-seed needs --dynamic");
+  if (app.count("--dynamic") > 0) {
+    if (const std::string bad = parse_dynamic_range(o.dynamic, &o.min_length, &o.max_length); !bad.empty())
+      return usage_error(app, bad);
+    const int64_t block = workload_block_size(o.workload, o.device);
+    if (block == 0)
+      return usage_error(
+          app, "--dynamic '" + o.dynamic + "': " + o.workload + " has no sequence length; --dynamic is for gpt");
+    if (o.max_length > block)
+      return usage_error(app, "--dynamic '" + o.dynamic + "': MAX (" + std::to_string(o.max_length) +
+                                  ") is above gpt's block size on " + o.device + " (" + std::to_string(block) + ")");
+    if (o.nproc > 0 || o.interleave || o.kernels || o.profiler_range)
+      return usage_error(app, "--dynamic: not with --interleave, --kernels, --profiler-range or --nproc");
+    if (steps->count() == 0) o.steps = 120;
+  }
   return std::nullopt;
 }
 
@@ -787,6 +823,15 @@ int cmd_bench(int argc, char** argv) {
   if (o.device == "cuda" && !torch::cuda::is_available()) {
     std::fprintf(stderr, "kiln bench: --device cuda but LibTorch sees no CUDA device\n");
     return 1;
+  }
+  if (!o.dynamic.empty()) {
+    DynamicBenchOptions d;
+    d.workload = o.workload, d.device = o.device, d.backend = o.backend, d.mode = o.mode;
+    d.optimizer = o.optimizer, d.dtype = o.dtype, d.attention = o.attention, d.plugin_dirs = o.plugin_dirs;
+    d.min_length = o.min_length, d.max_length = o.max_length, d.seed = o.dynamic_seed;
+    d.steps = o.steps, d.batch = o.batch, d.tolerance = o.tolerance;
+    d.check = o.check, d.check_grads = o.check_grads, d.json = o.json, d.trace = o.trace;
+    return bench_dynamic(d);
   }
   BenchRun r = run(o);
   const BackendUse u = backend_use(o, r);

@@ -24,6 +24,9 @@ struct Workload {
   // The forward and loss run under bf16 autocast on the workload's device: gpt on CUDA by default,
   // any workload with WorkloadOptions::dtype "bf16".
   bool autocast_bf16 = false;
+  // gpt: its block size, the longest sequence it takes (its position embedding's rows; the length
+  // of `input`); 0 for workloads without a sequence.
+  int64_t block_size = 0;
 };
 
 struct WorkloadOptions {
@@ -58,7 +61,24 @@ struct CharGptModel {
 CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width);
 
 const std::vector<std::string>& workload_names();
+
 // Throws std::invalid_argument naming the valid workloads for an unknown name.
 Workload make_workload(const std::string& name, const WorkloadOptions& opts = {});
+
+// The block size of a workload on a device ("cpu", "cuda", "cuda:N"): gpt's context (64 on the CPU,
+// 256 on CUDA), 0 for workloads without a sequence (mlp, cnn) or an unknown name.
+int64_t workload_block_size(const std::string& name, const std::string& device);
+
+// gpt's batch at sequence length `length` (1 <= length <= w.block_size): the first `length` tokens
+// of every row of its input and target, each contiguous (the whole batch at the block size). The model
+// sizes its positions and its causal mask from the length it is given, so every length is the same
+// model on a shorter context; bench/reference.py slices its batch the same way. Throws
+// std::invalid_argument for a workload without a sequence or a length out of range.
+std::vector<at::Tensor> workload_batch(const Workload& w, int64_t length);
+
+// `steps` sequence lengths drawn uniformly from [min, max] (1 <= min <= max) from `seed`, with
+// splitmix64 (each length min + z mod (max - min + 1) of the next 64-bit output z), so that
+// bench/reference.py draws exactly the same sequence: `kiln bench gpt --dynamic MIN:MAX`.
+std::vector<int64_t> dynamic_lengths(int64_t min, int64_t max, int steps, uint64_t seed);
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
 #include "kiln/workloads.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -122,6 +123,41 @@ const std::vector<std::string>& workload_names() {
   return names;
 }
 
+int64_t workload_block_size(const std::string& name, const std::string& device) {
+  if (name != "gpt") return 0;
+  return device == "cuda" || device.rfind("cuda:", 0) == 0 ? 256 : 64;
+}
+
+std::vector<at::Tensor> workload_batch(const Workload& w, int64_t length) {
+  if (w.block_size <= 0)
+    throw std::invalid_argument("workload_batch: the " + w.name + " workload has no sequence length");
+  if (length < 1 || length > w.block_size)
+    throw std::invalid_argument("workload_batch: sequence length " + std::to_string(length) + " is outside [1, " +
+                                std::to_string(w.block_size) + "] (the " + w.name + " workload's block size)");
+  if (length == w.block_size) return {w.input, w.target};
+  return {w.input.narrow(1, 0, length).contiguous(), w.target.narrow(1, 0, length).contiguous()};
+}
+
+std::vector<int64_t> dynamic_lengths(int64_t min, int64_t max, int steps, uint64_t seed) {
+  if (min < 1 || max < min)
+    throw std::invalid_argument("dynamic_lengths: need 1 <= min <= max, got " + std::to_string(min) + ":" +
+                                std::to_string(max));
+  const uint64_t span = static_cast<uint64_t>(max - min) + 1;
+  uint64_t state = seed;
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(std::max(steps, 0)));
+  for (int i = 0; i < steps; ++i) {
+    // splitmix64 (Steele, Lea and Flood): bench/reference.py has the same lines.
+    state += 0x9E3779B97F4A7C15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    out.push_back(min + static_cast<int64_t>(z % span));
+  }
+  return out;
+}
+
 Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
   // "cuda" is the first GPU; "cuda:N" another (a data-parallel rank's).
   const bool cuda = opts.device == "cuda" || opts.device.rfind("cuda:", 0) == 0;
@@ -165,7 +201,7 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
   } else if (name == "gpt") {
     const int64_t B = opts.batch ? opts.batch : (cuda ? 64 : 8);
-    const int64_t T = cuda ? 256 : 64;
+    const int64_t T = workload_block_size("gpt", opts.device);
     CharGpt net(65, T, 6, 6, 384);
     net->to(device);
     w.model = net.ptr();
@@ -177,6 +213,7 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     w.input = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
     w.target = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
     w.autocast_bf16 = cuda;
+    w.block_size = T;
   } else {
     throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
   }

@@ -339,6 +339,89 @@ TEST(BenchCli, ProfilerRangeNeedsCudaAndSaysSo) {
   EXPECT_NE(r.err.find("kiln bench: --profiler-range: needs --device cuda"), std::string::npos) << r.err;
 }
 
+// --dynamic MIN:MAX: gpt at a length drawn per step, every mode in one run and one table, the
+// lengths those bench/reference.py draws. --batch 2 keeps it short; the cheapest backend (eager).
+TEST(BenchCli, DynamicRunsEveryModeAtTheSameLengthsAndPrintsTheTable) {
+  const CliRun r = kiln_cli("bench gpt --dynamic 8:24 --steps 12 --backend eager --batch 2");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("12 steps at sequence lengths 8:24, batch 2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("lengths: seed 1234, 9 distinct of 17 possible, mean 16.75 (the static plan runs every "
+                       "step at 17); first: 16 24 20 23 16 8 17 24 13 12 11 17"),
+            std::string::npos)
+      << r.out;
+  for (const char* row :
+       {"\n  LibTorch eager ", "\n  kiln dynamic=auto ", "\n  kiln dynamic=false ", "\n  kiln static T=17 "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_NE(r.out.find("steady tok/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warm-up s (steps)"), std::string::npos) << r.out;
+}
+
+TEST(BenchCli, DynamicJsonCountsEveryStepOnceAndChecksTheNumbers) {
+  const CliRun r = kiln_cli("bench gpt --dynamic 8:24 --steps 12 --backend eager --batch 2 --check --json");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const Json j = Json::parse(r.out);
+  const Json& d = j["dynamic"];
+  EXPECT_EQ(d["min"].get<int>(), 8);
+  EXPECT_EQ(d["max"].get<int>(), 24);
+  EXPECT_EQ(d["seed"].get<int>(), 1234);
+  EXPECT_EQ(d["distinct_lengths"].get<int>(), 9);
+  EXPECT_EQ(d["static_length"].get<int>(), 17);
+  EXPECT_EQ(d["block_size"].get<int>(), 64);
+  const std::vector<int64_t> lengths = d["lengths"].get<std::vector<int64_t>>();
+  ASSERT_EQ(lengths.size(), 12u);
+  // PyTorch's side draws the same lengths.
+  const CliRun py = kiln::test::run_command(
+      std::string(KILN_PYTHON) + " " + KILN_REFERENCE_PY + " gpt --dynamic 8:24 --steps 12 --lengths", "reference");
+  ASSERT_EQ(py.status, 0) << py.err;
+  EXPECT_EQ(Json::parse(py.out)["lengths"].get<std::vector<int64_t>>(), lengths);
+  int64_t sum = 0;
+  for (const int64_t t : lengths) sum += t;
+  ASSERT_EQ(j["modes"].size(), 4u);
+  const std::vector<std::string> keys = {"eager", "kiln", "kiln_dynamic_false", "kiln_static"};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const Json& m = j["modes"][i];
+    EXPECT_EQ(m["key"].get<std::string>(), keys[i]);
+    EXPECT_EQ(m["warmup_steps"].get<int>() + m["steady_steps"].get<int>(), 12) << m.dump();
+    EXPECT_GE(m["warmup_steps"].get<int>(), 1) << m.dump();  // the first step at least
+    EXPECT_EQ(m["tokens"].get<int64_t>(), 2 * (keys[i] == "kiln_static" ? 17 * 12 : sum)) << m.dump();
+    EXPECT_GT(m["tokens_per_s"].get<double>(), 0) << m.dump();
+    EXPECT_EQ(m["compiled_steps"].get<int>() + m["eager_steps"].get<int>(), 12) << m.dump();
+  }
+  EXPECT_EQ(j["modes"][0]["compiled_steps"].get<int>(), 0);
+  EXPECT_EQ(j["modes"][1]["dynamic"].get<std::string>(), "auto");
+  EXPECT_EQ(j["modes"][2]["dynamic"].get<std::string>(), "false");
+  // One shape: one capture, every step after it compiled.
+  EXPECT_EQ(j["modes"][3]["compiles"].get<int>(), 1);
+  EXPECT_EQ(j["modes"][3]["compiled_steps"].get<int>(), 10);
+  // One plan per shape: a capture per new length up to recompile_limit (8), then eager.
+  EXPECT_GE(j["modes"][2]["compiles"].get<int>(), 2);
+  for (size_t i : {1, 2}) {
+    const Json& c = j["modes"][i]["check"];
+    EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
+  }
+  EXPECT_FALSE(j["modes"][3].contains("check"));
+}
+
+TEST(BenchCli, ABadDynamicRangeIsAUsageErrorNamingTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"bench gpt --dynamic 24:8", "--dynamic '24:8': MIN (24) is above MAX (8)"},
+      {"bench gpt --dynamic x", "--dynamic 'x': use MIN:MAX"},
+      {"bench gpt --dynamic 0:8", "--dynamic '0:8': MIN must be at least 1"},
+      {"bench gpt --dynamic 8:", "--dynamic '8:': use MIN:MAX"},
+      {"bench gpt --dynamic 16:100", "--dynamic '16:100': MAX (100) is above gpt's block size on cpu (64)"},
+      {"bench mlp --dynamic 8:24", "--dynamic '8:24': mlp has no sequence length"},
+      {"bench gpt --dynamic 8:24 --kernels", "--dynamic: not with --interleave, --kernels"},
+      {"bench gpt --dynamic-seed 7", "--dynamic-seed needs --dynamic"},
+  };
+  for (const auto& [args, message] : cases) {
+    const CliRun r = kiln_cli(args);
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("kiln bench: " + message), std::string::npos) << args << "\n" << r.err;
+  }
+  const CliRun h = kiln_cli("bench --help");
+  EXPECT_NE(h.out.find("--dynamic MIN:MAX"), std::string::npos) << h.out;
+}
+
 TEST(BenchCliCuda, ProfilerRangeProfilesOneCompiledStep) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const CliRun r = kiln_cli("bench mlp --device cuda --steps 4 --profiler-range");
