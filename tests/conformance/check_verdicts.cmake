@@ -5,6 +5,7 @@
 #   wrong_kernel          add and sub ignore alpha
 #   claims_nothing        available, claims no node of any graph
 #   stale_scalars         keeps the run-time scalar values of its first execute
+#   ignores_sizes         hands back the program of the first graph of the same ops at other sizes
 #   cmake -DKILN=path/to/kiln -DPLUGIN_DIR=dir -DWORK_DIR=dir -P check_verdicts.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/conformance_checks.cmake)
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -15,6 +16,7 @@ set(_cases_compile_always_fails ${_cases})
 set(_cases_wrong_kernel ${_cases})
 set(_cases_claims_nothing "Claim.PartitionsFormedFromClaimsCompile:Numeric.UnaryPointwise:Numeric.RuntimeScalars:\
 Workload.Mlp:Workload.PluginRunsInSomeReferenceStep")
+set(_cases_ignores_sizes "Numeric.BinaryPointwise:Workload.Mlp:Workload.MlpBatchSizesThatChange")
 set(_cases_stale_scalars "Numeric.UnaryPointwise:Numeric.BinaryPointwise:Numeric.RuntimeScalars:\
 Numeric.RuntimeScalarChains")
 # plugin|case|result|text the message must contain
@@ -38,6 +40,9 @@ set(_expected
   "claims_nothing|Workload.Mlp|skipped|claims_nothing claims none of the"
   "claims_nothing|Workload.PluginRunsInSomeReferenceStep|failed|claims_nothing claimed no node of any reference workload (mlp, cnn, gpt)"
   "claims_nothing|Workload.PluginRunsInSomeReferenceStep|failed|nothing of it ran"
+  "ignores_sizes|Numeric.BinaryPointwise|failed|aten::add.Tensor(f32[33,65], f32[33,65]): output 0 relative error inf"
+  "ignores_sizes|Workload.Mlp|passed|steps match eager"
+  "ignores_sizes|Workload.MlpBatchSizesThatChange|failed|mlp loss at step 5 (batch size 31)"
   "stale_scalars|Numeric.UnaryPointwise|passed|variants claimed and checked"
   "stale_scalars|Numeric.BinaryPointwise|passed|variants claimed and checked"
   "stale_scalars|Numeric.RuntimeScalars|failed|aten::mul.Scalar(f32[4,5], other=$0), execute 2 of 4"
@@ -70,7 +75,7 @@ function(check_case plugin name result msg)
   endif()
 endfunction()
 
-foreach(plugin declines_everything compile_always_fails wrong_kernel claims_nothing stale_scalars)
+foreach(plugin declines_everything compile_always_fails wrong_kernel claims_nothing stale_scalars ignores_sizes)
   string(REPLACE ":" ";" case_list "${_cases_${plugin}}")
   list(LENGTH case_list n_cases)
   conformance_run(LABEL ${plugin} PLUGIN ${PLUGIN_DIR}/libkiln_${plugin}.so JSON ${WORK_DIR}/${plugin}.json
