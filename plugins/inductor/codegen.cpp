@@ -286,8 +286,8 @@ class KernelEmitter {
   // " num_threads(nt) schedule(static) if(parallel: ...)": threads when there are several and the
   // kernel's work reaches kParallelThreshold.
   static std::string parallel_if(int64_t work) {
-    return " num_threads(nt) schedule(static) if(parallel: nt > 1 && " + std::to_string(work) + "LL >= " +
-           std::to_string(kParallelThreshold) + "LL)";
+    return " num_threads(nt) schedule(static) if(parallel: nt > 1 && " + std::to_string(work) +
+           "LL >= " + std::to_string(kParallelThreshold) + "LL)";
   }
 
   // parallel_work >= 0: the stage's outer loop may run on threads (a kernel without outer loops).

@@ -87,8 +87,8 @@ TEST_P(VariableLength, LanguageModelWithPerBatchPaddingCompilesTwiceAndTrainsLik
 }
 
 TEST_P(VariableLength, ClassifierWithAShortLastBatchCompilesTwiceAndTrainsLikeEager) {
-  auto [eager, kiln] =
-      programs::expect_trains_like_eager(train_classifier, GetParam(), kClassifierSteps, /*captures=*/2, {"loss", "correct"});
+  auto [eager, kiln] = programs::expect_trains_like_eager(train_classifier, GetParam(), kClassifierSteps,
+                                                          /*captures=*/2, {"loss", "correct"});
   ASSERT_TRUE(kiln.stats.has_value());
   // One symbol for the batch of all three inputs (equal sizes share one, as PyTorch's duck sizing
   // does), named after the first of them the graph reads: the lengths.

@@ -90,9 +90,9 @@ struct StepStats {
   // Dynamic shapes ([runtime] dynamic). `compiles` counts captures; a shape that a symbolic step
   // covers is planned from it without a capture (a specialisation: the passes and the backend's
   // compile for that shape, which a backend caches).
-  int shape_specialisations = 0;        // plans made from a symbolic step for a new shape
-  double last_specialise_seconds = 0;   // the last one's planning time
-  int shape_evictions = 0;              // plans of a dynamic step dropped as least recently used
+  int shape_specialisations = 0;          // plans made from a symbolic step for a new shape
+  double last_specialise_seconds = 0;     // the last one's planning time
+  int shape_evictions = 0;                // plans of a dynamic step dropped as least recently used
   std::vector<std::string> dynamic_dims;  // symbolic dimensions of the last dynamic step: "input 0 dim 1"
   // Why the last compile happened: "input 0 dim 1 changed 37 -> 52: compiling with it symbolic"
   std::string last_recompile_reason;

@@ -584,7 +584,8 @@ Setting mark_dynamic_setting() {
     for (const auto& m : a.runtime.mark_dynamic) {
       const auto colon = m.find(':');
       auto digits = [](const std::string& t) {
-        return !t.empty() && t.size() < 7 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+        return !t.empty() && t.size() < 7 &&
+               std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
       };
       if (colon == std::string::npos || !digits(m.substr(0, colon)) || !digits(m.substr(colon + 1)))
         throw ConfigError(where, key,

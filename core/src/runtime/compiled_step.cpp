@@ -89,15 +89,15 @@ struct CompiledStep::Impl {
       CapturedStep captured;
       ProbeState probe;
     };
-    std::vector<Capture> captures;    // captured shapes, the first first (the symbolic step's base)
+    std::vector<Capture> captures;  // captured shapes, the first first (the symbolic step's base)
     std::optional<ir::SymbolicStep> sym;
-    size_t base = 0;                  // the capture whose bindings the symbolic step's graph has
+    size_t base = 0;                            // the capture whose bindings the symbolic step's graph has
     std::vector<std::pair<int, int64_t>> dims;  // per symbol: (input, dim)
-    std::string refused;              // why its shapes cannot share a symbolic step ("" if they can)
-    std::list<std::vector<int64_t>> lru;  // specialised signatures, the most recently used first
+    std::string refused;                        // why its shapes cannot share a symbolic step ("" if they can)
+    std::list<std::vector<int64_t>> lru;        // specialised signatures, the most recently used first
   };
   std::map<std::vector<int64_t>, Family> families;  // by signature without sizes
-  std::set<std::pair<int, int64_t>> marked;           // mark_dynamic: (input, dim)
+  std::set<std::pair<int, int64_t>> marked;         // mark_dynamic: (input, dim)
 
   void warn_once(const std::string& msg) {
     if (warned.insert(msg).second) log_warn(msg);

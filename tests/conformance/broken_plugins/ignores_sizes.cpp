@@ -104,7 +104,8 @@ class IgnoresSizes : public CpuPlugin {
  public:
   using CpuPlugin::CpuPlugin;
   static Descriptor describe() {
-    return cpu_descriptor(PLUGIN_NAME, "float32 element-wise ops, compiled once per sequence of ops whatever the sizes");
+    return cpu_descriptor(PLUGIN_NAME,
+                          "float32 element-wise ops, compiled once per sequence of ops whatever the sizes");
   }
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
     check_options(options);

@@ -145,10 +145,15 @@ ddp_backend = "gloo"
 ddp_bucket_cap_mb = 50
 ddp_find_unused_parameters = true
 ddp_timeout = 120
+group_by_length = true
+pad_to_multiple_of = 8
 
 [runtime]
 fullgraph = true
 recompile_limit = 3
+dynamic = false
+mark_dynamic = ["0:1", "1:1"]
+dynamic_shape_cache = 5
 plugin_dirs = ["/opt/a", "/opt/b"]
 cache_dir = "/tmp/kc"
 cpu_block_cache = false
@@ -206,6 +211,11 @@ ratio = 0.5
   EXPECT_EQ(a.ddp_timeout, 120);
   EXPECT_TRUE(a.runtime.fullgraph);
   EXPECT_EQ(a.runtime.recompile_limit, 3);
+  EXPECT_EQ(a.runtime.dynamic, "false");  // a TOML boolean, as PyTorch's dynamic=False
+  EXPECT_EQ(a.runtime.mark_dynamic, (std::vector<std::string>{"0:1", "1:1"}));
+  EXPECT_EQ(a.runtime.dynamic_shape_cache, 5);
+  EXPECT_TRUE(a.group_by_length);
+  EXPECT_EQ(a.pad_to_multiple_of, 8);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
   EXPECT_EQ(a.runtime.cache_dir, "/tmp/kc");
   EXPECT_FALSE(a.runtime.cpu_block_cache);
@@ -226,7 +236,7 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":33:19");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":35:19");
   EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":51:19");
   EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":55:8");
   // Every key of the table was set by this file.
@@ -311,6 +321,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     else if (s.key == "runtime.cpu_block_cache_max_mb") value = "7";
     else if (s.key == "runtime.compile_threads") value = "2";
     else if (s.key == "runtime.channels_last") value = "always";
+    else if (s.key == "runtime.dynamic") value = "false";
     else if (s.key == "plugin.<name>.<option>")
       value = "some_plugin.some_option=v", origin_key = "plugin.some_plugin.some_option";
     else value = "/some/value";
@@ -320,7 +331,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
     EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
   }
-  EXPECT_EQ(variables, 18u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+  EXPECT_EQ(variables, 19u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
 }
 
 TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {

@@ -166,7 +166,8 @@ DynamicRun run_dynamic(const std::string& name, const std::vector<int64_t>& leng
     const at::Tensor x = vary_batch ? ref.input.narrow(0, 0, lengths[s]) : ref.input.narrow(1, 0, lengths[s]);
     const at::Tensor y = vary_batch ? ref.target.narrow(0, 0, lengths[s]) : ref.target.narrow(1, 0, lengths[s]);
     const at::Tensor xi = x.is_floating_point() ? at::randn_like(x) : at::randint_like(x, 0, 64);
-    const at::Tensor yi = y.is_floating_point() ? at::randn_like(y) : (name == "gpt" ? at::randint_like(y, 0, 64) : y.clone());
+    const at::Tensor yi =
+        y.is_floating_point() ? at::randn_like(y) : (name == "gpt" ? at::randint_like(y, 0, 64) : y.clone());
     auto want = ref_step({xi, yi})[0];
     auto got = step({xi.clone(), yi.clone()})[0];
     EXPECT_LE(rel_err(got, want), tol) << name << " loss at step " << s << " (size " << lengths[s] << ")";
@@ -228,7 +229,8 @@ TEST(DynamicShapes, DynamicFalseCompilesEveryShape) {
   EXPECT_EQ(r.stats.compiles, 4) << r.stats.last_fallback;
   EXPECT_EQ(r.stats.shape_specialisations, 0);
   EXPECT_TRUE(r.stats.dynamic_dims.empty());
-  EXPECT_EQ(r.stats.last_recompile_reason, "input 0 dim 0 changed 8 -> 9, input 1 dim 0 changed 8 -> 9: compiled for this shape (dynamic = false)");
+  EXPECT_EQ(r.stats.last_recompile_reason,
+            "input 0 dim 0 changed 8 -> 9, input 1 dim 0 changed 8 -> 9: compiled for this shape (dynamic = false)");
 }
 
 TEST(DynamicShapes, AMarkedDimensionIsSymbolicEvenWithDynamicFalse) {
