@@ -237,8 +237,8 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":35:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":51:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":55:8");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":56:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":60:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
