@@ -95,7 +95,10 @@ struct TrainingArguments {
   int64_t max_steps = -1;                    // > 0: the number of optimizer steps; wins over num_train_epochs
   int64_t per_device_train_batch_size = 8;   // examples per micro-batch
   int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
-  double learning_rate = 5e-5;               // the schedule's peak; replaces the optimizer's own lr in train()
+  // The schedule's peak for every parameter group in train(). Unset (the default): each group's own
+  // lr, as the optimizer has it, is its peak, as Hugging Face's Trainer schedules an optimizer it is
+  // given. Set, it wins over the optimizer's rates (a log line of train() says which holds).
+  std::optional<double> learning_rate;
   std::string lr_scheduler_type = "linear";  // constant, constant_with_warmup, linear, cosine
   int64_t warmup_steps = 0;                  // > 0 wins over warmup_ratio
   double warmup_ratio = 0.0;                 // of the total optimizer steps

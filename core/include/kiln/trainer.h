@@ -165,8 +165,9 @@ class Trainer {
   // examples (the last may be smaller), each made by the data collator (set_data_collator;
   // stacked without one), and those grouped by gradient_accumulation_steps (the last group may be
   // shorter). Before every optimizer step each
-  // parameter group's learning rate is set to the schedule's (learning_rate, lr_scheduler_type,
-  // warmup_steps or warmup_ratio); the optimizer's own lr is replaced. A group of one micro-batch
+  // parameter group's learning rate is set to the schedule's (lr_scheduler_type, warmup_steps or
+  // warmup_ratio) times the group's peak: learning_rate when it is set, else the group's own lr as
+  // the optimizer had it at the first train() (Hugging Face's way with an optimizer it is given). A group of one micro-batch
   // runs through step(); a longer group runs through a second compiled step that adds the
   // micro-batches' gradients (each loss divided by the group's size) before one optimizer update.
   //

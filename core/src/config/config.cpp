@@ -462,6 +462,28 @@ Setting max_grad_norm_setting() {
   return s;
 }
 
+// learning_rate: a number >= 0 when set; unset, train() keeps the optimizer's own rates.
+Setting learning_rate_setting() {
+  const std::string key = "learning_rate";
+  Setting s{key, ""};
+  s.default_doc = "unset";
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_number()) throw wrong_type(v, source, key, "a number");
+    a.learning_rate = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+  };
+  s.from_env = [key](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    a.learning_rate = env_number(value, where, key);
+  };
+  s.show = [](const TrainingArguments& a) { return a.learning_rate ? number_text(*a.learning_rate) : "unset"; };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    if (a.learning_rate && (!(*a.learning_rate >= 0 && *a.learning_rate <= 1e9) || !std::isfinite(*a.learning_rate)))
+      throw ConfigError(where, key,
+                        "key '" + key + "' must be a finite number >= 0 (or unset: the optimizer's own rates), got " +
+                            number_text(*a.learning_rate));
+  };
+  return s;
+}
+
 // A floating-point number within [lo, hi] (TOML integers are accepted too); `what` says the range in
 // the error message.
 template <class F>
@@ -720,8 +742,7 @@ const std::vector<Setting>& table() {
         "group_by_length", "", [](auto& a) -> auto& { return a.group_by_length; }));
     v.push_back(integer(
         "pad_to_multiple_of", "", [](auto& a) -> auto& { return a.pad_to_multiple_of; }, 0, int64_t{1} << 20));
-    v.push_back(real(
-        "learning_rate", [](auto& a) -> auto& { return a.learning_rate; }, 0, 1e9, "a finite number >= 0"));
+    v.push_back(learning_rate_setting());
     v.push_back(text(
         "lr_scheduler_type", "", [](auto& a) -> auto& { return a.lr_scheduler_type; }, check_lr_scheduler_type));
     v.push_back(integer(

@@ -256,7 +256,9 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
   {
     torch::serialize::OutputArchive ar;
     ar.write("lr_scheduler_type", c10::IValue(loop.schedule.type));
-    ar.write("learning_rate", c10::IValue(loop.schedule.learning_rate));
+    // "learning_rate": the first group's peak, as checkpoints before base_lrs held it for all.
+    ar.write("learning_rate", c10::IValue(loop.schedule.peak_lrs.empty() ? 0.0 : loop.schedule.peak_lrs[0]));
+    ar.write("base_lrs", c10::IValue(c10::List<double>(loop.schedule.peak_lrs)));
     ar.write("warmup_steps", c10::IValue(loop.schedule.warmup_steps));
     ar.write("total_steps", c10::IValue(loop.schedule.total_steps));
     ar.write("last_step", c10::IValue(loop.global_step));
@@ -439,7 +441,13 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
     torch::serialize::InputArchive ar;
     open_archive(f, ar, at::kCPU);
     loop.schedule.type = read_string(ar, f, "lr_scheduler_type");
-    loop.schedule.learning_rate = read_double(ar, f, "learning_rate");
+    const double first = read_double(ar, f, "learning_rate");
+    if (c10::IValue v; ar.try_read("base_lrs", v)) {
+      if (!v.isDoubleList()) throw CheckpointError(f.string(), "'base_lrs' is not a list of numbers");
+      for (double r : v.toDoubleList()) loop.schedule.peak_lrs.push_back(r);
+    } else {
+      loop.schedule.peak_lrs = {first};  // written before base_lrs: one rate for every group
+    }
     loop.schedule.warmup_steps = read_int(ar, f, "warmup_steps");
     loop.schedule.total_steps = read_int(ar, f, "total_steps");
     if (read_int(ar, f, "last_step") != loop.global_step)

@@ -23,7 +23,7 @@ namespace kiln::checkpoint {
 // The schedule train() follows; a resumed run that differs is warned about.
 struct Schedule {
   std::string type;
-  double learning_rate = 0;
+  std::vector<double> peak_lrs;  // each parameter group's peak rate (Hugging Face's base_lrs)
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;
 };

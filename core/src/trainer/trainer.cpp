@@ -50,10 +50,17 @@ struct Trainer::Impl {
   // function, and the optimizer probe's look-ahead right after the capture then replays step()
   // with the next rate: a scheduled rate is a run-time scalar of the first plan, and the step is
   // not planned again when the rate first moves.
-  std::optional<double> next_lr;
+  std::optional<double> next_lr;  // the schedule's factor of the next step
   void set_next_lr() {
-    if (next_lr)
-      for (auto& group : optimizer->param_groups()) group.options().set_lr(*next_lr);
+    if (next_lr) set_rates(*next_lr);
+  }
+  // train()'s schedule scales each parameter group's peak rate (Hugging Face's base_lrs):
+  // learning_rate when it is set, else the group's own lr, as the optimizer had it at the first
+  // train() (or as the checkpoint a run resumes from says).
+  std::vector<double> peak_lrs;
+  void set_rates(double factor) {
+    auto& groups = optimizer->param_groups();
+    for (size_t i = 0; i < groups.size() && i < peak_lrs.size(); ++i) groups[i].options().set_lr(peak_lrs[i] * factor);
   }
   ComputeMetricsFn compute_metrics;
   // train()'s and evaluate()'s micro-batches; none: examples stacked (stack_examples).
@@ -84,7 +91,7 @@ struct Trainer::Impl {
   double mean_over_ranks(double v) const;
 
   void make_accumulate(const TrainingArguments& args);
-  // `lr`, `lr_next`: the rates of the step the run continues with and of the one after.
+  // `lr`, `lr_next`: the schedule's factors of the step the run continues with and of the one after.
   void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr, double lr_next,
                               const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step);
   // evaluate()'s metrics, in the order the metrics line writes them.
@@ -144,6 +151,15 @@ std::string display_number(double d, int digits = 4) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.*g", digits, d);
   return buf;
+}
+
+// Learning rates for people: "0.001", or "[0.001, 0.0001]" when the parameter groups differ.
+std::string rates_text(const std::vector<double>& rates) {
+  if (rates.empty()) return "none";
+  if (std::all_of(rates.begin(), rates.end(), [&](double r) { return r == rates[0]; })) return display_number(rates[0]);
+  std::string t = "[";
+  for (size_t i = 0; i < rates.size(); ++i) t += (i ? ", " : "") + display_number(rates[i]);
+  return t + "]";
 }
 
 // A metric as JSON: a whole number as an integer (step 10, not 10.0, as the file has always had it),
@@ -634,7 +650,7 @@ void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpo
           inputs.insert(inputs.end(), mb.begin(), mb.end());
         }
         // As the step the run continues with: the look-ahead after a capture sees the rate move.
-        for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+        set_rates(lr);
         next_lr = lr_next;
         run_step(inputs);
       }
@@ -672,9 +688,10 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   const int64_t epochs = (total_steps + steps_per_epoch - 1) / steps_per_epoch;
   const int64_t warmup =
       a.warmup_steps > 0 ? a.warmup_steps : static_cast<int64_t>(std::ceil(a.warmup_ratio * total_steps));
-  auto lr_at = [&](int64_t step) {
-    return a.learning_rate * schedule_factor(a.lr_scheduler_type, step, warmup, total_steps);
-  };
+  // The schedule's factor of optimizer step `step`, and the rate it gives the first parameter group
+  // (the one the metrics log, as Hugging Face logs the scheduler's first rate).
+  auto factor_at = [&](int64_t step) { return schedule_factor(a.lr_scheduler_type, step, warmup, total_steps); };
+  auto lr_at = [&](int64_t step) { return (im->peak_lrs.empty() ? 0.0 : im->peak_lrs[0]) * factor_at(step); };
   const int64_t eval_steps = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
   const bool evaluate_steps = eval_dataset && a.eval_strategy == "steps";
   const bool evaluate_epochs = eval_dataset && a.eval_strategy == "epoch";
@@ -708,7 +725,17 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   loop.gradient_accumulation_steps = ga;
   loop.seed = a.seed;
   loop.group_by_length = a.group_by_length;
-  loop.schedule = {a.lr_scheduler_type, a.learning_rate, warmup, total_steps};
+  // Each parameter group's peak: learning_rate when it is set (it wins, as in Hugging Face's
+  // TrainingArguments), else the optimizer's own rates, read at the first train() of this Trainer
+  // (a later one keeps them: the schedule has moved the rates since).
+  const size_t n_groups = im->optimizer->param_groups().size();
+  if (a.learning_rate) {
+    im->peak_lrs.assign(n_groups, *a.learning_rate);
+  } else if (im->peak_lrs.size() != n_groups) {
+    im->peak_lrs.clear();
+    for (auto& group : im->optimizer->param_groups()) im->peak_lrs.push_back(group.options().get_lr());
+  }
+  loop.schedule = {a.lr_scheduler_type, im->peak_lrs, warmup, total_steps};
 
   // Resuming: everything is read and checked before anything of this run is written.
   int64_t start_epoch = 0, start_in_epoch = 0;
@@ -748,14 +775,27 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       for (int64_t e = 0; e < start_epoch; ++e) at::randperm(n, shuffle, at::TensorOptions().dtype(at::kLong));
     }
     const auto& s = r.schedule;
-    if (s.type != a.lr_scheduler_type || s.learning_rate != a.learning_rate || s.warmup_steps != warmup ||
+    // Without learning_rate the checkpoint's peaks go on (the optimizer it loaded holds scheduled
+    // rates, not the peaks); a checkpoint of another number of groups gives its first to all.
+    if (!a.learning_rate && !s.peak_lrs.empty()) {
+      im->peak_lrs.assign(n_groups, s.peak_lrs[0]);
+      if (s.peak_lrs.size() == n_groups) im->peak_lrs = s.peak_lrs;
+      loop.schedule.peak_lrs = im->peak_lrs;
+    }
+    if (s.type != a.lr_scheduler_type || s.peak_lrs != im->peak_lrs || s.warmup_steps != warmup ||
         s.total_steps != total_steps)
       log_warn(c10::str("kiln::Trainer::train: the checkpoint ", dir, " followed the schedule ", s.type, " (peak ",
-                        s.learning_rate, ", ", s.warmup_steps, " warmup steps of ", s.total_steps,
-                        "); this run follows ", a.lr_scheduler_type, " (peak ", a.learning_rate, ", ", warmup,
+                        rates_text(s.peak_lrs), ", ", s.warmup_steps, " warmup steps of ", s.total_steps,
+                        "); this run follows ", a.lr_scheduler_type, " (peak ", rates_text(im->peak_lrs), ", ", warmup,
                         " warmup steps of ", total_steps, ") from step ", r.global_step));
   }
 
+  if (world_zero)
+    log_info(a.learning_rate
+                 ? c10::str("kiln::Trainer::train: learning_rate ", display_number(*a.learning_rate),
+                            " is the schedule's peak for every parameter group (the optimizer's own rate is not used)")
+                 : c10::str("kiln::Trainer::train: learning_rate is not set: the schedule scales the optimizer's own ",
+                            n_groups == 1 ? "rate " : "rates ", rates_text(im->peak_lrs)));
   Progress progress(a.disable_tqdm, total_steps, loop.global_step);
   if (!resumed_from.empty())
     progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",
@@ -778,7 +818,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     return loss;
   };
   if (!resumed_from.empty())
-    im->prepare_compiled_steps(dataset, r, lr_at(loop.global_step), lr_at(loop.global_step + 1), run_step);
+    im->prepare_compiled_steps(dataset, r, factor_at(loop.global_step), factor_at(loop.global_step + 1), run_step);
 
   std::ofstream metrics;
   if (to_jsonl) {
@@ -812,7 +852,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.epoch_end_pending = epoch_end_pending;
     loop.data_order_state = order_state;
     // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
-    for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
+    im->set_rates(factor_at(loop.global_step));
     const std::string path =
         checkpoint::save(a.output_dir, *im->model, *im->optimizer, loop,
                          trainer_state_json(loop, a, total_steps, epochs, eval_steps, steps_per_epoch));
@@ -870,8 +910,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
                               [&](const std::string& l) { return layout_key(l) == key; }))
           loop.layouts.push_back(key + examples);
       }
-      for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
-      im->next_lr = lr_at(loop.global_step + 1);
+      im->set_rates(factor_at(loop.global_step));
+      im->next_lr = factor_at(loop.global_step + 1);
       const at::Tensor loss = run_step(inputs);
 
       ++loop.global_step;
@@ -915,7 +955,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     }
   }
   // As after Hugging Face's last scheduler step: the rate the schedule gives the step after the last.
-  for (auto& group : im->optimizer->param_groups()) group.options().set_lr(lr_at(loop.global_step));
+  im->set_rates(factor_at(loop.global_step));
   const double runtime = seconds_between(start, Clock::now());
   result.global_step = loop.global_step;
   result.training_loss = loop.total_loss.defined() ? im->mean_over_ranks(loop.total_loss.item<double>()) /

@@ -84,7 +84,7 @@ TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.max_steps, -1);
   EXPECT_EQ(a.per_device_train_batch_size, 8);
   EXPECT_EQ(a.gradient_accumulation_steps, 1);
-  EXPECT_EQ(a.learning_rate, 5e-5);
+  EXPECT_FALSE(a.learning_rate.has_value());  // train() keeps the optimizer's own rates
   EXPECT_EQ(a.lr_scheduler_type, "linear");
   EXPECT_EQ(a.warmup_steps, 0);
   EXPECT_EQ(a.warmup_ratio, 0.0);
@@ -190,7 +190,7 @@ ratio = 0.5
   EXPECT_EQ(a.max_steps, 100);
   EXPECT_EQ(a.per_device_train_batch_size, 16);
   EXPECT_EQ(a.gradient_accumulation_steps, 4);
-  EXPECT_EQ(a.learning_rate, 3e-4);
+  EXPECT_EQ(a.learning_rate.value_or(-1), 3e-4);
   EXPECT_EQ(a.lr_scheduler_type, "cosine");
   EXPECT_EQ(a.warmup_steps, 10);
   EXPECT_EQ(a.warmup_ratio, 0.1);

@@ -40,7 +40,7 @@ struct Setup {
 Setup make(uint64_t seed, bool adamw) {
   torch::manual_seed(seed);
   Setup s{nn::Sequential(nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 5)), nullptr};
-  // The optimizers' own learning rates are replaced by train()'s schedule.
+  // train_args sets learning_rate: the optimizers' own rates (1.0) are not used.
   if (adamw) s.opt = std::make_unique<torch::optim::AdamW>(s.net->parameters(), torch::optim::AdamWOptions(1.0));
   else s.opt = std::make_unique<torch::optim::SGD>(s.net->parameters(), torch::optim::SGDOptions(1.0).momentum(0.9));
   return s;
@@ -207,6 +207,94 @@ TEST(TrainerTrain, LinearWarmupFollowsHuggingFaceAndTheEagerLoop) {
                 st.rebuilds, st.compiled_steps);
     fs::remove_all(args.output_dir);
   }
+}
+
+// Without learning_rate, as Hugging Face's Trainer with an optimizer it is given: the schedule
+// scales each parameter group's own rate (here two groups, 0.05 and 0.01), the metrics log the first
+// group's, and a resumed run goes on from the checkpoint's peaks, though the optimizer it loads holds
+// the rates of a step inside the warmup. With learning_rate set, it is every group's peak.
+TEST(TrainerTrain, WithoutLearningRateTheScheduleScalesTheOptimizersOwnRates) {
+  const auto d = make_data(32);  // 4 micro-batches of 8 an epoch
+  auto two_groups = [](uint64_t seed) {
+    torch::manual_seed(seed);
+    ::Setup s{nn::Sequential(nn::Linear(12, 16), nn::ReLU(), nn::Linear(16, 5)), nullptr};
+    auto params = s.net->parameters();
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<at::Tensor>(params.begin(), params.begin() + 2),
+                        std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.05).momentum(0.9)));
+    groups.emplace_back(std::vector<at::Tensor>(params.begin() + 2, params.end()),
+                        std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.01).momentum(0.9)));
+    s.opt = std::make_unique<torch::optim::SGD>(std::move(groups), torch::optim::SGDOptions(1.0));
+    return s;
+  };
+  auto factor = [](int64_t step) { return step < 3 ? static_cast<double>(step) / 3 : 1.0; };  // constant_with_warmup
+  auto args_for = [&](const std::string& dir) {
+    auto a = train_args(dir);
+    a.learning_rate.reset();
+    a.max_steps = 6;
+    a.warmup_steps = 3;
+    a.lr_scheduler_type = "constant_with_warmup";
+    a.save_steps = 2;
+    return a;
+  };
+
+  // The eager loop with each group's rate scheduled on its own.
+  auto ref = two_groups(8);
+  std::vector<double> want;
+  {
+    torch::manual_seed(17);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+    while (want.size() < 6) {
+      const at::Tensor perm = at::randperm(32, gen, at::TensorOptions().dtype(at::kLong));
+      for (int64_t b = 0; b < 4 && want.size() < 6; ++b) {
+        const double f = factor(static_cast<int64_t>(want.size()));
+        ref.opt->param_groups()[0].options().set_lr(0.05 * f);
+        ref.opt->param_groups()[1].options().set_lr(0.01 * f);
+        ref.opt->zero_grad();
+        const at::Tensor idx = perm.slice(0, b * 8, (b + 1) * 8);
+        auto loss = ce(ref.net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx));
+        loss.backward();
+        ref.opt->step();
+        want.push_back(loss.item<double>());
+      }
+    }
+  }
+
+  auto s = two_groups(8);
+  auto args = args_for(fresh_dir("own_rates"));
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  trainer.train(kiln::TensorDataset({d.x}, d.y));
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 7u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-5) << "step " << i + 1;
+    EXPECT_DOUBLE_EQ(lines[i].at("learning_rate"), 0.05 * factor(static_cast<int64_t>(i) + 1)) << "step " << i + 1;
+  }
+  expect_same_params(ref, s, 1e-5);
+  EXPECT_DOUBLE_EQ(s.opt->param_groups()[0].options().get_lr(), 0.05);
+  EXPECT_DOUBLE_EQ(s.opt->param_groups()[1].options().get_lr(), 0.01);
+
+  // Resumed at step 2, inside the warmup: the optimizer it loads holds 0.05 * 2/3 and 0.01 * 2/3.
+  auto r = two_groups(99);
+  auto resumed_args = args_for(args.output_dir);
+  resumed_args.resume_from_checkpoint = args.output_dir + "/checkpoint-2";
+  kiln::Trainer resumed(r.net, *r.opt, ce, resumed_args);
+  resumed.train(kiln::TensorDataset({d.x}, d.y));
+  expect_same_params(ref, r, 1e-5);
+  EXPECT_DOUBLE_EQ(r.opt->param_groups()[0].options().get_lr(), 0.05);
+  EXPECT_DOUBLE_EQ(r.opt->param_groups()[1].options().get_lr(), 0.01);
+  fs::remove_all(args.output_dir);
+
+  // learning_rate set: every group's peak, whatever the optimizer's own rates.
+  auto e = two_groups(8);
+  auto explicit_args = args_for(fresh_dir("explicit_rate"));
+  explicit_args.learning_rate = 0.02;
+  explicit_args.max_steps = 3;
+  kiln::Trainer explicit_trainer(e.net, *e.opt, ce, explicit_args);
+  explicit_trainer.train(kiln::TensorDataset({d.x}, d.y));
+  EXPECT_DOUBLE_EQ(e.opt->param_groups()[0].options().get_lr(), 0.02);
+  EXPECT_DOUBLE_EQ(e.opt->param_groups()[1].options().get_lr(), 0.02);
+  fs::remove_all(explicit_args.output_dir);
 }
 
 TEST(TrainerTrain, CosineWithWarmupRatio) {
