@@ -266,6 +266,21 @@ Toolchain make_toolchain(const std::string& cxx, const std::vector<std::string>&
   return tc;
 }
 
+namespace {
+
+// The OpenMP runtime a generated library brought into the process stays for the process's life
+// (RTLD_NODELETE on the copy already loaded): its thread pool and per-thread state belong to no one
+// library, and unloading it with the last library would pull the code from under its parked
+// worker threads and drop what it allocated (kernels call into it at every run, even on one thread).
+void pin_openmp_runtime() {
+  static std::atomic<bool> pinned{false};
+  if (pinned.load(std::memory_order_acquire)) return;
+  for (const char* rt : {"libgomp.so.1", "libomp.so.5", "libomp.so", "libiomp5.so"})
+    if (dlopen(rt, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE)) pinned.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
 Library::~Library() {
   if (handle_) dlclose(handle_);
 }
@@ -357,6 +372,7 @@ std::shared_ptr<Library> compile_cached(const std::string& source, const Toolcha
     const char* e = dlerror();
     throw Error(KILN_ERROR_INTERNAL, "cannot load " + base + ".so: " + (e ? e : "unknown dlopen error"));
   }
+  pin_openmp_runtime();
   return std::make_shared<Library>(h);
 }
 
