@@ -24,6 +24,7 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <nlohmann/json.hpp>
 
 #include "kiln/log.h"
 #include "kiln/trainer.h"
@@ -372,18 +373,46 @@ std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, co
   return removed;
 }
 
+namespace {
+
+// What a checkpoint folder lacks of the files save writes ("" when it holds them all, none empty),
+// and whether its trainer_state.json reads as JSON (a truncated copy does not).
+std::string incomplete(const fs::path& dir) {
+  std::error_code ec;
+  for (const char* f : {kModel, kOptimizer, kScheduler, kRng, kTrainerState, kTrainerStateJson}) {
+    const auto size = fs::file_size(dir / f, ec);
+    if (ec) return std::string("it has no ") + f;
+    if (size == 0) return std::string("its ") + f + " is empty";
+  }
+  std::ifstream in(dir / kTrainerStateJson, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || !nlohmann::json::accept(text.str()))
+    return std::string("its ") + kTrainerStateJson + " is not whole JSON (cut short?)";
+  return "";
+}
+
+}  // namespace
+
 std::string last(const std::string& output_dir) {
   std::error_code ec;
   if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";
-  std::optional<std::pair<int64_t, fs::path>> best;
+  std::vector<std::pair<int64_t, fs::path>> found;
   for (const auto& e : fs::directory_iterator(output_dir)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
     if (!e.is_directory() || !std::regex_match(name, m, checkpoint_re())) continue;
-    const int64_t step = std::stoll(m[1]);
-    if (!best || step > best->first) best = std::make_pair(step, e.path());
+    found.emplace_back(std::stoll(m[1]), e.path());
   }
-  return best ? best->second.string() : "";
+  // The newest complete one: a folder that lacks a file (copied in part, or damaged) is passed over,
+  // with a warning that says what it lacks.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [step, dir] : found) {
+    const std::string why = incomplete(dir);
+    if (why.empty()) return dir.string();
+    log_warn("kiln::Trainer: checkpoint " + dir.string() + " is passed over as the newest checkpoint: " + why);
+  }
+  return "";
 }
 
 LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
@@ -402,6 +431,15 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
     read_module(model, ar, "", dir / kModel, tensors);
   }
 
+  // trainer_state.json is for people and tools, but a copy of it cut short says the folder is damaged.
+  if (const auto size = fs::file_size(dir / kTrainerStateJson, ec); !ec && size > 0) {
+    std::ifstream in(dir / kTrainerStateJson, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!nlohmann::json::accept(text.str()))
+      throw CheckpointError((dir / kTrainerStateJson).string(),
+                            "is not whole JSON (cut short?): the checkpoint folder is damaged");
+  }
   LoopState loop;
   {
     const fs::path f = dir / kTrainerState;

@@ -356,6 +356,27 @@ TEST(TrainerCheckpoints, LastIsTheNewestCompleteCheckpoint) {
   fs::create_directories(fs::path(dir) / "tmp-checkpoint-11");
   std::ofstream(fs::path(dir) / "tmp-checkpoint-11" / "model.pt") << "half";
   EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-10");
+  // A checkpoint-<step> folder that lacks files (an empty one, a copy cut short) is passed over.
+  fs::create_directories(fs::path(dir) / "checkpoint-400");
+  EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-10");
+  fs::copy(fs::path(dir) / "checkpoint-10", fs::path(dir) / "checkpoint-300", fs::copy_options::recursive);
+  fs::resize_file(fs::path(dir) / "checkpoint-300" / "trainer_state.json", 40);
+  EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-10");
+  {
+    // Named on purpose, the cut JSON is an error that names the file, and nothing is loaded.
+    auto other = make(false);
+    auto cut = small_args(dir);
+    cut.resume_from_checkpoint = (fs::path(dir) / "checkpoint-300").string();
+    kiln::Trainer t(other.net, *other.opt, ce, cut);
+    try {
+      t.train(ds);
+      ADD_FAILURE() << "a checkpoint with a cut trainer_state.json was resumed";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("trainer_state.json: is not whole JSON"), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(fs::path(dir) / "checkpoint-400");
+  fs::remove_all(fs::path(dir) / "checkpoint-300");
   auto s = make(false);
   auto args = small_args(dir);
   args.max_steps = 12;
