@@ -112,6 +112,10 @@ struct TrainingArguments {
   // A checkpoint folder to continue from, or "true"/"last": the newest checkpoint-<step> in
   // output_dir. "" starts afresh. A TOML boolean works too (true is "true", false is "").
   std::string resume_from_checkpoint;
+  // A run that does not resume, into an output_dir that holds checkpoint-<step> folders (another
+  // run's), stops with an error unless this is true; then those folders are deleted first, so that
+  // "last" can only ever resume this run.
+  bool overwrite_output_dir = false;
   // Evaluation on the dataset given to train(train, eval) or evaluate(): no, steps, epoch.
   std::string eval_strategy = "no";
   int64_t eval_steps = 0;                  // 0: logging_steps (Hugging Face's default)

@@ -761,6 +761,8 @@ const std::vector<Setting>& table() {
     v.push_back(integer(
         "save_total_limit", "", [](auto& a) -> auto& { return a.save_total_limit; }, 0, int64_t{1} << 30));
     v.push_back(resume_setting());
+    v.push_back(flag(
+        "overwrite_output_dir", "", [](auto& a) -> auto& { return a.overwrite_output_dir; }));
     v.push_back(text(
         "eval_strategy", "", [](auto& a) -> auto& { return a.eval_strategy; },
         one_of({"no", "steps", "epoch"}, "eval_strategy")));

@@ -394,6 +394,22 @@ std::string incomplete(const fs::path& dir) {
 
 }  // namespace
 
+std::vector<std::string> all(const std::string& output_dir) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, std::string>> found;
+  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return {};
+  static const std::regex any_re("(?:tmp-)?checkpoint-([0-9]+)");
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory(ec) && std::regex_match(name, m, any_re)) found.emplace_back(std::stoll(m[1]), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
 std::string last(const std::string& output_dir) {
   std::error_code ec;
   if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";

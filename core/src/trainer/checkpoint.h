@@ -75,8 +75,11 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
 // Returns the folders deleted.
 std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep);
 
-// The newest checkpoint-<step> folder in output_dir (by step), or "" when there is none.
+// The newest complete checkpoint-<step> folder in output_dir (by step), or "" when there is none.
 std::string last(const std::string& output_dir);
+
+// Every checkpoint-<step> and tmp-checkpoint-<step> folder of output_dir, complete or not, by step.
+std::vector<std::string> all(const std::string& output_dir);
 
 // Reads every file of the checkpoint in `dir` and checks it against the model and the optimizer;
 // only when all of it fits are the model's parameters and buffers copied in place and the

@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+
+#include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>
@@ -796,6 +800,30 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
                             " is the schedule's peak for every parameter group (the optimizer's own rate is not used)")
                  : c10::str("kiln::Trainer::train: learning_rate is not set: the schedule scales the optimizer's own ",
                             n_groups == 1 ? "rate " : "rates ", rates_text(im->peak_lrs)));
+  // The output folder, before anything is written: one that cannot be made or written is named,
+  // and a fresh run never shares it with another run's checkpoints, which "last" would resume.
+  if (!a.output_dir.empty() && (save_steps || save_epochs || to_jsonl)) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.output_dir, ec);
+    if (ec || ::access(a.output_dir.c_str(), W_OK) != 0)
+      throw std::runtime_error("kiln::Trainer::train: cannot write into output_dir '" + a.output_dir +
+                               "': " + (ec ? ec.message() : std::string(std::strerror(errno))));
+  }
+  if (resumed_from.empty() && !a.output_dir.empty() && a.save_strategy != "no") {
+    const std::vector<std::string> others = checkpoint::all(a.output_dir);
+    if (!others.empty() && !a.overwrite_output_dir)
+      throw CheckpointError(a.output_dir, "holds " + std::to_string(others.size()) + " checkpoint folder" +
+                                              (others.size() == 1 ? "" : "s") + " of another run (the newest " +
+                                              std::filesystem::path(others.back()).filename().string() +
+                                              "): set overwrite_output_dir = true to delete them and start afresh, "
+                                              "or resume_from_checkpoint = \"last\" to continue that run");
+    if (world_zero)
+      for (const auto& dir : others) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir, ec);
+        log_info("kiln::Trainer::train: overwrite_output_dir: deleted " + dir);
+      }
+  }
   Progress progress(a.disable_tqdm, total_steps, loop.global_step);
   if (!resumed_from.empty())
     progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",

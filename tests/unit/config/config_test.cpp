@@ -147,6 +147,7 @@ ddp_find_unused_parameters = true
 ddp_timeout = 120
 group_by_length = true
 pad_to_multiple_of = 8
+overwrite_output_dir = true
 
 [runtime]
 fullgraph = true
@@ -216,6 +217,7 @@ ratio = 0.5
   EXPECT_EQ(a.runtime.dynamic_shape_cache, 5);
   EXPECT_TRUE(a.group_by_length);
   EXPECT_EQ(a.pad_to_multiple_of, 8);
+  EXPECT_TRUE(a.overwrite_output_dir);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
   EXPECT_EQ(a.runtime.cache_dir, "/tmp/kc");
   EXPECT_FALSE(a.runtime.cpu_block_cache);
@@ -236,9 +238,9 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":35:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":56:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":60:8");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":36:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":57:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":61:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {

@@ -396,6 +396,66 @@ TEST(TrainerCheckpoints, LastIsTheNewestCompleteCheckpoint) {
   fs::remove_all(dir);
 }
 
+// A fresh run into a folder that holds another run's checkpoints stops before its first step and
+// says what to do; with overwrite_output_dir it deletes them, so that "last" resumes this run. An
+// output_dir that cannot be made is named.
+TEST(TrainerCheckpoints, AFreshRunNeverSharesItsOutputDirWithAnotherRunsCheckpoints) {
+  const auto d = make_data(16);
+  const auto ds = d.dataset();
+  const std::string dir = fresh_dir("overwrite");
+  auto first_args = small_args(dir);
+  first_args.max_steps = 6;
+  first_args.save_steps = 3;
+  {
+    auto s = make(false);
+    kiln::Trainer trainer(s.net, *s.opt, ce, first_args);
+    trainer.train(ds);
+  }
+  ASSERT_TRUE(fs::exists(fs::path(dir) / "checkpoint-6"));
+
+  auto second_args = small_args(dir);
+  second_args.max_steps = 2;
+  second_args.save_steps = 2;
+  auto s = make(false);
+  const at::Tensor before = s.net->parameters()[0].detach().clone();
+  {
+    kiln::Trainer trainer(s.net, *s.opt, ce, second_args);
+    try {
+      trainer.train(ds);
+      ADD_FAILURE() << "a fresh run wrote beside another run's checkpoints";
+    } catch (const kiln::CheckpointError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(dir + ": holds 2 checkpoint folders of another run (the newest checkpoint-6)"), std::string::npos)
+          << m;
+      EXPECT_NE(m.find("overwrite_output_dir = true"), std::string::npos) << m;
+      EXPECT_NE(m.find("resume_from_checkpoint = \"last\""), std::string::npos) << m;
+    }
+  }
+  EXPECT_TRUE(at::equal(s.net->parameters()[0], before)) << "the refused run trained";
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoint-6"));
+
+  second_args.overwrite_output_dir = true;
+  {
+    kiln::Trainer trainer(s.net, *s.opt, ce, second_args);
+    trainer.train(ds);
+  }
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoint-6"));
+  EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-2");
+  fs::remove_all(dir);
+
+  auto nowhere = small_args("/proc/kiln-cannot-make-this");
+  kiln::Trainer trainer(s.net, *s.opt, ce, nowhere);
+  try {
+    trainer.train(ds);
+    ADD_FAILURE() << "an output_dir that cannot be made was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write into output_dir '/proc/kiln-cannot-make-this'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 std::string resume_error(Learner& s, const std::string& dir, const std::string& from) {
   auto args = small_args(dir);
   args.max_steps = 8;
