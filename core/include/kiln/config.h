@@ -90,11 +90,11 @@ struct TrainingArguments {
   double max_grad_norm = 0.0;
   std::string log_level = "info";  // KILN_LOG_LEVEL
   // Trainer::train, with Hugging Face's names, defaults and meanings (docs/config.md).
-  std::string output_dir;                    // the metrics file goes here; "" writes none
-  double num_train_epochs = 3.0;             // may be fractional
-  int64_t max_steps = -1;                    // > 0: the number of optimizer steps; wins over num_train_epochs
-  int64_t per_device_train_batch_size = 8;   // examples per micro-batch
-  int64_t gradient_accumulation_steps = 1;   // micro-batches per optimizer step
+  std::string output_dir;                   // the metrics file goes here; "" writes none
+  double num_train_epochs = 3.0;            // may be fractional
+  int64_t max_steps = -1;                   // > 0: the number of optimizer steps; wins over num_train_epochs
+  int64_t per_device_train_batch_size = 8;  // examples per micro-batch
+  int64_t gradient_accumulation_steps = 1;  // micro-batches per optimizer step
   // The schedule's peak for every parameter group in train(). Unset (the default): each group's own
   // lr, as the optimizer has it, is its peak, as Hugging Face's Trainer schedules an optimizer it is
   // given. Set, it wins over the optimizer's rates (a log line of train() says which holds).

@@ -164,12 +164,12 @@ class Trainer {
   // gradient_accumulation_steps examples), cut into micro-batches of per_device_train_batch_size
   // examples (the last may be smaller), each made by the data collator (set_data_collator;
   // stacked without one), and those grouped by gradient_accumulation_steps (the last group may be
-  // shorter). Before every optimizer step each
-  // parameter group's learning rate is set to the schedule's (lr_scheduler_type, warmup_steps or
-  // warmup_ratio) times the group's peak: learning_rate when it is set, else the group's own lr as
-  // the optimizer had it at the first train() (Hugging Face's way with an optimizer it is given). A group of one micro-batch
-  // runs through step(); a longer group runs through a second compiled step that adds the
-  // micro-batches' gradients (each loss divided by the group's size) before one optimizer update.
+  // shorter). Before every optimizer step each parameter group's learning rate is set to the
+  // schedule's factor (lr_scheduler_type, warmup_steps or warmup_ratio) times the group's peak:
+  // learning_rate when it is set, else the group's own lr as the optimizer had it at the first
+  // train() (Hugging Face's way with an optimizer it is given). A group of one micro-batch runs
+  // through step(); a longer group runs through a second compiled step that adds the micro-batches'
+  // gradients (each loss divided by the group's size) before one optimizer update.
   //
   // Metrics. Every logging_steps steps a line {"step", "epoch", "loss" (the mean since the last
   // line), "learning_rate" (the scheduler's after the step, as Hugging Face logs it),

@@ -402,7 +402,8 @@ std::vector<std::string> all(const std::string& output_dir) {
   for (const auto& e : fs::directory_iterator(output_dir, ec)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
-    if (e.is_directory(ec) && std::regex_match(name, m, any_re)) found.emplace_back(std::stoll(m[1]), e.path().string());
+    if (e.is_directory(ec) && std::regex_match(name, m, any_re))
+      found.emplace_back(std::stoll(m[1]), e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;

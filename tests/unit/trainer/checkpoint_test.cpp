@@ -425,7 +425,8 @@ TEST(TrainerCheckpoints, AFreshRunNeverSharesItsOutputDirWithAnotherRunsCheckpoi
       ADD_FAILURE() << "a fresh run wrote beside another run's checkpoints";
     } catch (const kiln::CheckpointError& e) {
       const std::string m = e.what();
-      EXPECT_NE(m.find(dir + ": holds 2 checkpoint folders of another run (the newest checkpoint-6)"), std::string::npos)
+      EXPECT_NE(m.find(dir + ": holds 2 checkpoint folders of another run (the newest checkpoint-6)"),
+                std::string::npos)
           << m;
       EXPECT_NE(m.find("overwrite_output_dir = true"), std::string::npos) << m;
       EXPECT_NE(m.find("resume_from_checkpoint = \"last\""), std::string::npos) << m;
