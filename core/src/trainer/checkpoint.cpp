@@ -375,8 +375,16 @@ std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, co
 
 namespace {
 
+// Whether a file holds whole JSON (a copy cut short does not).
+bool whole_json(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in && nlohmann::json::accept(text.str());
+}
+
 // What a checkpoint folder lacks of the files save writes ("" when it holds them all, none empty),
-// and whether its trainer_state.json reads as JSON (a truncated copy does not).
+// and whether its trainer_state.json reads as JSON.
 std::string incomplete(const fs::path& dir) {
   std::error_code ec;
   for (const char* f : {kModel, kOptimizer, kScheduler, kRng, kTrainerState, kTrainerStateJson}) {
@@ -384,47 +392,40 @@ std::string incomplete(const fs::path& dir) {
     if (ec) return std::string("it has no ") + f;
     if (size == 0) return std::string("its ") + f + " is empty";
   }
-  std::ifstream in(dir / kTrainerStateJson, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in || !nlohmann::json::accept(text.str()))
+  if (!whole_json(dir / kTrainerStateJson))
     return std::string("its ") + kTrainerStateJson + " is not whole JSON (cut short?)";
   return "";
+}
+
+// The folders of output_dir whose names `re` matches (its first group the step), by step.
+std::vector<std::pair<int64_t, fs::path>> step_folders(const std::string& output_dir, const std::regex& re) {
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> found;
+  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return found;
+  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory(ec) && std::regex_match(name, m, re)) found.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
 }
 
 }  // namespace
 
 std::vector<std::string> all(const std::string& output_dir) {
-  std::error_code ec;
-  std::vector<std::pair<int64_t, std::string>> found;
-  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return {};
   static const std::regex any_re("(?:tmp-)?checkpoint-([0-9]+)");
-  for (const auto& e : fs::directory_iterator(output_dir, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (e.is_directory(ec) && std::regex_match(name, m, any_re))
-      found.emplace_back(std::stoll(m[1]), e.path().string());
-  }
-  std::sort(found.begin(), found.end());
   std::vector<std::string> out;
-  for (auto& f : found) out.push_back(std::move(f.second));
+  for (const auto& [step, dir] : step_folders(output_dir, any_re)) out.push_back(dir.string());
   return out;
 }
 
 std::string last(const std::string& output_dir) {
-  std::error_code ec;
-  if (output_dir.empty() || !fs::is_directory(output_dir, ec)) return "";
-  std::vector<std::pair<int64_t, fs::path>> found;
-  for (const auto& e : fs::directory_iterator(output_dir)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (!e.is_directory() || !std::regex_match(name, m, checkpoint_re())) continue;
-    found.emplace_back(std::stoll(m[1]), e.path());
-  }
   // The newest complete one: a folder that lacks a file (copied in part, or damaged) is passed over,
   // with a warning that says what it lacks.
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (const auto& [step, dir] : found) {
+  const auto found = step_folders(output_dir, checkpoint_re());
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {
+    const fs::path& dir = it->second;
     const std::string why = incomplete(dir);
     if (why.empty()) return dir.string();
     log_warn("kiln::Trainer: checkpoint " + dir.string() + " is passed over as the newest checkpoint: " + why);
@@ -449,14 +450,10 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
   }
 
   // trainer_state.json is for people and tools, but a copy of it cut short says the folder is damaged.
-  if (const auto size = fs::file_size(dir / kTrainerStateJson, ec); !ec && size > 0) {
-    std::ifstream in(dir / kTrainerStateJson, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (!nlohmann::json::accept(text.str()))
-      throw CheckpointError((dir / kTrainerStateJson).string(),
-                            "is not whole JSON (cut short?): the checkpoint folder is damaged");
-  }
+  if (const auto size = fs::file_size(dir / kTrainerStateJson, ec);
+      !ec && size > 0 && !whole_json(dir / kTrainerStateJson))
+    throw CheckpointError((dir / kTrainerStateJson).string(),
+                          "is not whole JSON (cut short?): the checkpoint folder is damaged");
   LoopState loop;
   {
     const fs::path f = dir / kTrainerState;

@@ -54,9 +54,9 @@ struct Trainer::Impl {
   // function, and the optimizer probe's look-ahead right after the capture then replays step()
   // with the next rate: a scheduled rate is a run-time scalar of the first plan, and the step is
   // not planned again when the rate first moves.
-  std::optional<double> next_lr;  // the schedule's factor of the next step
-  void set_next_lr() {
-    if (next_lr) set_rates(*next_lr);
+  std::optional<double> next_factor;  // the schedule's factor of the next step
+  void set_next_rates() {
+    if (next_factor) set_rates(*next_factor);
   }
   // train()'s schedule scales each parameter group's peak rate (Hugging Face's base_lrs):
   // learning_rate when it is set, else the group's own lr, as the optimizer had it at the first
@@ -95,8 +95,10 @@ struct Trainer::Impl {
   double mean_over_ranks(double v) const;
 
   void make_accumulate(const TrainingArguments& args);
-  // `lr`, `lr_next`: the schedule's factors of the step the run continues with and of the one after.
-  void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr, double lr_next,
+  // `factor`, `factor_next`: the schedule's factors of the step the run continues with and of the
+  // one after.
+  void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double factor,
+                              double factor_next,
                               const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step);
   // evaluate()'s metrics, in the order the metrics line writes them.
   std::vector<std::pair<std::string, double>> evaluate(const Dataset& dataset, int64_t batch_size);
@@ -124,7 +126,7 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
         im->reduce_gradients();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
-        im->set_next_lr();
+        im->set_next_rates();
         return std::vector<at::Tensor>{sum};
       },
       StepState{{model}, {optimizer}}, replica_args(args));
@@ -397,7 +399,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
         im->reduce_gradients();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
-        im->set_next_lr();
+        im->set_next_rates();
         return std::vector<at::Tensor>{loss.detach()};
       },
       StepState{{impl_->model}, {impl_->optimizer}}, std::move(args));
@@ -600,8 +602,8 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
 // layout on examples of the dataset; then the parameters and buffers (in place), the optimizer's
 // state (the same tensors, their values and counters) and the generators are put back to the
 // checkpoint's. Only for LibTorch's own optimizers, whose state tensors are known.
-void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double lr,
-                                           double lr_next,
+void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double factor,
+                                           double factor_next,
                                            const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step) {
   if (resumed.layouts.empty() || !step->args().compile_enabled()) return;
   struct Entry {
@@ -654,8 +656,8 @@ void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpo
           inputs.insert(inputs.end(), mb.begin(), mb.end());
         }
         // As the step the run continues with: the look-ahead after a capture sees the rate move.
-        set_rates(lr);
-        next_lr = lr_next;
+        set_rates(factor);
+        next_factor = factor_next;
         run_step(inputs);
       }
     }
@@ -708,8 +710,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
 
   struct ResetNextLr {
     Impl* im;
-    ~ResetNextLr() { im->next_lr.reset(); }
-  } reset_next_lr{im};
+    ~ResetNextLr() { im->next_factor.reset(); }
+  } reset_next_rates{im};
   torch::manual_seed(static_cast<uint64_t>(a.seed));
   auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.seed));
   {
@@ -939,7 +941,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
           loop.layouts.push_back(key + examples);
       }
       im->set_rates(factor_at(loop.global_step));
-      im->next_lr = factor_at(loop.global_step + 1);
+      im->next_factor = factor_at(loop.global_step + 1);
       const at::Tensor loss = run_step(inputs);
 
       ++loop.global_step;
