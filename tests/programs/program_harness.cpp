@@ -200,15 +200,10 @@ void expect_no_fallback(const Run& run, int total_steps, int min_captures, int m
 namespace {
 // Which way nudge_parameters moves the parameters: +1 one ulp up, -1 one ulp down.
 thread_local int nudge_direction = 1;
-
-// Down for as long as it lives.
-struct NudgeDown {
-  NudgeDown() { nudge_direction = -1; }
-  ~NudgeDown() { nudge_direction = 1; }
-  NudgeDown(const NudgeDown&) = delete;
-  NudgeDown& operator=(const NudgeDown&) = delete;
-};
 }  // namespace
+
+NudgeDown::NudgeDown() { nudge_direction = -1; }
+NudgeDown::~NudgeDown() { nudge_direction = 1; }
 
 void nudge_parameters(torch::nn::Module& module) {
   at::NoGradGuard no_grad;

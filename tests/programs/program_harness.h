@@ -86,6 +86,13 @@ inline void expect_no_fallback(const Run& run, int total_steps, int captures, co
 // Every parameter of `module` one ulp away: the start of a noise-floor run (expect_same_run). Up,
 // except in the second noise-floor run of expect_trains_like_eager, where it is down.
 void nudge_parameters(torch::nn::Module& module);
+// nudge_parameters moves one ulp down, not up, for as long as this lives (on this thread).
+struct NudgeDown {
+  NudgeDown();
+  ~NudgeDown();
+  NudgeDown(const NudgeDown&) = delete;
+  NudgeDown& operator=(const NudgeDown&) = delete;
+};
 
 // `noise`, for programs whose training amplifies rounding (a GAN's discriminator): an eager run of
 // the same program from parameters one ulp away (`noise_down`, if given, another from one ulp the
