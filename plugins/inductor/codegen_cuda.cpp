@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 #include <sstream>
@@ -32,6 +34,13 @@ const char* reg_type(Ty t) {
 // A buffer's element type.
 const char* mem_type(Ty t) { return t == Ty::bf16 ? "kiln_bf16" : reg_type(t); }
 
+// Size markers (CudaOptions::size_markers): a number the text may later read from kiln_sz instead,
+// between these two bytes, which no C++ text holds.
+constexpr char kMarkOpen = '\x01', kMarkClose = '\x02';
+std::string marked(const std::string& literal) { return kMarkOpen + literal + kMarkClose; }
+
+// A constant of the computation, marked: the 1/n of a mean and the numbers a step derives from
+// sizes are constants here, and so are the ones no size changes (those stay literals).
 std::string cu_const(double c, Ty ty) {
   char buf[64];
   switch (ty) {
@@ -39,25 +48,25 @@ std::string cu_const(double c, Ty ty) {
     case Ty::i64: {
       if (c <= -9223372036854775807.0) return "(-9223372036854775807LL - 1)";
       std::snprintf(buf, sizeof buf, "(%lldLL)", static_cast<long long>(c));
-      return buf;
+      return marked(buf);
     }
     case Ty::i32: {
       std::snprintf(buf, sizeof buf, "((int)%lld)", static_cast<long long>(c));
-      return buf;
+      return marked(buf);
     }
     case Ty::f32:
     case Ty::bf16: {
       if (std::isnan(c)) return "__int_as_float(0x7fc00000)";
       if (std::isinf(c)) return c < 0 ? "(-__int_as_float(0x7f800000))" : "__int_as_float(0x7f800000)";
       std::snprintf(buf, sizeof buf, "(%af)", static_cast<double>(static_cast<float>(c)));
-      return buf;
+      return marked(buf);
     }
     case Ty::f64: {
       if (std::isnan(c)) return "__longlong_as_double(0x7ff8000000000000LL)";
       if (std::isinf(c))
         return c < 0 ? "(-__longlong_as_double(0x7ff0000000000000LL))" : "__longlong_as_double(0x7ff0000000000000LL)";
       std::snprintf(buf, sizeof buf, "(%a)", c);
-      return buf;
+      return marked(buf);
     }
   }
   return "0";
@@ -980,8 +989,8 @@ class Emitter {
     return v;
   }
 
-  // An integer literal of index math.
-  std::string lit(int64_t x) const { return std::to_string(x) + (wide_ ? "LL" : ""); }
+  // An integer literal of index math (marked: it may become an argument).
+  std::string lit(int64_t x) const { return marked(std::to_string(x) + (wide_ ? "LL" : "")); }
 
   std::string vname(int v) const { return "v" + std::to_string(v); }
 
@@ -1506,7 +1515,135 @@ CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOpt
   }
   out.scalar_table = max_scalar + 1;
   out.source = os.str();
+  out.marked = true;
+  if (!options.size_markers) resolve_sizes(out, {});
   return out;
+}
+
+namespace {
+
+// `text` with each marked number replaced by what `f` makes of it.
+template <class F>
+std::string replace_marks(const std::string& text, F&& f) {
+  std::string out;
+  out.reserve(text.size());
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t open = text.find(kMarkOpen, i);
+    if (open == std::string::npos) {
+      out.append(text, i, std::string::npos);
+      break;
+    }
+    const size_t close = text.find(kMarkClose, open);
+    if (close == std::string::npos) throw std::logic_error("a size marker without its end");
+    out.append(text, i, open - i);
+    out += f(text.substr(open + 1, close - open - 1));
+    i = close + 1;
+  }
+  return out;
+}
+
+std::string without_comment_lines(const std::string& t) {
+  std::string out;
+  out.reserve(t.size());
+  for (size_t i = 0; i < t.size();) {
+    size_t end = t.find('\n', i);
+    end = end == std::string::npos ? t.size() : end + 1;
+    const size_t first = t.find_first_not_of(' ', i);
+    if (!(first < end && t.compare(first, 2, "//") == 0)) out.append(t, i, end - i);
+    i = end;
+  }
+  return out;
+}
+
+// The C type of a marked number, by how the emitter writes it: 'i' int ("37", "((int)-2)"), 'l'
+// long long ("37LL", "(5LL)"), 'u' unsigned ("37u"), 'f' float ("(0x1p-3f)"), 'd' double ("(0x1p-3)").
+char literal_type(const std::string& c) {
+  if (!c.empty() && c.back() == 'u') return 'u';
+  if (c.find("0x") != std::string::npos) return c.size() >= 2 && c.compare(c.size() - 2, 2, "f)") == 0 ? 'f' : 'd';
+  if (c.find("LL") != std::string::npos) return 'l';
+  return 'i';
+}
+
+// The 64 bits kiln_sz holds for a marked number, and the expression that reads slot k as it.
+uint64_t literal_bits(const std::string& c, char type) {
+  const size_t at = c.find_first_of("-0123456789");
+  if (at == std::string::npos) throw std::logic_error("a size marker without a number: " + c);
+  const char* p = c.c_str() + at;
+  if (type == 'f') {
+    const float f = static_cast<float>(std::strtod(p, nullptr));
+    uint32_t bits = 0;
+    std::memcpy(&bits, &f, sizeof bits);
+    return bits;
+  }
+  if (type == 'd') {
+    const double d = std::strtod(p, nullptr);
+    uint64_t bits = 0;
+    std::memcpy(&bits, &d, sizeof bits);
+    return bits;
+  }
+  return static_cast<uint64_t>(std::strtoll(p, nullptr, 10));
+}
+
+std::string table_read(size_t k, char type) {
+  const std::string slot = "kiln_sz[" + std::to_string(k) + "]";
+  switch (type) {
+    case 'u': return "((unsigned)" + slot + ")";
+    case 'l': return "((long long)" + slot + ")";
+    case 'f': return "__int_as_float((int)" + slot + ")";
+    case 'd': return "__longlong_as_double((long long)" + slot + ")";
+    default: return "((int)" + slot + ")";
+  }
+}
+
+}  // namespace
+
+std::string size_skeleton(const CudaProgram& prog) {
+  std::string out;
+  for (const CudaLaunch& l : prog.launches) {
+    out += without_comment_lines(replace_marks(
+        l.text, [](const std::string& c) { return std::string(1, kMarkOpen) + literal_type(c) + kMarkClose; }));
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> size_literals(const CudaProgram& prog) {
+  std::vector<std::string> out;
+  for (const CudaLaunch& l : prog.launches)
+    replace_marks(l.text, [&](const std::string& c) {
+      out.push_back(c);
+      return std::string();
+    });
+  return out;
+}
+
+size_t resolve_sizes(CudaProgram& prog, const std::vector<bool>& hoist) {
+  if (!prog.marked) return 0;
+  size_t k = 0;
+  std::vector<uint64_t> table;
+  for (CudaLaunch& l : prog.launches) {
+    l.text = replace_marks(l.text, [&](const std::string& c) {
+      const bool h = k < hoist.size() && hoist[k];
+      ++k;
+      if (!h) return c;
+      const char type = literal_type(c);
+      table.push_back(literal_bits(c, type));
+      return table_read(table.size() - 1, type);
+    });
+    for (auto& alternative : l.accesses)
+      for (CudaAccess& a : alternative) a.index = replace_marks(a.index, [](const std::string& c) { return c; });
+  }
+  if (!table.empty())
+    for (CudaLaunch& l : prog.launches)
+      l.text = "// " + l.name + ": sizes from kiln_sz\n" + without_comment_lines(l.text);
+  prog.globals =
+      table.empty() ? "" : "__constant__ unsigned long long kiln_sz[" + std::to_string(table.size()) + "];\n\n";
+  prog.size_table = std::move(table);
+  prog.source = std::string(cuda_prelude()) + "\n" + prog.globals;
+  for (const CudaLaunch& l : prog.launches) prog.source += l.text;
+  prog.marked = false;
+  return prog.size_table.size();
 }
 
 std::string describe(const CudaChoice& c) {
@@ -1617,7 +1754,7 @@ std::vector<CudaPart> split_program(const CudaProgram& prog, size_t max_bytes) {
   size_t in_part = 0;
   for (size_t i = 0; i < prog.launches.size(); ++i) {
     if (out.empty() || (in_part >= each && out.size() < parts)) {
-      out.push_back(CudaPart{std::string(cuda_prelude()) + "\n", {}});
+      out.push_back(CudaPart{std::string(cuda_prelude()) + "\n" + prog.globals, {}});
       in_part = 0;
     }
     out.back().source += prog.launches[i].text;
@@ -1703,9 +1840,11 @@ CudaLaunch fused_launch(const CudaProgram& prog, const std::vector<int>& members
     m.writes.insert(l.writes.begin(), l.writes.end());
     m.shared_bytes += l.shared_bytes;
     const bool last = i + 1 == members.size();
-    dispatch += "  if (" + std::string(last ? "true" : "kiln_b < " + std::to_string(l.grid) + "u") + ") {\n    " +
-                l.name + "_body(" + args + "kiln_b, " + std::to_string(l.grid) + "u);\n    return;\n  }\n";
-    if (!last) dispatch += "  kiln_b -= " + std::to_string(l.grid) + "u;\n";
+    // A member's grid follows its sizes: marked as they are.
+    const std::string g = prog.marked ? marked(std::to_string(l.grid) + "u") : std::to_string(l.grid) + "u";
+    dispatch += "  if (" + std::string(last ? "true" : "kiln_b < " + g) + ") {\n    " + l.name + "_body(" + args +
+                "kiln_b, " + g + ");\n    return;\n  }\n";
+    if (!last) dispatch += "  kiln_b -= " + g + ";\n";
     grid += l.grid;
   }
   m.grid = grid;
@@ -1806,7 +1945,10 @@ int fuse_small_launches(CudaProgram& prog, const std::vector<std::set<int>>& ext
   CudaProgram out;
   out.scalar_table = prog.scalar_table;
   out.extra_scratch_bytes = prog.extra_scratch_bytes;
-  out.source = std::string(cuda_prelude()) + "\n";
+  out.marked = prog.marked;
+  out.globals = prog.globals;
+  out.size_table = prog.size_table;
+  out.source = std::string(cuda_prelude()) + "\n" + prog.globals;
   int fused = 0, saved = 0;
   for (auto it = placed.rbegin(); it != placed.rend(); ++it) {
     CudaStep st = it->step;

@@ -70,6 +70,9 @@ struct CudaOptions {
   // Whether a split column reduction's combining kernel also runs the pointwise plan after it.
   // Trial programs time each plan alone, so they generate without it.
   bool absorb_epilogues = true;
+  // Keep the numbers the kernels derive from sizes marked in the texts (resolve_sizes), so that
+  // the caller can make them arguments; otherwise they are written as literals.
+  bool size_markers = false;
 };
 
 // One memory access of a flat kernel, in the order the source makes them.
@@ -110,7 +113,31 @@ struct CudaProgram {
   // Scratch the kernels need beyond the lowering's (LoweredGraph::scratch_bytes), in bytes per
   // slot, numbered after those: the partial results of split column reductions.
   std::vector<int64_t> extra_scratch_bytes;
+  // Whether the launches' texts still hold size markers (CudaOptions::size_markers; resolve_sizes
+  // removes them).
+  bool marked = false;
+  // What every part's source declares after the prelude: the table of the numbers that are
+  // arguments (kiln_sz), when resolve_sizes made any.
+  std::string globals;
+  // The values of kiln_sz[k], as the 64 bits the kernel reads (an int's or a float's in the low
+  // 32): the loader writes them into each module's kiln_sz before any launch.
+  std::vector<uint64_t> size_table;
 };
+
+// Sizes as arguments. Generated with CudaOptions::size_markers, every number a kernel derives from
+// the sizes of its tensors is marked in the text: loop bounds, index coefficients and offsets, the
+// 1/n of a mean, the grids of fused launches, and every other constant of the computation. Two
+// shapes whose programs have the same `size_skeleton` differ only in those numbers (the same
+// kernels, launch for launch, with the same block sizes, vector widths, unrolling and shared
+// arrays). `size_literals` are the marked numbers, in the order of the texts.
+std::string size_skeleton(const CudaProgram& prog);
+std::vector<std::string> size_literals(const CudaProgram& prog);
+// Writes the marked numbers: those with `hoist[k]` set (by the order of size_literals) as reads
+// of the module's table kiln_sz (a __constant__ array the loader fills, values in size_table), the
+// others as literals. With anything hoisted, the comment lines (which name shapes) are dropped, so
+// that every shape with this skeleton and the same other numbers gives the same source, compiled
+// once. Rebuilds `source`; returns the number of table entries.
+size_t resolve_sizes(CudaProgram& prog, const std::vector<bool>& hoist);
 
 // Throws std::logic_error for what it cannot generate (a bug: lowering claims only what it can).
 CudaProgram generate_cuda(const LoweredGraph& L, const Program& P, const CudaOptions& options);

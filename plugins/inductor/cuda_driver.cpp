@@ -18,6 +18,7 @@ constexpr int kAttrMultiprocessorCount = 16;
 constexpr int kAttrComputeCapabilityMajor = 75;
 constexpr int kAttrComputeCapabilityMinor = 76;
 constexpr int kCaptureStatusNone = 0;
+constexpr int kErrorNotFound = 500;  // CUDA_ERROR_NOT_FOUND
 }  // namespace
 
 struct CudaDriver::Fns {
@@ -41,6 +42,8 @@ struct CudaDriver::Fns {
   CUresult (*MemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*MemFree)(CUdeviceptr) = nullptr;
   CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t) = nullptr;
+  CUresult (*ModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*) = nullptr;
+  CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*CtxSynchronize)() = nullptr;
   CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
   CUresult (*EventRecord)(CUevent, CUstream) = nullptr;
@@ -87,6 +90,8 @@ std::shared_ptr<CudaDriver> CudaDriver::load() {
   sym(f.MemAlloc, "cuMemAlloc_v2");
   sym(f.MemFree, "cuMemFree_v2");
   sym(f.MemsetD32, "cuMemsetD32_v2");
+  sym(f.ModuleGetGlobal, "cuModuleGetGlobal_v2");
+  sym(f.MemcpyHtoD, "cuMemcpyHtoD_v2");
   sym(f.CtxSynchronize, "cuCtxSynchronize");
   sym(f.EventCreate, "cuEventCreate");
   sym(f.EventRecord, "cuEventRecord");
@@ -220,6 +225,23 @@ void CudaDriver::free(CUdeviceptr p) const noexcept {
 
 void CudaDriver::fill32(CUdeviceptr p, unsigned value, size_t words) const {
   if (words) check(fn_->MemsetD32(p, value, words), "cuMemsetD32(" + std::to_string(words) + " words)");
+}
+
+bool CudaDriver::write_global(CUmodule m, const std::string& name, const void* data, size_t bytes,
+                              const std::string& what) const {
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  const CUresult r = fn_->ModuleGetGlobal(&p, &size, m, name.c_str());
+  if (r == kErrorNotFound) return false;  // no kernel of the module reads it, and it was left out
+  check(r, "cuModuleGetGlobal(" + name + ", " + what + ")");
+  if (size != bytes)
+    throw Error(KILN_ERROR_INTERNAL, "cuModuleGetGlobal(" + name + ", " + what + "): " + std::to_string(size) +
+                                         " bytes, where " + std::to_string(bytes) + " are written");
+  check(fn_->MemcpyHtoD(p, data, bytes), "cuMemcpyHtoD(" + name + ", " + what + ")");
+  // A copy from pageable memory may still be on its way when the call returns; the kernels that
+  // read it run on other streams.
+  synchronize();
+  return true;
 }
 
 void CudaDriver::synchronize() const { check(fn_->CtxSynchronize(), "cuCtxSynchronize"); }

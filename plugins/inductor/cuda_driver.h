@@ -71,6 +71,10 @@ class CudaDriver {
   void free(CUdeviceptr p) const noexcept;
   // `words` 32-bit words of `value` from p (synchronous).
   void fill32(CUdeviceptr p, unsigned value, size_t words) const;
+  // Writes `bytes` from `data` into the module's global variable `name` (a __constant__ table) and
+  // waits for the copy to land. False when the module has no such global (the compiler leaves out
+  // one that nothing reads); throws when its size differs.
+  bool write_global(CUmodule m, const std::string& name, const void* data, size_t bytes, const std::string& what) const;
   void synchronize() const;  // cuCtxSynchronize
   // Milliseconds of device time between two events recorded on `stream` around what `enqueue`
   // enqueues there; waits for it.

@@ -52,8 +52,9 @@ struct Settings {
   bool cuda = true;                // generate CUDA kernels; false leaves the nodes on CUDA to ATen
   bool horizontal_fusion = true;   // small independent CUDA launches become one (fuse_small_launches)
   bool sibling_reductions = true;  // CUDA column reductions over the same rows share a kernel
-  // CPU kernels whose numbers are arguments (hoist_literals): "auto" from the second shape of the
-  // same kernels on (the first is compiled with its sizes as constants), "always", "never".
+  // Kernels whose numbers are arguments (CPU: hoist_literals; CUDA: resolve_sizes): "auto" from
+  // the second shape of the same kernels on (the first is compiled with its sizes as constants),
+  // "always", "never".
   std::string size_args = "auto";
 };
 
@@ -95,6 +96,31 @@ bool second_shape_of(const std::string& hoisted, const std::string& source) {
   std::lock_guard<std::mutex> lock(m);
   auto [it, fresh] = first.emplace(h, src);
   return !fresh && it->second != src;
+}
+
+// Which of a CUDA program's marked numbers (size_literals) its kernels read from their module's
+// table. The first shape of a skeleton (size_skeleton) is compiled with every number a constant, as
+// a static step would be; a later shape of it makes the numbers that differ from the first shape's
+// table entries (and keeps those of earlier shapes: the set only grows), so every shape after
+// that gives the same source and NVRTC runs no more. The numbers no shape changed (a model's
+// width, a head's size, the constants of GELU) stay constants the compiler folds.
+std::vector<bool> cuda_size_hoist(const CudaProgram& prog, const std::string& mode) {
+  const std::vector<std::string> numbers = size_literals(prog);
+  if (mode == "always") return std::vector<bool>(numbers.size(), true);
+  struct Seen {
+    std::vector<std::string> first;
+    std::vector<bool> hoist;
+  };
+  static std::mutex m;
+  static std::map<std::string, Seen> seen;  // by hash of the skeleton
+  const std::string key = hash_hex(size_skeleton(prog));
+  std::lock_guard<std::mutex> lock(m);
+  auto [it, fresh] = seen.emplace(key, Seen{numbers, std::vector<bool>(numbers.size(), false)});
+  if (fresh || it->second.first == numbers) return {};
+  Seen& s = it->second;
+  for (size_t k = 0; k < numbers.size(); ++k)
+    if (numbers[k] != s.first[k]) s.hoist[k] = true;
+  return s.hoist;
 }
 
 Settings parse_settings(const std::map<std::string, std::string>& options) {
@@ -1036,6 +1062,9 @@ class InductorPlugin : public Plugin {
     CudaOptions co;
     co.multiprocessors = rt.driver->multiprocessors(device);
     co.compute_capability = arch;
+    // max-autotune keeps its tuned kernels per shape, with their sizes as constants.
+    const bool tuning = options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    co.size_markers = !tuning && s.size_args != "never";
     // In-place outputs the host offers (a write-back's new value over the input it replaces).
     const std::vector<int64_t>& wanted = options.inplace_inputs;
     for (size_t k = 0; k < wanted.size(); ++k)
@@ -1046,7 +1075,7 @@ class InductorPlugin : public Plugin {
     CudaProgram prog = generate_cuda(*L, P, co);
     const std::string root = usable_cache_root(
         inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir), host());
-    if (options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS) {
+    if (tuning) {
       // The winners are kept per default program, architecture and size of the GPU.
       const std::string tune_key =
           hash_hex(prog.source + "\ncuda-tune 2 sm_" + std::to_string(arch) + " " + std::to_string(co.multiprocessors));
@@ -1113,6 +1142,10 @@ class InductorPlugin : public Plugin {
                      std::to_string(prog.launches.size()));
     }
 
+    // A shape whose kernels were compiled for another shape reads its sizes from a table.
+    const size_t size_args =
+        resolve_sizes(prog, prog.marked ? cuda_size_hoist(prog, s.size_args) : std::vector<bool>{});
+
     auto exe = std::make_unique<CudaGroup>();
     exe->host_api = host().raw();
     exe->device = DLDevice{kDLCUDA, device};
@@ -1129,6 +1162,7 @@ class InductorPlugin : public Plugin {
                    std::to_string(parts[p].launches.size()) + " CUDA kernels" +
                    (parts.size() > 1 ? ", part " + std::to_string(p + 1) + " of " + std::to_string(parts.size()) : "") +
                    ", sm_" + std::to_string(arch) +
+                   (size_args ? ", " + std::to_string(size_args) + " sizes as arguments" : "") +
                    (stats[p].hit ? "" : ", " + std::to_string(stats[p].compile_seconds) + " s") + ")");
     {
       CudaDriver::Scope scope(*rt.driver, device);
@@ -1136,6 +1170,9 @@ class InductorPlugin : public Plugin {
       exe->fns.resize(prog.launches.size());
       for (size_t p = 0; p < parts.size(); ++p) {
         exe->modules.push_back(rt.driver->load_module(cubins[p], root + "/" + keys[p] + ".cubin"));
+        if (!prog.size_table.empty())
+          rt.driver->write_global(exe->modules.back(), "kiln_sz", prog.size_table.data(),
+                                  prog.size_table.size() * sizeof(uint64_t), keys[p] + ".cubin");
         for (int l : parts[p].launches)
           exe->fns[static_cast<size_t>(l)] =
               rt.driver->function(exe->modules.back(), prog.launches[static_cast<size_t>(l)].name);

@@ -1,5 +1,6 @@
 // The kernels a cubin defines: the names of its global function symbols, read from the ELF symbol
-// table (a cubin is an ELF64 little-endian image). Empty when the image is not one.
+// table (a cubin is an ELF64 little-endian image). Empty when the image is not one. And its
+// variables (a __constant__ table) alike.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,8 @@
 
 namespace kiln::test {
 
-inline std::set<std::string> cubin_functions(const std::string& image) {
+// `type`: the ELF symbol type, 2 (STT_FUNC) for functions, 1 (STT_OBJECT) for variables.
+inline std::set<std::string> cubin_symbols(const std::string& image, uint64_t type) {
   std::set<std::string> names;
   auto rd = [&](size_t off, size_t n) -> uint64_t {
     if (off + n > image.size()) return 0;
@@ -33,13 +35,17 @@ inline std::set<std::string> cubin_functions(const std::string& image) {
     if (entsize < 24 || off + size > image.size() || stroff + strsize > image.size()) continue;
     for (uint64_t s = off; s + 24 <= off + size; s += entsize) {
       const uint64_t name = rd(s, 4), info = rd(s + 4, 1);
-      // STT_FUNC with STB_GLOBAL: a kernel entry point.
-      if ((info & 0xf) != 2 || (info >> 4) != 1 || name >= strsize) continue;
+      // A kernel entry point is STB_GLOBAL; a module's variables are local in a whole-program
+      // cubin, and the driver finds them by name all the same (cuModuleGetGlobal).
+      if ((info & 0xf) != type || (type == 2 && (info >> 4) != 1) || name >= strsize) continue;
       const char* p = image.data() + stroff + name;
       names.insert(std::string(p, strnlen(p, static_cast<size_t>(strsize - name))));
     }
   }
   return names;
 }
+
+inline std::set<std::string> cubin_functions(const std::string& image) { return cubin_symbols(image, 2); }
+inline std::set<std::string> cubin_objects(const std::string& image) { return cubin_symbols(image, 1); }
 
 }  // namespace kiln::test

@@ -34,6 +34,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
+// A module's __constant__ table (kiln_sz) is a global of the emulated library: the test writes it
+// through dlsym, as the plugin does through cuModuleGetGlobal.
+#define __constant__
 #define __cluster_dims__(x, y, z)
 #define KILN_EMULATED_CLUSTERS 1
 

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -1000,6 +1001,14 @@ class Emulated {
   ~Emulated() {
     if (handle_) dlclose(handle_);
   }
+  // Writes a program's size table (CudaProgram::size_table) into the library's kiln_sz, as the
+  // plugin writes each module's.
+  void set_sizes(const std::vector<uint64_t>& table) {
+    if (table.empty()) return;
+    void* at = dlsym(handle_, "kiln_sz");
+    if (!at) throw std::runtime_error("the emulated library has no kiln_sz");
+    std::memcpy(at, table.data(), table.size() * sizeof(uint64_t));
+  }
   // Runs a kernel; "" on success, else what went wrong.
   std::string launch(const std::string& kernel, std::vector<void*> args, unsigned grid, unsigned block,
                      unsigned cluster) {
@@ -1065,6 +1074,7 @@ void run_emulated(const Generated& gen, Emulated& device, const Case& c, int tri
   for (auto& s : scratch) B.push_back(s.data());
   std::vector<double> table(static_cast<size_t>(gen.cuda.scalar_table));
   for (size_t k = 0; k < table.size(); ++k) table[k] = scalars[k].toDouble();
+  device.set_sizes(gen.cuda.size_table);
   for (const auto& st : gen.cuda.steps) {
     ASSERT_GE(st.launch, 0) << "an extern kernel";
     const auto& l = gen.cuda.launches[static_cast<size_t>(st.launch)];
@@ -1307,6 +1317,124 @@ TEST(InductorCudaEmulatedOps, BatchNormStatisticsHoldFarFromZeroAndWithAnOutlier
   }
 }
 
+// Pieces of a transformer's step over a batch of B sequences of L tokens (width 96): layer norm
+// forward and backward, GELU, attention scores' softmax and its backward over rows of L, a bias
+// gradient over the B*L rows, a mean over everything, cross-entropy over B*L tokens.
+namespace {
+std::string shaped_steps(int64_t B, int64_t L) {
+  std::string text = R"(graph {
+  input %0 : {T}[{B},{L},96]{{L96},96,1} {D} input "x"
+  input %1 : {T}[96]{1} {D} input "w"
+  input %2 : {T}[96]{1} {D} input "b"
+  input %3 : {T}[{B},{L},96]{{L96},96,1} {D} input "go"
+  input %4 : {T}[{B},{L},{L}]{{LL},{L},1} {D} input "s"
+  input %5 : {T}[{B},{L},{L}]{{LL},{L},1} {D} input "gs"
+  input %6 : {T}[{BL},5]{5,1} {D} input "logits"
+  input %7 : i64[{BL}]{1} {D} input "target_ignore"
+  %8 : {T}[{B},{L},96]{{L96},96,1} {D}, %9 : f32[{B},{L},1]{{L},1,1} {D}, %10 : f32[{B},{L},1]{{L},1,1} {D} = aten::native_layer_norm(%0, i[96], %1, %2, 1e-05)
+  %11 : {T}[{B},{L},96]{{L96},96,1} {D}, %12 : {T}[96]{1} {D}, %13 : {T}[96]{1} {D} = aten::native_layer_norm_backward(%3, %0, i[96], %9, %10, %1, %2, b[true, true, true])
+  %14 : {T}[{B},{L},96]{{L96},96,1} {D} = aten::gelu(%8, "tanh")
+  %15 : {T}[{B},{L},{L}]{{LL},{L},1} {D} = aten::_softmax(%4, -1, false)
+  %16 : {T}[{B},{L},{L}]{{LL},{L},1} {D} = aten::_softmax_backward_data(%5, %15, -1, dtype({T}))
+  %17 : {T}[96]{1} {D} = aten::sum.dim_IntList(%14, i[0, 1], false, None)
+  %18 : {T}[]{} {D} = aten::mean(%3, None)
+  %19 : {T}[{BL},5]{5,1} {D} = aten::_log_softmax(%6, 1, false)
+  %20 : {T}[]{} {D}, %21 : {T}[]{} {D} = aten::nll_loss_forward(%19, %7, None, 1, -100)
+  output %8 result "y"
+  output %11 result "dx"
+  output %12 result "dw"
+  output %13 result "db"
+  output %14 result "gelu"
+  output %16 result "softmax_bwd"
+  output %17 result "bias_grad"
+  output %18 result "mean"
+  output %20 result "loss"
+}
+)";
+  auto replace_all = [&](const std::string& from, const std::string& to) {
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  };
+  replace_all("{L96}", std::to_string(L * 96));
+  replace_all("{LL}", std::to_string(L * L));
+  replace_all("{BL}", std::to_string(B * L));
+  replace_all("{B}", std::to_string(B));
+  replace_all("{L}", std::to_string(L));
+  return text;
+}
+}  // namespace
+
+// Sizes as arguments (resolve_sizes). The program of a first shape and of a second differ only in
+// their marked numbers; the numbers that differ become reads of kiln_sz, and with the same choice
+// a third and a fourth shape, which neither program was generated for, give the second's source
+// to the letter: one library, compiled once, runs all three with each shape's table and grids, and
+// matches float64 eager. The numbers no shape changes (the width 96) stay in the text. Also with
+// small launches fused (their grids are among the numbers).
+TEST(InductorCudaEmulatedOps, KernelsWithSizesAsArgumentsServeShapesTheyWereNotGeneratedFor) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2, 17}, {3, 19}, {4, 13}, {5, 11}};
+  for (const char* dtype : {"f32", "bf16"})
+    for (bool fuse : {false, true}) {
+      const std::string label = std::string(dtype) + (fuse ? ", fused launches" : "");
+      std::vector<CorpusGraph> graphs;
+      std::vector<Generated> gens;
+      for (const auto& [B, L] : shapes) {
+        graphs.push_back(
+            CorpusGraph{"shaped_steps_" + std::to_string(B) + "x" + std::to_string(L), shaped_steps(B, L), -1});
+        inductor::CudaOptions o;
+        o.multiprocessors = 2;
+        o.size_markers = true;
+        gens.push_back(generate(ir::parse(kiln::test::instantiate(graphs.back().text, dtype)), o));
+        ASSERT_TRUE(gens.back().cuda.marked);
+        if (fuse) {
+          inductor::FuseLimits limits;
+          limits.multiprocessors = 2;
+          limits.max_params = 40;
+          inductor::fuse_small_launches(gens.back().cuda, {}, {}, limits);
+        }
+      }
+      const std::string skeleton = inductor::size_skeleton(gens[0].cuda);
+      for (size_t i = 1; i < gens.size(); ++i)
+        ASSERT_EQ(inductor::size_skeleton(gens[i].cuda), skeleton) << label << ": shape " << i;
+      const auto first = inductor::size_literals(gens[0].cuda), second = inductor::size_literals(gens[1].cuda);
+      ASSERT_EQ(first.size(), second.size());
+      std::vector<bool> hoist(first.size());
+      size_t differ = 0;
+      for (size_t k = 0; k < first.size(); ++k) differ += (hoist[k] = first[k] != second[k]) ? 1 : 0;
+      ASSERT_GT(differ, 0u) << label;
+      ASSERT_LT(differ, first.size()) << label << ": every number changed, the width too";
+      for (size_t i = 1; i < gens.size(); ++i) {
+        EXPECT_EQ(inductor::resolve_sizes(gens[i].cuda, hoist), differ) << label;
+        EXPECT_FALSE(gens[i].cuda.marked);
+      }
+      // The first shape, with nothing hoisted: literals only, its comments kept.
+      EXPECT_EQ(inductor::resolve_sizes(gens[0].cuda, {}), 0u);
+      EXPECT_EQ(gens[0].cuda.source.find("kiln_sz"), std::string::npos);
+      EXPECT_EQ(gens[0].cuda.source.find('\x01'), std::string::npos);
+      EXPECT_NE(gens[1].cuda.source.find("kiln_sz"), std::string::npos);
+      EXPECT_NE(gens[1].cuda.source.find("96"), std::string::npos) << "the width is a constant";
+      for (size_t i = 2; i < gens.size(); ++i)
+        ASSERT_EQ(gens[i].cuda.source, gens[1].cuda.source) << label << ": shape " << i << " gave another source";
+      // NVRTC takes the table and its reads, and the cubin gives the host the table by name.
+      std::string why;
+      if (auto nvrtc = nvrtc_or_skip_reason(&why)) {
+        const std::string cubin = nvrtc->compile(gens[1].cuda.source, 90, "sizes_as_arguments.cu");
+        const auto fns = kiln::test::cubin_functions(cubin);
+        for (const auto& l : gens[1].cuda.launches) EXPECT_TRUE(fns.count(l.name)) << l.name << " " << label;
+        EXPECT_TRUE(kiln::test::cubin_objects(cubin).count("kiln_sz")) << label;
+      }
+      Emulated once(gens[1].cuda.source);
+      for (size_t i = 1; i < gens.size(); ++i) {
+        const Case c{&graphs[i], dtype};
+        const std::vector<int64_t> none(gens[i].lowered->num_outputs, -1);
+        run_emulated(gens[i], once, c, 0, none, label + ", " + graphs[i].name);
+        run_emulated(gens[i], once, c, 1, none, label + ", " + graphs[i].name + " unaligned");
+      }
+      Emulated own(gens[0].cuda.source);
+      run_emulated(gens[0], own, Case{&graphs[0], dtype}, 0, std::vector<int64_t>(gens[0].lowered->num_outputs, -1),
+                   label + ", the first shape with its sizes as constants");
+    }
+}
+
 // max-autotune's variants (cuda_variants: other blocks, grids, rows a block, column splits) of
 // every kernel of every corpus graph compute what the defaults compute.
 TEST_P(InductorCudaEmulated, EveryMaxAutotuneVariantMatchesFloat64Eager) {
@@ -1472,6 +1600,41 @@ TEST(InductorCacheCuda, ASecondCompileOfTheSameGroupIsACacheHit) {
   }
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "inductor")) cubins += e.path().extension() == ".cubin";
   EXPECT_EQ(cubins, 1u);
+}
+
+// Sizes as arguments on the device: a group compiled at four shapes (batch and sequence length
+// both change) runs NVRTC twice — the first shape with its sizes as constants, the second with the
+// sizes that changed read from the module's table — and the third and fourth shapes load the
+// second's cubin with their own table. Every shape matches eager.
+TEST(InductorCacheCuda, ANewShapeOfTheSameKernelsCompilesNothing) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  const std::string dir = fresh_dir("sizes_gpu");
+  auto plugin = load_plugin(dir);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{2, 17}, {3, 19}, {4, 13}, {5, 11}};
+  for (const char* dtype : {"f32", "bf16"})
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const std::string what =
+          std::string(dtype) + " shape " + std::to_string(shapes[i].first) + "x" + std::to_string(shapes[i].second);
+      const ir::Graph g = ir::parse(kiln::test::instantiate(shaped_steps(shapes[i].first, shapes[i].second), dtype));
+      kiln::test::start_log_capture();
+      PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+      const std::string log = kiln::test::captured_log();
+      ASSERT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
+      EXPECT_EQ(exec.stats().groups_compiled, 1u) << what;
+      if (i == 0) {
+        EXPECT_NE(log.find("compiled "), std::string::npos) << what << "\n" << log;
+        EXPECT_EQ(log.find("sizes as arguments"), std::string::npos) << what << "\n" << log;
+      } else {
+        EXPECT_NE(log.find("sizes as arguments"), std::string::npos) << what << "\n" << log;
+        EXPECT_EQ(log.find(i == 1 ? "cache hit " : "compiled "), std::string::npos) << what << "\n" << log;
+      }
+      const auto inputs = make_inputs(g);
+      const auto ref = run_eager(g, inputs, {});
+      std::vector<at::Tensor> env(g.values.size());
+      for (size_t k = 0; k < inputs.size(); ++k) env[g.inputs[k].value] = inputs[k];
+      exec.run(env, nullptr);
+      expect_close(g, inputs, {}, outputs_of(g, env), ref, std::string(dtype) == "f32" ? 1e-5 : 1e-2, what);
+    }
 }
 
 // max-autotune on CUDA times every variant of every kernel on the first compile (a progress line
