@@ -89,6 +89,24 @@ struct TrainingArguments {
   // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
   double max_grad_norm = 0.0;
   std::string log_level = "info";  // KILN_LOG_LEVEL
+  // Mixed precision, with Hugging Face's names. bf16: the Trainer runs the forward and the loss
+  // under bfloat16 autocast on the model's device, inside the compiled step (parameters, gradients
+  // and the optimizer stay float32). fp16 needs dynamic loss scaling, which kiln does not compile
+  // yet: the Trainer refuses it, naming bf16. tf32: TF32 matmuls and convolutions on GPUs that have
+  // them (LibTorch's allow_tf32 switches); false leaves LibTorch's defaults.
+  bool bf16 = false;
+  bool fp16 = false;
+  bool tf32 = false;
+  // The optimizer a Trainer made without one gets (Hugging Face's): optim is adamw_torch (or
+  // adamw_torch_fused, the same here), adam, sgd, adagrad or rmsprop, at learning_rate (5e-5 when
+  // unset), with weight_decay on every parameter but biases and normalisation layers' weights;
+  // adam_beta1, adam_beta2 and adam_epsilon for the Adam kinds. A Trainer given an optimizer does
+  // not use them (its log names those set).
+  std::string optim = "adamw_torch";
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
   // Trainer::train, with Hugging Face's names, defaults and meanings (docs/config.md).
   std::string output_dir;                   // the metrics file goes here; "" writes none
   double num_train_epochs = 3.0;            // may be fractional

@@ -144,6 +144,18 @@ class Trainer {
           TrainingArguments args = {})
       : Trainer(model.ptr(), optimizer, std::move(loss_fn), std::move(args)) {}
 
+  // Without an optimizer: the Trainer makes one from the arguments and owns it, as Hugging Face's
+  // does (optim, learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon; optimizer()).
+  template <class Module>
+  Trainer(std::shared_ptr<Module> model, LossFn loss_fn, TrainingArguments args = {})
+      : Trainer(std::static_pointer_cast<torch::nn::Module>(model), trainer_detail::forward_of(model),
+                std::move(loss_fn), std::move(args)) {}
+  template <class Contained>
+  Trainer(const torch::nn::ModuleHolder<Contained>& model, LossFn loss_fn, TrainingArguments args = {})
+      : Trainer(model.ptr(), std::move(loss_fn), std::move(args)) {}
+  Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, LossFn loss_fn,
+          TrainingArguments args = {});
+
   Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward, torch::optim::Optimizer& optimizer,
           LossFn loss_fn, TrainingArguments args = {});
   Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, torch::optim::Optimizer& optimizer,
@@ -252,6 +264,8 @@ class Trainer {
   // Whether steps currently run compiled (false while the pipeline falls back to eager).
   bool compiled() const;
   const TrainingArguments& args() const;
+  // The optimizer the steps update: the one the Trainer was given, or the one it made.
+  torch::optim::Optimizer& optimizer();
   // Counters (compiles, compiled and eager steps, compile time, last fallback reason) and the
   // compiled step itself (its captured and compiled graphs): step()'s, or, after train() ran
   // groups of several micro-batches, the accumulating step's.

@@ -505,6 +505,30 @@ Setting real(std::string key, F field, double lo, double hi, std::string what) {
   return s;
 }
 
+// The optimizers a Trainer makes (Hugging Face's names for LibTorch's optimizers), and Hugging
+// Face's others, which LibTorch does not have.
+const std::vector<std::string>& optim_names() {
+  static const std::vector<std::string> n = {"adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop"};
+  return n;
+}
+
+void check_optim(const std::string& name, const SettingOrigin& where, const std::string& key) {
+  const auto& names = optim_names();
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  static const std::vector<std::string> elsewhere = {
+      "adamw_hf",     "adamw_apex_fused", "adafactor",   "adamw_anyprecision",  "adamw_bnb_8bit",
+      "adamw_8bit",   "paged_adamw_8bit", "lion_8bit",   "lion_32bit",          "paged_lion_8bit",
+      "galore_adamw", "adalomo",          "lomo",        "schedule_free_adamw", "grokadamw",
+      "ademamix",     "apollo_adamw",     "stable_adamw"};
+  const bool hf = std::find(elsewhere.begin(), elsewhere.end(), name) != elsewhere.end() ||
+                  name.rfind("adamw_torch_", 0) == 0 || name.rfind("galore_", 0) == 0;
+  throw ConfigError(
+      where, key,
+      "key '" + key + "' is '" + name + "'" +
+          (hf ? ", a Hugging Face optimizer that LibTorch does not have" : ", not an optimizer kiln knows") +
+          "; a Trainer makes one of " + join(names) + ", or make the optimizer yourself and hand it to the Trainer");
+}
+
 const std::vector<std::string>& lr_scheduler_types() {
   static const std::vector<std::string> t = {"constant", "constant_with_warmup", "linear", "cosine"};
   return t;
@@ -725,6 +749,23 @@ const std::vector<Setting>& table() {
     v.push_back(max_grad_norm_setting());
     v.push_back(text(
         "log_level", "KILN_LOG_LEVEL", [](auto& a) -> auto& { return a.log_level; }, check_log_level));
+    // Mixed precision and the optimizer a Trainer makes.
+    v.push_back(flag(
+        "bf16", "", [](auto& a) -> auto& { return a.bf16; }));
+    v.push_back(flag(
+        "fp16", "", [](auto& a) -> auto& { return a.fp16; }));
+    v.push_back(flag(
+        "tf32", "", [](auto& a) -> auto& { return a.tf32; }));
+    v.push_back(text(
+        "optim", "", [](auto& a) -> auto& { return a.optim; }, check_optim));
+    v.push_back(real(
+        "weight_decay", [](auto& a) -> auto& { return a.weight_decay; }, 0, 1e6, "a number from 0 to 1e6"));
+    v.push_back(real(
+        "adam_beta1", [](auto& a) -> auto& { return a.adam_beta1; }, 0, 0.999999999, "a number from 0 to below 1"));
+    v.push_back(real(
+        "adam_beta2", [](auto& a) -> auto& { return a.adam_beta2; }, 0, 0.999999999, "a number from 0 to below 1"));
+    v.push_back(real(
+        "adam_epsilon", [](auto& a) -> auto& { return a.adam_epsilon; }, 0, 1, "a number from 0 to 1"));
     // Trainer::train.
     v.push_back(text(
         "output_dir", "", [](auto& a) -> auto& { return a.output_dir; }));
@@ -886,8 +927,79 @@ std::optional<std::string> suggest(const std::string& table_name, const std::str
   return std::nullopt;
 }
 
+// Hugging Face TrainingArguments keys kiln does not have, and what to do instead.
+const std::map<std::string, std::string>& hugging_face_keys() {
+  static const std::map<std::string, std::string> m = {
+      {"evaluation_strategy", "Hugging Face renamed it 'eval_strategy', which kiln reads"},
+      {"per_gpu_train_batch_size", "Hugging Face renamed it 'per_device_train_batch_size', which kiln reads"},
+      {"per_gpu_eval_batch_size", "Hugging Face renamed it 'per_device_eval_batch_size', which kiln reads"},
+      {"no_cuda", "kiln trains on the device your model's parameters are on: move the model with .to(torch::kCPU)"},
+      {"use_cpu", "kiln trains on the device your model's parameters are on: move the model with .to(torch::kCPU)"},
+      {"use_mps_device", "kiln trains on the device your model's parameters are on (CPU or CUDA)"},
+      {"label_smoothing_factor",
+       "kiln's Trainer calls the loss function you give it: use torch::nn::functional::cross_entropy with "
+       "CrossEntropyFuncOptions().label_smoothing(x)"},
+      {"gradient_checkpointing",
+       "kiln does not rematerialise activations yet; leave it out (the step keeps what its backward reads)"},
+      {"gradient_checkpointing_kwargs", "kiln does not rematerialise activations yet; leave it out"},
+      {"dataloader_num_workers",
+       "kiln's Trainer reads the dataset in the training thread; make Dataset::get cheap (tokenise ahead of time)"},
+      {"dataloader_pin_memory", "kiln's Trainer moves each batch to the model's device itself; leave it out"},
+      {"dataloader_drop_last",
+       "not built yet: the last micro-batch of an epoch may be short (a second input signature); make the dataset a "
+       "multiple of the batch size to avoid it"},
+      {"load_best_model_at_end",
+       "not built yet: kiln keeps the checkpoints save_strategy writes; pick the best one by its eval metrics in "
+       "metrics.jsonl and load it with resume_from_checkpoint"},
+      {"metric_for_best_model", "not built yet (it goes with load_best_model_at_end); leave it out"},
+      {"greater_is_better", "not built yet (it goes with load_best_model_at_end); leave it out"},
+      {"logging_first_step", "not built yet: the first metrics line comes after logging_steps steps"},
+      {"logging_strategy", "kiln logs every logging_steps optimizer steps ('steps'); set logging_steps"},
+      {"logging_dir", "kiln writes its metrics to <output_dir>/metrics.jsonl (report_to)"},
+      {"run_name", "not built yet: name the run by its output_dir"},
+      {"data_seed", "not built yet: seed sets both the generators and the data order"},
+      {"push_to_hub", "kiln does not upload; copy the checkpoint folders yourself"},
+      {"hub_model_id", "kiln does not upload; copy the checkpoint folders yourself"},
+      {"hub_token", "kiln does not upload; copy the checkpoint folders yourself"},
+      {"deepspeed", "kiln has no DeepSpeed; data parallelism is torchrun with the Trainer (docs/distributed.md)"},
+      {"fsdp", "kiln has no sharded data parallelism yet; data parallelism is torchrun with the Trainer"},
+      {"local_rank", "kiln reads RANK, LOCAL_RANK and WORLD_SIZE from torchrun's environment"},
+      {"fp16_opt_level", "Apex is not used; fp16 is not built yet, bf16 = true is"},
+      {"half_precision_backend", "kiln's mixed precision is LibTorch's autocast (bf16 = true)"},
+      {"bf16_full_eval",
+       "not built yet: evaluation runs under bf16 autocast when bf16 = true, the model stays float32"},
+      {"fp16_full_eval", "not built yet; bf16 = true runs evaluation under bf16 autocast"},
+      {"eval_accumulation_steps", "kiln keeps every evaluation batch's outputs on their device until compute_metrics"},
+      {"eval_delay", "not built yet: evaluation follows eval_strategy from the start"},
+      {"save_safetensors", "kiln's checkpoints are LibTorch archives (model.pt, optimizer.pt)"},
+      {"save_only_model", "not built yet: a checkpoint always holds the optimizer and the schedule too"},
+      {"save_on_each_node", "rank 0 alone writes checkpoints"},
+      {"remove_unused_columns", "kiln's datasets hand the Trainer tensors, not columns; leave it out"},
+      {"label_names", "the target is the last tensor of each example (Dataset::get)"},
+      {"optim_args", "make the optimizer yourself and hand it to the Trainer"},
+      {"lr_scheduler_kwargs", "kiln has no scheduler arguments beyond warmup_steps and warmup_ratio"},
+      {"auto_find_batch_size", "not built yet: set per_device_train_batch_size"},
+      {"full_determinism", "kiln's compiled step computes what eager computes; seed your program (seed)"},
+      {"torchdynamo", "use torch_compile_backend"},
+      {"use_ipex", "use torch_compile_backend = \"ipex\""},
+      {"jit_mode_eval", "evaluation runs the model eagerly"},
+      {"prediction_loss_only", "evaluation computes eval_loss, and the metrics only when compute_metrics is given"},
+      {"ignore_data_skip", "a resumed run always continues the data where the checkpoint stopped"},
+      {"include_inputs_for_metrics", "not built yet: compute_metrics gets predictions and labels"},
+      {"neftune_noise_alpha", "not built yet"},
+      {"skip_memory_metrics", "kiln does not log memory metrics"},
+      {"log_on_each_node", "rank 0 alone logs metrics"},
+      {"logging_nan_inf_filter", "kiln logs the loss as it is"},
+      {"ddp_broadcast_buffers", "the Trainer broadcasts rank 0's parameters and buffers once, when it joins the world"},
+  };
+  return m;
+}
+
 ConfigError unknown_key(const std::string& table_name, const std::string& name, const SettingOrigin& where) {
   const std::string full = table_name.empty() ? name : table_name + "." + name;
+  if (table_name.empty())
+    if (auto it = hugging_face_keys().find(name); it != hugging_face_keys().end())
+      return ConfigError(where, full, "key '" + full + "' is Hugging Face's, and kiln does not have it: " + it->second);
   std::string msg = "unknown key '" + full + "'";
   if (auto near = suggest(table_name, name)) msg += "; did you mean '" + *near + "'?";
   else msg += "; known keys here: " + join(keys_in(table_name));

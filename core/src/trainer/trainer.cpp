@@ -11,15 +11,18 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/StringUtil.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -37,11 +40,147 @@
 
 namespace kiln {
 
+namespace {
+
+// bf16 = true: bfloat16 autocast on the model's device for as long as it lives, as Hugging Face
+// wraps the forward and the loss; the state before is restored, and the casts autocast cached for
+// the region are dropped (a later step's weights are not this step's).
+class Bf16Autocast {
+ public:
+  Bf16Autocast(bool on, c10::DeviceType device) : on_(on), device_(device) {
+    if (!on_) return;
+    was_on_ = at::autocast::is_autocast_enabled(device_);
+    was_dtype_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_enabled(device_, true);
+    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~Bf16Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_dtype(device_, was_dtype_);
+    at::autocast::set_autocast_enabled(device_, was_on_);
+  }
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+
+ private:
+  bool on_;
+  c10::DeviceType device_;
+  bool was_on_ = false;
+  at::ScalarType was_dtype_ = at::kBFloat16;
+};
+
+// Hugging Face's decay parameters: every parameter but biases and normalisation layers' weights
+// (a LayerNorm module's, and by name: "bias", "layernorm", "rmsnorm", a part "norm" or "..._norm").
+bool decays(const std::string& name, const at::Tensor& p, const std::set<const void*>& layer_norm_params) {
+  if (layer_norm_params.count(p.unsafeGetTensorImpl())) return false;
+  std::string n = name;
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (n.find("bias") != std::string::npos || n.find("layernorm") != std::string::npos ||
+      n.find("rmsnorm") != std::string::npos)
+    return false;
+  size_t start = 0;
+  while (start <= n.size()) {
+    const size_t dot = n.find('.', start);
+    const std::string part = n.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part == "norm" || (part.size() > 5 && part.compare(part.size() - 5, 5, "_norm") == 0)) return false;
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return true;
+}
+
+// The optimizer a Trainer makes when it is given none, as Hugging Face's does (optim, learning_rate
+// or 5e-5, weight_decay on the decay parameters only, adam_beta1/2 and adam_epsilon).
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const TrainingArguments& a) {
+  const double lr = a.learning_rate.value_or(5e-5);
+  std::set<const void*> layer_norm_params;
+  for (const auto& m : model.modules(/*include_self=*/true))
+    if (dynamic_cast<torch::nn::LayerNormImpl*>(m.get()))
+      for (const auto& p : m->parameters(/*recurse=*/false)) layer_norm_params.insert(p.unsafeGetTensorImpl());
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    if (!p.value().requires_grad()) continue;
+    (decays(p.key(), p.value(), layer_norm_params) ? decay : no_decay).push_back(p.value());
+  }
+  if (decay.empty() && no_decay.empty())
+    throw std::invalid_argument("kiln::Trainer: the model has no parameter that requires a gradient to optimise");
+  // Two groups when weight decay applies to some parameters and not others; else one.
+  auto groups_with = [&](const torch::optim::OptimizerOptions& decayed, const torch::optim::OptimizerOptions& plain) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    if (a.weight_decay == 0 || decay.empty() || no_decay.empty()) {
+      std::vector<at::Tensor> all = decay;
+      all.insert(all.end(), no_decay.begin(), no_decay.end());
+      g.emplace_back(all, (decay.empty() ? plain : decayed).clone());
+    } else {
+      g.emplace_back(decay, decayed.clone());
+      g.emplace_back(no_decay, plain.clone());
+    }
+    return g;
+  };
+  const double wd = a.weight_decay;
+  if (a.optim == "adamw_torch" || a.optim == "adamw_torch_fused") {
+    auto o = torch::optim::AdamWOptions(lr).betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon);
+    auto plain = o;
+    plain.weight_decay(0);
+    o.weight_decay(wd);
+    return std::make_unique<torch::optim::AdamW>(groups_with(o, plain), o);
+  }
+  if (a.optim == "sgd") {
+    auto o = torch::optim::SGDOptions(lr), plain = torch::optim::SGDOptions(lr);
+    o.weight_decay(wd);
+    return std::make_unique<torch::optim::SGD>(groups_with(o, plain), o);
+  }
+  if (a.optim == "adagrad") {
+    auto o = torch::optim::AdagradOptions(lr), plain = torch::optim::AdagradOptions(lr);
+    o.weight_decay(wd);
+    return std::make_unique<torch::optim::Adagrad>(groups_with(o, plain), o);
+  }
+  if (a.optim == "rmsprop") {
+    auto o = torch::optim::RMSpropOptions(lr), plain = torch::optim::RMSpropOptions(lr);
+    o.weight_decay(wd);
+    return std::make_unique<torch::optim::RMSprop>(groups_with(o, plain), o);
+  }
+  throw std::invalid_argument("kiln::Trainer: optim '" + a.optim +
+                              "' is not one of adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop");
+}
+
+// With an optimizer of the program's own, the keys for the one a Trainer makes change nothing
+// (Hugging Face's Trainer ignores them alike): the log names those set.
+void warn_unused_optimizer_keys(const TrainingArguments& a) {
+  const TrainingArguments d;
+  std::vector<std::string> set;
+  if (a.optim != d.optim) set.push_back("optim");
+  if (a.weight_decay != d.weight_decay) set.push_back("weight_decay");
+  if (a.adam_beta1 != d.adam_beta1) set.push_back("adam_beta1");
+  if (a.adam_beta2 != d.adam_beta2) set.push_back("adam_beta2");
+  if (a.adam_epsilon != d.adam_epsilon) set.push_back("adam_epsilon");
+  if (set.empty()) return;
+  std::string names;
+  for (const auto& n : set) names += (names.empty() ? "" : ", ") + n;
+  log_warn("kiln::Trainer: " + names + (set.size() == 1 ? " is" : " are") +
+           " set, but the Trainer was given an optimizer, which keeps its own settings (they apply to the "
+           "optimizer a Trainer makes when it is given none)");
+}
+
+}  // namespace
+
 struct Trainer::Impl {
   std::shared_ptr<torch::nn::Module> model;
   MultiForwardFn forward;
   torch::optim::Optimizer* optimizer;
+  std::unique_ptr<torch::optim::Optimizer> own_optimizer;  // the one the Trainer made, when given none
   LossFn loss_fn;
+  // bf16: the forward and the loss run under bfloat16 autocast on the model's device.
+  bool bf16 = false;
+  c10::DeviceType amp_device = c10::kCPU;
+  at::Tensor forward_loss(const std::vector<at::Tensor>& x, const at::Tensor& target) {
+    Bf16Autocast amp(bf16, amp_device);
+    return loss_fn(forward(x), target);
+  }
+  void setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f, torch::optim::Optimizer* opt, LossFn loss,
+             TrainingArguments args);
   double max_grad_norm = 0;
   std::unique_ptr<CompiledStep> step;
   // train()'s groups of several micro-batches: the inputs are the micro-batches one after the
@@ -118,8 +257,8 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
         for (size_t m = 0; m < k; ++m) {
           const auto begin = in.begin() + static_cast<std::ptrdiff_t>(m * im->per_micro);
           const std::vector<at::Tensor> x(begin, begin + static_cast<std::ptrdiff_t>(im->per_micro - 1));
-          auto l = im->loss_fn(im->forward(x), *(begin + static_cast<std::ptrdiff_t>(im->per_micro - 1))) /
-                   static_cast<double>(k);
+          auto l =
+              im->forward_loss(x, *(begin + static_cast<std::ptrdiff_t>(im->per_micro - 1))) / static_cast<double>(k);
           l.backward();
           sum = m == 0 ? l.detach() : sum + l.detach();
         }
@@ -383,18 +522,46 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
                  LossFn loss_fn, TrainingArguments args)
     : impl_(std::make_unique<Impl>()) {
   if (!model) throw std::invalid_argument("kiln::Trainer: the model is null");
-  impl_->model = std::move(model);
-  impl_->forward = std::move(forward);
-  impl_->optimizer = &optimizer;
-  impl_->loss_fn = std::move(loss_fn);
-  impl_->max_grad_norm = args.max_grad_norm;
-  auto* im = impl_.get();
+  warn_unused_optimizer_keys(args);
+  impl_->setup(std::move(model), std::move(forward), &optimizer, std::move(loss_fn), std::move(args));
+}
+
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, LossFn loss_fn,
+                 TrainingArguments args)
+    : impl_(std::make_unique<Impl>()) {
+  if (!model) throw std::invalid_argument("kiln::Trainer: the model is null");
+  impl_->own_optimizer = make_optimizer(*model, args);
+  auto* made = impl_->own_optimizer.get();
+  impl_->setup(std::move(model), std::move(forward), made, std::move(loss_fn), std::move(args));
+}
+
+void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f, torch::optim::Optimizer* opt,
+                          LossFn loss, TrainingArguments args) {
+  if (args.fp16)
+    throw std::invalid_argument(
+        "kiln::Trainer: fp16 = true needs dynamic loss scaling (GradScaler), which kiln does not compile into the "
+        "step yet; bf16 = true trains under bfloat16 autocast, with float32's range and no loss scaling");
+  model = std::move(m);
+  forward = std::move(f);
+  optimizer = opt;
+  loss_fn = std::move(loss);
+  max_grad_norm = args.max_grad_norm;
+  const auto params = model->parameters();
+  const bool on_cuda = !params.empty() && params.front().device().type() == c10::kCUDA;
+  bf16 = args.bf16;
+  amp_device = on_cuda ? c10::kCUDA : c10::kCPU;
+  if (args.tf32) {
+    at::globalContext().setAllowTF32CuBLAS(true);
+    at::globalContext().setAllowTF32CuDNN(true);
+    if (!on_cuda) log_info("kiln::Trainer: tf32 = true changes nothing on the CPU (it applies to CUDA matmuls)");
+  }
+  auto* im = this;
   // The last input is the target; the others go to forward.
-  impl_->step = std::make_unique<CompiledStep>(
+  step = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>& in) {
         im->optimizer->zero_grad();
         const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
-        auto loss = im->loss_fn(im->forward(x), in.back());
+        auto loss = im->forward_loss(x, in.back());
         loss.backward();
         im->reduce_gradients();
         if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
@@ -402,14 +569,12 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forwar
         im->set_next_rates();
         return std::vector<at::Tensor>{loss.detach()};
       },
-      StepState{{impl_->model}, {impl_->optimizer}}, std::move(args));
+      StepState{{model}, {optimizer}}, std::move(args));
   // The environment may have set max_grad_norm too (CompiledStep applied it).
-  impl_->max_grad_norm = impl_->step->args().max_grad_norm;
-  impl_->last = impl_->step.get();
+  max_grad_norm = step->args().max_grad_norm;
+  last = step.get();
   // Under torchrun: this process's rank of the world.
-  const auto params = impl_->model->parameters();
-  const std::string device = params.empty() ? "cpu" : params.front().device().type() == c10::kCUDA ? "cuda" : "cpu";
-  if (auto g = distributed::group_from_env(impl_->step->args(), device)) impl_->join(std::move(g), impl_->step->args());
+  if (auto g = distributed::group_from_env(step->args(), on_cuda ? "cuda" : "cpu")) join(std::move(g), step->args());
 }
 
 void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingArguments& args) {
@@ -566,8 +731,13 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   for (int64_t b = 0; b < n; b += batch_size) {
     const int64_t end = std::min(b + batch_size, n);
     const auto batch = make_batch(dataset, order, b, end, per, "kiln::Trainer::evaluate");
-    const auto output = forward(std::vector<at::Tensor>(batch.begin(), batch.end() - 1));
-    loss_sum += loss_fn(output, batch.back()).item<double>() * static_cast<double>(end - b);
+    at::Tensor output, loss;
+    {
+      Bf16Autocast amp(bf16, amp_device);
+      output = forward(std::vector<at::Tensor>(batch.begin(), batch.end() - 1));
+      loss = loss_fn(output, batch.back());
+    }
+    loss_sum += loss.item<double>() * static_cast<double>(end - b);
     if (compute_metrics) {
       predictions.push_back(output.detach());
       labels.push_back(batch.back());
@@ -1012,6 +1182,8 @@ const std::string& Trainer::backend() const { return impl_->step->backend(); }
 const std::vector<std::string>& Trainer::backend_reasons() const { return impl_->step->backend_reasons(); }
 bool Trainer::compiled() const { return impl_->last->last_step_compiled(); }
 const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
+
+torch::optim::Optimizer& Trainer::optimizer() { return *impl_->optimizer; }
 const StepStats& Trainer::stats() const { return impl_->last->stats(); }
 const CompiledStep& Trainer::compiled_step() const { return *impl_->last; }
 

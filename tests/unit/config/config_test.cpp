@@ -85,6 +85,12 @@ TEST_F(ConfigTest, DefaultsMatchHuggingFace) {
   EXPECT_EQ(a.per_device_train_batch_size, 8);
   EXPECT_EQ(a.gradient_accumulation_steps, 1);
   EXPECT_FALSE(a.learning_rate.has_value());  // train() keeps the optimizer's own rates
+  EXPECT_FALSE(a.bf16 || a.fp16 || a.tf32);
+  EXPECT_EQ(a.optim, "adamw_torch");
+  EXPECT_EQ(a.weight_decay, 0.0);
+  EXPECT_EQ(a.adam_beta1, 0.9);
+  EXPECT_EQ(a.adam_beta2, 0.999);
+  EXPECT_EQ(a.adam_epsilon, 1e-8);
   EXPECT_EQ(a.lr_scheduler_type, "linear");
   EXPECT_EQ(a.warmup_steps, 0);
   EXPECT_EQ(a.warmup_ratio, 0.0);
@@ -148,6 +154,14 @@ ddp_timeout = 120
 group_by_length = true
 pad_to_multiple_of = 8
 overwrite_output_dir = true
+bf16 = true
+fp16 = false
+tf32 = true
+optim = "sgd"
+weight_decay = 0.01
+adam_beta1 = 0.8
+adam_beta2 = 0.99
+adam_epsilon = 1e-6
 
 [runtime]
 fullgraph = true
@@ -218,6 +232,14 @@ ratio = 0.5
   EXPECT_TRUE(a.group_by_length);
   EXPECT_EQ(a.pad_to_multiple_of, 8);
   EXPECT_TRUE(a.overwrite_output_dir);
+  EXPECT_TRUE(a.bf16);
+  EXPECT_FALSE(a.fp16);
+  EXPECT_TRUE(a.tf32);
+  EXPECT_EQ(a.optim, "sgd");
+  EXPECT_EQ(a.weight_decay, 0.01);
+  EXPECT_EQ(a.adam_beta1, 0.8);
+  EXPECT_EQ(a.adam_beta2, 0.99);
+  EXPECT_EQ(a.adam_epsilon, 1e-6);
   EXPECT_EQ(a.runtime.plugin_dirs, (std::vector<std::string>{"/opt/a", "/opt/b"}));
   EXPECT_EQ(a.runtime.cache_dir, "/tmp/kc");
   EXPECT_FALSE(a.runtime.cpu_block_cache);
@@ -238,9 +260,10 @@ ratio = 0.5
   EXPECT_EQ(a.plugin_options.at("inductor").at("ratio"), "0.5");
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":36:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":57:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":61:8");
+  EXPECT_EQ(a.origins.at("adam_beta2").describe(), path + ":39:14");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":44:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":65:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":69:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -543,6 +566,13 @@ const BadFile kCorpus[] = {
             "2:30: TOML syntax error: Error while parsing string: unescaped control characters other than TAB (U+0009) "
             "are explicitly prohibited"},
     BadFile{"unknown_key_typo.toml", "1:1: unknown key 'torch_compil'; did you mean 'torch_compile'?"},
+    BadFile{"hugging_face_key.toml",
+            "2:1: key 'gradient_checkpointing' is Hugging Face's, and kiln does not have it: kiln does not "
+            "rematerialise activations yet; leave it out (the step keeps what its backward reads)"},
+    BadFile{"optim_not_in_libtorch.toml",
+            "1:9: key 'optim' is 'adafactor', a Hugging Face optimizer that LibTorch does not have; a Trainer makes "
+            "one of adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, or make the optimizer yourself and hand "
+            "it to the Trainer"},
     BadFile{"wrong_type_bool.toml", "2:13: key 'runtime.fullgraph' must be a boolean, not a string"},
     BadFile{"unknown_mode.toml",
             "1:22: unknown mode 'reduce_overhead'; did you mean 'reduce-overhead'? Valid modes: default, "

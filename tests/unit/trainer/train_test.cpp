@@ -24,8 +24,12 @@
 #include <torch/optim/sgd.h>
 #include <torch/utils.h>
 
+#include <ATen/autocast_mode.h>
+#include <torch/nn/modules/normalization.h>
+
 #include "kiln/compile.h"
 #include "kiln/trainer.h"
+#include "log_capture.h"
 
 namespace nn = torch::nn;
 namespace fs = std::filesystem;
@@ -100,7 +104,7 @@ Data make_data(int64_t n) {
 // with `seed`, micro-batches of `bs`, `ga` of them per optimizer step, the learning rate set before
 // each step. Returns each step's loss (the micro-batches' mean).
 std::vector<double> eager_loop(Setup& s, const Data& d, int64_t bs, int64_t ga, int64_t total, uint64_t seed,
-                               const std::function<double(int64_t)>& lr_at) {
+                               const std::function<double(int64_t)>& lr_at, bool bf16 = false) {
   torch::manual_seed(seed);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const int64_t n = d.x.size(0);
@@ -116,8 +120,20 @@ std::vector<double> eager_loop(Setup& s, const Data& d, int64_t bs, int64_t ga, 
       double sum = 0;
       for (int64_t b = first; b < last; ++b) {
         const at::Tensor idx = perm.slice(0, b * bs, std::min((b + 1) * bs, n));
-        auto loss =
-            ce(s.net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx)) / static_cast<double>(last - first);
+        at::Tensor loss;
+        {
+          // bf16: Hugging Face's autocast region, the forward and the loss.
+          if (bf16) {
+            at::autocast::set_autocast_enabled(at::kCPU, true);
+            at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+          }
+          loss = ce(s.net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx)) /
+                 static_cast<double>(last - first);
+          if (bf16) {
+            at::autocast::set_autocast_enabled(at::kCPU, false);
+            at::autocast::clear_cache();
+          }
+        }
         loss.backward();
         sum += loss.item<double>();
       }
@@ -295,6 +311,122 @@ TEST(TrainerTrain, WithoutLearningRateTheScheduleScalesTheOptimizersOwnRates) {
   EXPECT_DOUBLE_EQ(e.opt->param_groups()[0].options().get_lr(), 0.02);
   EXPECT_DOUBLE_EQ(e.opt->param_groups()[1].options().get_lr(), 0.02);
   fs::remove_all(explicit_args.output_dir);
+}
+
+// Without an optimizer the Trainer makes Hugging Face's: AdamW at learning_rate with adam_beta1,
+// adam_beta2 and adam_epsilon, weight_decay on every parameter but the biases and the layer norm's
+// weight (two groups), and trains as the eager loop with that optimizer does. optim = "sgd" makes
+// SGD, at 5e-5 when learning_rate is unset. A Trainer given an optimizer keeps it, and says that the
+// keys set for a made one change nothing.
+TEST(TrainerTrain, WithoutAnOptimizerTheTrainerMakesHuggingFacesOne) {
+  const auto d = make_data(32);
+  auto model_for = [](uint64_t seed) {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Linear(12, 16), nn::LayerNorm(nn::LayerNormOptions({16})), nn::ReLU(), nn::Linear(16, 5));
+  };
+  auto args = train_args(fresh_dir("made_optimizer"));
+  args.learning_rate = 0.01;
+  args.lr_scheduler_type = "constant";
+  args.max_steps = 4;
+  args.weight_decay = 0.1;
+  args.adam_beta1 = 0.8;
+  args.adam_beta2 = 0.99;
+  args.adam_epsilon = 1e-6;
+
+  ::Setup ref{model_for(3), nullptr};
+  std::vector<at::Tensor> decay, plain;
+  for (const auto& p : ref.net->named_parameters()) {
+    const bool layer_norm = p.key().rfind("1.", 0) == 0;
+    (p.key().find("bias") == std::string::npos && !layer_norm ? decay : plain).push_back(p.value());
+  }
+  ASSERT_EQ(decay.size(), 2u);  // the two Linear weights
+  auto opts = torch::optim::AdamWOptions(0.01).betas({0.8, 0.99}).eps(1e-6).weight_decay(0.1);
+  auto no_decay = opts;
+  no_decay.weight_decay(0);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(opts));
+  groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(no_decay));
+  ref.opt = std::make_unique<torch::optim::AdamW>(std::move(groups), opts);
+  const auto want = eager_loop(ref, d, 8, 1, 4, 17, [](int64_t) { return 0.01; });
+
+  ::Setup got{model_for(3), nullptr};
+  kiln::Trainer trainer(got.net, ce, args);
+  auto* made = dynamic_cast<torch::optim::AdamW*>(&trainer.optimizer());
+  ASSERT_NE(made, nullptr) << "adamw_torch makes AdamW";
+  ASSERT_EQ(made->param_groups().size(), 2u);
+  const auto& g0 = static_cast<const torch::optim::AdamWOptions&>(made->param_groups()[0].options());
+  const auto& g1 = static_cast<const torch::optim::AdamWOptions&>(made->param_groups()[1].options());
+  EXPECT_EQ(made->param_groups()[0].params().size(), 2u);
+  EXPECT_EQ(g0.weight_decay(), 0.1);
+  EXPECT_EQ(g1.weight_decay(), 0.0);
+  EXPECT_EQ(std::get<0>(g0.betas()), 0.8);
+  EXPECT_EQ(std::get<1>(g0.betas()), 0.99);
+  EXPECT_EQ(g0.eps(), 1e-6);
+  trainer.train(kiln::TensorDataset({d.x}, d.y));
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-5) << "step " << i + 1;
+  expect_same_params(ref, got, 1e-5);
+  fs::remove_all(args.output_dir);
+
+  auto sgd_args = train_args("");
+  sgd_args.learning_rate.reset();
+  sgd_args.optim = "sgd";
+  ::Setup s{model_for(4), nullptr};
+  kiln::Trainer sgd(s.net, ce, sgd_args);
+  ASSERT_NE(dynamic_cast<torch::optim::SGD*>(&sgd.optimizer()), nullptr);
+  EXPECT_EQ(sgd.optimizer().param_groups().size(), 1u) << "no weight decay: one group";
+  EXPECT_EQ(sgd.optimizer().param_groups()[0].options().get_lr(), 5e-5);
+
+  ::Setup own = make(5, false);
+  LogCapture log;
+  kiln::Trainer given(own.net, *own.opt, ce, args);
+  EXPECT_EQ(&given.optimizer(), own.opt.get());
+  bool said = false;
+  for (const auto& w : log.warnings())
+    said = said || (w.find("weight_decay, adam_beta1, adam_beta2, adam_epsilon are set") != std::string::npos &&
+                    w.find("given an optimizer") != std::string::npos);
+  EXPECT_TRUE(said) << "no warning that the optimizer keys change nothing";
+}
+
+// bf16 = true: the forward and the loss run under bfloat16 autocast inside the compiled step, as in
+// Hugging Face's Trainer; the losses and parameters follow the eager loop under the same autocast,
+// and differ from float32's (autocast did apply). fp16 is refused, naming bf16.
+TEST(TrainerTrain, Bf16TrainsUnderAutocastAsTheEagerLoop) {
+  const auto d = make_data(32);
+  auto lr = [](int64_t) { return 0.05; };
+  auto ref = make(6, true);
+  const auto want = eager_loop(ref, d, 8, 1, 4, 17, lr, /*bf16=*/true);
+  auto f32 = make(6, true);
+  const auto plain = eager_loop(f32, d, 8, 1, 4, 17, lr);
+  double apart = 0;
+  for (size_t i = 0; i < want.size(); ++i) apart = std::max(apart, rel_err(want[i], plain[i]));
+  ASSERT_GT(apart, 1e-4) << "the bf16 loop computes what float32 computes: autocast did not apply";
+
+  auto s = make(6, true);
+  auto args = train_args(fresh_dir("bf16"));
+  args.bf16 = true;
+  args.lr_scheduler_type = "constant";
+  args.max_steps = 4;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  trainer.train(kiln::TensorDataset({d.x}, d.y));
+  EXPECT_EQ(trainer.stats().compiled_steps, 2) << "warm-up and capture run eagerly, the other two compiled";
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-2) << "step " << i + 1;
+  expect_same_params(ref, s, 1e-2);
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "the autocast region was left open";
+  fs::remove_all(args.output_dir);
+
+  auto fp16 = train_args("");
+  fp16.fp16 = true;
+  auto t = make(7, true);
+  try {
+    kiln::Trainer refused(t.net, *t.opt, ce, fp16);
+    ADD_FAILURE() << "fp16 was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 = true"), std::string::npos) << e.what();
+  }
 }
 
 TEST(TrainerTrain, CosineWithWarmupRatio) {
