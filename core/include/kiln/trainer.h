@@ -120,6 +120,15 @@ class CheckpointError : public std::runtime_error {
   std::string file_;
 };
 
+// What Trainer::predict returns, as Hugging Face's PredictionOutput: the model's outputs for every
+// example and their targets (concatenated as EvalPrediction's), and the metrics evaluate() gives,
+// named with predict()'s prefix ("test_loss", "test_runtime", "test_<metric>"...).
+struct PredictionOutput {
+  at::Tensor predictions;
+  at::Tensor label_ids;
+  std::map<std::string, double> metrics;
+};
+
 // What Trainer::train returns, as Hugging Face's TrainOutput: the optimizer steps made, the mean
 // training loss over them, and the run's metrics (train_runtime, train_samples_per_second,
 // train_steps_per_second, train_loss, epoch).
@@ -231,6 +240,13 @@ class Trainer {
   // "eval_loss" (the mean over the examples), "eval_runtime", "eval_samples_per_second",
   // "eval_steps_per_second", and what the metrics function returns, each name prefixed "eval_".
   std::map<std::string, double> evaluate(const Dataset& eval_dataset);
+  // The model over `dataset` as evaluate() runs it, keeping its outputs and the targets (Hugging
+  // Face's predict): the metrics are named "<metric_key_prefix>_loss" and so on.
+  PredictionOutput predict(const Dataset& dataset, const std::string& metric_key_prefix = "test");
+  // The model's parameters and buffers into <dir>/model.pt (dir "": output_dir), the archive a
+  // checkpoint's model.pt is (torch::nn::Module::load reads it). Rank 0 alone writes. Returns the
+  // file's path.
+  std::string save_model(const std::string& dir = "");
   // The metrics function of every evaluation (none by default: eval_loss only).
   void set_compute_metrics(ComputeMetricsFn compute_metrics);
   // How train() and evaluate() make a micro-batch of examples (Hugging Face's data_collator): the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -82,6 +83,30 @@ at::Tensor state_of(at::Generator gen) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
+
+// A file-size limit (ulimit -f, RLIMIT_FSIZE) ends a process whose write goes past it with
+// SIGXFSZ, whose default action kills it, leaving the temporary folder behind. While a checkpoint
+// or a model is written the signal is ignored, so such a write fails with EFBIG instead and is
+// reported like a full disk; the disposition before is put back after. (Process-wide, as signal
+// dispositions are: another thread writing past the limit meanwhile also gets EFBIG.)
+class FileSizeLimitIsAnError {
+ public:
+  FileSizeLimitIsAnError() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    saved_ = ::sigaction(SIGXFSZ, &ignore, &old_) == 0;
+  }
+  ~FileSizeLimitIsAnError() {
+    if (saved_) ::sigaction(SIGXFSZ, &old_, nullptr);
+  }
+  FileSizeLimitIsAnError(const FileSizeLimitIsAnError&) = delete;
+  FileSizeLimitIsAnError& operator=(const FileSizeLimitIsAnError&) = delete;
+
+ private:
+  struct sigaction old_ {};
+  bool saved_ = false;
+};
 
 // Writes an archive into `p` through kiln's own checked writes, then syncs it. LibTorch's writer
 // to a file name cannot be trusted with a failing disk: when a write fails (no space left, a file
@@ -310,6 +335,22 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
 
 }  // namespace
 
+std::string save_model(const std::string& dir, const torch::nn::Module& model) {
+  const fs::path d(dir), tmp = fs::path(dir) / "model.pt.tmp", file = fs::path(dir) / kModel;
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  if (ec) throw CheckpointError(dir, "cannot be made: " + ec.message());
+  torch::serialize::OutputArchive ar;
+  model.save(ar);
+  {
+    const FileSizeLimitIsAnError limit;
+    write_archive(ar, tmp);
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) throw CheckpointError(file.string(), "cannot be written: " + ec.message());
+  return file.string();
+}
+
 std::string folder_name(int64_t global_step) { return "checkpoint-" + std::to_string(global_step); }
 
 std::string save(const std::string& output_dir, const torch::nn::Module& model,
@@ -323,6 +364,7 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
   const std::string name = folder_name(loop.global_step);
   const fs::path final_dir = out / name, tmp = out / ("tmp-" + name);
   try {
+    const FileSizeLimitIsAnError limit;
     write_folder(tmp, model, optimizer, loop, trainer_state_json);
   } catch (const std::exception& e) {
     // Nothing half-written is left (it would hold the space a full disk needs), and the message

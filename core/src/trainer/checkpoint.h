@@ -71,6 +71,10 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
                  const torch::optim::Optimizer& optimizer, const LoopState& loop,
                  const std::string& trainer_state_json);
 
+// Writes the model's parameters and buffers to <dir>/model.pt (a checkpoint's model.pt), through a
+// temporary file renamed into place; makes `dir` when missing. Returns the file's path.
+std::string save_model(const std::string& dir, const torch::nn::Module& model);
+
 // Deletes the oldest checkpoint-<step> folders of output_dir beyond `limit` (0: none), never `keep`.
 // Returns the folders deleted.
 std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep);

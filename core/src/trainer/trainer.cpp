@@ -239,8 +239,11 @@ struct Trainer::Impl {
   void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double factor,
                               double factor_next,
                               const std::function<at::Tensor(const std::vector<at::Tensor>&)>& run_step);
-  // evaluate()'s metrics, in the order the metrics line writes them.
-  std::vector<std::pair<std::string, double>> evaluate(const Dataset& dataset, int64_t batch_size);
+  // evaluate()'s metrics, in the order the metrics line writes them, each name "<prefix>_...";
+  // `keep`: also the outputs and targets (predict()).
+  std::vector<std::pair<std::string, double>> evaluate(const Dataset& dataset, int64_t batch_size,
+                                                       const std::string& prefix = "eval",
+                                                       EvalPrediction* keep = nullptr);
 };
 
 void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
@@ -703,19 +706,38 @@ void Trainer::set_data_collator(DataCollatorWithPadding collator) {
   impl_->collator = collator;
 }
 
+PredictionOutput Trainer::predict(const Dataset& dataset, const std::string& metric_key_prefix) {
+  if (metric_key_prefix.empty()) throw std::invalid_argument("kiln::Trainer::predict: the metric key prefix is empty");
+  EvalPrediction p;
+  const auto m = impl_->evaluate(dataset, args().per_device_eval_batch_size, metric_key_prefix, &p);
+  return PredictionOutput{p.predictions, p.label_ids, std::map<std::string, double>(m.begin(), m.end())};
+}
+
+std::string Trainer::save_model(const std::string& dir) {
+  const std::string to = dir.empty() ? args().output_dir : dir;
+  if (to.empty()) throw std::invalid_argument("kiln::Trainer::save_model: no folder given and output_dir is not set");
+  const std::string file = (std::filesystem::path(to) / "model.pt").string();
+  if (!is_world_process_zero()) return file;
+  checkpoint::save_model(to, *impl_->model);
+  log_info("saved the model to " + file);
+  return file;
+}
+
 std::map<std::string, double> Trainer::evaluate(const Dataset& eval_dataset) {
   const auto m = impl_->evaluate(eval_dataset, args().per_device_eval_batch_size);
   return std::map<std::string, double>(m.begin(), m.end());
 }
 
-std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Dataset& dataset, int64_t batch_size) {
+std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Dataset& dataset, int64_t batch_size,
+                                                                    const std::string& prefix, EvalPrediction* keep) {
+  const std::string who = keep ? "kiln::Trainer::predict" : "kiln::Trainer::evaluate";
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto n = static_cast<int64_t>(dataset.size());
-  if (n == 0) throw std::invalid_argument("kiln::Trainer::evaluate: the evaluation dataset is empty");
+  if (n == 0) throw std::invalid_argument(who + ": the dataset is empty");
   const std::vector<int64_t> first{0};
-  const size_t per = collator ? make_batch(dataset, first, 0, 1, 0, "kiln::Trainer::evaluate").size()
-                              : dataset.get(0).inputs.size() + 1;
+  const size_t per =
+      collator ? make_batch(dataset, first, 0, 1, 0, who.c_str()).size() : dataset.get(0).inputs.size() + 1;
   struct Mode {
     torch::nn::Module& m;
     bool training;
@@ -730,7 +752,7 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   std::vector<at::Tensor> predictions, labels;
   for (int64_t b = 0; b < n; b += batch_size) {
     const int64_t end = std::min(b + batch_size, n);
-    const auto batch = make_batch(dataset, order, b, end, per, "kiln::Trainer::evaluate");
+    const auto batch = make_batch(dataset, order, b, end, per, who.c_str());
     at::Tensor output, loss;
     {
       Bf16Autocast amp(bf16, amp_device);
@@ -738,31 +760,34 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
       loss = loss_fn(output, batch.back());
     }
     loss_sum += loss.item<double>() * static_cast<double>(end - b);
-    if (compute_metrics) {
+    if (compute_metrics || keep) {
       predictions.push_back(output.detach());
       labels.push_back(batch.back());
     }
     ++batches;
   }
-  std::vector<std::pair<std::string, double>> out{{"eval_loss", loss_sum / static_cast<double>(n)}};
-  if (compute_metrics) {
+  const std::string pre = prefix + "_";
+  std::vector<std::pair<std::string, double>> out{{pre + "loss", loss_sum / static_cast<double>(n)}};
+  if (compute_metrics || keep) {
     EvalPrediction p;
     try {
       p.predictions = concat_padded(predictions);
       p.label_ids = concat_padded(labels);
     } catch (const c10::Error& e) {
-      throw std::invalid_argument(
-          "kiln::Trainer::evaluate: the model's outputs or the targets of the evaluation batches cannot be "
-          "concatenated along dim 0 for the metrics function: " +
-          e.msg());
+      throw std::invalid_argument(who +
+                                  ": the model's outputs or the targets of the batches cannot be concatenated along "
+                                  "dim 0 for the metrics function: " +
+                                  e.msg());
     }
-    for (const auto& [name, value] : compute_metrics(p))
-      out.emplace_back(name.rfind("eval_", 0) == 0 ? name : "eval_" + name, value);
+    if (compute_metrics)
+      for (const auto& [name, value] : compute_metrics(p))
+        out.emplace_back(name.rfind(pre, 0) == 0 ? name : pre + name, value);
+    if (keep) *keep = std::move(p);
   }
   const double runtime = std::chrono::duration<double>(Clock::now() - start).count();
-  out.emplace_back("eval_runtime", runtime);
-  out.emplace_back("eval_samples_per_second", static_cast<double>(n) / runtime);
-  out.emplace_back("eval_steps_per_second", static_cast<double>(batches) / runtime);
+  out.emplace_back(pre + "runtime", runtime);
+  out.emplace_back(pre + "samples_per_second", static_cast<double>(n) / runtime);
+  out.emplace_back(pre + "steps_per_second", static_cast<double>(batches) / runtime);
   return out;
 }
 

@@ -603,21 +603,23 @@ TEST(TrainerCheckpoints, BadCheckpointsAreClearErrorsThatChangeNothing) {
 // as eval_<name>. The compiled step is not disturbed: one compile, and the model is back in
 // training mode.
 // A dataset through which the disk fills up: from its `after`-th example on, this process may
-// write no file past 512 bytes (RLIMIT_FSIZE, with SIGXFSZ ignored: a write past it fails with
-// EFBIG, as one on a full disk fails with ENOSPC). The limit and the signal go back as they were
-// when the dataset goes.
+// write no file past 512 bytes (RLIMIT_FSIZE). With `ignore_signal`, the program ignores SIGXFSZ,
+// so a write past the limit fails with EFBIG, as one on a full disk fails with ENOSPC; without it,
+// the signal keeps its default action (the end of the process), which kiln must hold off while it
+// writes. The limit and the signal go back as they were when the dataset goes.
 struct FillsTheDisk : kiln::Dataset {
-  FillsTheDisk(const kiln::Dataset& inner, int64_t after) : inner(inner), after(after) {
+  FillsTheDisk(const kiln::Dataset& inner, int64_t after, bool ignore_signal = true)
+      : inner(inner), after(after), ignore_signal(ignore_signal) {
     ::getrlimit(RLIMIT_FSIZE, &old_limit);
   }
   ~FillsTheDisk() override {
     ::setrlimit(RLIMIT_FSIZE, &old_limit);
-    if (full) ::signal(SIGXFSZ, old_handler);
+    if (full && ignore_signal) ::signal(SIGXFSZ, old_handler);
   }
   size_t size() const override { return inner.size(); }
   kiln::Example get(size_t i) const override {
     if (++calls == after) {
-      old_handler = ::signal(SIGXFSZ, SIG_IGN);
+      if (ignore_signal) old_handler = ::signal(SIGXFSZ, SIG_IGN);
       rlimit lim = old_limit;
       lim.rlim_cur = 512;
       ::setrlimit(RLIMIT_FSIZE, &lim);
@@ -627,13 +629,15 @@ struct FillsTheDisk : kiln::Dataset {
   }
   const kiln::Dataset& inner;
   int64_t after;
+  bool ignore_signal;
   rlimit old_limit{};
   mutable int64_t calls = 0;
   mutable bool full = false;
   mutable sighandler_t old_handler = SIG_DFL;
 };
 
-// The disk fills up during training, so the checkpoint at its end cannot be written: train() stops
+// The disk fills up during training (or a file-size limit is reached, whose SIGXFSZ would end the
+// process), so the checkpoint at its end cannot be written: train() stops
 // with a CheckpointError that names the checkpoint, the file and the reason; no half-written
 // folder is left beside the earlier checkpoint, which stays the newest; the model and optimizer in
 // memory are what the uninterrupted training computed (the steps ran; only the save failed), and
@@ -658,48 +662,55 @@ TEST(TrainerCheckpoints, AFullDiskWhileACheckpointIsWrittenIsAClearErrorThatLose
     ASSERT_EQ(trainer.train(ds).global_step, 6);
   }
 
-  const std::string dir = fresh_dir("full_disk");
-  torch::manual_seed(seed);
-  auto filled = make(true);
-  std::string error, file;
-  {
-    // Steps of 8 examples after the one the first compile reads: step 4's first example fills it,
-    // after checkpoint-3 was written.
-    FillsTheDisk full(ds, 1 + 3 * 8 + 1);
-    kiln::Trainer trainer(filled.net, *filled.opt, ce, args_for(dir));
-    try {
-      trainer.train(full);
-    } catch (const kiln::CheckpointError& e) {
-      error = e.what();
-      file = e.file();
+  // A full disk, and a file-size limit whose signal the program left at its default (the end of
+  // the process, unless kiln holds it off while it writes).
+  for (const bool program_ignores_sigxfsz : {true, false}) {
+    SCOPED_TRACE(program_ignores_sigxfsz ? "SIGXFSZ ignored by the program" : "SIGXFSZ at its default action");
+    const std::string dir = fresh_dir(program_ignores_sigxfsz ? "full_disk" : "file_size_limit");
+    torch::manual_seed(seed);
+    auto filled = make(true);
+    std::string error, file;
+    {
+      // Steps of 8 examples after the one the first compile reads: step 4's first example fills it,
+      // after checkpoint-3 was written.
+      FillsTheDisk full(ds, 1 + 3 * 8 + 1, program_ignores_sigxfsz);
+      kiln::Trainer trainer(filled.net, *filled.opt, ce, args_for(dir));
+      try {
+        trainer.train(full);
+      } catch (const kiln::CheckpointError& e) {
+        error = e.what();
+        file = e.file();
+      }
+      ASSERT_TRUE(full.full) << "the disk never filled";
     }
-    ASSERT_TRUE(full.full) << "the disk never filled";
-  }
-  ASSERT_FALSE(error.empty()) << "train() did not stop with a CheckpointError";
-  std::cout << "  " << error << "\n";
-  EXPECT_NE(error.find("checkpoint-6"), std::string::npos) << error;
-  EXPECT_NE(error.find("File too large"), std::string::npos) << error;
-  EXPECT_NE(error.find("checkpoint-3"), std::string::npos)
-      << "the message names the checkpoint to resume from: " << error;
-  EXPECT_EQ(fs::path(file).parent_path().filename(), "tmp-checkpoint-6") << file;
-  for (const auto& e : fs::directory_iterator(dir))
-    EXPECT_TRUE(e.path().filename() == "checkpoint-3" || !e.is_directory()) << "left behind: " << e.path();
-  EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-3");
-  // Nothing in memory was lost: the six steps are the uninterrupted training's.
-  expect_equal_params(ref, filled);
-  expect_equal_optimizer_state(ref, filled);
+    ASSERT_FALSE(error.empty()) << "train() did not stop with a CheckpointError";
+    std::cout << "  " << error << "\n";
+    EXPECT_NE(error.find("checkpoint-6"), std::string::npos) << error;
+    EXPECT_NE(error.find("File too large"), std::string::npos) << error;
+    EXPECT_NE(error.find("checkpoint-3"), std::string::npos)
+        << "the message names the checkpoint to resume from: " << error;
+    EXPECT_EQ(fs::path(file).parent_path().filename(), "tmp-checkpoint-6") << file;
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_TRUE(e.path().filename() == "checkpoint-3" || !e.is_directory()) << "left behind: " << e.path();
+    EXPECT_EQ(fs::path(kiln::Trainer::last_checkpoint(dir)).filename(), "checkpoint-3");
+    // Nothing in memory was lost: the six steps are the uninterrupted training's.
+    expect_equal_params(ref, filled);
+    expect_equal_optimizer_state(ref, filled);
+    if (program_ignores_sigxfsz) fs::remove_all(dir);
+    if (program_ignores_sigxfsz) continue;
 
-  // With room again, from checkpoint-3.
-  auto resumed = make(true);
-  auto args = args_for(dir);
-  args.resume_from_checkpoint = "last";
-  kiln::Trainer trainer(resumed.net, *resumed.opt, ce, args);
-  EXPECT_EQ(trainer.train(ds).global_step, 6);
-  expect_equal_params(ref, resumed);
-  expect_equal_optimizer_state(ref, resumed);
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoint-6" / "model.pt"));
+    // With room again, from checkpoint-3.
+    auto resumed = make(true);
+    auto args = args_for(dir);
+    args.resume_from_checkpoint = "last";
+    kiln::Trainer trainer(resumed.net, *resumed.opt, ce, args);
+    EXPECT_EQ(trainer.train(ds).global_step, 6);
+    expect_equal_params(ref, resumed);
+    expect_equal_optimizer_state(ref, resumed);
+    EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoint-6" / "model.pt"));
+    fs::remove_all(dir);
+  }
   fs::remove_all(ref_dir);
-  fs::remove_all(dir);
 }
 
 TEST(TrainerEvaluation, EveryEvalStepsWithMetricsWithoutDisturbingTheCompiledStep) {

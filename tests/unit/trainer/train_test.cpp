@@ -22,6 +22,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
 #include <torch/utils.h>
 
 #include <ATen/autocast_mode.h>
@@ -427,6 +428,47 @@ TEST(TrainerTrain, Bf16TrainsUnderAutocastAsTheEagerLoop) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("bf16 = true"), std::string::npos) << e.what();
   }
+}
+
+// predict() runs the model as evaluate() does and also returns its outputs and the targets, its
+// metrics named "test_..." (Hugging Face's predict, and its metric_key_prefix); save_model() writes
+// model.pt into output_dir, which a module of the same layout loads to the same parameters.
+TEST(TrainerTrain, PredictReturnsOutputsAndSaveModelWritesTheModel) {
+  const auto d = make_data(20);  // eval batches of 8, 8 and 4
+  auto s = make(9, false);
+  auto args = train_args(fresh_dir("predict"));
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  auto accuracy = [](const at::Tensor& out, const at::Tensor& y) {
+    return out.argmax(1).eq(y).to(at::kDouble).mean().item<double>();
+  };
+  trainer.set_compute_metrics([&](const kiln::EvalPrediction& p) {
+    return std::map<std::string, double>{{"accuracy", accuracy(p.predictions, p.label_ids)}};
+  });
+  const auto out = trainer.predict(kiln::TensorDataset({d.x}, d.y));
+  at::Tensor want;
+  {
+    torch::NoGradGuard no_grad;
+    want = s.net->forward(d.x);
+  }
+  ASSERT_EQ(out.predictions.sizes(), want.sizes());
+  EXPECT_TRUE(at::allclose(out.predictions, want, 1e-5, 1e-6));
+  EXPECT_TRUE(at::equal(out.label_ids, d.y));
+  EXPECT_NEAR(out.metrics.at("test_loss"), ce(want, d.y).item<double>(), 1e-5);
+  EXPECT_DOUBLE_EQ(out.metrics.at("test_accuracy"), accuracy(want, d.y));
+  EXPECT_EQ(out.metrics.count("test_runtime"), 1u);
+  EXPECT_EQ(out.metrics.count("eval_loss"), 0u);
+  EXPECT_EQ(trainer.predict(kiln::TensorDataset({d.x}, d.y), "holdout").metrics.count("holdout_loss"), 1u);
+
+  const std::string file = trainer.save_model();
+  EXPECT_EQ(file, args.output_dir + "/model.pt");
+  auto other = make(10, false);
+  torch::serialize::InputArchive ar;
+  ar.load_from(file);
+  other.net->load(ar);
+  expect_same_params(s, other, 0);
+  kiln::Trainer nowhere(s.net, *s.opt, ce, train_args(""));
+  EXPECT_THROW(nowhere.save_model(), std::invalid_argument);
+  fs::remove_all(args.output_dir);
 }
 
 TEST(TrainerTrain, CosineWithWarmupRatio) {
