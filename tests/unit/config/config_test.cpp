@@ -720,6 +720,66 @@ INSTANTIATE_TEST_SUITE_P(Pages, ConfigDocs, ::testing::Values("config.md", "es/c
                                                            : std::string("Portuguese");
                          });
 
+// ---- docs/huggingface.md and its translations: every Hugging Face key, as the code treats it ----
+
+// Each row of the page's key table is `key` | `status` | note. A key kiln has (same, differs) is a
+// setting the code reads; one it does not have (n/a) is answered, in a file, with the error that
+// says what to do instead, and so is one not built yet unless it is a setting the Trainer refuses
+// (fp16). The three pages list the same keys with the same statuses.
+class HuggingFaceDocs : public ::testing::TestWithParam<const char*> {};
+
+std::vector<std::pair<std::string, std::string>> hugging_face_rows(const std::string& page) {
+  std::ifstream in(std::string(KILN_DOCS_DIR) + "/" + page);
+  EXPECT_TRUE(in.good()) << page;
+  std::vector<std::pair<std::string, std::string>> rows;
+  const std::regex row(R"(^\| `([a-z0-9_]+)` \| `(same|differs|not yet|n/a)` \|)");
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, row)) rows.emplace_back(m[1], m[2]);
+  }
+  return rows;
+}
+
+TEST_P(HuggingFaceDocs, EveryKeysStatusIsWhatTheCodeDoes) {
+  unset_kiln_environment();
+  const std::string page = GetParam();
+  const auto rows = hugging_face_rows(page);
+  EXPECT_GT(rows.size(), 100u) << page;
+  EXPECT_EQ(rows, hugging_face_rows("huggingface.md")) << page << " lists other keys or statuses than the English page";
+  std::set<std::string> settings;
+  for (const auto& s : kiln::settings()) settings.insert(s.key);
+  for (const auto& [key, status] : rows) {
+    const bool kiln_has = settings.count(key) > 0;
+    if (status == "same" || status == "differs") {
+      EXPECT_TRUE(kiln_has) << page << ": '" << key << "' is '" << status << "', but kiln reads no such key";
+      continue;
+    }
+    if (kiln_has) {
+      EXPECT_EQ(status, "not yet") << page << ": '" << key << "' is a key kiln reads";
+      continue;
+    }
+    std::string error;
+    try {
+      TrainingArguments::from_toml_string(key + " = 1\n", "hf.toml");
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    // Hugging Face's `debug` (a string) is kiln's [debug] table: a number there is the wrong type.
+    const std::string expected =
+        key == "debug" ? "key 'debug' must be a table" : "is Hugging Face's, and kiln does not have it: ";
+    EXPECT_NE(error.find(expected), std::string::npos) << page << ": '" << key << "' gets: " << error;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pages, HuggingFaceDocs,
+                         ::testing::Values("huggingface.md", "es/huggingface.md", "pt/huggingface.md"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           return n == "huggingface.md"    ? std::string("English")
+                                  : n.rfind("es/", 0) == 0 ? std::string("Spanish")
+                                                           : std::string("Portuguese");
+                         });
+
 // kiln's one way of writing JSON (the command line's --json, metrics.jsonl, trainer_state.json, the
 // conformance report): whatever a string holds, the text parses back to it.
 TEST(JsonText, StringsRoundTripThroughNlohmannParsing) {
