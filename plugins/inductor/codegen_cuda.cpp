@@ -776,7 +776,7 @@ class Emitter {
       body_ << "  __shared__ " << acc_t << " " << tab[k] << "[" << warps * 33 << "];\n"
             << "  " << acc_t << " " << part << " = " << acc_init(sk) << ";\n"
             << "#pragma unroll 4\n"
-            << "  for (int p = ty; p < " << splits << "; p += " << warps << ") " << part << " = " << op_struct(sk)
+            << "  for (int p = ty; p < " << lit(splits) << "; p += " << warps << ") " << part << " = " << op_struct(sk)
             << "()(" << part << ", " << P << "[(kidx)p * " << lit(n_kept) << " + xs]);\n"
             << "  " << tab[k] << "[ty * 33 + tx] = " << part << ";\n";
     }
