@@ -96,6 +96,13 @@ std::string Progress::speed() const {
   return std::string(buf) + " steps/s, ETA " + duration_text(static_cast<double>(total_ - step_) / rate);
 }
 
+std::string Progress::eta() const {
+  const int64_t done = step_ - rate_from_step_;
+  const double secs = std::chrono::duration<double>(Clock::now() - rate_from_).count();
+  if (done <= 0 || secs <= 0) return "";
+  return "ETA " + duration_text(static_cast<double>(total_ - step_) * secs / static_cast<double>(done));
+}
+
 void Progress::line(const std::string& text) {
   if (!bar_) {
     log_info(text);

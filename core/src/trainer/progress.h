@@ -33,6 +33,8 @@ class Progress {
   void line(const std::string& text);
   // Speed and time left as the lines show them ("12.3 steps/s, ETA 0:00:07"), "" before any.
   std::string speed() const;
+  // The time left alone ("ETA 0:00:07"), from the same rate; "" before any.
+  std::string eta() const;
 
  private:
   void draw(bool force);

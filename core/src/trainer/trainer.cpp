@@ -23,7 +23,8 @@
 #include <ATen/ops/stack.h>
 #include <c10/util/StringUtil.h>
 #include <torch/nn/modules/normalization.h>
-#include <torch/nn/utils/clip_grad.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/zeros.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -164,6 +165,23 @@ void warn_unused_optimizer_keys(const TrainingArguments& a) {
            "optimizer a Trainer makes when it is given none)");
 }
 
+// torch::nn::utils::clip_grad_norm_ (2-norm) op for op, without its host read of the norm: the
+// gradients scaled by min(1, max_norm / (norm + 1e-6)), and the norm returned as a tensor, which
+// the compiled step hands back for the logs (Hugging Face's grad_norm) with no sync in the step.
+at::Tensor clip_gradients(const std::vector<at::Tensor>& parameters, double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : parameters)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return at::zeros({}, at::kDouble);
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& g : grads) norms.push_back(g.data().norm(2));
+  const at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
+  const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+  for (auto& g : grads) g.data().mul_(coef);
+  return total;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -172,6 +190,9 @@ struct Trainer::Impl {
   torch::optim::Optimizer* optimizer;
   std::unique_ptr<torch::optim::Optimizer> own_optimizer;  // the one the Trainer made, when given none
   LossFn loss_fn;
+  // With max_grad_norm > 0: the gradients' total norm before clipping at the last step (a 0-d
+  // tensor on the model's device, read only when logged); undefined without clipping.
+  at::Tensor grad_norm;
   // bf16: the forward and the loss run under bfloat16 autocast on the model's device.
   bool bf16 = false;
   c10::DeviceType amp_device = c10::kCPU;
@@ -266,9 +287,11 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
           sum = m == 0 ? l.detach() : sum + l.detach();
         }
         im->reduce_gradients();
-        if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
+        at::Tensor norm;
+        if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
         im->set_next_rates();
+        if (norm.defined()) return std::vector<at::Tensor>{sum, norm.detach()};
         return std::vector<at::Tensor>{sum};
       },
       StepState{{model}, {optimizer}}, replica_args(args));
@@ -567,9 +590,11 @@ void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f
         auto loss = im->forward_loss(x, in.back());
         loss.backward();
         im->reduce_gradients();
-        if (im->max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(im->model->parameters(), im->max_grad_norm);
+        at::Tensor norm;
+        if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
         im->set_next_rates();
+        if (norm.defined()) return std::vector<at::Tensor>{loss.detach(), norm.detach()};
         return std::vector<at::Tensor>{loss.detach()};
       },
       StepState{{model}, {optimizer}}, std::move(args));
@@ -604,7 +629,11 @@ void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingAr
 }
 
 std::vector<at::Tensor> Trainer::Impl::call(CompiledStep& cs, const std::vector<at::Tensor>& inputs) {
-  if (!group) return cs(inputs);
+  if (!group) {
+    auto out = cs(inputs);
+    if (out.size() > 1) grad_norm = out[1];
+    return out;
+  }
   ++calls;
   const int compiles = cs.stats().compiles;
   std::vector<at::Tensor> out;
@@ -619,6 +648,7 @@ std::vector<at::Tensor> Trainer::Impl::call(CompiledStep& cs, const std::vector<
                                     group->diagnose(c10::str("failed.step.", calls))));
   }
   if (cs.stats().compiles > compiles) check_same_step(cs);
+  if (out.size() > 1) grad_norm = out[1];
   return out;
 }
 
@@ -1146,25 +1176,35 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       loop.epoch_progress =
           static_cast<double>(epoch) + static_cast<double>(s + 1) / static_cast<double>(steps_per_epoch);
       epoch_ran = true;
-      std::optional<double> logged;
+      std::optional<double> logged, logged_grad_norm;
+      double steps_per_second = 0;
       if (loop.global_step % a.logging_steps == 0) {
         const auto now = Clock::now();
         logged = im->mean_over_ranks(loop.interval_loss.item<double>()) / static_cast<double>(loop.interval_steps);
-        log_line(json_line({{"step", static_cast<double>(loop.global_step)},
-                            {"epoch", loop.epoch_progress},
-                            {"loss", *logged},
-                            {"learning_rate", lr_at(loop.global_step)},
-                            {"steps_per_second", loop.interval_steps / seconds_between(interval_start, now)}}));
+        // The same steps per second in the file and the log line: this interval's, compiles in it
+        // included.
+        steps_per_second = loop.interval_steps / seconds_between(interval_start, now);
+        std::vector<std::pair<std::string, double>> fields{
+            {"step", static_cast<double>(loop.global_step)}, {"epoch", loop.epoch_progress}, {"loss", *logged}};
+        if (im->grad_norm.defined()) {
+          logged_grad_norm = im->grad_norm.item<double>();
+          fields.emplace_back("grad_norm", *logged_grad_norm);
+        }
+        fields.emplace_back("learning_rate", lr_at(loop.global_step));
+        fields.emplace_back("steps_per_second", steps_per_second);
+        log_line(json_line(fields));
         loop.interval_loss = at::Tensor();
         loop.interval_steps = 0;
         interval_start = now;
       }
       progress.step(loop.global_step, logged);
       if (logged) {
-        std::string text =
-            c10::str("step ", loop.global_step, "/", total_steps, " (epoch ", display_number(loop.epoch_progress, 3),
-                     "): loss ", display_number(*logged), ", learning_rate ", display_number(lr_at(loop.global_step)));
-        if (auto sp = progress.speed(); !sp.empty()) text += ", " + sp;
+        std::string text = c10::str("step ", loop.global_step, "/", total_steps, " (epoch ",
+                                    display_number(loop.epoch_progress, 3), "): loss ", display_number(*logged));
+        if (logged_grad_norm) text += ", grad_norm " + display_number(*logged_grad_norm);
+        text += ", learning_rate " + display_number(lr_at(loop.global_step)) + ", " + display_number(steps_per_second) +
+                " steps/s";
+        if (auto eta = progress.eta(); !eta.empty()) text += ", " + eta;
         progress.line(text);
       }
       if (evaluate_steps && loop.global_step % eval_steps == 0) evaluate_now();

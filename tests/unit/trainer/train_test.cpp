@@ -1,6 +1,7 @@
 // kiln::Trainer::train: the Hugging Face loop (epochs, max_steps, schedules with warmup, gradient
 // accumulation, the metrics file) checked against a LibTorch loop written out here, with the
 // schedules' formulas as transformers.optimization writes them.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +28,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <torch/nn/modules/normalization.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include "kiln/compile.h"
 #include "kiln/trainer.h"
@@ -469,6 +471,53 @@ TEST(TrainerTrain, PredictReturnsOutputsAndSaveModelWritesTheModel) {
   kiln::Trainer nowhere(s.net, *s.opt, ce, train_args(""));
   EXPECT_THROW(nowhere.save_model(), std::invalid_argument);
   fs::remove_all(args.output_dir);
+}
+
+// With max_grad_norm, every metrics line carries grad_norm (Hugging Face's): the norm of the
+// interval's last step before clipping, as clip_grad_norm_ returns it in the eager loop, while the
+// compiled step clips without reading the norm on the host. Without clipping there is none.
+TEST(TrainerTrain, GradNormIsTheLastStepsNormBeforeClipping) {
+  const auto d = make_data(32);
+  auto ref = make(11, false);
+  std::vector<double> norms;
+  {
+    torch::manual_seed(17);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(17);
+    const at::Tensor perm = at::randperm(32, gen, at::TensorOptions().dtype(at::kLong));
+    for (auto& g : ref.opt->param_groups()) g.options().set_lr(0.05);
+    for (int64_t b = 0; b < 4; ++b) {
+      ref.opt->zero_grad();
+      const at::Tensor idx = perm.slice(0, b * 8, (b + 1) * 8);
+      ce(ref.net->forward(d.x.index_select(0, idx)), d.y.index_select(0, idx)).backward();
+      norms.push_back(torch::nn::utils::clip_grad_norm_(ref.net->parameters(), 0.5));
+      ref.opt->step();
+    }
+  }
+  auto s = make(11, false);
+  auto args = train_args(fresh_dir("grad_norm"));
+  args.max_grad_norm = 0.5;
+  args.max_steps = 4;
+  args.lr_scheduler_type = "constant";
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  trainer.train(kiln::TensorDataset({d.x}, d.y));
+  const auto lines = read_metrics(args.output_dir);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(lines[i].count("grad_norm"), 1u) << "step " << i + 1;
+    EXPECT_LT(rel_err(lines[i].at("grad_norm"), norms[i]), 1e-5) << "step " << i + 1;
+  }
+  ASSERT_GT(*std::max_element(norms.begin(), norms.end()), 0.5) << "no step was clipped";
+  expect_same_params(ref, s, 1e-5);
+  EXPECT_EQ(trainer.stats().compiled_steps, 2);
+  fs::remove_all(args.output_dir);
+
+  auto u = make(11, false);
+  auto plain = train_args(fresh_dir("no_grad_norm"));
+  plain.max_steps = 2;
+  kiln::Trainer unclipped(u.net, *u.opt, ce, plain);
+  unclipped.train(kiln::TensorDataset({d.x}, d.y));
+  for (const auto& line : read_metrics(plain.output_dir)) EXPECT_EQ(line.count("grad_norm"), 0u);
+  fs::remove_all(plain.output_dir);
 }
 
 TEST(TrainerTrain, CosineWithWarmupRatio) {
