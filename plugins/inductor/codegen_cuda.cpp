@@ -760,7 +760,10 @@ class Emitter {
     // w, w + warps, ... in order: a few independent loads each, not `splits` in a row), then the
     // first warp combines the warps' sums in order. The order is fixed: the result does not
     // depend on scheduling.
-    const int64_t warps = std::min<int64_t>(16, pow2_at_most(std::max<int64_t>(splits, 1)));
+    // Always 16 warps (those without a part add the identity): a count that followed `splits`
+    // made another kernel text, so another compile, whenever a length moved the parts across a
+    // power of two.
+    const int64_t warps = 16;
     body_ << "  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;\n"
           << "  const kidx col = (kidx)blockIdx.x * 32 + tx;\n"
           << "  const kidx xs = col < " << lit(n_kept) << " ? col : " << lit(n_kept - 1) << ";\n";
@@ -1111,8 +1114,11 @@ class Emitter {
   // A row loop of several elements a thread is unrolled 4 times: its loads do not wait for each
   // other (a reduction's accumulator still adds them in order), so each thread keeps 4 in flight
   // where one at a time left a 131,072-element batch-norm row at a third of the memory's speed.
+  // Short rows get it too (the compiler's remainder loop costs them next to nothing): whether a
+  // row is long must not make another kernel text for each length a dynamic step meets.
   void unroll(int64_t n, int depth) {
-    if (n >= 2 * static_cast<int64_t>(row_threads_)) body_ << ind(depth) << "#pragma unroll 4\n";
+    (void)n;
+    body_ << ind(depth) << "#pragma unroll 4\n";
   }
 
   void store(int v, const Index& off, const std::string& value, int depth) {

@@ -1435,6 +1435,27 @@ TEST(InductorCudaEmulatedOps, KernelsWithSizesAsArgumentsServeShapesTheyWereNotG
     }
 }
 
+// What a dynamic step meets: the same kernels at every sequence length from 16 to 64 (batch 64,
+// bfloat16, an H100's 132 multiprocessors, small launches fused), so that after the second length
+// no length compiles again. Choices that once followed the length made other kernel texts: the
+// warps combining a split column reduction's parts, and unrolling a row loop only when the row
+// was long.
+TEST(InductorCudaCodegenShapes, EveryLengthOfADynamicStepHasTheSameKernels) {
+  std::string first;
+  for (int64_t T = 16; T <= 64; ++T) {
+    inductor::CudaOptions o;
+    o.multiprocessors = 132;
+    o.size_markers = true;
+    Generated g = generate(ir::parse(kiln::test::instantiate(shaped_steps(64, T), "bf16")), o);
+    inductor::FuseLimits limits;
+    limits.multiprocessors = 132;
+    inductor::fuse_small_launches(g.cuda, {}, {}, limits);
+    const std::string skeleton = inductor::size_skeleton(g.cuda);
+    if (first.empty()) first = skeleton;
+    ASSERT_EQ(skeleton, first) << "length " << T << " has other kernels than length 16";
+  }
+}
+
 // max-autotune's variants (cuda_variants: other blocks, grids, rows a block, column splits) of
 // every kernel of every corpus graph compute what the defaults compute.
 TEST_P(InductorCudaEmulated, EveryMaxAutotuneVariantMatchesFloat64Eager) {
