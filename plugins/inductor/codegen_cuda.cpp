@@ -1069,7 +1069,7 @@ class Emitter {
 
   void emit_pointwise(const Stage& st, std::set<int>& pending) {
     if (st.inner_n == 0) return;
-    unroll(st.inner_n, 0);
+    unroll(0);
     body_ << "  for (kidx j = " << first_ << "; j < " << lit(st.inner_n) << "; j += " << stride_ << ") {\n";
     decompose("j", st.inner_vars, st.inner_sizes, 1);
     flush(pending, 2, 1);
@@ -1091,7 +1091,7 @@ class Emitter {
     body_ << ind(d) << acc_type(info) << " " << acc << " = " << acc_init(info) << ";\n";
     if (st.red_n > 0) {
       const int lvl = st.kept_vars.empty() ? 2 : 3;
-      unroll(st.red_n, d);
+      unroll(d);
       body_ << ind(d) << "for (kidx r = " << first_ << "; r < " << lit(st.red_n) << "; r += " << stride_ << ") {\n";
       decompose("r", st.red_vars, st.red_sizes, d + 1);
       flush(pending, lvl, d + 1);
@@ -1116,10 +1116,7 @@ class Emitter {
   // where one at a time left a 131,072-element batch-norm row at a third of the memory's speed.
   // Short rows get it too (the compiler's remainder loop costs them next to nothing): whether a
   // row is long must not make another kernel text for each length a dynamic step meets.
-  void unroll(int64_t n, int depth) {
-    (void)n;
-    body_ << ind(depth) << "#pragma unroll 4\n";
-  }
+  void unroll(int depth) { body_ << ind(depth) << "#pragma unroll 4\n"; }
 
   void store(int v, const Index& off, const std::string& value, int depth) {
     const ValueInfo& info = val(v);

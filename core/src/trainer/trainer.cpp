@@ -92,6 +92,11 @@ bool decays(const std::string& name, const at::Tensor& p, const std::set<const v
   return true;
 }
 
+template <class T>
+struct Kind {
+  using type = T;
+};
+
 // The optimizer a Trainer makes when it is given none, as Hugging Face's does (optim, learning_rate
 // or 5e-5, weight_decay on the decay parameters only, adam_beta1/2 and adam_epsilon).
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model, const TrainingArguments& a) {
@@ -120,29 +125,21 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(torch::nn::Module& model
     }
     return g;
   };
-  const double wd = a.weight_decay;
-  if (a.optim == "adamw_torch" || a.optim == "adamw_torch_fused") {
-    auto o = torch::optim::AdamWOptions(lr).betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon);
-    auto plain = o;
+  // The optimizer of kind `Optim` with `options` on the decay parameters, and weight decay 0 on
+  // the others.
+  auto made = [&](auto kind, auto options) -> std::unique_ptr<torch::optim::Optimizer> {
+    using Optim = typename decltype(kind)::type;
+    auto plain = options;
     plain.weight_decay(0);
-    o.weight_decay(wd);
-    return std::make_unique<torch::optim::AdamW>(groups_with(o, plain), o);
-  }
-  if (a.optim == "sgd") {
-    auto o = torch::optim::SGDOptions(lr), plain = torch::optim::SGDOptions(lr);
-    o.weight_decay(wd);
-    return std::make_unique<torch::optim::SGD>(groups_with(o, plain), o);
-  }
-  if (a.optim == "adagrad") {
-    auto o = torch::optim::AdagradOptions(lr), plain = torch::optim::AdagradOptions(lr);
-    o.weight_decay(wd);
-    return std::make_unique<torch::optim::Adagrad>(groups_with(o, plain), o);
-  }
-  if (a.optim == "rmsprop") {
-    auto o = torch::optim::RMSpropOptions(lr), plain = torch::optim::RMSpropOptions(lr);
-    o.weight_decay(wd);
-    return std::make_unique<torch::optim::RMSprop>(groups_with(o, plain), o);
-  }
+    options.weight_decay(a.weight_decay);
+    return std::make_unique<Optim>(groups_with(options, plain), options);
+  };
+  if (a.optim == "adamw_torch" || a.optim == "adamw_torch_fused")
+    return made(Kind<torch::optim::AdamW>{},
+                torch::optim::AdamWOptions(lr).betas({a.adam_beta1, a.adam_beta2}).eps(a.adam_epsilon));
+  if (a.optim == "sgd") return made(Kind<torch::optim::SGD>{}, torch::optim::SGDOptions(lr));
+  if (a.optim == "adagrad") return made(Kind<torch::optim::Adagrad>{}, torch::optim::AdagradOptions(lr));
+  if (a.optim == "rmsprop") return made(Kind<torch::optim::RMSprop>{}, torch::optim::RMSpropOptions(lr));
   throw std::invalid_argument("kiln::Trainer: optim '" + a.optim +
                               "' is not one of adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop");
 }
