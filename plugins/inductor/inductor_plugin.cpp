@@ -773,6 +773,9 @@ class InductorPlugin : public Plugin {
     // atomic, and max-autotune's timing runs one group at a time (below).
     d.concurrent_compile_safe = true;
     d.runtime_scalars = true;
+    // A symbolic CPU group compiles once into a library whose kernels read their sizes at run
+    // time; each size then costs a lowering, not a compile (CUDA groups compile per size).
+    d.symbolic_shapes = true;
     return d;
   }
 
@@ -911,7 +914,37 @@ class InductorPlugin : public Plugin {
     return taken;
   }
 
+  // Sizes an executable for every size keeps lowered (each with its buffers); another costs a
+  // lowering again (milliseconds), never the C++ compiler.
+  static constexpr size_t kSizesKept = 16;
+
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
+    if (!g.symbolic()) return compile_sized(g, options, false);
+    // A view with size symbols: on the CPU, outside max-autotune (which tunes per size) and unless
+    // size_args = never, one library with the sizes as arguments serves every size, each size
+    // getting its own lowering and its own numbers (ExecutableForEverySize). Otherwise this
+    // executable serves the view's own sizes, and kiln compiles the others one by one.
+    const Settings s = parse_settings(options.options);
+    const bool autotune =
+        options.mode == KILN_MODE_MAX_AUTOTUNE || options.mode == KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS;
+    bool cpu = true;
+    for (size_t v = 0; v < g.num_values(); ++v)
+      cpu = cpu && g.value(static_cast<int64_t>(v)).device().device_type == kDLCPU;
+    if (!cpu || autotune || s.size_args == "never") return compile_sized(g, options, false);
+    auto first = compile_sized(g, options, true);
+    const CompileOptions at_other_sizes = options;
+    return std::make_unique<ExecutableForEverySize>(
+        g, std::move(first),
+        [this, at_other_sizes](const Graph& at) {
+          host().debug("a size not met before: lowering the group again for its library");
+          return compile_sized(at, at_other_sizes, true);
+        },
+        kSizesKept);
+  }
+
+ private:
+  // `generic`: the kernels take their sizes as arguments even at the first size of their kind.
+  std::unique_ptr<Executable> compile_sized(const Graph& g, const CompileOptions& options, bool generic) {
     validate_graph(g);
     const Settings s = parse_settings(options.options);
     // The group's device: every value on the CPU, or every value on one CUDA device.
@@ -961,7 +994,7 @@ class InductorPlugin : public Plugin {
       if (!autotune && s.size_args != "never") {
         HoistedSource h = hoist_literals(source, L->params.size());
         if (!h.values.empty()) {
-          size_args = s.size_args == "always" || cache_has(h.text, tc, root);
+          size_args = generic || s.size_args == "always" || cache_has(h.text, tc, root);
           if (!size_args) size_args = second_shape_of(h.text, source);
           if (size_args) {
             lib_source = std::move(h.text);

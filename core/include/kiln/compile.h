@@ -70,11 +70,12 @@ struct StepStats {
   int steps = 0;
   int eager_steps = 0;  // warm-up, capture failures, fallbacks, past recompile_limit
   int compiled_steps = 0;
-  int compiles = 0;                 // signatures compiled (the capture step included)
+  int compiles = 0;                 // signatures captured and compiled (the capture step included)
+  int failed_captures = 0;          // captures or compiles that failed (their signature runs eagerly)
   int rebuilds = 0;                 // re-plans of a signature after a scalar turned out to vary per step
   int recaptures = 0;               // captures again because what the step reads changed (optimizer state
                                     // loaded, parameters or modules replaced, calls of an optimizer changed)
-  double last_compile_seconds = 0;  // capture step + compile, for the last signature
+  double last_compile_seconds = 0;  // capture step + compile, for the last signature compiled
   std::string last_fallback;        // why the last eager fallback happened ("" when none)
   // Whole-step CUDA graphs (reduce-overhead, max-autotune, the cudagraphs backend on CUDA).
   int graphs_recorded = 0;           // CUDA graphs recorded (one per signature, again after a re-plan)
@@ -125,8 +126,9 @@ class CompiledStep {
   const ir::Graph* captured_graph() const;
   const ir::Graph* compiled_graph() const;
   const TrainingArguments& args() const;
-  // The backend the step compiles for ("eager" when none can run, or compile is off) and the
-  // reason for every decision the selection made (backend.h).
+  // The backend the step compiles for ("eager" when none can run: kiln's eager executor; "none"
+  // when torch_compile is off and LibTorch runs the step) and the reason for every decision the
+  // selection made (backend.h).
   const std::string& backend() const;
   const std::vector<std::string>& backend_reasons() const;
 

@@ -18,6 +18,11 @@ struct GroupOutcome {
   // the ABI allows; any other error is a failure of the backend.
   bool declined = false;
   std::string reason;  // why it did not compile: the plugin's error code and message ("" when compiled)
+  // Shapes that change (a backend with symbolic shapes, plugin ABI 2.4): the group was compiled
+  // once for every size (at this shape), or is run by such an executable compiled at another shape
+  // of the step, so that nothing was compiled for it here.
+  bool every_size = false;
+  bool reused = false;
 };
 
 }  // namespace kiln

@@ -274,7 +274,8 @@ class Trainer {
   int world_size() const;
   bool is_world_process_zero() const;
 
-  // The backend chosen and the reasons, for display.
+  // The backend chosen and the reasons, for display: "none" when torch_compile is off (LibTorch
+  // runs the step), "eager" for kiln's eager executor (what runs when no backend can).
   const std::string& backend() const;
   const std::vector<std::string>& backend_reasons() const;
   // Whether steps currently run compiled (false while the pipeline falls back to eager).

@@ -445,6 +445,11 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
                             ", where kiln offered " + std::to_string(inplace_inputs[k]) +
                             " (inplace_accepted may only repeat inplace_inputs or keep -1)");
   if (std::any_of(accepted.begin(), accepted.end(), [](int64_t j) { return j >= 0; })) exe->inplace_ = accepted;
+  const bool symbolic = KILN_HAS_FIELD(&subgraph, KilnGraphView, size_sites) && subgraph.num_symbols > 0;
+  if (a.symbolic_accepted != 0 && a.symbolic_accepted != 1)
+    reject("compile", "set symbolic_accepted to " + std::to_string(a.symbolic_accepted) + " (0 or 1)");
+  if (a.symbolic_accepted && !symbolic) reject("compile", "accepted a view without size symbols for every size");
+  exe->all_sizes_ = symbolic && a.symbolic_accepted == 1 && symbolic_shapes();
   return exe;
 }
 
@@ -537,6 +542,12 @@ void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTens
 
 void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                                const KilnArg* const* scalars, size_t num_scalars, void* stream) const {
+  execute_sized(inputs, num_inputs, outputs, num_outputs, scalars, num_scalars, nullptr, 0, stream);
+}
+
+void PluginExecutable::execute_sized(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                                     const KilnArg* const* scalars, size_t num_scalars, const int64_t* sizes,
+                                     size_t num_sizes, void* stream) const {
   KilnExecutableExecuteArgs a{};
   a.struct_size = KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
   a.executable = exe_;
@@ -550,6 +561,11 @@ void PluginExecutable::execute(const DLTensor* inputs, size_t num_inputs, DLTens
     a.num_scalars = num_scalars;
   }
   a.stream = stream;
+  // Sizes go only to an executable that serves every size (it was compiled by a 2.4 plugin).
+  if (all_sizes_ && num_sizes > 0) {
+    a.symbol_values = sizes;
+    a.num_symbol_values = num_sizes;
+  }
   KilnError* err = nullptr;
   {
     std::unique_lock<std::mutex> lock(plugin_->execute_mu_, std::defer_lock);

@@ -55,6 +55,8 @@ struct GraphView::Storage {
   std::vector<const KilnNode*> node_ptrs;
   std::deque<std::vector<const KilnArg*>> arg_ptr_arrays;
   std::vector<int64_t> inputs, outputs;
+  std::vector<KilnSizeSymbol> symbols;
+  std::vector<KilnSizeSite> sites;
 
   const int64_t* ints(std::vector<int64_t> v) {
     int_arrays.push_back(std::move(v));
@@ -227,6 +229,15 @@ GraphView::GraphView(const ir::Graph& g, const std::vector<int32_t>& nodes, cons
   for (auto v : inputs) s_->inputs.push_back(index_of.at(v));
   for (auto v : outputs) s_->outputs.push_back(index_of.at(v));
   s_->finish(view_);
+}
+
+void GraphView::set_symbols(std::vector<KilnSizeSymbol> symbols, std::vector<KilnSizeSite> sites) {
+  s_->symbols = std::move(symbols);
+  s_->sites = std::move(sites);
+  view_.num_symbols = s_->symbols.size();
+  view_.symbols = s_->symbols.empty() ? nullptr : s_->symbols.data();
+  view_.num_size_sites = s_->sites.size();
+  view_.size_sites = s_->sites.empty() ? nullptr : s_->sites.data();
 }
 
 GraphView::~GraphView() = default;

@@ -16,6 +16,7 @@
 #include "kiln/internal/passes.h"
 #include "kiln/internal/plugin_crash.h"
 #include "kiln/internal/plugin_registry.h"
+#include "kiln/internal/symbolic_groups.h"
 #include "../runtime/cpu_block_cache.h"
 
 namespace kiln {
@@ -99,14 +100,15 @@ std::vector<std::vector<int64_t>> inplace_proposals(const ir::Graph& g, const Pa
 
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
                                                            std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
-                                                           int compile_threads) {
+                                                           int compile_threads, SymbolicGroups* symbolic) {
   return compile_partition(g, std::vector<std::shared_ptr<const LoadedPlugin>>{std::move(plugin)},
-                           std::vector<KilnMode>{mode}, compile_threads);
+                           std::vector<KilnMode>{mode}, compile_threads, symbolic);
 }
 
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
                                                            std::vector<std::shared_ptr<const LoadedPlugin>> plugins,
-                                                           std::vector<KilnMode> modes, int compile_threads) {
+                                                           std::vector<KilnMode> modes, int compile_threads,
+                                                           SymbolicGroups* symbolic) {
   if (plugins.empty() || plugins.size() != modes.size())
     throw std::logic_error("compile_partition: one mode for each of one or more plugins");
   auto cp = std::make_shared<CompiledPartition>();
@@ -149,21 +151,44 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   // may overlap when it says they can (each group's view and result are its own); what became of
   // each group is then recorded in group order, so the outcome does not depend on the threads.
   struct Attempt {
-    std::unique_ptr<PluginExecutable> exe;
+    std::shared_ptr<PluginExecutable> exe;
     std::optional<PluginError> error;
     std::exception_ptr other;  // anything else thrown: rethrown as the serial loop would
   };
   std::vector<Attempt> attempts(part.groups.size());
   const auto proposals = inplace_proposals(g, part);
+  // Backends with symbolic shapes: which groups an executable of another size serves, and which
+  // are offered in symbolic form (decided one by one, before any compile runs).
+  std::vector<std::optional<SymbolicGroups::Decision>> decisions(part.groups.size());
+  if (symbolic) {
+    for (size_t gi = 0; gi < part.groups.size(); ++gi) {
+      const auto& pg = part.groups[gi];
+      const auto& plugin = plugins[static_cast<size_t>(pg.backend)];
+      if (!plugin->symbolic_shapes()) continue;
+      std::string prefix = c10::str(plugin->name(), " mode ", modes[static_cast<size_t>(pg.backend)], " in place");
+      for (auto j : proposals[gi]) prefix += c10::str(" ", j);
+      decisions[gi] = symbolic->decide(g, pg, prefix);
+      if (decisions[gi]->kind == SymbolicGroups::Decision::Kind::reuse) attempts[gi].exe = decisions[gi]->exe;
+    }
+  }
   const int64_t step = current_plugin_step();  // for a crash's message, on whichever thread compiles
   auto attempt = [&](size_t gi) {
+    if (attempts[gi].exe) return;  // an executable of another size serves it
     const auto& pg = part.groups[gi];
-    GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
     const auto& plugin = plugins[static_cast<size_t>(pg.backend)];
     const PluginStepScope at_step(step);
     const PluginGroupScope in_group(static_cast<int64_t>(gi));
     try {
-      attempts[gi].exe = plugin->compile(sub.view(), modes[static_cast<size_t>(pg.backend)], proposals[gi]);
+      const auto& d = decisions[gi];
+      if (d && d->kind == SymbolicGroups::Decision::Kind::compile_symbolic) {
+        // The group graph has the subgraph view's numbering; its numbers are this size's.
+        GraphView sub(d->graph);
+        sub.set_symbols(d->symbols, abi_sites(*d->sym));
+        attempts[gi].exe = plugin->compile(sub.view(), modes[static_cast<size_t>(pg.backend)], proposals[gi]);
+      } else {
+        GraphView sub(g, pg.nodes, pg.inputs, pg.outputs);
+        attempts[gi].exe = plugin->compile(sub.view(), modes[static_cast<size_t>(pg.backend)], proposals[gi]);
+      }
     } catch (const PluginError& e) {
       attempts[gi].error = e;
     } catch (...) {
@@ -205,6 +230,21 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
     outcome.backend = plugin->name();
     outcome.nodes = pg.nodes.size();
     outcome.first_op = g.nodes[pg.nodes.front()].op;
+    if (auto& d = decisions[gi]) {
+      if (d->kind == SymbolicGroups::Decision::Kind::compile_symbolic) {
+        const bool accepted = attempts[gi].exe && attempts[gi].exe->serves_all_sizes();
+        if (accepted) {
+          grp.symbols = d->symbols;
+          ++stats.groups_symbolic;
+          outcome.every_size = true;
+        }
+        symbolic->record(*d, attempts[gi].exe, accepted);
+      } else if (d->kind == SymbolicGroups::Decision::Kind::reuse) {
+        grp.symbols = d->symbols;
+        ++stats.groups_reused;
+        outcome.every_size = outcome.reused = true;
+      }
+    }
     if (attempts[gi].exe) {
       grp.exe = std::move(attempts[gi].exe);
       for (size_t k = 0; k < proposals[gi].size(); ++k) {
@@ -257,6 +297,10 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   }
   std::string names;
   for (const auto& p : plugins) names += (names.empty() ? "" : "+") + p->name();
+  if (stats.groups_symbolic || stats.groups_reused)
+    log_debug(c10::str("backend '", names, "': ", stats.groups_reused,
+                       " groups run by executables compiled for other sizes, ", stats.groups_symbolic,
+                       " compiled for every size"));
   log_debug(c10::str("backend '", names, "': ", stats.nodes_compiled, " of ", stats.nodes, " nodes in ",
                      stats.groups_compiled, " compiled groups",
                      threads > 1 ? c10::str(" (", threads, " compiling at once)") : "", "; ", stats.inplace_accepted,
@@ -451,7 +495,17 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
       }
       // (a plugin that does not take run-time scalars is called with none: PluginExecutable::execute)
       const PluginGroupScope in_group(unit.group);
-      grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
+      if (!grp.symbols.empty()) {
+        // An executable serving every size: this run's sizes, read off the group's inputs.
+        int64_t sizes[16];
+        const size_t n = std::min<size_t>(grp.symbols.size(), 16);
+        for (size_t k = 0; k < n; ++k)
+          sizes[k] = in[static_cast<size_t>(grp.symbols[k].input)].shape[grp.symbols[k].dim];
+        grp.exe->execute_sized(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(),
+                               sizes, n, stream);
+      } else {
+        grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
+      }
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();

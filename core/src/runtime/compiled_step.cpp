@@ -95,6 +95,7 @@ struct CompiledStep::Impl {
     std::vector<std::pair<int, int64_t>> dims;  // per symbol: (input, dim)
     std::string refused;                        // why its shapes cannot share a symbolic step ("" if they can)
     std::list<std::vector<int64_t>> lru;        // specialised signatures, the most recently used first
+    std::shared_ptr<SymbolicGroups> groups;     // compiled groups its plans share (symbolic_groups.h)
   };
   std::map<std::vector<int64_t>, Family> families;  // by signature without sizes
   std::set<std::pair<int, int64_t>> marked;         // mark_dynamic: (input, dim)
@@ -333,6 +334,13 @@ struct CompiledStep::Impl {
     po.compile_threads = args.runtime.compile_threads > 0
                              ? args.runtime.compile_threads
                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    // The family's shapes share their compiled groups (a backend with symbolic shapes compiles a
+    // group once for every size).
+    if (dynamic_on()) {
+      auto& groups = families[e.shapeless].groups;
+      if (!groups) groups = std::make_shared<SymbolicGroups>();
+      po.symbolic_groups = groups;
+    }
     RunOptions ro;
     ro.cpu_block_cache = args.runtime.cpu_block_cache;
     ro.cpu_block_cache_max_mb = args.runtime.cpu_block_cache_max_mb;
@@ -367,8 +375,12 @@ struct CompiledStep::Impl {
         failure = std::string("kiln: compiling the step failed: ") + ex.what();
       }
     }
-    stats.last_compile_seconds = seconds_since(t0);
-    ++stats.compiles;
+    if (failure.empty()) {
+      stats.last_compile_seconds = seconds_since(t0);
+      ++stats.compiles;
+    } else {
+      ++stats.failed_captures;
+    }
     if (!failure.empty()) {
       e.compiled = false;
       e.reason = failure;
@@ -568,7 +580,7 @@ CompiledStep::CompiledStep(StepFn fn, StepState state, TrainingArguments args) :
       s.backend_reasons.push_back(n);
     }
   } else {
-    s.resolved.choice.backend = s.resolved.name = "eager";
+    s.resolved.choice.backend = s.resolved.name = "none";
     s.backend_reasons = {"torch_compile is off: LibTorch runs the step"};
   }
 }

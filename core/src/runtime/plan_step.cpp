@@ -251,7 +251,7 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
     std::vector<KilnMode> modes{backend.mode};
     plugins.insert(plugins.end(), backend.then.begin(), backend.then.end());
     modes.insert(modes.end(), backend.then_modes.begin(), backend.then_modes.end());
-    plan->partition = compile_partition(g, plugins, modes, options.compile_threads);
+    plan->partition = compile_partition(g, plugins, modes, options.compile_threads, options.symbolic_groups.get());
     runner.dump("partition.txt", print_compiled_partition(g, *plan->partition));
   }
   plan->graph = g;

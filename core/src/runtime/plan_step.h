@@ -28,6 +28,7 @@
 #include "kiln/ir.h"
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/passes.h"
+#include "kiln/internal/symbolic_groups.h"
 #include "optimizer_probe.h"
 #include "step_capture.h"
 
@@ -41,6 +42,9 @@ struct PlanOptions {
   bool writeback_copy = false;         // [runtime]: write-backs always copy (no storage adoption)
   int compile_threads = 1;             // [runtime]: groups the backend compiles at once (resolved, >= 1)
   std::string channels_last = "auto";  // [runtime]: CUDA convolutions on channels-last activations (with a backend)
+  // The compiled groups shared by the plans of one family of shapes (dynamic shapes, backends with
+  // symbolic shapes); null: every group is compiled for this plan.
+  std::shared_ptr<SymbolicGroups> symbolic_groups;
 };
 
 struct InputBinding {

@@ -1,4 +1,4 @@
-/* kiln plugin ABI, version 2.3: the whole contract between the kiln host and a backend plugin.
+/* kiln plugin ABI, version 2.4: the whole contract between the kiln host and a backend plugin.
  *
  * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
  * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 2
-#define KILN_ABI_VERSION_MINOR 3
+#define KILN_ABI_VERSION_MINOR 4
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -258,6 +258,43 @@ typedef struct KilnNode {
 #define KILN_NODE_STRUCT_SIZE KILN_STRUCT_SIZE(KilnNode, outputs)
 KILN_CHECK_STRUCT_SIZE(KilnNode, KILN_NODE_STRUCT_SIZE);
 
+/* Since 2.4 (KILN_CAPABILITY_SYMBOLIC_SHAPES): a size symbol of a symbolic graph view is one
+ * dimension of one of its inputs. Fixed layout, no struct_size: arrays of it cross the ABI, and it
+ * never grows (a later minor would add another struct). 8 bytes. */
+typedef struct KilnSizeSymbol {
+  int32_t input; /* index into KilnGraphView.inputs (not a value index) */
+  int32_t dim;   /* dimension of that input; its size is the symbol's value, always >= 2 */
+} KilnSizeSymbol;
+KILN_STATIC_ASSERT(sizeof(KilnSizeSymbol) == 8, KilnSizeSymbol_is_frozen);
+
+/* Where in a graph view a size-derived number sits (KilnSizeSite.kind). */
+typedef int32_t KilnSizeSiteKind;
+enum {
+  KILN_SIZE_SITE_SHAPE = 0,  /* values[at]->shape[elem] */
+  KILN_SIZE_SITE_STRIDE = 1, /* values[at]->strides[elem] (the view then has explicit strides) */
+  KILN_SIZE_SITE_OFFSET = 2, /* values[at]->storage_offset */
+  KILN_SIZE_SITE_INT = 3,    /* nodes[at]->args[arg]->i (an INT) */
+  KILN_SIZE_SITE_INTS = 4,   /* nodes[at]->args[arg]->ints[elem] (an INT_LIST) */
+  KILN_SIZE_SITE_DOUBLE = 5  /* nodes[at]->args[arg]->d (a DOUBLE: a mean's 1/n) */
+};
+
+/* Since 2.4: one number of a symbolic graph view that follows the sizes, and the expression it
+ * follows: num * (the product of the factors' symbols) / den + constant, where den > 0 divides the
+ * product exactly at every size the host hands the executable; with `reciprocal` (DOUBLE sites
+ * only) the number is 1 over that. The number written in the view is the expression at the
+ * view's own sizes. Fixed layout, no struct_size, like KilnSizeSymbol. 56 bytes. */
+typedef struct KilnSizeSite {
+  KilnSizeSiteKind kind; /* KILN_SIZE_SITE_* */
+  int32_t at;            /* value index (SHAPE, STRIDE, OFFSET) or node index (INT, INTS, DOUBLE) */
+  int32_t arg;           /* argument index (INT, INTS, DOUBLE); -1 otherwise */
+  int32_t elem;          /* dimension (SHAPE, STRIDE) or list element (INTS); -1 otherwise */
+  int32_t num_factors;   /* 0, 1 or 2 */
+  int32_t factors[2];    /* symbol indices (into KilnGraphView.symbols); unused entries -1 */
+  int32_t reciprocal;    /* 0 or 1 */
+  int64_t num, den, constant;
+} KilnSizeSite;
+KILN_STATIC_ASSERT(sizeof(KilnSizeSite) == 56, KilnSizeSite_is_frozen);
+
 typedef struct KilnGraphView {
   size_t struct_size;
   size_t num_values;
@@ -268,8 +305,20 @@ typedef struct KilnGraphView {
   const int64_t* inputs; /* value indices, in the order execute() receives its inputs */
   size_t num_outputs;
   const int64_t* outputs; /* value indices, in the order execute() writes its outputs */
+  /* 2.4, symbolic shapes. Read them only when KILN_HAS_FIELD(view, KilnGraphView, size_sites)
+   * holds. A host hands a view with symbols only to the compile of a plugin with
+   * KILN_CAPABILITY_SYMBOLIC_SHAPES (every other view, and every claim, has none). Such a view is
+   * the graph at its own sizes, plus what changes with them: each symbol is an input dimension, and
+   * every number the sizes determine (shapes, strides, view sizes, a mean's 1/n) is listed once in
+   * size_sites; every number not listed is the same at all sizes. The plugin may accept it for all
+   * sizes (KilnPluginCompileArgs.symbolic_accepted); then the host executes that executable at other
+   * sizes, passing inputs and outputs of those sizes and the symbols' values. */
+  size_t num_symbols;
+  const KilnSizeSymbol* symbols;
+  size_t num_size_sites;
+  const KilnSizeSite* size_sites;
 } KilnGraphView;
-#define KILN_GRAPH_VIEW_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphView, outputs)
+#define KILN_GRAPH_VIEW_STRUCT_SIZE KILN_STRUCT_SIZE(KilnGraphView, size_sites)
 KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
 
 /* ---- Plugin descriptor ----------------------------------------------------------------------- */
@@ -301,6 +350,11 @@ KILN_CHECK_STRUCT_SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE);
   (1ull << 5) /* since 2.3, with DEVICE_GRAPHS: graph_capture_ \
                   end takes the copies the host recorded and   \
                   graph_launch re-points them (KilnGraphCopy)  */
+#define KILN_CAPABILITY_SYMBOLIC_SHAPES                        \
+  (1ull << 6) /* since 2.4: compile may be handed a view with  \
+                  size symbols (KilnGraphView.symbols) and may \
+                  accept it for every size; such executables   \
+                  get each call's sizes (symbol_values) */
 
 /* Owned by the plugin; lives until its shutdown returns. */
 typedef struct KilnPluginDescriptor {
@@ -494,8 +548,16 @@ typedef struct KilnPluginCompileArgs {
    * may still pass separate memory; any other value is refused. */
   const int64_t* inplace_inputs;
   int64_t* inplace_accepted;
+  /* 2.4 (KILN_CAPABILITY_SYMBOLIC_SHAPES): out, preset to 0 by the host. A plugin given a view with
+   * symbols sets it to 1 when its executable computes the subgraph at every size: any values of the
+   * symbols (each >= 2) at which every size site's expression is an integer, with inputs and
+   * outputs of the shapes and strides the expressions give there. Left 0, the executable serves the
+   * view's own sizes only, and the host compiles each later size's graph separately, as for a
+   * plugin without the capability. In-place pairs accepted hold at every size. */
+  int32_t symbolic_accepted;
+  int32_t reserved1; /* 0 */
 } KilnPluginCompileArgs;
-#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, inplace_accepted)
+#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, reserved1)
 KILN_CHECK_STRUCT_SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE);
 
 /* Ends a context: called once, after the last executable and graph are destroyed and before the
@@ -526,8 +588,15 @@ typedef struct KilnExecutableExecuteArgs {
   size_t num_scalars;            /* 0 with scalars NULL */
   void* stream;                  /* the device stream to order work on (cudaStream_t on CUDA; NULL
                                     means the default stream; always NULL on the CPU) */
+  /* 2.4: for an executable compiled from a view with symbols and accepted for every size, the
+   * symbols' values at this call (symbol_values[k] is inputs[symbols[k].input]'s size in dimension
+   * symbols[k].dim), every one >= 2; the inputs and outputs have the shapes the size sites give at
+   * these values. Otherwise NULL and 0. Read only when KILN_HAS_FIELD(args,
+   * KilnExecutableExecuteArgs, num_symbol_values) holds. */
+  const int64_t* symbol_values;
+  size_t num_symbol_values;
 } KilnExecutableExecuteArgs;
-#define KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnExecutableExecuteArgs, stream)
+#define KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnExecutableExecuteArgs, num_symbol_values)
 KILN_CHECK_STRUCT_SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE);
 
 /* Frees an executable; the host calls it once per executable, before shutdown. */

@@ -11,9 +11,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -354,9 +357,221 @@ class Graph {
   }
   std::vector<int64_t> inputs() const { return std::vector<int64_t>(g_->inputs, g_->inputs + g_->num_inputs); }
   std::vector<int64_t> outputs() const { return std::vector<int64_t>(g_->outputs, g_->outputs + g_->num_outputs); }
+  // ABI 2.4 (Descriptor::symbolic_shapes): the size symbols of a view handed to compile, and the
+  // numbers that follow them. Empty for a view with none, or from a host older than 2.4.
+  std::vector<KilnSizeSymbol> symbols() const {
+    if (!KILN_HAS_FIELD(g_, KilnGraphView, size_sites) || !g_->symbols) return {};
+    return std::vector<KilnSizeSymbol>(g_->symbols, g_->symbols + g_->num_symbols);
+  }
+  std::vector<KilnSizeSite> size_sites() const {
+    if (!KILN_HAS_FIELD(g_, KilnGraphView, size_sites) || !g_->size_sites) return {};
+    return std::vector<KilnSizeSite>(g_->size_sites, g_->size_sites + g_->num_size_sites);
+  }
+  bool symbolic() const { return KILN_HAS_FIELD(g_, KilnGraphView, size_sites) && g_->num_symbols > 0; }
+  // The symbols' values at the view's own sizes (read off its inputs).
+  std::vector<int64_t> symbol_hints() const {
+    std::vector<int64_t> v;
+    for (const KilnSizeSymbol& s : symbols()) {
+      if (s.input < 0 || static_cast<size_t>(s.input) >= g_->num_inputs)
+        detail::invalid("size symbol on input " + std::to_string(s.input) + " of " + std::to_string(g_->num_inputs));
+      const Value in = value(g_->inputs[s.input]);
+      if (s.dim < 0 || s.dim >= in.ndim())
+        detail::invalid("size symbol on dimension " + std::to_string(s.dim) + " of a " + std::to_string(in.ndim()) +
+                        "-d input");
+      v.push_back(in.shape()[static_cast<size_t>(s.dim)]);
+    }
+    return v;
+  }
 
  private:
   const KilnGraphView* g_;
+};
+
+// The number a size site stands for at the symbols' values `sizes` (ABI 2.4). Throws when a
+// factor is out of range or the expression is not an integer there.
+inline int64_t size_site_integer(const KilnSizeSite& s, const std::vector<int64_t>& sizes) {
+  if (s.num_factors < 0 || s.num_factors > 2 || s.den <= 0)
+    detail::invalid("size site with " + std::to_string(s.num_factors) + " factors and denominator " +
+                    std::to_string(s.den));
+  int64_t p = s.num;
+  for (int32_t k = 0; k < s.num_factors; ++k) {
+    const int32_t f = s.factors[k];
+    if (f < 0 || static_cast<size_t>(f) >= sizes.size())
+      detail::invalid("size site names symbol " + std::to_string(f) + " of " + std::to_string(sizes.size()));
+    p *= sizes[static_cast<size_t>(f)];
+  }
+  if (p % s.den != 0)
+    detail::invalid(std::to_string(s.num) + "/" + std::to_string(s.den) +
+                    " of the factors is not an integer at these sizes");
+  return p / s.den + s.constant;
+}
+
+// An owned copy of a graph view, with every size site of a symbolic view evaluated at `sizes` (one
+// value per symbol, each >= 2): the concrete graph the symbolic one stands for at those sizes. It
+// has no symbols itself. Without sizes it is a plain copy (of a concrete view, or of a symbolic
+// one at its own sizes, symbols dropped). The strings, arrays and structs are its own, so it
+// outlives the call whose view it copied.
+class ConcreteGraph {
+ public:
+  explicit ConcreteGraph(const Graph& g, const std::vector<int64_t>* sizes = nullptr) {
+    const KilnGraphView* v = g.raw();
+    values_.resize(v->num_values);
+    shapes_.resize(v->num_values);
+    strides_.resize(v->num_values);
+    for (size_t i = 0; i < v->num_values; ++i) {
+      const Value val = g.value(static_cast<int64_t>(i));
+      values_[i] = *val.raw();
+      values_[i].struct_size = KILN_VALUE_STRUCT_SIZE;
+      shapes_[i] = val.shape();
+      strides_[i] = val.strides();
+      implicit_strides_.push_back(val.raw()->strides == nullptr);
+      if (!KILN_HAS_FIELD(val.raw(), KilnValue, storage_offset)) values_[i].storage_offset = 0;
+    }
+    nodes_.resize(v->num_nodes);
+    args_.resize(v->num_nodes);
+    for (size_t n = 0; n < v->num_nodes; ++n) {
+      const Node node = g.node(static_cast<int64_t>(n));
+      nodes_[n].node = *node.raw();
+      nodes_[n].op = node.op(), nodes_[n].name = node.name(), nodes_[n].overload = node.overload();
+      nodes_[n].inputs = node.inputs();
+      nodes_[n].outputs = node.outputs();
+      auto& as = args_[n];
+      as.resize(node.num_args());
+      for (size_t k = 0; k < node.num_args(); ++k) {
+        const KilnArg* a = node.raw()->args[k];
+        OwnedArg& o = as[k];
+        std::memset(&o.arg, 0, sizeof o.arg);
+        std::memcpy(&o.arg, a, std::min(a->struct_size, sizeof o.arg));
+        o.arg.struct_size = KILN_ARG_STRUCT_SIZE;
+        if (!KILN_HAS_FIELD(a, KilnArg, runtime_scalar)) o.arg.runtime_scalar = -1;
+        o.name = a->name ? a->name : "";
+        o.s = a->s ? a->s : "";
+        if (a->ints) o.ints.assign(a->ints, a->ints + a->len);
+        if (a->doubles) o.doubles.assign(a->doubles, a->doubles + a->len);
+        o.arg.tensor = nullptr;
+        o.arg.tensors = nullptr;
+      }
+    }
+    inputs_ = g.inputs();
+    outputs_ = g.outputs();
+    if (sizes) {
+      const auto syms = g.symbols();
+      if (sizes->size() != syms.size())
+        detail::invalid(std::to_string(sizes->size()) + " sizes for " + std::to_string(syms.size()) + " size symbols");
+      for (size_t k = 0; k < sizes->size(); ++k)
+        if ((*sizes)[k] < 2)
+          detail::invalid("size symbol " + std::to_string(k) + " = " + std::to_string((*sizes)[k]) +
+                          ": symbols are >= 2 (sizes 0 and 1 get graphs of their own)");
+      for (const KilnSizeSite& s : g.size_sites()) apply(s, *sizes);
+      // A value the view gave without strides is contiguous at every size.
+      for (size_t i = 0; i < values_.size(); ++i) {
+        if (!implicit_strides_[i]) continue;
+        int64_t acc = 1;
+        for (size_t d = shapes_[i].size(); d-- > 0;) strides_[i][d] = acc, acc *= shapes_[i][d];
+      }
+    }
+    link();
+  }
+  ConcreteGraph(const ConcreteGraph&) = delete;
+  ConcreteGraph& operator=(const ConcreteGraph&) = delete;
+  Graph graph() const { return Graph(&view_); }
+
+ private:
+  struct OwnedNode {
+    KilnNode node;
+    std::string op, name, overload;
+    std::vector<int64_t> inputs, outputs;
+    std::vector<const KilnArg*> arg_ptrs;
+  };
+  struct OwnedArg {
+    KilnArg arg;
+    std::string name, s;
+    std::vector<int64_t> ints;
+    std::vector<double> doubles;
+  };
+
+  void apply(const KilnSizeSite& s, const std::vector<int64_t>& sizes) {
+    const int64_t x = size_site_integer(s, sizes);
+    auto in_range = [&](size_t i, size_t n, const char* what) {
+      if (i >= n) detail::invalid(std::string("size site: ") + what + " " + std::to_string(i) + " out of range");
+    };
+    const auto at = static_cast<size_t>(s.at), elem = static_cast<size_t>(s.elem), arg = static_cast<size_t>(s.arg);
+    switch (s.kind) {
+      case KILN_SIZE_SITE_SHAPE:
+        in_range(at, values_.size(), "value"), in_range(elem, shapes_[at].size(), "dimension");
+        shapes_[at][elem] = x;
+        break;
+      case KILN_SIZE_SITE_STRIDE:
+        in_range(at, values_.size(), "value"), in_range(elem, strides_[at].size(), "dimension");
+        strides_[at][elem] = x;
+        break;
+      case KILN_SIZE_SITE_OFFSET:
+        in_range(at, values_.size(), "value");
+        values_[at].storage_offset = x;
+        break;
+      case KILN_SIZE_SITE_INT:
+      case KILN_SIZE_SITE_INTS:
+      case KILN_SIZE_SITE_DOUBLE: {
+        in_range(at, args_.size(), "node"), in_range(arg, args_[at].size(), "argument");
+        OwnedArg& o = args_[at][arg];
+        if (s.kind == KILN_SIZE_SITE_INT) {
+          o.arg.i = x;
+        } else if (s.kind == KILN_SIZE_SITE_INTS) {
+          in_range(elem, o.ints.size(), "list element");
+          o.ints[elem] = x;
+        } else {
+          o.arg.d = s.reciprocal ? 1.0 / static_cast<double>(x) : static_cast<double>(x);
+        }
+        break;
+      }
+      default: detail::invalid("size site of kind " + std::to_string(s.kind));
+    }
+  }
+
+  void link() {
+    for (size_t i = 0; i < values_.size(); ++i) {
+      values_[i].shape = shapes_[i].empty() ? nullptr : shapes_[i].data();
+      values_[i].strides = strides_[i].empty() ? nullptr : strides_[i].data();
+      value_ptrs_.push_back(&values_[i]);
+    }
+    for (size_t n = 0; n < nodes_.size(); ++n) {
+      OwnedNode& o = nodes_[n];
+      for (auto& a : args_[n]) {
+        a.arg.name = a.name.c_str();
+        a.arg.s = a.arg.tag == KILN_ARG_STRING ? a.s.c_str() : nullptr;
+        a.arg.ints = a.ints.empty() ? nullptr : a.ints.data();
+        a.arg.doubles = a.doubles.empty() ? nullptr : a.doubles.data();
+        o.arg_ptrs.push_back(&a.arg);
+      }
+      o.node.struct_size = KILN_NODE_STRUCT_SIZE;
+      o.node.op = o.op.c_str(), o.node.name = o.name.c_str(), o.node.overload = o.overload.c_str();
+      o.node.args = o.arg_ptrs.data();
+      o.node.num_args = o.arg_ptrs.size();
+      o.node.inputs = o.inputs.data(), o.node.num_inputs = o.inputs.size();
+      o.node.outputs = o.outputs.data(), o.node.num_outputs = o.outputs.size();
+      node_ptrs_.push_back(&o.node);
+    }
+    std::memset(&view_, 0, sizeof view_);
+    view_.struct_size = KILN_GRAPH_VIEW_STRUCT_SIZE;
+    view_.num_values = value_ptrs_.size();
+    view_.values = value_ptrs_.data();
+    view_.num_nodes = node_ptrs_.size();
+    view_.nodes = node_ptrs_.data();
+    view_.num_inputs = inputs_.size();
+    view_.inputs = inputs_.data();
+    view_.num_outputs = outputs_.size();
+    view_.outputs = outputs_.data();
+  }
+
+  std::vector<KilnValue> values_;
+  std::vector<std::vector<int64_t>> shapes_, strides_;
+  std::vector<bool> implicit_strides_;
+  std::vector<OwnedNode> nodes_;
+  std::vector<std::vector<OwnedArg>> args_;
+  std::vector<const KilnValue*> value_ptrs_;
+  std::vector<const KilnNode*> node_ptrs_;
+  std::vector<int64_t> inputs_, outputs_;
+  KilnGraphView view_;
 };
 
 // ---- Devices ------------------------------------------------------------------------------------
@@ -568,6 +783,10 @@ struct Descriptor {
   // Plugin::graph_capture_end_with_copies and GraphExec::launch_with_copies, re-pointing the copies
   // the host recorded at each launch.
   bool graph_copies = false;
+  // KILN_CAPABILITY_SYMBOLIC_SHAPES (ABI 2.4): compile may be handed a view with size symbols
+  // (Graph::symbolic); an executable that sets Executable::serves_all_sizes is then run at every
+  // size with each call's symbol values (Executable::execute_sized).
+  bool symbolic_shapes = false;
   // The availability score for "auto" when the plugin does not override Plugin::available.
   int32_t default_score = 0;
 
@@ -577,7 +796,7 @@ struct Descriptor {
            (device_graphs ? KILN_CAPABILITY_DEVICE_GRAPHS : 0) |
            (whole_step_graph ? KILN_CAPABILITY_WHOLE_STEP_GRAPH : 0) |
            (concurrent_compile_safe ? KILN_CAPABILITY_CONCURRENT_COMPILE : 0) |
-           (graph_copies ? KILN_CAPABILITY_GRAPH_COPIES : 0);
+           (graph_copies ? KILN_CAPABILITY_GRAPH_COPIES : 0) | (symbolic_shapes ? KILN_CAPABILITY_SYMBOLIC_SHAPES : 0);
   }
 };
 
@@ -617,6 +836,90 @@ class Executable {
     (void)scalars;
     execute(inputs, num_inputs, outputs, num_outputs, stream);
   }
+  // ABI 2.4: set by compile, given a symbolic view (Graph::symbolic), when this executable computes
+  // the subgraph at every size (KilnPluginCompileArgs.symbolic_accepted); ignored otherwise.
+  bool serves_all_sizes = false;
+  // What the host calls for an executable that serves all sizes: `sizes` holds this call's symbol
+  // values (the inputs and outputs have the shapes the size sites give there). The default ignores
+  // them, which is right only for an executable that reads every size from its tensors.
+  virtual void execute_sized(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                             const Scalars& scalars, const std::vector<int64_t>& sizes, void* stream) {
+    (void)sizes;
+    execute_with_scalars(inputs, num_inputs, outputs, num_outputs, scalars, stream);
+  }
+};
+
+// An executable that serves every size of a symbolic view by compiling the concrete graph of each
+// size it meets (ConcreteGraph) with `compile` and keeping the last `keep` of them: for a plugin
+// whose compile of a size it has seen the kernels of is cheap (it keeps its kernels by something
+// other than the sizes). Thread-safe: executes of sizes already met run at once; a new size
+// compiles under a lock.
+class ExecutableForEverySize : public Executable {
+ public:
+  using CompileFn = std::function<std::unique_ptr<Executable>(const Graph&)>;
+  // `first`: the executable compiled for the view's own sizes (kept as that size's).
+  ExecutableForEverySize(const Graph& symbolic, std::unique_ptr<Executable> first, CompileFn compile, size_t keep = 64)
+      : graph_(std::make_shared<SymbolicCopy>(symbolic)), compile_(std::move(compile)), keep_(keep) {
+    serves_all_sizes = true;
+    inplace_outputs = first->inplace_outputs;
+    entries_.push_back({symbolic.symbol_hints(), std::shared_ptr<Executable>(std::move(first))});
+  }
+  void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void* stream) override {
+    at(hints())->execute(in, n_in, out, n_out, stream);
+  }
+  void execute_with_scalars(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, const Scalars& scalars,
+                            void* stream) override {
+    at(hints())->execute_with_scalars(in, n_in, out, n_out, scalars, stream);
+  }
+  void execute_sized(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, const Scalars& scalars,
+                     const std::vector<int64_t>& sizes, void* stream) override {
+    at(sizes)->execute_with_scalars(in, n_in, out, n_out, scalars, stream);
+  }
+  // Sizes compiled so far (kept ones), for tests and logs.
+  size_t sizes_compiled() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return compiled_;
+  }
+
+ private:
+  // The symbolic view's own copy, with its symbols and sites, kept for later sizes.
+  struct SymbolicCopy {
+    explicit SymbolicCopy(const Graph& g) : copy(g), symbols(g.symbols()), sites(g.size_sites()) {
+      view = *copy.graph().raw();
+      view.num_symbols = symbols.size();
+      view.symbols = symbols.data();
+      view.num_size_sites = sites.size();
+      view.size_sites = sites.data();
+    }
+    ConcreteGraph copy;
+    std::vector<KilnSizeSymbol> symbols;
+    std::vector<KilnSizeSite> sites;
+    KilnGraphView view;
+  };
+  std::vector<int64_t> hints() const { return Graph(&graph_->view).symbol_hints(); }
+  std::shared_ptr<Executable> at(const std::vector<int64_t>& sizes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].first != sizes) continue;
+      if (i > 0)
+        std::rotate(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(i),
+                    entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      return entries_.front().second;
+    }
+    ConcreteGraph concrete(Graph(&graph_->view), &sizes);
+    std::shared_ptr<Executable> exe = compile_(concrete.graph());
+    if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
+    ++compiled_;
+    entries_.insert(entries_.begin(), {sizes, exe});
+    if (entries_.size() > keep_) entries_.pop_back();  // one running keeps its own reference
+    return exe;
+  }
+  std::shared_ptr<const SymbolicCopy> graph_;
+  CompileFn compile_;
+  size_t keep_;
+  mutable std::mutex mu_;
+  size_t compiled_ = 1;
+  std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<Executable>>> entries_;  // most recent first
 };
 
 // An instantiated device graph (Descriptor::device_graphs).
@@ -800,6 +1103,9 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         if (inplace) o.inplace_inputs.assign(args->inplace_inputs, args->inplace_inputs + args->subgraph->num_outputs);
         std::unique_ptr<Executable> exe = st->plugin->compile(Graph(args->subgraph), o);
         if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
+        if (KILN_HAS_FIELD(args, KilnPluginCompileArgs, symbolic_accepted))
+          args->symbolic_accepted =
+              st->desc.symbolic_shapes && exe->serves_all_sizes && Graph(args->subgraph).symbolic();
         if (inplace)
           for (size_t k = 0; k < exe->inplace_outputs.size() && k < o.inplace_inputs.size(); ++k)
             if (exe->inplace_outputs[k] >= 0 && exe->inplace_outputs[k] == o.inplace_inputs[k])
@@ -815,8 +1121,15 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
     t.execute = [](KilnExecutableExecuteArgs* args) -> KilnError* {
       return guard([&] {
         if (!args || !args->executable || !args->executable->impl) invalid("execute: null executable");
-        args->executable->impl->execute_with_scalars(args->inputs, args->num_inputs, args->outputs, args->num_outputs,
-                                                     Scalars(args->scalars, args->num_scalars), args->stream);
+        Executable& exe = *args->executable->impl;
+        if (KILN_HAS_FIELD(args, KilnExecutableExecuteArgs, num_symbol_values) && args->num_symbol_values > 0) {
+          if (!args->symbol_values) invalid("execute: symbol_values is NULL");
+          const std::vector<int64_t> sizes(args->symbol_values, args->symbol_values + args->num_symbol_values);
+          return exe.execute_sized(args->inputs, args->num_inputs, args->outputs, args->num_outputs,
+                                   Scalars(args->scalars, args->num_scalars), sizes, args->stream);
+        }
+        exe.execute_with_scalars(args->inputs, args->num_inputs, args->outputs, args->num_outputs,
+                                 Scalars(args->scalars, args->num_scalars), args->stream);
       });
     };
     t.executable_destroy = [](KilnExecutableDestroyArgs* args) {

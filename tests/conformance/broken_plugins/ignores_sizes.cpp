@@ -3,9 +3,10 @@
 // per sequence of ops and hands that program back for a graph of the same ops at other sizes, as a
 // code generator whose cache key forgot the shapes would. Each program runs over the element count
 // it was first compiled for (never past the buffers it is given). Right while every step has one
-// shape; wrong as soon as a dynamic step hands it a larger batch, or the numeric cases compile one
-// op at several sizes. check_verdicts.cmake asserts that those cases fail it, naming the step and
-// the size or the op and its shape, while a whole step of one shape passes.
+// shape; wrong as soon as a dynamic step hands it a larger batch, the numeric cases compile one
+// op at several sizes, or the symbolic-shape case runs its executable for every size (which it
+// accepts, ABI 2.4) at a size it was not compiled for. check_verdicts.cmake asserts that those cases fail it, naming
+// the step and the size or the op and its shape, while a whole step of one shape passes.
 #include <map>
 #include <memory>
 #include <mutex>
@@ -104,8 +105,10 @@ class IgnoresSizes : public CpuPlugin {
  public:
   using CpuPlugin::CpuPlugin;
   static Descriptor describe() {
-    return cpu_descriptor(PLUGIN_NAME,
-                          "float32 element-wise ops, compiled once per sequence of ops whatever the sizes");
+    Descriptor d =
+        cpu_descriptor(PLUGIN_NAME, "float32 element-wise ops, compiled once per sequence of ops whatever the sizes");
+    d.symbolic_shapes = true;  // and it says every executable serves every size
+    return d;
   }
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
     check_options(options);
@@ -129,7 +132,9 @@ class IgnoresSizes : public CpuPlugin {
     for (int64_t v : g.outputs()) c->numel[v] = g.value(v).numel();
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, fresh] = cache_.emplace(key, c);
-    return std::make_unique<SizeBlindProgram>(it->second);
+    auto exe = std::make_unique<SizeBlindProgram>(it->second);
+    exe->serves_all_sizes = g.symbolic();  // the defect again: it reads no symbol values
+    return exe;
   }
 
  protected:

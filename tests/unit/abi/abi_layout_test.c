@@ -24,7 +24,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 2);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 3);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 4);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -80,7 +80,7 @@ int main(void) {
   OFF(KilnNode, num_outputs, 72);
   OFF(KilnNode, outputs, 80);
 
-  SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE, 72);
+  SIZE(KilnGraphView, KILN_GRAPH_VIEW_STRUCT_SIZE, 104);
   OFF(KilnGraphView, num_values, 8);
   OFF(KilnGraphView, values, 16);
   OFF(KilnGraphView, num_nodes, 24);
@@ -89,6 +89,10 @@ int main(void) {
   OFF(KilnGraphView, inputs, 48);
   OFF(KilnGraphView, num_outputs, 56);
   OFF(KilnGraphView, outputs, 64);
+  OFF(KilnGraphView, num_symbols, 72);
+  OFF(KilnGraphView, symbols, 80);
+  OFF(KilnGraphView, num_size_sites, 88);
+  OFF(KilnGraphView, size_sites, 96);
 
   SIZE(KilnPluginDescriptor, KILN_PLUGIN_DESCRIPTOR_STRUCT_SIZE, 64);
   OFF(KilnPluginDescriptor, name, 8);
@@ -159,7 +163,7 @@ int main(void) {
   OFF(KilnPluginClaimArgs, graph, 16);
   OFF(KilnPluginClaimArgs, claimed_nodes, 24);
   OFF(KilnPluginClaimArgs, num_claimed, 32);
-  SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE, 80);
+  SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE, 88);
   OFF(KilnPluginCompileArgs, subgraph, 16);
   OFF(KilnPluginCompileArgs, mode, 24);
   OFF(KilnPluginCompileArgs, options, 32);
@@ -168,8 +172,10 @@ int main(void) {
   OFF(KilnPluginCompileArgs, executable, 56);
   OFF(KilnPluginCompileArgs, inplace_inputs, 64);
   OFF(KilnPluginCompileArgs, inplace_accepted, 72);
+  OFF(KilnPluginCompileArgs, symbolic_accepted, 80);
+  OFF(KilnPluginCompileArgs, reserved1, 84);
   SIZE(KilnPluginShutdownArgs, KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, 16);
-  SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, 72);
+  SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, 88);
   OFF(KilnExecutableExecuteArgs, executable, 8);
   OFF(KilnExecutableExecuteArgs, inputs, 16);
   OFF(KilnExecutableExecuteArgs, num_inputs, 24);
@@ -178,6 +184,8 @@ int main(void) {
   OFF(KilnExecutableExecuteArgs, scalars, 48);
   OFF(KilnExecutableExecuteArgs, num_scalars, 56);
   OFF(KilnExecutableExecuteArgs, stream, 64);
+  OFF(KilnExecutableExecuteArgs, symbol_values, 72);
+  OFF(KilnExecutableExecuteArgs, num_symbol_values, 80);
   SIZE(KilnExecutableDestroyArgs, KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, 16);
   SIZE(KilnGraphCaptureBeginArgs, KILN_GRAPH_CAPTURE_BEGIN_ARGS_STRUCT_SIZE, 32);
   OFF(KilnGraphCaptureBeginArgs, device, 16);
@@ -193,6 +201,13 @@ int main(void) {
   check("sizeof(KilnGraphCopy)", sizeof(KilnGraphCopy), 24);
   check("offsetof(KilnGraphCopy, src)", offsetof(KilnGraphCopy, src), 8);
   check("offsetof(KilnGraphCopy, bytes)", offsetof(KilnGraphCopy, bytes), 16);
+  check("sizeof(KilnSizeSymbol)", sizeof(KilnSizeSymbol), 8);
+  check("offsetof(KilnSizeSymbol, dim)", offsetof(KilnSizeSymbol, dim), 4);
+  check("sizeof(KilnSizeSite)", sizeof(KilnSizeSite), 56);
+  check("offsetof(KilnSizeSite, factors)", offsetof(KilnSizeSite, factors), 20);
+  check("offsetof(KilnSizeSite, reciprocal)", offsetof(KilnSizeSite, reciprocal), 28);
+  check("offsetof(KilnSizeSite, num)", offsetof(KilnSizeSite, num), 32);
+  check("offsetof(KilnSizeSite, constant)", offsetof(KilnSizeSite, constant), 48);
   check("KILN_CAPABILITY_GRAPH_COPIES", KILN_CAPABILITY_GRAPH_COPIES, 32);
   SIZE(KilnGraphDestroyArgs, KILN_GRAPH_DESTROY_ARGS_STRUCT_SIZE, 16);
 

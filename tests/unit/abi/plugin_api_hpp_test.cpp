@@ -517,7 +517,7 @@ TEST(PluginApiHpp, ExecuteArgsCarryRunTimeScalarsToTheExecutable) {
   KilnArg scalar = kp::double_arg("value", factor);
   const KilnArg* scalars[] = {&scalar};
   KilnExecutableExecuteArgs x{
-      KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, scalars, 1, nullptr};
+      KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, scalars, 1, nullptr, nullptr, 0};
   ASSERT_EQ(api->execute(&x), nullptr);
   for (int k = 0; k < 5; ++k) EXPECT_FLOAT_EQ(out[k], static_cast<float>(in[k] * factor));
   x.scalars = nullptr;
@@ -544,4 +544,143 @@ TEST(PluginApiHpp, DefaultAvailabilityUsesTheDescriptorsDefaultScore) {
   EXPECT_EQ(a.score, 42);
   EXPECT_STREQ(reason, "");
   shutdown(api);
+}
+
+namespace {
+// Computes `y = x * other` over the element count of the graph it was compiled for (not the
+// tensor's), as generated code with its sizes baked in would; refuses tensors of another count.
+struct BakedScale : kp::Executable {
+  BakedScale(int64_t n, double factor) : n_(n), factor_(factor) {}
+  void execute(const DLTensor* in, size_t, DLTensor* out, size_t, void*) override {
+    kp::Tensor i(in), o(out);
+    if (i.numel() != n_ || o.numel() != n_)
+      throw kp::Error(KILN_ERROR_INVALID_ARGUMENT,
+                      "compiled for " + std::to_string(n_) + " elements, given " + std::to_string(i.numel()));
+    for (int64_t k = 0; k < n_; ++k) o.data<float>()[k] = static_cast<float>(i.data<float>()[k] * factor_);
+  }
+  int64_t n_;
+  double factor_;
+};
+int g_sized_compiles = 0;
+class SymbolicPlugin : public kp::Plugin {
+ public:
+  using Plugin::Plugin;
+  static kp::Descriptor describe() {
+    kp::Descriptor d;
+    d.name = "symbolic_test";
+    d.version = "1.0.0";
+    d.vendor = "tests";
+    d.device_kinds = KILN_DEVICE_MASK_CPU;
+    d.symbolic_shapes = true;
+    return d;
+  }
+  std::vector<int64_t> claim(const kp::Graph&) override { return {0}; }
+  static std::unique_ptr<kp::Executable> baked(const kp::Graph& g) {
+    ++g_sized_compiles;
+    return std::make_unique<BakedScale>(g.value(g.outputs()[0]).numel(), g.node(0).find_arg("other")->as_double());
+  }
+  std::unique_ptr<kp::Executable> compile(const kp::Graph& g, const kp::CompileOptions&) override {
+    if (!g.symbolic()) return baked(g);
+    return std::make_unique<kp::ExecutableForEverySize>(g, baked(g), &baked);
+  }
+};
+}  // namespace
+
+// A symbolic view: the plugin accepts it for every size, each call's sizes reach execute_sized,
+// and a size it has not met is compiled once from the view's size sites (ConcreteGraph).
+TEST(PluginApiHpp, ASymbolicViewIsServedAtSizesItWasNotCompiledFor) {
+  KilnHostApi host = test_host_table();
+  const KilnPluginApi* api = nullptr;
+  ASSERT_EQ(kp::detail::init<SymbolicPlugin>(&host, 2, KILN_ABI_VERSION_MINOR, &api), nullptr);
+  EXPECT_EQ(api->descriptor->capabilities, KILN_CAPABILITY_SYMBOLIC_SHAPES);
+  g_sized_compiles = 0;
+  // A concrete view: an executable for its own size only.
+  Node1 plain;
+  KilnPluginCompileArgs c = compile_args(api, &plain.view);
+  c.symbolic_accepted = 1;  // the layer writes what is true
+  ASSERT_EQ(api->compile(&c), nullptr);
+  EXPECT_EQ(c.symbolic_accepted, 0);
+  KilnExecutableDestroyArgs d0{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, c.executable};
+  api->executable_destroy(&d0);
+
+  // The same node with its length s0 = input 0 dim 0, and both values' lengths following it.
+  Node1 g;
+  const KilnSizeSymbol symbols[] = {{0, 0}};
+  KilnSizeSite sites[2]{};
+  for (int32_t v = 0; v < 2; ++v) {
+    KilnSizeSite& site = sites[v];
+    site.kind = KILN_SIZE_SITE_SHAPE;
+    site.at = v;
+    site.arg = -1;
+    site.elem = 0;
+    site.num_factors = 1;
+    site.factors[0] = 0;
+    site.factors[1] = -1;
+    site.num = 1;
+    site.den = 1;
+  }
+  g.view.num_symbols = 1;
+  g.view.symbols = symbols;
+  g.view.num_size_sites = 2;
+  g.view.size_sites = sites;
+  KilnPluginCompileArgs o = compile_args(api, &g.view);
+  ASSERT_EQ(api->compile(&o), nullptr);
+  EXPECT_EQ(o.symbolic_accepted, 1);
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> dist(-4.f, 4.f);
+  for (int64_t n : {5, 9, 2, 9, 5}) {
+    std::vector<float> in(static_cast<size_t>(n)), out(static_cast<size_t>(n), -1.f);
+    for (float& v : in) v = dist(rng);
+    int64_t shape[1] = {n};
+    DLTensor tin{in.data(), {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
+    DLTensor tout{out.data(), {kDLCPU, 0}, 1, kp::dtype_float32(), shape, nullptr, 0};
+    KilnExecutableExecuteArgs x{
+        KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &tin, 1, &tout, 1, nullptr, 0, nullptr, &n, 1};
+    ASSERT_EQ(take(api, api->execute(&x)).second, "") << "length " << n;
+    for (int64_t k = 0; k < n; ++k) EXPECT_FLOAT_EQ(out[static_cast<size_t>(k)], in[static_cast<size_t>(k)] * 2.5f);
+  }
+  EXPECT_EQ(g_sized_compiles, 1 + 1 + 2);  // the concrete view, the symbolic one at 5, then 9 and 2 once each
+  // A symbol below 2 is refused: such sizes get graphs of their own.
+  int64_t one = 1;
+  float in1 = 1, out1 = 0;
+  DLTensor t1{&in1, {kDLCPU, 0}, 1, kp::dtype_float32(), &one, nullptr, 0};
+  DLTensor o1{&out1, {kDLCPU, 0}, 1, kp::dtype_float32(), &one, nullptr, 0};
+  KilnExecutableExecuteArgs x1{
+      KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, o.executable, &t1, 1, &o1, 1, nullptr, 0, nullptr, &one, 1};
+  auto [code, msg] = take(api, api->execute(&x1));
+  EXPECT_EQ(code, KILN_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("symbols are >= 2"), std::string::npos) << msg;
+  KilnExecutableDestroyArgs d{KILN_EXECUTABLE_DESTROY_ARGS_STRUCT_SIZE, o.executable};
+  api->executable_destroy(&d);
+  shutdown(api);
+}
+
+// ConcreteGraph evaluates every kind of size site, and keeps implicit strides contiguous.
+TEST(PluginApiHpp, AConcreteGraphOfASymbolicViewHoldsTheNumbersOfItsSizes) {
+  Node1 g;  // y = x * other over [5]; `other` stands for 1/(2*s0) here, as a mean's factor would
+  const KilnSizeSymbol symbols[] = {{0, 0}};
+  KilnSizeSite sites[2]{};
+  sites[0] = {KILN_SIZE_SITE_SHAPE, 1, -1, 0, 1, {0, -1}, 0, 1, 1, 0};
+  sites[1] = {KILN_SIZE_SITE_DOUBLE, 0, 1, -1, 1, {0, -1}, 1, 2, 1, 0};
+  g.view.num_symbols = 1;
+  g.view.symbols = symbols;
+  g.view.num_size_sites = 2;
+  g.view.size_sites = sites;
+  // The view's own numbers must be its sizes': x has [5] (shared shape array), so s0 = 5.
+  const kp::Graph view(&g.view);
+  EXPECT_TRUE(view.symbolic());
+  EXPECT_EQ(view.symbol_hints(), std::vector<int64_t>{5});
+  std::vector<int64_t> at{12};
+  kp::ConcreteGraph c(view, &at);
+  const kp::Graph cg = c.graph();
+  EXPECT_FALSE(cg.symbolic());
+  EXPECT_EQ(cg.value(1).shape(), std::vector<int64_t>{12});
+  EXPECT_EQ(cg.value(1).strides(), std::vector<int64_t>{1});
+  EXPECT_DOUBLE_EQ(cg.node(0).find_arg("other")->as_double(), 1.0 / 24);
+  EXPECT_EQ(cg.node(0).op(), "aten::mul.Scalar");
+  std::vector<int64_t> bad{1};
+  EXPECT_THROW(kp::ConcreteGraph(view, &bad), kp::Error);
+  KilnSizeSite odd = {KILN_SIZE_SITE_SHAPE, 1, -1, 0, 1, {0, -1}, 0, 1, 2, 0};  // s0 / 2
+  EXPECT_EQ(kp::size_site_integer(odd, {12}), 6);
+  EXPECT_THROW(kp::size_site_integer(odd, {13}), kp::Error);
 }

@@ -129,6 +129,10 @@ TEST(Trainer, ItemMidStepRunsEagerlyWithOneWarningNamingTheOp) {
   for (const auto& w : logs.warnings()) mentions += w.find("aten::_local_scalar_dense") != std::string::npos;
   EXPECT_EQ(mentions, 1) << "exactly one warning naming the op";
   EXPECT_EQ(trainer.stats().compiled_steps, 0);
+  // Nothing compiled: the failed capture is counted as one, with no compile time.
+  EXPECT_EQ(trainer.stats().compiles, 0);
+  EXPECT_EQ(trainer.stats().failed_captures, 1);
+  EXPECT_EQ(trainer.stats().last_compile_seconds, 0.0);
 }
 
 TEST(Trainer, ItemMidStepWithFullgraphIsAnError) {
@@ -447,6 +451,8 @@ TEST(Trainer, CompileOffRunsLibTorchEager) {
   for (int i = 0; i < 3; ++i) trainer.step(at::randn({4, 12}), at::randint(0, 5, {4}));
   EXPECT_EQ(trainer.stats().compiles, 0);
   EXPECT_EQ(trainer.stats().eager_steps, 3);
+  // Not the eager backend (kiln's executor): no backend at all.
+  EXPECT_EQ(trainer.backend(), "none");
 }
 
 // With no backend named, the hardware probe and the plugins decide, and the Trainer says why.

@@ -32,6 +32,9 @@ class GraphView {
   GraphView& operator=(const GraphView&) = delete;
 
   const KilnGraphView& view() const { return view_; }
+  // ABI 2.4: makes the view symbolic (its numbers are the sizes the sites give at the symbols'
+  // values it already has).
+  void set_symbols(std::vector<KilnSizeSymbol> symbols, std::vector<KilnSizeSite> sites);
 
  private:
   struct Storage;

@@ -28,6 +28,7 @@ namespace kiln {
 
 class LoadedPlugin;
 class PluginExecutable;
+class SymbolicGroups;
 
 struct PartitionStats {
   size_t nodes = 0;
@@ -40,12 +41,17 @@ struct PartitionStats {
   size_t compile_threads = 1;               // groups that compiled at once (at most)
   size_t inplace_offered = 0;               // compiled groups' outputs offered their input's memory (ABI 2.2)
   size_t inplace_accepted = 0;              // of those, computed over it
+  size_t groups_symbolic = 0;               // compiled from a symbolic view, serving every size (ABI 2.4)
+  size_t groups_reused = 0;                 // run by an executable compiled for another size (ABI 2.4)
 };
 
 // One claimed group and what became of it.
 struct CompiledGroup {
   PartitionGroup group;
-  std::unique_ptr<PluginExecutable> exe;  // null: its nodes run eagerly
+  std::shared_ptr<PluginExecutable> exe;  // null: its nodes run eagerly; may serve other plans too
+  // An executable that serves every size (ABI 2.4): the symbols each run's sizes are read from
+  // (dimension `dim` of group input `input`). Empty otherwise.
+  std::vector<KilnSizeSymbol> symbols;
   std::vector<ir::TensorMeta> output_meta;
   std::vector<ir::Node> nodes;  // the group's nodes, for verify_groups
 };
@@ -72,14 +78,19 @@ struct CompiledPartition {
 // plugin and its message. With a plugin whose compile is safe to run concurrently
 // (KILN_CAPABILITY_CONCURRENT_COMPILE), up to `compile_threads` groups compile at once; the outcome
 // and the log are the same as one by one, in group order.
+//
+// `symbolic` (the plans of one family of shapes share it): for backends with symbolic shapes (ABI
+// 2.4), a group met before at another size runs the executable compiled for every size, and a
+// group met at its second size is offered to the backend in symbolic form (symbolic_groups.h).
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
                                                            std::shared_ptr<const LoadedPlugin> plugin, KilnMode mode,
-                                                           int compile_threads = 1);
+                                                           int compile_threads = 1, SymbolicGroups* symbolic = nullptr);
 // Several backends: each claims, in turn, among the nodes the ones before it left; a group holds
 // one backend's nodes and is compiled by it. `modes[k]`: the mode backend k compiles in.
 std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& graph,
                                                            std::vector<std::shared_ptr<const LoadedPlugin>> plugins,
-                                                           std::vector<KilnMode> modes, int compile_threads = 1);
+                                                           std::vector<KilnMode> modes, int compile_threads = 1,
+                                                           SymbolicGroups* symbolic = nullptr);
 // The partition and its outcome as text, for the debug dump.
 std::string print_compiled_partition(const ir::Graph& graph, const CompiledPartition& partition);
 

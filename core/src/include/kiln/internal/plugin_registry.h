@@ -121,6 +121,10 @@ class LoadedPlugin : public std::enable_shared_from_this<LoadedPlugin> {
   bool repoints_graph_copies() const {
     return negotiated_minor_ >= 3 && provides_device_graphs() && (capabilities_ & KILN_CAPABILITY_GRAPH_COPIES) != 0;
   }
+  // compile may be handed symbolic views, and may serve every size with one executable (ABI 2.4).
+  bool symbolic_shapes() const {
+    return negotiated_minor_ >= 4 && (capabilities_ & KILN_CAPABILITY_SYMBOLIC_SHAPES) != 0;
+  }
   std::string abi_version() const { return std::to_string(abi_major_) + "." + std::to_string(abi_minor_); }
 
   // All calls are thread-safe (serialised as docs/abi.md says where the plugin needs it).
@@ -196,10 +200,16 @@ class PluginExecutable {
   // does not accept run-time scalars is called with none.
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                const KilnArg* const* scalars, size_t num_scalars, void* stream = nullptr) const;
+  // An executable that serves every size (serves_all_sizes()): with this call's symbol values.
+  void execute_sized(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
+                     const KilnArg* const* scalars, size_t num_scalars, const int64_t* sizes, size_t num_sizes,
+                     void* stream = nullptr) const;
   const LoadedPlugin& plugin() const { return *plugin_; }
   // By output: the input whose memory the plugin accepted to receive this output too (ABI 2.2),
   // or -1. Empty when nothing was proposed or accepted.
   const std::vector<int64_t>& inplace_outputs() const { return inplace_; }
+  // Compiled from a symbolic view and accepted for every size (ABI 2.4).
+  bool serves_all_sizes() const { return all_sizes_; }
 
  private:
   friend class LoadedPlugin;
@@ -208,6 +218,7 @@ class PluginExecutable {
   std::shared_ptr<const LoadedPlugin> plugin_;
   KilnExecutable* exe_;
   std::vector<int64_t> inplace_;
+  bool all_sizes_ = false;
 };
 
 // An instantiated device graph. Keeps its plugin (and so its library) alive.
