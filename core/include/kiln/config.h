@@ -88,7 +88,9 @@ struct TrainingArguments {
   // (torch::nn::utils::clip_grad_norm_). 0 turns clipping off. Hugging Face's default is 1.0;
   // kiln's is 0, so that a Trainer step computes what the plain LibTorch loop it replaces computes.
   double max_grad_norm = 0.0;
-  std::string log_level = "info";  // KILN_LOG_LEVEL
+  // KILN_LOG_LEVEL: trace, debug, info, warning (or warn), error, critical, off, or passive (leave
+  // the level as the program or the environment set it).
+  std::string log_level = "info";
   // Mixed precision, with Hugging Face's names. bf16: the Trainer runs the forward and the loss
   // under bfloat16 autocast on the model's device, inside the compiled step (parameters, gradients
   // and the optimizer stay float32). fp16 needs dynamic loss scaling, which kiln does not compile
@@ -117,16 +119,26 @@ struct TrainingArguments {
   // lr, as the optimizer has it, is its peak, as Hugging Face's Trainer schedules an optimizer it is
   // given. Set, it wins over the optimizer's rates (a log line of train() says which holds).
   std::optional<double> learning_rate;
-  std::string lr_scheduler_type = "linear";  // constant, constant_with_warmup, linear, cosine
-  int64_t warmup_steps = 0;                  // > 0 wins over warmup_ratio
-  double warmup_ratio = 0.0;                 // of the total optimizer steps
-  int64_t logging_steps = 500;               // a metrics line every this many optimizer steps
-  int64_t seed = 42;                         // torch::manual_seed at the start of train(), and the shuffling
+  // Hugging Face's schedules: constant, constant_with_warmup, linear, cosine, cosine_with_restarts,
+  // polynomial, inverse_sqrt, cosine_with_min_lr, warmup_stable_decay; their arguments (num_cycles,
+  // lr_end, power, timescale, min_lr, min_lr_rate, num_stable_steps, num_decay_steps, min_lr_ratio,
+  // decay_type) in lr_scheduler_kwargs, as text (docs/config.md).
+  std::string lr_scheduler_type = "linear";
+  std::map<std::string, std::string> lr_scheduler_kwargs;
+  int64_t warmup_steps = 0;          // > 0 wins over warmup_ratio
+  double warmup_ratio = 0.0;         // of the total optimizer steps
+  double logging_steps = 500;        // a metrics line every this many optimizer steps; below 1: a ratio of the total
+  bool logging_first_step = false;   // a metrics line after the first optimizer step too
+  int64_t seed = 42;                 // torch::manual_seed at the start of train(), and the shuffling
+  std::optional<int64_t> data_seed;  // the shuffling's seed when set (Hugging Face's); unset: seed
+  // The run's name, in trainer_state.json and the first log line of train(); "" is output_dir.
+  std::string run_name;
+  bool dataloader_drop_last = false;  // drop each epoch's last micro-batch when it is short
   // Checkpoints: <output_dir>/checkpoint-<global_step>/ (the model, the optimizer, the schedule, the
   // random generators, the position in the data; trainer_state.json), written atomically.
   std::string save_strategy = "steps";  // no, steps (every save_steps, and at the end), epoch
-  int64_t save_steps = 500;
-  int64_t save_total_limit = 0;  // > 0: keep this many checkpoints, deleting the oldest; 0 keeps all
+  double save_steps = 500;              // below 1: a ratio of the total optimizer steps
+  int64_t save_total_limit = 0;         // > 0: keep this many checkpoints, deleting the oldest; 0 keeps all
   // A checkpoint folder to continue from, or "true"/"last": the newest checkpoint-<step> in
   // output_dir. "" starts afresh. A TOML boolean works too (true is "true", false is "").
   std::string resume_from_checkpoint;
@@ -136,7 +148,7 @@ struct TrainingArguments {
   bool overwrite_output_dir = false;
   // Evaluation on the dataset given to train(train, eval) or evaluate(): no, steps, epoch.
   std::string eval_strategy = "no";
-  int64_t eval_steps = 0;                  // 0: logging_steps (Hugging Face's default)
+  double eval_steps = 0;                   // 0: logging_steps (Hugging Face's default); below 1: a ratio
   int64_t per_device_eval_batch_size = 8;  // examples per evaluation batch
   // Where the metrics go: "all" (every integration kiln has), "jsonl" (<output_dir>/metrics.jsonl)
   // or "none". A TOML string or array of strings.

@@ -326,7 +326,8 @@ double env_number(const std::string& text, const SettingOrigin& where, const std
 }
 
 const std::vector<std::string>& log_levels() {
-  static const std::vector<std::string> l = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  static const std::vector<std::string> l = {"trace", "debug",    "info", "warning", "warn",
+                                             "error", "critical", "off",  "passive"};
   return l;
 }
 
@@ -505,6 +506,123 @@ Setting real(std::string key, F field, double lo, double hi, std::string what) {
   return s;
 }
 
+std::vector<std::pair<const toml::key*, const toml::node*>> in_file_order(const toml::table& t);
+
+// logging_steps, eval_steps, save_steps: a whole number of optimizer steps from 1, or a ratio of
+// the total steps in (0, 1) (Hugging Face's); `zero_means` says what 0 is, or "" when 0 is refused.
+template <class F>
+Setting steps_setting(std::string key, F field, std::string zero_means = "") {
+  Setting s{key, ""};
+  s.from_toml = [key, field](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_number()) throw wrong_type(v, source, key, "a number");
+    field(a) = v.is_integer() ? static_cast<double>(v.as_integer()->get()) : v.as_floating_point()->get();
+  };
+  s.from_env = [key, field](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    field(a) = env_number(value, where, key);
+  };
+  s.show = [field](const TrainingArguments& a) {
+    const double d = field(a);
+    return d >= 1 && d == std::floor(d) ? std::to_string(static_cast<int64_t>(d)) : number_text(d);
+  };
+  s.check = [key, field, zero_means](const TrainingArguments& a, const SettingOrigin& where) {
+    const double d = field(a);
+    const bool ok = std::isfinite(d) && d <= 1e12 &&
+                    ((d >= 1 && d == std::floor(d)) || (d > 0 && d < 1) || (d == 0 && !zero_means.empty()));
+    if (!ok)
+      throw ConfigError(where, key,
+                        "key '" + key +
+                            "' must be a whole number of steps from 1, or a ratio of the total steps "
+                            "between 0 and 1 (0.1: every tenth of the run)" +
+                            (zero_means.empty() ? "" : "; 0 " + zero_means) + ", got " + number_text(d));
+  };
+  return s;
+}
+
+// data_seed: a seed from 0 when set; unset, the shuffling follows seed.
+Setting data_seed_setting() {
+  const std::string key = "data_seed";
+  Setting s{key, ""};
+  s.default_doc = "unset";
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_integer()) throw wrong_type(v, source, key, "an integer");
+    a.data_seed = v.as_integer()->get();
+  };
+  s.from_env = [key](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    a.data_seed = env_integer(value, where, key);
+  };
+  s.show = [](const TrainingArguments& a) { return a.data_seed ? std::to_string(*a.data_seed) : "unset"; };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    if (a.data_seed && (*a.data_seed < 0 || *a.data_seed > (int64_t{1} << 62)))
+      throw ConfigError(where, key,
+                        "key '" + key + "' must be between 0 and " + std::to_string(int64_t{1} << 62) +
+                            " (or unset: " + "seed), got " + std::to_string(*a.data_seed));
+  };
+  return s;
+}
+
+// [lr_scheduler_kwargs]: the schedule's arguments by Hugging Face's names, kept as text (numbers
+// and names); lr_scheduler_kwargs_check says which a schedule takes.
+Setting lr_scheduler_kwargs_setting() {
+  const std::string key = "lr_scheduler_kwargs";
+  Setting s{key, ""};
+  s.default_doc = "{}";
+  s.from_toml = [key](TrainingArguments& a, const toml::node& node, const std::string& source) {
+    if (!node.is_table()) throw wrong_type(node, source, key, "a table");
+    for (const auto& [k_, v_] : in_file_order(*node.as_table())) {
+      const toml::node& v = *v_;
+      const std::string full = key + "." + std::string(k_->str());
+      if (!(v.is_string() || v.is_integer() || v.is_floating_point()))
+        throw ConfigError(origin_of(v, source), full,
+                          "key '" + full + "' must be a number or a string, not " + a_type(v));
+      a.lr_scheduler_kwargs[std::string(k_->str())] = scalar_to_string(v);
+      a.origins[full] = origin_of(v, source);
+    }
+  };
+  s.show = [](const TrainingArguments&) { return std::string("{}"); };
+  s.check = [key](const TrainingArguments& a, const SettingOrigin& where) {
+    static const std::map<std::string, std::vector<std::string>> takes = {
+        {"constant", {}},
+        {"constant_with_warmup", {}},
+        {"linear", {}},
+        {"cosine", {"num_cycles"}},
+        {"cosine_with_restarts", {"num_cycles"}},
+        {"polynomial", {"lr_end", "power"}},
+        {"inverse_sqrt", {"timescale"}},
+        {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}},
+        {"warmup_stable_decay", {"num_stable_steps", "num_decay_steps", "min_lr_ratio", "num_cycles", "decay_type"}}};
+    const auto t = takes.find(a.lr_scheduler_type);
+    if (t == takes.end()) return;  // lr_scheduler_type's own check names it
+    for (const auto& [k, v] : a.lr_scheduler_kwargs) {
+      const std::string full = key + "." + k;
+      const auto at = a.origins.count(full) ? a.origins.at(full) : where;
+      if (std::find(t->second.begin(), t->second.end(), k) == t->second.end())
+        throw ConfigError(at, full,
+                          "lr_scheduler_type '" + a.lr_scheduler_type + "' takes " +
+                              (t->second.empty() ? std::string("no arguments") : "only " + join(t->second)) +
+                              ", not '" + k + "'");
+      if (k == "decay_type") {
+        const std::vector<std::string> valid = {"cosine", "linear", "1-sqrt"};
+        if (std::find(valid.begin(), valid.end(), v) == valid.end())
+          throw ConfigError(at, full, "key '" + full + "' is '" + v + "'; valid values: " + join(valid));
+        continue;
+      }
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !std::isfinite(d) || d < 0)
+        throw ConfigError(at, full, "key '" + full + "' must be a number >= 0, got '" + v + "'");
+    }
+    if (a.lr_scheduler_type == "cosine_with_min_lr" &&
+        a.lr_scheduler_kwargs.count("min_lr") == a.lr_scheduler_kwargs.count("min_lr_rate"))
+      throw ConfigError(where, key,
+                        "lr_scheduler_type 'cosine_with_min_lr' needs exactly one of min_lr and min_lr_rate in "
+                        "[lr_scheduler_kwargs] (Hugging Face's rule)");
+    if (a.lr_scheduler_type == "warmup_stable_decay" && !a.lr_scheduler_kwargs.count("num_decay_steps"))
+      throw ConfigError(where, key,
+                        "lr_scheduler_type 'warmup_stable_decay' needs num_decay_steps in [lr_scheduler_kwargs]");
+  };
+  return s;
+}
+
 // The optimizers a Trainer makes (Hugging Face's names for LibTorch's optimizers), and Hugging
 // Face's others, which LibTorch does not have.
 const std::vector<std::string>& optim_names() {
@@ -530,13 +648,20 @@ void check_optim(const std::string& name, const SettingOrigin& where, const std:
 }
 
 const std::vector<std::string>& lr_scheduler_types() {
-  static const std::vector<std::string> t = {"constant", "constant_with_warmup", "linear", "cosine"};
+  static const std::vector<std::string> t = {"constant",     "constant_with_warmup", "linear",
+                                             "cosine",       "cosine_with_restarts", "polynomial",
+                                             "inverse_sqrt", "cosine_with_min_lr",   "warmup_stable_decay"};
   return t;
 }
 
 void check_lr_scheduler_type(const std::string& type, const SettingOrigin& where, const std::string& key) {
   const auto& types = lr_scheduler_types();
   if (std::find(types.begin(), types.end(), type) != types.end()) return;
+  if (type == "reduce_lr_on_plateau")
+    throw ConfigError(where, key,
+                      "lr_scheduler_type 'reduce_lr_on_plateau' is Hugging Face's, and kiln does not have it yet (it "
+                      "steps on evaluation metrics); use one of " +
+                          join(types));
   std::string msg = "unknown lr_scheduler_type '" + type + "'";
   if (auto near = nearest_name(type, types)) msg += "; did you mean '" + *near + "'? Valid types: ";
   else msg += "; valid types: ";
@@ -790,15 +915,23 @@ const std::vector<Setting>& table() {
         "warmup_steps", "", [](auto& a) -> auto& { return a.warmup_steps; }, 0, int64_t{1} << 40));
     v.push_back(real(
         "warmup_ratio", [](auto& a) -> auto& { return a.warmup_ratio; }, 0, 1, "a number from 0 to 1"));
-    v.push_back(integer(
-        "logging_steps", "", [](auto& a) -> auto& { return a.logging_steps; }, 1, int64_t{1} << 40));
+    v.push_back(lr_scheduler_kwargs_setting());
+    v.push_back(steps_setting(
+        "logging_steps", [](auto& a) -> auto& { return a.logging_steps; }));
+    v.push_back(flag(
+        "logging_first_step", "", [](auto& a) -> auto& { return a.logging_first_step; }));
     v.push_back(integer(
         "seed", "", [](auto& a) -> auto& { return a.seed; }, 0, (int64_t{1} << 62)));
+    v.push_back(data_seed_setting());
+    v.push_back(text(
+        "run_name", "", [](auto& a) -> auto& { return a.run_name; }));
+    v.push_back(flag(
+        "dataloader_drop_last", "", [](auto& a) -> auto& { return a.dataloader_drop_last; }));
     v.push_back(text(
         "save_strategy", "", [](auto& a) -> auto& { return a.save_strategy; },
         one_of({"no", "steps", "epoch"}, "save_strategy")));
-    v.push_back(integer(
-        "save_steps", "", [](auto& a) -> auto& { return a.save_steps; }, 1, int64_t{1} << 40));
+    v.push_back(steps_setting(
+        "save_steps", [](auto& a) -> auto& { return a.save_steps; }));
     v.push_back(integer(
         "save_total_limit", "", [](auto& a) -> auto& { return a.save_total_limit; }, 0, int64_t{1} << 30));
     v.push_back(resume_setting());
@@ -807,8 +940,8 @@ const std::vector<Setting>& table() {
     v.push_back(text(
         "eval_strategy", "", [](auto& a) -> auto& { return a.eval_strategy; },
         one_of({"no", "steps", "epoch"}, "eval_strategy")));
-    v.push_back(integer(
-        "eval_steps", "", [](auto& a) -> auto& { return a.eval_steps; }, 0, int64_t{1} << 40));
+    v.push_back(steps_setting(
+        "eval_steps", [](auto& a) -> auto& { return a.eval_steps; }, "is logging_steps"));
     v.push_back(integer(
         "per_device_eval_batch_size", "", [](auto& a) -> auto& { return a.per_device_eval_batch_size; }, 1,
         int64_t{1} << 30));
@@ -945,19 +1078,13 @@ const std::map<std::string, std::string>& hugging_face_keys() {
       {"dataloader_num_workers",
        "kiln's Trainer reads the dataset in the training thread; make Dataset::get cheap (tokenise ahead of time)"},
       {"dataloader_pin_memory", "kiln's Trainer moves each batch to the model's device itself; leave it out"},
-      {"dataloader_drop_last",
-       "not built yet: the last micro-batch of an epoch may be short (a second input signature); make the dataset a "
-       "multiple of the batch size to avoid it"},
       {"load_best_model_at_end",
        "not built yet: kiln keeps the checkpoints save_strategy writes; pick the best one by its eval metrics in "
        "metrics.jsonl and load it with resume_from_checkpoint"},
       {"metric_for_best_model", "not built yet (it goes with load_best_model_at_end); leave it out"},
       {"greater_is_better", "not built yet (it goes with load_best_model_at_end); leave it out"},
-      {"logging_first_step", "not built yet: the first metrics line comes after logging_steps steps"},
       {"logging_strategy", "kiln logs every logging_steps optimizer steps ('steps'); set logging_steps"},
       {"logging_dir", "kiln writes its metrics to <output_dir>/metrics.jsonl (report_to)"},
-      {"run_name", "not built yet: name the run by its output_dir"},
-      {"data_seed", "not built yet: seed sets both the generators and the data order"},
       {"push_to_hub", "kiln does not upload; copy the checkpoint folders yourself"},
       {"hub_model_id", "kiln does not upload; copy the checkpoint folders yourself"},
       {"hub_token", "kiln does not upload; copy the checkpoint folders yourself"},
@@ -977,7 +1104,6 @@ const std::map<std::string, std::string>& hugging_face_keys() {
       {"remove_unused_columns", "kiln's datasets hand the Trainer tensors, not columns; leave it out"},
       {"label_names", "the target is the last tensor of each example (Dataset::get)"},
       {"optim_args", "make the optimizer yourself and hand it to the Trainer"},
-      {"lr_scheduler_kwargs", "kiln has no scheduler arguments beyond warmup_steps and warmup_ratio"},
       {"auto_find_batch_size", "not built yet: set per_device_train_batch_size"},
       {"full_determinism", "kiln's compiled step computes what eager computes; seed your program (seed)"},
       {"torchdynamo", "use torch_compile_backend"},

@@ -40,6 +40,7 @@ std::shared_ptr<spdlog::logger> plugin_logger(const std::string& plugin_name) {
 }
 
 void set_log_level(const std::string& level) {
+  if (level == "passive") return;  // Hugging Face's: the level stays as the program or the environment set it
   auto l = spdlog::level::from_str(level);
   if (l == spdlog::level::off && level != "off") throw std::invalid_argument("unknown log level '" + level + "'");
   logger()->set_level(l);

@@ -297,17 +297,61 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
 namespace {
 
 // Hugging Face's schedules (transformers.optimization), as a factor of the peak learning rate at
-// optimizer step `step` (0-based) of `total`.
-double schedule_factor(const std::string& type, int64_t step, int64_t warmup, int64_t total) {
+// optimizer step `step` (0-based) of `total`; `kw` holds lr_scheduler_kwargs (checked by the
+// configuration), `lr_init` the first parameter group's peak (Hugging Face's optimizer default lr,
+// which polynomial and cosine_with_min_lr's min_lr are relative to).
+double schedule_factor(const std::string& type, const std::map<std::string, std::string>& kw, int64_t step,
+                       int64_t warmup, int64_t total, double lr_init) {
+  auto arg = [&](const char* name, double otherwise) {
+    const auto it = kw.find(name);
+    return it == kw.end() ? otherwise : std::stod(it->second);
+  };
+  const double linear_warmup = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  const double progress =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
   if (type == "constant") return 1.0;
-  if (step < warmup) return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  if (type == "warmup_stable_decay") {
+    const double min_ratio = arg("min_lr_ratio", 0.0), cycles = arg("num_cycles", 0.5);
+    const auto decay = static_cast<int64_t>(arg("num_decay_steps", 0));
+    const auto stable =
+        kw.count("num_stable_steps") ? static_cast<int64_t>(arg("num_stable_steps", 0)) : total - warmup - decay;
+    if (step < warmup) return std::max(0.0, linear_warmup * (1.0 - min_ratio) + min_ratio);
+    if (step < warmup + stable) return 1.0;
+    if (step < warmup + stable + decay) {
+      const double p = static_cast<double>(step - warmup - stable) / static_cast<double>(std::max<int64_t>(1, decay));
+      const auto it = kw.find("decay_type");
+      const std::string how = it == kw.end() ? "cosine" : it->second;
+      const double f = how == "linear"   ? 1.0 - p
+                       : how == "1-sqrt" ? 1.0 - std::sqrt(p)
+                                         : 0.5 * (1.0 + std::cos(M_PI * cycles * 2.0 * p));
+      return std::max(0.0, f * (1.0 - min_ratio) + min_ratio);
+    }
+    return min_ratio;
+  }
+  if (step < warmup) return linear_warmup;
   if (type == "constant_with_warmup") return 1.0;
   if (type == "linear")
     return std::max(0.0, static_cast<double>(total - step) / static_cast<double>(std::max<int64_t>(1, total - warmup)));
-  if (type == "cosine") {
-    const double progress =
-        static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
-    return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * 0.5 * 2.0 * progress)));
+  if (type == "cosine") return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * arg("num_cycles", 0.5) * 2.0 * progress)));
+  if (type == "cosine_with_restarts") {
+    if (progress >= 1.0) return 0.0;
+    return std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::fmod(arg("num_cycles", 1.0) * progress, 1.0))));
+  }
+  if (type == "cosine_with_min_lr") {
+    const double rate = kw.count("min_lr") ? arg("min_lr", 0) / lr_init : arg("min_lr_rate", 0);
+    const double f = 0.5 * (1.0 + std::cos(M_PI * arg("num_cycles", 0.5) * 2.0 * progress));
+    return std::max(0.0, f * (1.0 - rate) + rate);
+  }
+  if (type == "polynomial") {
+    const double lr_end = arg("lr_end", 1e-7), power = arg("power", 1.0);
+    if (step > total) return lr_end / lr_init;
+    const double remaining =
+        1.0 - static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+    return ((lr_init - lr_end) * std::pow(remaining, power) + lr_end) / lr_init;
+  }
+  if (type == "inverse_sqrt") {
+    const double timescale = arg("timescale", warmup > 0 ? static_cast<double>(warmup) : 10000.0);
+    return 1.0 / std::sqrt((static_cast<double>(step) + timescale - static_cast<double>(warmup)) / timescale);
   }
   throw std::invalid_argument("kiln::Trainer: unknown lr_scheduler_type '" + type + "'");
 }
@@ -482,16 +526,18 @@ bool optimizer_state_tensors(const torch::optim::OptimizerParamState& st, std::v
 
 // trainer_state.json: Hugging Face's TrainerState fields, and where in the data kiln's loop is.
 std::string trainer_state_json(const checkpoint::LoopState& loop, const TrainingArguments& a, int64_t max_steps,
-                               int64_t epochs, int64_t eval_steps, int64_t steps_per_epoch) {
+                               int64_t epochs, int64_t logging_steps, int64_t eval_steps, int64_t save_steps,
+                               int64_t steps_per_epoch) {
   Json history = Json::array();
   for (const auto& line : loop.log_history) history.push_back(Json::parse(line));  // json_line's, always JSON
   const Json j = {{"global_step", loop.global_step},
                   {"epoch", json_number(loop.epoch_progress)},
                   {"max_steps", max_steps},
                   {"num_train_epochs", epochs},
-                  {"logging_steps", a.logging_steps},
+                  {"logging_steps", logging_steps},
                   {"eval_steps", eval_steps},
-                  {"save_steps", a.save_steps},
+                  {"save_steps", save_steps},
+                  {"run_name", a.run_name.empty() ? a.output_dir : a.run_name},
                   {"train_batch_size", a.per_device_train_batch_size},
                   {"is_world_process_zero", true},
                   {"log_history", history},
@@ -908,7 +954,12 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   const int64_t world = im->group ? im->group->size : 1, rank = im->group ? im->group->rank : 0;
   const int64_t n_local = (n + world - 1) / world;
   const bool world_zero = rank == 0;
-  const int64_t batches_per_epoch = (n_local + bs - 1) / bs;
+  // dataloader_drop_last: each epoch's last micro-batch is dropped when it is short.
+  const int64_t batches_per_epoch = a.dataloader_drop_last ? n_local / bs : (n_local + bs - 1) / bs;
+  if (batches_per_epoch == 0)
+    throw std::invalid_argument(c10::str("kiln::Trainer::train: dataloader_drop_last drops every batch: ", n_local,
+                                         " examples", world > 1 ? " per rank" : "",
+                                         " are fewer than per_device_train_batch_size ", bs));
   const int64_t steps_per_epoch = (batches_per_epoch + ga - 1) / ga;
   const int64_t total_steps =
       a.max_steps > 0 ? a.max_steps
@@ -918,9 +969,19 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       a.warmup_steps > 0 ? a.warmup_steps : static_cast<int64_t>(std::ceil(a.warmup_ratio * total_steps));
   // The schedule's factor of optimizer step `step`, and the rate it gives the first parameter group
   // (the one the metrics log, as Hugging Face logs the scheduler's first rate).
-  auto factor_at = [&](int64_t step) { return schedule_factor(a.lr_scheduler_type, step, warmup, total_steps); };
+  auto factor_at = [&](int64_t step) {
+    return schedule_factor(a.lr_scheduler_type, a.lr_scheduler_kwargs, step, warmup, total_steps,
+                           im->peak_lrs.empty() ? 1.0 : im->peak_lrs[0]);
+  };
   auto lr_at = [&](int64_t step) { return (im->peak_lrs.empty() ? 0.0 : im->peak_lrs[0]) * factor_at(step); };
-  const int64_t eval_steps = a.eval_steps > 0 ? a.eval_steps : a.logging_steps;
+  // logging_steps, eval_steps and save_steps below 1 are ratios of the run (Hugging Face's: rounded up).
+  auto every = [&](double steps) {
+    return steps < 1 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(steps * static_cast<double>(total_steps))))
+                     : static_cast<int64_t>(steps);
+  };
+  const int64_t logging_steps = every(a.logging_steps);
+  const int64_t eval_steps = a.eval_steps > 0 ? every(a.eval_steps) : logging_steps;
+  const int64_t save_every = every(a.save_steps);
   const bool evaluate_steps = eval_dataset && a.eval_strategy == "steps";
   const bool evaluate_epochs = eval_dataset && a.eval_strategy == "epoch";
   // Rank 0 alone writes checkpoints and metrics.
@@ -935,7 +996,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     ~ResetNextLr() { im->next_factor.reset(); }
   } reset_next_rates{im};
   torch::manual_seed(static_cast<uint64_t>(a.seed));
-  auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.seed));
+  auto shuffle = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(a.data_seed.value_or(a.seed)));
   {
     const std::vector<int64_t> first{0};
     im->per_micro = im->collator ? im->make_batch(dataset, first, 0, 1, 0, "kiln::Trainer::train").size()
@@ -1049,6 +1110,9 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       }
   }
   Progress progress(a.disable_tqdm, total_steps, loop.global_step);
+  if (!a.run_name.empty())
+    progress.line(c10::str("run ", a.run_name, ": ", total_steps, " optimizer steps",
+                           a.output_dir.empty() ? "" : ", into " + a.output_dir));
   if (!resumed_from.empty())
     progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",
                            json_text(json_number(loop.epoch_progress))));
@@ -1105,9 +1169,9 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.data_order_state = order_state;
     // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
     im->set_rates(factor_at(loop.global_step));
-    const std::string path =
-        checkpoint::save(a.output_dir, *im->model, *im->optimizer, loop,
-                         trainer_state_json(loop, a, total_steps, epochs, eval_steps, steps_per_epoch));
+    const std::string path = checkpoint::save(
+        a.output_dir, *im->model, *im->optimizer, loop,
+        trainer_state_json(loop, a, total_steps, epochs, logging_steps, eval_steps, save_every, steps_per_epoch));
     progress.line("saved " + path);
     for (const auto& removed : checkpoint::rotate(a.output_dir, a.save_total_limit, path))
       progress.line("deleted " + removed + " (save_total_limit " + std::to_string(a.save_total_limit) + ")");
@@ -1175,7 +1239,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       epoch_ran = true;
       std::optional<double> logged, logged_grad_norm;
       double steps_per_second = 0;
-      if (loop.global_step % a.logging_steps == 0) {
+      if (loop.global_step % logging_steps == 0 || (a.logging_first_step && loop.global_step == 1)) {
         const auto now = Clock::now();
         logged = im->mean_over_ranks(loop.interval_loss.item<double>()) / static_cast<double>(loop.interval_steps);
         // The same steps per second in the file and the log line: this interval's, compiles in it
@@ -1205,7 +1269,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
         progress.line(text);
       }
       if (evaluate_steps && loop.global_step % eval_steps == 0) evaluate_now();
-      if (save_steps && (loop.global_step % a.save_steps == 0 || loop.global_step == total_steps)) {
+      if (save_steps && (loop.global_step % save_every == 0 || loop.global_step == total_steps)) {
         const bool loop_ends = s + 1 == steps_per_epoch || loop.global_step == total_steps;
         save_now(epoch, s + 1, loop_ends && (evaluate_epochs || save_epochs), order_state);
       }

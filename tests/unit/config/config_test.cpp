@@ -162,6 +162,10 @@ weight_decay = 0.01
 adam_beta1 = 0.8
 adam_beta2 = 0.99
 adam_epsilon = 1e-6
+logging_first_step = true
+data_seed = 11
+run_name = "cosine-run"
+dataloader_drop_last = true
 
 [runtime]
 fullgraph = true
@@ -193,8 +197,16 @@ threads = 16
 simd = "avx512"
 fast_math = false
 ratio = 0.5
+
+[lr_scheduler_kwargs]
+num_cycles = 1.5
 )");
   auto a = TrainingArguments::from_toml(path);
+  EXPECT_TRUE(a.logging_first_step);
+  EXPECT_EQ(a.data_seed, 11);
+  EXPECT_EQ(a.run_name, "cosine-run");
+  EXPECT_TRUE(a.dataloader_drop_last);
+  EXPECT_EQ(a.lr_scheduler_kwargs.at("num_cycles"), "1.5");
   EXPECT_TRUE(a.torch_compile);
   EXPECT_EQ(a.torch_compile_backend, "inductor");
   EXPECT_EQ(a.torch_compile_mode, "max-autotune");
@@ -261,9 +273,9 @@ ratio = 0.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("adam_beta2").describe(), path + ":39:14");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":44:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":65:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":69:8");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":48:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":69:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":73:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -409,7 +421,7 @@ TEST_F(ConfigTest, BadEnvironmentValuesNameTheVariableAndTheValue) {
   setenv("KILN_LOG_LEVEL", "verbose", 1);
   EXPECT_EQ(env_error(),
             "environment (KILN_LOG_LEVEL): unknown log level 'verbose'; valid levels: trace, debug, info, "
-            "warn, error, critical, off");
+            "warning, warn, error, critical, off, passive");
   unset_kiln_environment();
   setenv("KILN_MODE", "fast", 1);
   TrainingArguments a;
@@ -485,12 +497,13 @@ TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
   e.log_level = "errror";
   EXPECT_EQ(error_in_code(e),
             "code: unknown log level 'errror'; did you mean 'error'? Valid levels: trace, debug, "
-            "info, warn, error, critical, off");
+            "info, warning, warn, error, critical, off, passive");
   TrainingArguments f;
   f.lr_scheduler_type = "cosin";
   EXPECT_EQ(error_in_code(f),
             "code: unknown lr_scheduler_type 'cosin'; did you mean 'cosine'? Valid types: constant, "
-            "constant_with_warmup, linear, cosine");
+            "constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, "
+            "warmup_stable_decay");
   TrainingArguments g;
   g.warmup_ratio = 1.5;
   EXPECT_EQ(error_in_code(g), "code: key 'warmup_ratio' must be a number from 0 to 1, got 1.5");
@@ -588,7 +601,8 @@ const BadFile kCorpus[] = {
     BadFile{"plugin_option_array.toml",
             "2:11: plugin option 'plugin.inductor.threads' must be a string, integer, float or boolean, not an array"},
     BadFile{"bad_log_level.toml",
-            "1:13: unknown log level 'verbose'; valid levels: trace, debug, info, warn, error, critical, off"},
+            "1:13: unknown log level 'verbose'; valid levels: trace, debug, info, warning, warn, error, critical, "
+            "off, passive"},
     BadFile{"duplicate_key.toml",
             "2:17: TOML syntax error: Error while parsing key-value pair: cannot redefine existing boolean "
             "'torch_compile'"},

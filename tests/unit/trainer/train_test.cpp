@@ -656,3 +656,207 @@ TEST(TrainerTrain, OwnDatasetWithAShortLastBatchAndAShortLastGroup) {
   EXPECT_EQ(trainer.stats().rebuilds, 0);
   fs::remove_all(args.output_dir);
 }
+
+namespace {
+
+// transformers.optimization's other lr_lambdas (times the peak), written from its definitions.
+double hf_rate(const std::string& type, const std::map<std::string, double>& kw, double peak, int64_t step,
+               int64_t warmup, int64_t total) {
+  auto get = [&](const char* k, double d) { return kw.count(k) ? kw.at(k) : d; };
+  const double w = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
+  const double progress =
+      static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
+  if (type == "cosine_with_restarts") {
+    if (step < warmup) return peak * w;
+    if (progress >= 1.0) return 0.0;
+    const double cycles = get("num_cycles", 1.0);
+    return peak * std::max(0.0, 0.5 * (1.0 + std::cos(M_PI * std::fmod(cycles * progress, 1.0))));
+  }
+  if (type == "polynomial") {  // get_polynomial_decay_schedule_with_warmup
+    const double lr_end = get("lr_end", 1e-7), power = get("power", 1.0);
+    if (step < warmup) return peak * w;
+    if (step > total) return lr_end;
+    const double pct_remaining = 1.0 - static_cast<double>(step - warmup) / static_cast<double>(total - warmup);
+    return (peak - lr_end) * std::pow(pct_remaining, power) + lr_end;
+  }
+  if (type == "inverse_sqrt") {
+    const double timescale = get("timescale", warmup ? static_cast<double>(warmup) : 10000.0);
+    if (step < warmup) return peak * w;
+    const double shift = timescale - static_cast<double>(warmup);
+    return peak / std::sqrt((static_cast<double>(step) + shift) / timescale);
+  }
+  if (type == "cosine_with_min_lr") {
+    const double min_rate = kw.count("min_lr") ? kw.at("min_lr") / peak : get("min_lr_rate", 0.0);
+    if (step < warmup) return peak * w;
+    const double f = 0.5 * (1.0 + std::cos(M_PI * get("num_cycles", 0.5) * 2.0 * progress));
+    return peak * std::max(0.0, f * (1.0 - min_rate) + min_rate);
+  }
+  if (type == "warmup_stable_decay") {
+    const double min_ratio = get("min_lr_ratio", 0.0);
+    const auto decay = static_cast<int64_t>(get("num_decay_steps", 0));
+    const auto stable =
+        kw.count("num_stable_steps") ? static_cast<int64_t>(kw.at("num_stable_steps")) : total - warmup - decay;
+    if (step < warmup) return peak * std::max(0.0, w * (1.0 - min_ratio) + min_ratio);
+    if (step < warmup + stable) return peak;
+    if (step < warmup + stable + decay) {
+      const double p = static_cast<double>(step - warmup - stable) / static_cast<double>(decay);
+      return peak * std::max(0.0, (1.0 - p) * (1.0 - min_ratio) + min_ratio);  // decay_type linear
+    }
+    return peak * min_ratio;
+  }
+  ADD_FAILURE() << "no formula for " << type;
+  return 0;
+}
+
+}  // namespace
+
+// Every lr_scheduler_type Hugging Face has beyond linear, cosine and the constants, with arguments
+// from [lr_scheduler_kwargs] (TOML, as a user writes them): each step's logged rate is the
+// formula's. The steps run eagerly: the schedule is the point.
+TEST(TrainerTrain, HuggingFacesOtherSchedulesGiveTheirRates) {
+  const auto d = make_data(40);  // 5 steps an epoch
+  struct Case {
+    std::string type, kwargs_toml;
+    std::map<std::string, double> kw;
+  };
+  const std::vector<Case> cases = {
+      {"cosine_with_restarts", "num_cycles = 2", {{"num_cycles", 2}}},
+      {"polynomial", "lr_end = 0.001\npower = 2.0", {{"lr_end", 0.001}, {"power", 2.0}}},
+      {"inverse_sqrt", "", {}},
+      {"inverse_sqrt", "timescale = 7", {{"timescale", 7}}},
+      {"cosine_with_min_lr", "min_lr_rate = 0.1", {{"min_lr_rate", 0.1}}},
+      {"cosine_with_min_lr", "min_lr = 0.02", {{"min_lr", 0.02}}},
+      {"warmup_stable_decay",
+       "num_decay_steps = 4\nmin_lr_ratio = 0.2\ndecay_type = 'linear'",
+       {{"num_decay_steps", 4}, {"min_lr_ratio", 0.2}}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.type + " " + c.kwargs_toml);
+    auto s = make(5, false);
+    const std::string dir = fresh_dir("schedules");
+    auto args = kiln::TrainingArguments::from_toml_string(
+        "lr_scheduler_type = '" + c.type + "'\nwarmup_steps = 3\nnum_train_epochs = 3\n[lr_scheduler_kwargs]\n" +
+            c.kwargs_toml + "\n",
+        "schedules.toml");
+    args.output_dir = dir;
+    args.per_device_train_batch_size = 8;
+    args.learning_rate = 0.05;
+    args.logging_steps = 1;
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+    ASSERT_EQ(out.global_step, 15);
+    const auto lines = read_metrics(dir);
+    ASSERT_EQ(lines.size(), 16u);
+    for (int64_t i = 0; i < 15; ++i)
+      EXPECT_NEAR(lines[static_cast<size_t>(i)].at("learning_rate"), hf_rate(c.type, c.kw, 0.05, i + 1, 3, 15), 1e-12)
+          << "step " << i + 1;
+    fs::remove_all(dir);
+  }
+  // Arguments a schedule does not take, and one it needs, are named.
+  try {
+    (void)kiln::TrainingArguments::from_toml_string(
+        "lr_scheduler_type = 'polynomial'\n[lr_scheduler_kwargs]\nnum_cycles = 2\n", "bad.toml");
+    ADD_FAILURE() << "num_cycles accepted for polynomial";
+  } catch (const kiln::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.toml:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("takes only lr_end, power, not 'num_cycles'"), std::string::npos) << e.what();
+  }
+  // cosine_with_min_lr needs min_lr or min_lr_rate: said when the arguments are checked as a whole
+  // (compile_step and the Trainer do), since the table may come later in a file.
+  const auto no_min = kiln::TrainingArguments::from_toml_string("lr_scheduler_type = 'cosine_with_min_lr'\n", "x");
+  EXPECT_THROW(no_min.validate(), kiln::ConfigError);
+  try {
+    (void)kiln::TrainingArguments::from_toml_string("lr_scheduler_type = 'reduce_lr_on_plateau'\n", "p.toml");
+    ADD_FAILURE() << "reduce_lr_on_plateau accepted";
+  } catch (const kiln::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("kiln does not have it yet"), std::string::npos) << e.what();
+  }
+}
+
+// logging_steps, eval_steps and save_steps below 1 are ratios of the run; logging_first_step logs
+// step 1 as well; run_name is in trainer_state.json and the first line of train().
+TEST(TrainerTrain, FractionalStepsLoggingFirstStepAndRunName) {
+  const auto d = make_data(40);  // 5 steps an epoch, 20 steps in 4 epochs
+  auto s = make(3, false);
+  auto args = train_args(fresh_dir("ratios"));
+  args.torch_compile = false;
+  args.num_train_epochs = 4;
+  args.logging_steps = 0.25;  // every 5 steps
+  args.logging_first_step = true;
+  args.eval_strategy = "steps";
+  args.eval_steps = 0.5;   // every 10
+  args.save_steps = 0.34;  // ceil(6.8) = every 7 (and at the end)
+  args.run_name = "ratio-run";
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y));
+  ASSERT_EQ(out.global_step, 20);
+  std::vector<double> loss_steps, eval_steps;
+  for (const auto& l : read_metrics(args.output_dir)) {
+    if (l.count("loss")) loss_steps.push_back(l.at("step"));
+    if (l.count("eval_loss")) eval_steps.push_back(l.at("step"));
+  }
+  EXPECT_EQ(loss_steps, (std::vector<double>{1, 5, 10, 15, 20}));
+  EXPECT_EQ(eval_steps, (std::vector<double>{10, 20}));
+  std::vector<std::string> saved;
+  for (const auto& e : fs::directory_iterator(args.output_dir))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) saved.push_back(e.path().filename().string());
+  std::sort(saved.begin(), saved.end());
+  EXPECT_EQ(saved, (std::vector<std::string>{"checkpoint-14", "checkpoint-20", "checkpoint-7"}));
+  std::ifstream state(args.output_dir + "/checkpoint-20/trainer_state.json");
+  const auto j = nlohmann::json::parse(state);
+  EXPECT_EQ(j.at("run_name"), "ratio-run");
+  EXPECT_EQ(j.at("save_steps"), 7);
+  EXPECT_EQ(j.at("logging_steps"), 5);
+  EXPECT_EQ(j.at("eval_steps"), 10);
+  EXPECT_THROW(
+      [] {
+        kiln::TrainingArguments a;
+        a.logging_steps = 2.5;  // neither whole nor a ratio
+        a.validate();
+      }(),
+      kiln::ConfigError);
+  fs::remove_all(args.output_dir);
+}
+
+// dataloader_drop_last drops each epoch's short last micro-batch; data_seed orders the data as a
+// run whose seed it is, and leaves the generators to seed.
+TEST(TrainerTrain, DropLastAndDataSeed) {
+  const auto d = make_data(44);  // 5 full micro-batches of 8 and one of 4
+  auto run = [&](bool drop, std::optional<int64_t> data_seed, int64_t seed) {
+    auto s = make(4, false);
+    auto args = train_args(fresh_dir("drop_last"));
+    args.torch_compile = false;
+    args.num_train_epochs = 1;
+    args.dataloader_drop_last = drop;
+    args.data_seed = data_seed;
+    args.seed = seed;
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+    std::vector<double> losses;
+    for (const auto& l : read_metrics(args.output_dir))
+      if (l.count("loss")) losses.push_back(l.at("loss"));
+    fs::remove_all(args.output_dir);
+    return std::make_pair(out.global_step, losses);
+  };
+  EXPECT_EQ(run(false, std::nullopt, 17).first, 6);
+  EXPECT_EQ(run(true, std::nullopt, 17).first, 5);
+  // The same model (make(4, ...)) and the same order: data_seed 99 with seed 17 shuffles as seed 99.
+  const auto by_data_seed = run(true, 99, 17), by_seed = run(true, std::nullopt, 99),
+             plain = run(true, std::nullopt, 17);
+  EXPECT_EQ(by_data_seed.second, by_seed.second);
+  EXPECT_NE(by_data_seed.second, plain.second);
+  kiln::TrainingArguments few;
+  few.dataloader_drop_last = true;
+  few.per_device_train_batch_size = 64;
+  few.num_train_epochs = 1;
+  auto s = make(4, false);
+  kiln::Trainer trainer(s.net, *s.opt, ce, few);
+  try {
+    trainer.train(kiln::TensorDataset({d.x}, d.y));
+    ADD_FAILURE() << "an epoch of no batches";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("44 examples are fewer than per_device_train_batch_size 64"),
+              std::string::npos)
+        << e.what();
+  }
+}
