@@ -146,6 +146,15 @@ struct TrainingArguments {
   // run's), stops with an error unless this is true; then those folders are deleted first, so that
   // "last" can only ever resume this run.
   bool overwrite_output_dir = false;
+  // The best model (Hugging Face's): metric_for_best_model names an evaluation metric ("loss" or
+  // "eval_loss", "accuracy"...; "" is "loss" when load_best_model_at_end); greater_is_better says
+  // which way is better (unset: false for the loss, true otherwise). Trainer::state() keeps the
+  // best value and the checkpoint saved with it; load_best_model_at_end loads that checkpoint's
+  // model when train() ends (it needs save_strategy = eval_strategy, and save_steps a multiple of
+  // eval_steps).
+  bool load_best_model_at_end = false;
+  std::string metric_for_best_model;
+  std::optional<bool> greater_is_better;
   // Evaluation on the dataset given to train(train, eval) or evaluate(): no, steps, epoch.
   std::string eval_strategy = "no";
   double eval_steps = 0;                   // 0: logging_steps (Hugging Face's default); below 1: a ratio

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -138,6 +139,74 @@ struct TrainOutput {
   std::map<std::string, double> metrics;
 };
 
+// Hugging Face's TrainerState: where train() is (Trainer::state(), and what callbacks are shown).
+// The steps are the resolved ones (a ratio of the run already turned into steps).
+struct TrainerState {
+  int64_t global_step = 0;
+  double epoch = 0;       // epochs done, fractional
+  int64_t max_steps = 0;  // the run's optimizer steps
+  int64_t num_train_epochs = 0;
+  int64_t logging_steps = 0;
+  int64_t eval_steps = 0;
+  int64_t save_steps = 0;
+  int64_t train_batch_size = 0;
+  // The best value of metric_for_best_model seen at an evaluation, and the checkpoint saved at that
+  // step (none when no checkpoint was written then). Kept in checkpoints.
+  std::optional<double> best_metric;
+  std::string best_model_checkpoint;
+  bool is_world_process_zero = true;
+  std::vector<std::map<std::string, double>> log_history;  // every metrics line so far
+};
+
+// Hugging Face's TrainerControl: what the callbacks ask of the loop. At a step's end the flags
+// arrive set as the strategies decide (logging_steps, eval_strategy, save_strategy) and a callback
+// may change them; should_training_stop ends the training after this step, should_epoch_stop the
+// epoch.
+struct TrainerControl {
+  bool should_training_stop = false;
+  bool should_epoch_stop = false;
+  bool should_save = false;
+  bool should_evaluate = false;
+  bool should_log = false;
+};
+
+// Hugging Face's TrainerCallback: override the events you want (Trainer::add_callback).
+class TrainerCallback {
+ public:
+  virtual ~TrainerCallback() = default;
+  virtual void on_train_begin(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  virtual void on_train_end(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_begin(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_end(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  virtual void on_step_begin(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  virtual void on_step_end(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+  // A metrics line (training, evaluation or the run's last), as it goes to metrics.jsonl.
+  virtual void on_log(const TrainingArguments&, const TrainerState&, TrainerControl&,
+                      const std::map<std::string, double>& logs) {}
+  // An evaluation's metrics ("eval_loss", "eval_<metric>"...).
+  virtual void on_evaluate(const TrainingArguments&, const TrainerState&, TrainerControl&,
+                           const std::map<std::string, double>& metrics) {}
+  virtual void on_save(const TrainingArguments&, const TrainerState&, TrainerControl&) {}
+};
+
+// Hugging Face's EarlyStoppingCallback: stops the training when metric_for_best_model has not
+// improved on the best so far (by more than `threshold`, in the direction greater_is_better says)
+// at `patience` evaluations in a row. Needs load_best_model_at_end, as Hugging Face's does, and an
+// eval_strategy.
+class EarlyStoppingCallback : public TrainerCallback {
+ public:
+  explicit EarlyStoppingCallback(int early_stopping_patience = 1, double early_stopping_threshold = 0.0);
+  void on_train_begin(const TrainingArguments& args, const TrainerState& state, TrainerControl& control) override;
+  void on_evaluate(const TrainingArguments& args, const TrainerState& state, TrainerControl& control,
+                   const std::map<std::string, double>& metrics) override;
+  int patience_counter() const { return counter_; }
+
+ private:
+  int patience_;
+  double threshold_;
+  int counter_ = 0;
+};
+
 class Trainer {
  public:
   // `model`: a std::shared_ptr to a torch::nn::Module, or a module holder (torch::nn::Linear, a
@@ -249,6 +318,10 @@ class Trainer {
   std::string save_model(const std::string& dir = "");
   // The metrics function of every evaluation (none by default: eval_loss only).
   void set_compute_metrics(ComputeMetricsFn compute_metrics);
+  // Callbacks train() calls at its events, in the order added (Hugging Face's add_callback).
+  void add_callback(std::shared_ptr<TrainerCallback> callback);
+  // Where the last or current train() is (Hugging Face's trainer.state).
+  const TrainerState& state() const;
   // How train() and evaluate() make a micro-batch of examples (Hugging Face's data_collator): the
   // batch's inputs go to forward, its target to the loss. Without one, examples are stacked
   // (default_data_collator), which needs examples of one shape. A DataCollatorWithPadding whose

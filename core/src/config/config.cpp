@@ -560,6 +560,26 @@ Setting data_seed_setting() {
   return s;
 }
 
+// greater_is_better: a boolean when set; unset, the metric's name decides (Hugging Face's).
+Setting greater_is_better_setting() {
+  const std::string key = "greater_is_better";
+  Setting s{key, ""};
+  s.default_doc = "unset";
+  s.from_toml = [key](TrainingArguments& a, const toml::node& v, const std::string& source) {
+    if (!v.is_boolean()) throw wrong_type(v, source, key, "a boolean");
+    a.greater_is_better = v.as_boolean()->get();
+  };
+  s.from_env = [key](TrainingArguments& a, const std::string& value, const SettingOrigin& where) {
+    if (value != "true" && value != "false")
+      throw ConfigError(where, key, "key '" + key + "' must be true or false, got '" + value + "'");
+    a.greater_is_better = value == "true";
+  };
+  s.show = [](const TrainingArguments& a) {
+    return a.greater_is_better ? std::string(*a.greater_is_better ? "true" : "false") : std::string("unset");
+  };
+  return s;
+}
+
 // [lr_scheduler_kwargs]: the schedule's arguments by Hugging Face's names, kept as text (numbers
 // and names); lr_scheduler_kwargs_check says which a schedule takes.
 Setting lr_scheduler_kwargs_setting() {
@@ -937,6 +957,11 @@ const std::vector<Setting>& table() {
     v.push_back(resume_setting());
     v.push_back(flag(
         "overwrite_output_dir", "", [](auto& a) -> auto& { return a.overwrite_output_dir; }));
+    v.push_back(flag(
+        "load_best_model_at_end", "", [](auto& a) -> auto& { return a.load_best_model_at_end; }));
+    v.push_back(text(
+        "metric_for_best_model", "", [](auto& a) -> auto& { return a.metric_for_best_model; }));
+    v.push_back(greater_is_better_setting());
     v.push_back(text(
         "eval_strategy", "", [](auto& a) -> auto& { return a.eval_strategy; },
         one_of({"no", "steps", "epoch"}, "eval_strategy")));
@@ -1078,11 +1103,6 @@ const std::map<std::string, std::string>& hugging_face_keys() {
       {"dataloader_num_workers",
        "kiln's Trainer reads the dataset in the training thread; make Dataset::get cheap (tokenise ahead of time)"},
       {"dataloader_pin_memory", "kiln's Trainer moves each batch to the model's device itself; leave it out"},
-      {"load_best_model_at_end",
-       "not built yet: kiln keeps the checkpoints save_strategy writes; pick the best one by its eval metrics in "
-       "metrics.jsonl and load it with resume_from_checkpoint"},
-      {"metric_for_best_model", "not built yet (it goes with load_best_model_at_end); leave it out"},
-      {"greater_is_better", "not built yet (it goes with load_best_model_at_end); leave it out"},
       {"logging_strategy", "kiln logs every logging_steps optimizer steps ('steps'); set logging_steps"},
       {"logging_dir", "kiln writes its metrics to <output_dir>/metrics.jsonl (report_to)"},
       {"push_to_hub", "kiln does not upload; copy the checkpoint folders yourself"},
@@ -1134,7 +1154,8 @@ const std::map<std::string, std::string>& hugging_face_keys() {
       {"hub_strategy", "kiln does not upload; copy the checkpoint folders yourself"},
       {"hub_private_repo", "kiln does not upload; copy the checkpoint folders yourself"},
       {"hub_always_push", "kiln does not upload; copy the checkpoint folders yourself"},
-      {"restore_callback_states_from_checkpoint", "kiln's Trainer has no callbacks yet"},
+      {"restore_callback_states_from_checkpoint",
+       "not built yet: a resumed run starts its callbacks afresh (the best metric and checkpoint are kept)"},
       {"eval_do_concat_batches", "evaluation concatenates the batches' outputs along dim 0 (padded with -100)"},
       {"ray_scope", "kiln has no hyper-parameter search"},
       {"include_tokens_per_second", "not built yet: kiln bench reports tokens per second"},

@@ -316,6 +316,8 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
     ar.write("gradient_accumulation_steps", c10::IValue(loop.gradient_accumulation_steps));
     ar.write("seed", c10::IValue(loop.seed));
     ar.write("group_by_length", c10::IValue(static_cast<int64_t>(loop.group_by_length)));
+    if (loop.best_metric) ar.write("best_metric", c10::IValue(*loop.best_metric));
+    ar.write("best_model_checkpoint", c10::IValue(loop.best_model_checkpoint));
     write_archive(ar, tmp / kTrainerState);
   }
   {
@@ -397,7 +399,8 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
   return final_dir.string();
 }
 
-std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep) {
+std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep,
+                                const std::string& keep_too) {
   std::vector<std::string> removed;
   if (limit <= 0 || !fs::is_directory(output_dir)) return removed;
   std::vector<std::pair<int64_t, fs::path>> found;
@@ -408,7 +411,9 @@ std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, co
   }
   std::sort(found.begin(), found.end());
   for (size_t i = 0; i + static_cast<size_t>(limit) < found.size(); ++i) {
+    std::error_code ec;
     if (fs::equivalent(found[i].second, keep)) continue;
+    if (!keep_too.empty() && fs::equivalent(found[i].second, keep_too, ec)) continue;
     fs::remove_all(found[i].second);
     removed.push_back(found[i].second.string());
   }
@@ -475,6 +480,18 @@ std::string last(const std::string& output_dir) {
   return "";
 }
 
+void load_model(const std::string& dir_text, torch::nn::Module& model) {
+  const fs::path dir(dir_text);
+  std::vector<std::pair<at::Tensor, at::Tensor>> tensors;
+  {
+    torch::serialize::InputArchive ar;
+    open_archive(dir / kModel, ar, device_of(model));
+    read_module(model, ar, "", dir / kModel, tensors);
+  }
+  c10::NoGradGuard no_grad;
+  for (auto& [target, value] : tensors) target.copy_(value);
+}
+
 LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
   const fs::path dir(dir_text);
   std::error_code ec;
@@ -526,6 +543,15 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
     if (c10::IValue v; ar.try_read("group_by_length", v)) {
       if (!v.isInt()) throw CheckpointError(f.string(), "'group_by_length' is not an integer");
       loop.group_by_length = v.toInt() != 0;
+    }
+    // (absent from checkpoints written before they existed: no best yet)
+    if (c10::IValue v; ar.try_read("best_metric", v)) {
+      if (!v.isDouble()) throw CheckpointError(f.string(), "'best_metric' is not a number");
+      loop.best_metric = v.toDouble();
+    }
+    if (c10::IValue v; ar.try_read("best_model_checkpoint", v)) {
+      if (!v.isString()) throw CheckpointError(f.string(), "'best_model_checkpoint' is not text");
+      loop.best_model_checkpoint = v.toStringRef();
     }
     if (loop.global_step < 0 || loop.epoch < 0 || loop.step_in_epoch < 0 || loop.interval_steps < 0)
       throw CheckpointError(f.string(), "holds a negative step count");

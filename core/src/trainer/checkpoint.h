@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct LoopState {
   int64_t seed = 0;
   bool group_by_length = false;  // (absent from checkpoints written before it existed: false)
   Schedule schedule;
+  // The best evaluation so far (metric_for_best_model) and the checkpoint saved with it.
+  std::optional<double> best_metric;
+  std::string best_model_checkpoint;
   // Set by load(): the generators' states, applied by apply_rng().
   at::Tensor cpu_rng_state;
   std::vector<at::Tensor> cuda_rng_states;
@@ -75,9 +79,14 @@ std::string save(const std::string& output_dir, const torch::nn::Module& model,
 // temporary file renamed into place; makes `dir` when missing. Returns the file's path.
 std::string save_model(const std::string& dir, const torch::nn::Module& model);
 
-// Deletes the oldest checkpoint-<step> folders of output_dir beyond `limit` (0: none), never `keep`.
-// Returns the folders deleted.
-std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep);
+// Deletes the oldest checkpoint-<step> folders of output_dir beyond `limit` (0: none), never `keep`
+// nor `keep_too` (the best model's, when there is one). Returns the folders deleted.
+std::vector<std::string> rotate(const std::string& output_dir, int64_t limit, const std::string& keep,
+                                const std::string& keep_too = "");
+
+// Copies a checkpoint's model.pt into the model's own tensors (load_best_model_at_end). Throws
+// kiln::CheckpointError naming the file when it does not fit the model, which is then unchanged.
+void load_model(const std::string& dir, torch::nn::Module& model);
 
 // The newest complete checkpoint-<step> folder in output_dir (by step), or "" when there is none.
 std::string last(const std::string& output_dir);

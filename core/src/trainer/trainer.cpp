@@ -182,6 +182,8 @@ at::Tensor clip_gradients(const std::vector<at::Tensor>& parameters, double max_
 }  // namespace
 
 struct Trainer::Impl {
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks;
+  TrainerState state;
   std::shared_ptr<torch::nn::Module> model;
   MultiForwardFn forward;
   torch::optim::Optimizer* optimizer;
@@ -530,25 +532,28 @@ std::string trainer_state_json(const checkpoint::LoopState& loop, const Training
                                int64_t steps_per_epoch) {
   Json history = Json::array();
   for (const auto& line : loop.log_history) history.push_back(Json::parse(line));  // json_line's, always JSON
-  const Json j = {{"global_step", loop.global_step},
-                  {"epoch", json_number(loop.epoch_progress)},
-                  {"max_steps", max_steps},
-                  {"num_train_epochs", epochs},
-                  {"logging_steps", logging_steps},
-                  {"eval_steps", eval_steps},
-                  {"save_steps", save_steps},
-                  {"run_name", a.run_name.empty() ? a.output_dir : a.run_name},
-                  {"train_batch_size", a.per_device_train_batch_size},
-                  {"is_world_process_zero", true},
-                  {"log_history", history},
-                  {"kiln",
-                   {{"epoch_index", loop.epoch},
-                    {"step_in_epoch", loop.step_in_epoch},
-                    {"steps_per_epoch", steps_per_epoch},
-                    {"gradient_accumulation_steps", loop.gradient_accumulation_steps},
-                    {"seed", loop.seed},
-                    {"group_by_length", loop.group_by_length},
-                    {"dataset_size", loop.dataset_size}}}};
+  const Json j = {
+      {"global_step", loop.global_step},
+      {"epoch", json_number(loop.epoch_progress)},
+      {"max_steps", max_steps},
+      {"num_train_epochs", epochs},
+      {"logging_steps", logging_steps},
+      {"eval_steps", eval_steps},
+      {"save_steps", save_steps},
+      {"run_name", a.run_name.empty() ? a.output_dir : a.run_name},
+      {"train_batch_size", a.per_device_train_batch_size},
+      {"best_metric", loop.best_metric ? json_number(*loop.best_metric) : Json(nullptr)},
+      {"best_model_checkpoint", loop.best_model_checkpoint.empty() ? Json(nullptr) : Json(loop.best_model_checkpoint)},
+      {"is_world_process_zero", true},
+      {"log_history", history},
+      {"kiln",
+       {{"epoch_index", loop.epoch},
+        {"step_in_epoch", loop.step_in_epoch},
+        {"steps_per_epoch", steps_per_epoch},
+        {"gradient_accumulation_steps", loop.gradient_accumulation_steps},
+        {"seed", loop.seed},
+        {"group_by_length", loop.group_by_length},
+        {"dataset_size", loop.dataset_size}}}};
   return json_text(j, 2) + "\n";
 }
 
@@ -772,6 +777,68 @@ void Trainer::set_compute_metrics(ComputeMetricsFn compute_metrics) {
   impl_->compute_metrics = std::move(compute_metrics);
 }
 
+void Trainer::add_callback(std::shared_ptr<TrainerCallback> callback) {
+  if (!callback) throw std::invalid_argument("kiln::Trainer::add_callback: the callback is null");
+  impl_->callbacks.push_back(std::move(callback));
+}
+
+const TrainerState& Trainer::state() const { return impl_->state; }
+
+namespace {
+
+// metric_for_best_model as evaluate() names it ("accuracy" is "eval_accuracy"); "" when no best is
+// kept ("loss" when load_best_model_at_end asks for one without naming it).
+std::string best_metric_key(const TrainingArguments& a) {
+  std::string m = a.metric_for_best_model;
+  if (m.empty() && a.load_best_model_at_end) m = "loss";
+  if (m.empty()) return m;
+  return m.rfind("eval_", 0) == 0 ? m : "eval_" + m;
+}
+
+bool greater_is_better(const TrainingArguments& a) {
+  if (a.greater_is_better) return *a.greater_is_better;
+  const std::string m = best_metric_key(a);
+  return !(m == "eval_loss");
+}
+
+}  // namespace
+
+EarlyStoppingCallback::EarlyStoppingCallback(int early_stopping_patience, double early_stopping_threshold)
+    : patience_(early_stopping_patience), threshold_(early_stopping_threshold) {
+  if (patience_ < 1)
+    throw std::invalid_argument("kiln::EarlyStoppingCallback: early_stopping_patience must be at least 1, got " +
+                                std::to_string(patience_));
+}
+
+void EarlyStoppingCallback::on_train_begin(const TrainingArguments& args, const TrainerState&, TrainerControl&) {
+  if (!args.load_best_model_at_end)
+    throw std::invalid_argument(
+        "kiln::EarlyStoppingCallback requires load_best_model_at_end = true (Hugging Face's rule)");
+  if (args.eval_strategy == "no")
+    throw std::invalid_argument(
+        "kiln::EarlyStoppingCallback requires an eval_strategy ('steps' or 'epoch'): it stops on evaluations");
+  counter_ = 0;
+}
+
+void EarlyStoppingCallback::on_evaluate(const TrainingArguments& args, const TrainerState& state,
+                                        TrainerControl& control, const std::map<std::string, double>& metrics) {
+  const std::string key = best_metric_key(args);
+  const auto it = metrics.find(key);
+  if (it == metrics.end()) {
+    log_warn("kiln::EarlyStoppingCallback: the evaluation has no '" + key + "' (metric_for_best_model); not stopping");
+    return;
+  }
+  const double v = it->second;
+  const bool better = !state.best_metric || (greater_is_better(args) ? v > *state.best_metric : v < *state.best_metric);
+  if (better && (!state.best_metric || std::abs(v - *state.best_metric) > threshold_)) {
+    counter_ = 0;
+  } else if (++counter_ >= patience_) {
+    control.should_training_stop = true;
+    log_info(c10::str("kiln::EarlyStoppingCallback: ", key, " has not improved on ", display_number(*state.best_metric),
+                      " at ", counter_, " evaluations in a row; stopping at step ", state.global_step));
+  }
+}
+
 void Trainer::set_data_collator(DataCollator collator) { impl_->collator = std::move(collator); }
 
 void Trainer::set_data_collator(DataCollatorWithPadding collator) {
@@ -982,6 +1049,21 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   const int64_t logging_steps = every(a.logging_steps);
   const int64_t eval_steps = a.eval_steps > 0 ? every(a.eval_steps) : logging_steps;
   const int64_t save_every = every(a.save_steps);
+  // load_best_model_at_end keeps the checkpoint saved with the best evaluation: Hugging Face's rules.
+  if (a.load_best_model_at_end) {
+    if (a.eval_strategy == "no" || a.save_strategy != a.eval_strategy)
+      throw std::invalid_argument(
+          "kiln::Trainer::train: load_best_model_at_end requires the save and eval strategy "
+          "to match, but found eval_strategy '" +
+          a.eval_strategy + "' and save_strategy '" + a.save_strategy + "'");
+    if (a.save_strategy == "steps" && save_every % eval_steps != 0)
+      throw std::invalid_argument(
+          c10::str("kiln::Trainer::train: load_best_model_at_end requires save_steps to be a "
+                   "round multiple of eval_steps, but found ",
+                   save_every, " and ", eval_steps));
+    if (a.output_dir.empty())
+      throw std::invalid_argument("kiln::Trainer::train: load_best_model_at_end needs output_dir for its checkpoints");
+  }
   const bool evaluate_steps = eval_dataset && a.eval_strategy == "steps";
   const bool evaluate_epochs = eval_dataset && a.eval_strategy == "epoch";
   // Rank 0 alone writes checkpoints and metrics.
@@ -1042,6 +1124,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.interval_loss = r.interval_loss;
     loop.interval_steps = r.interval_steps;
     loop.log_history = std::move(r.log_history);
+    loop.best_metric = r.best_metric;
+    loop.best_model_checkpoint = r.best_model_checkpoint;
     const bool same_data = r.dataset_size == n && r.per_device_train_batch_size == bs &&
                            r.gradient_accumulation_steps == ga && r.seed == a.seed &&
                            r.group_by_length == a.group_by_length;
@@ -1145,13 +1229,61 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     for (const auto& line : loop.log_history) metrics << line << "\n";
     metrics << std::flush;
   }
+  // The callbacks and the state they see (Hugging Face's TrainerState and TrainerControl).
+  TrainerState& state = im->state;
+  state = TrainerState{};
+  state.max_steps = total_steps;
+  state.num_train_epochs = epochs;
+  state.logging_steps = logging_steps;
+  state.eval_steps = eval_steps;
+  state.save_steps = save_every;
+  state.train_batch_size = bs;
+  state.is_world_process_zero = world_zero;
+  state.global_step = loop.global_step;
+  state.epoch = loop.epoch_progress;
+  state.best_metric = loop.best_metric;
+  state.best_model_checkpoint = loop.best_model_checkpoint;
+  auto as_map = [](const std::string& line) {
+    std::map<std::string, double> m;
+    const Json j = Json::parse(line);
+    for (const auto& [k, v] : j.items())
+      if (v.is_number()) m[k] = v.get<double>();
+    return m;
+  };
+  for (const auto& line : loop.log_history) state.log_history.push_back(as_map(line));
+  TrainerControl control;
+  auto fire = [&](auto event) {
+    for (const auto& cb : im->callbacks) event(*cb);
+  };
   auto log_line = [&](const std::string& line) {
     loop.log_history.push_back(line);
     if (metrics.is_open()) metrics << line << "\n" << std::flush;
+    state.log_history.push_back(as_map(line));
+    fire([&](TrainerCallback& cb) { cb.on_log(a, state, control, state.log_history.back()); });
   };
+  // metric_for_best_model: the best value so far, and the step whose evaluation gave it (its
+  // checkpoint, when one is saved at that step, is the best model's).
+  const std::string best_key = best_metric_key(a);
+  int64_t best_at_step = -1;
 
   auto evaluate_now = [&] {
     const auto m = im->evaluate(*eval_dataset, a.per_device_eval_batch_size);
+    const std::map<std::string, double> metrics_by_name(m.begin(), m.end());
+    fire([&](TrainerCallback& cb) { cb.on_evaluate(a, state, control, metrics_by_name); });
+    if (!best_key.empty()) {
+      const auto it = metrics_by_name.find(best_key);
+      if (it == metrics_by_name.end()) {
+        std::string names;
+        for (const auto& [k, v] : m) names += (names.empty() ? "" : ", ") + k;
+        throw std::invalid_argument("kiln::Trainer::train: metric_for_best_model '" + a.metric_for_best_model + "' (" +
+                                    best_key + ") is not among the evaluation's metrics: " + names);
+      }
+      const bool greater = greater_is_better(a);
+      if (!state.best_metric || (greater ? it->second > *state.best_metric : it->second < *state.best_metric)) {
+        state.best_metric = loop.best_metric = it->second;
+        best_at_step = loop.global_step;
+      }
+    }
     std::vector<std::pair<std::string, double>> fields{{"step", static_cast<double>(loop.global_step)},
                                                        {"epoch", loop.epoch_progress}};
     fields.insert(fields.end(), m.begin(), m.end());
@@ -1169,14 +1301,19 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.data_order_state = order_state;
     // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
     im->set_rates(factor_at(loop.global_step));
+    if (best_at_step == loop.global_step)
+      state.best_model_checkpoint = loop.best_model_checkpoint =
+          (std::filesystem::path(a.output_dir) / checkpoint::folder_name(loop.global_step)).string();
     const std::string path = checkpoint::save(
         a.output_dir, *im->model, *im->optimizer, loop,
         trainer_state_json(loop, a, total_steps, epochs, logging_steps, eval_steps, save_every, steps_per_epoch));
     progress.line("saved " + path);
-    for (const auto& removed : checkpoint::rotate(a.output_dir, a.save_total_limit, path))
+    fire([&](TrainerCallback& cb) { cb.on_save(a, state, control); });
+    for (const auto& removed : checkpoint::rotate(a.output_dir, a.save_total_limit, path, state.best_model_checkpoint))
       progress.line("deleted " + removed + " (save_total_limit " + std::to_string(a.save_total_limit) + ")");
   };
 
+  fire([&](TrainerCallback& cb) { cb.on_train_begin(a, state, control); });
   TrainOutput result;
   const int64_t first_step = loop.global_step;
   const auto start = Clock::now();
@@ -1200,6 +1337,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     }
     bool epoch_ran = first && resumed_epoch_end;
     int64_t s = first ? start_in_epoch : 0;
+    fire([&](TrainerCallback& cb) { cb.on_epoch_begin(a, state, control); });
     for (; s < steps_per_epoch && loop.global_step < total_steps; ++s) {
       const int64_t first_batch = s * ga, last_batch = std::min(first_batch + ga, batches_per_epoch);
       std::vector<at::Tensor> inputs;
@@ -1226,6 +1364,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
                               [&](const std::string& l) { return layout_key(l) == key; }))
           loop.layouts.push_back(key + examples);
       }
+      fire([&](TrainerCallback& cb) { cb.on_step_begin(a, state, control); });
       im->set_rates(factor_at(loop.global_step));
       im->next_factor = factor_at(loop.global_step + 1);
       const at::Tensor loss = run_step(inputs);
@@ -1237,9 +1376,17 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       loop.epoch_progress =
           static_cast<double>(epoch) + static_cast<double>(s + 1) / static_cast<double>(steps_per_epoch);
       epoch_ran = true;
+      state.global_step = loop.global_step;
+      state.epoch = loop.epoch_progress;
+      // What the strategies decide at this step (Hugging Face's DefaultFlowCallback); the callbacks
+      // may change it.
+      control.should_log = loop.global_step % logging_steps == 0 || (a.logging_first_step && loop.global_step == 1);
+      control.should_evaluate = evaluate_steps && loop.global_step % eval_steps == 0;
+      control.should_save = save_steps && (loop.global_step % save_every == 0 || loop.global_step == total_steps);
+      fire([&](TrainerCallback& cb) { cb.on_step_end(a, state, control); });
       std::optional<double> logged, logged_grad_norm;
       double steps_per_second = 0;
-      if (loop.global_step % logging_steps == 0 || (a.logging_first_step && loop.global_step == 1)) {
+      if (control.should_log && loop.interval_steps > 0) {
         const auto now = Clock::now();
         logged = im->mean_over_ranks(loop.interval_loss.item<double>()) / static_cast<double>(loop.interval_steps);
         // The same steps per second in the file and the log line: this interval's, compiles in it
@@ -1268,16 +1415,41 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
         if (auto eta = progress.eta(); !eta.empty()) text += ", " + eta;
         progress.line(text);
       }
-      if (evaluate_steps && loop.global_step % eval_steps == 0) evaluate_now();
-      if (save_steps && (loop.global_step % save_every == 0 || loop.global_step == total_steps)) {
-        const bool loop_ends = s + 1 == steps_per_epoch || loop.global_step == total_steps;
+      if (control.should_evaluate && eval_dataset) evaluate_now();
+      if (control.should_save && world_zero && !a.output_dir.empty()) {
+        const bool loop_ends = s + 1 == steps_per_epoch || loop.global_step == total_steps ||
+                               control.should_training_stop || control.should_epoch_stop;
         save_now(epoch, s + 1, loop_ends && (evaluate_epochs || save_epochs), order_state);
       }
+      control.should_log = control.should_evaluate = control.should_save = false;
+      if (control.should_training_stop || control.should_epoch_stop) {
+        ++s;
+        break;
+      }
     }
+    control.should_epoch_stop = false;
     // The epoch's end (the last epoch's too, when max_steps ends it early), as Hugging Face's.
     if (epoch_ran) {
-      if (evaluate_epochs) evaluate_now();
-      if (save_epochs) save_now(epoch, s, false, order_state);
+      control.should_evaluate = evaluate_epochs;
+      control.should_save = save_epochs;
+      fire([&](TrainerCallback& cb) { cb.on_epoch_end(a, state, control); });
+      if (control.should_evaluate && eval_dataset) evaluate_now();
+      if (control.should_save && world_zero && !a.output_dir.empty()) save_now(epoch, s, false, order_state);
+      control.should_evaluate = control.should_save = false;
+    }
+    if (control.should_training_stop) break;
+  }
+  fire([&](TrainerCallback& cb) { cb.on_train_end(a, state, control); });
+  // load_best_model_at_end: the best evaluation's checkpoint, into the model's own tensors.
+  if (a.load_best_model_at_end) {
+    if (!state.best_model_checkpoint.empty()) {
+      checkpoint::load_model(state.best_model_checkpoint, *im->model);
+      progress.line(c10::str("loaded the best model (", best_key, " ", display_number(*state.best_metric), ") from ",
+                             state.best_model_checkpoint));
+    } else {
+      log_warn(
+          "kiln::Trainer::train: load_best_model_at_end: no checkpoint was saved at an evaluation; the model is "
+          "the last step's");
     }
   }
   // As after Hugging Face's last scheduler step: the rate the schedule gives the step after the last.

@@ -166,6 +166,9 @@ logging_first_step = true
 data_seed = 11
 run_name = "cosine-run"
 dataloader_drop_last = true
+load_best_model_at_end = true
+metric_for_best_model = "accuracy"
+greater_is_better = true
 
 [runtime]
 fullgraph = true
@@ -206,6 +209,9 @@ num_cycles = 1.5
   EXPECT_EQ(a.data_seed, 11);
   EXPECT_EQ(a.run_name, "cosine-run");
   EXPECT_TRUE(a.dataloader_drop_last);
+  EXPECT_TRUE(a.load_best_model_at_end);
+  EXPECT_EQ(a.metric_for_best_model, "accuracy");
+  EXPECT_EQ(a.greater_is_better, true);
   EXPECT_EQ(a.lr_scheduler_kwargs.at("num_cycles"), "1.5");
   EXPECT_TRUE(a.torch_compile);
   EXPECT_EQ(a.torch_compile_backend, "inductor");
@@ -273,9 +279,9 @@ num_cycles = 1.5
   EXPECT_EQ(a.origins.at("torch_compile_mode").describe(), path + ":3:22");
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("adam_beta2").describe(), path + ":39:14");
-  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":48:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":69:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":73:8");
+  EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":51:19");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":72:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":76:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {

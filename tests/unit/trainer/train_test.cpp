@@ -860,3 +860,187 @@ TEST(TrainerTrain, DropLastAndDataSeed) {
         << e.what();
   }
 }
+
+namespace {
+
+// Records every event it is shown; at `stop_at` it stops the training, at `save_at` it asks for a
+// checkpoint the strategies would not write.
+struct Recorder : kiln::TrainerCallback {
+  std::map<std::string, int> events;
+  int64_t stop_at = -1, save_at = -1;
+  std::vector<int64_t> saved_at, logged_at;
+  void on_train_begin(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&) override {
+    ++events["train_begin"];
+  }
+  void on_train_end(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&) override {
+    ++events["train_end"];
+  }
+  void on_epoch_begin(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&) override {
+    ++events["epoch_begin"];
+  }
+  void on_epoch_end(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&) override {
+    ++events["epoch_end"];
+  }
+  void on_step_begin(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&) override {
+    ++events["step_begin"];
+  }
+  void on_step_end(const kiln::TrainingArguments&, const kiln::TrainerState& s, kiln::TrainerControl& c) override {
+    ++events["step_end"];
+    if (s.global_step == save_at) c.should_save = true;
+    if (s.global_step == stop_at) c.should_training_stop = true;
+  }
+  void on_log(const kiln::TrainingArguments&, const kiln::TrainerState& s, kiln::TrainerControl&,
+              const std::map<std::string, double>& logs) override {
+    ++events["log"];
+    EXPECT_EQ(logs.at("step"), static_cast<double>(s.global_step));
+    logged_at.push_back(s.global_step);
+  }
+  void on_evaluate(const kiln::TrainingArguments&, const kiln::TrainerState&, kiln::TrainerControl&,
+                   const std::map<std::string, double>& metrics) override {
+    ++events["evaluate"];
+    EXPECT_TRUE(metrics.count("eval_loss"));
+  }
+  void on_save(const kiln::TrainingArguments&, const kiln::TrainerState& s, kiln::TrainerControl&) override {
+    ++events["save"];
+    saved_at.push_back(s.global_step);
+  }
+};
+
+std::vector<at::Tensor> copies_of(nn::Sequential& net) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+// Hugging Face's callback events, in their number, and a callback's control: a checkpoint asked at
+// step 3, the training stopped at step 7; state() says where train() stopped.
+TEST(TrainerTrain, CallbacksSeeEveryEventAndControlTheLoop) {
+  const auto d = make_data(40);  // 5 steps an epoch
+  auto s = make(8, false);
+  auto args = train_args(fresh_dir("callbacks"));
+  args.torch_compile = false;
+  args.num_train_epochs = 4;  // 20 steps, stopped at 7
+  args.logging_steps = 2;
+  args.eval_strategy = "epoch";
+  args.save_steps = 500;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  auto rec = std::make_shared<Recorder>();
+  rec->save_at = 3;
+  rec->stop_at = 7;
+  trainer.add_callback(rec);
+  const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y));
+  EXPECT_EQ(out.global_step, 7);
+  EXPECT_EQ(rec->events["train_begin"], 1);
+  EXPECT_EQ(rec->events["train_end"], 1);
+  EXPECT_EQ(rec->events["step_begin"], 7);
+  EXPECT_EQ(rec->events["step_end"], 7);
+  EXPECT_EQ(rec->events["epoch_begin"], 2);
+  EXPECT_EQ(rec->events["epoch_end"], 2);  // the stopped epoch ends too, as Hugging Face's does
+  EXPECT_EQ(rec->events["evaluate"], 2);
+  EXPECT_EQ(rec->saved_at, (std::vector<int64_t>{3}));
+  // metrics lines at 2, 4, 6, the two evaluations (5, 7) and the run's last line (7)
+  EXPECT_EQ(rec->logged_at, (std::vector<int64_t>{2, 4, 5, 6, 7, 7}));
+  const kiln::TrainerState& st = trainer.state();
+  EXPECT_EQ(st.global_step, 7);
+  EXPECT_EQ(st.max_steps, 20);
+  EXPECT_EQ(st.logging_steps, 2);
+  EXPECT_DOUBLE_EQ(st.epoch, 1.4);
+  EXPECT_EQ(st.log_history.size(), 6u);
+  EXPECT_TRUE(fs::exists(args.output_dir + "/checkpoint-3/model.pt"));
+  fs::remove_all(args.output_dir);
+}
+
+// EarlyStoppingCallback with metric_for_best_model, greater_is_better and load_best_model_at_end:
+// a scripted score that improves twice and then does not, with patience 2, stops the training at
+// the fourth evaluation; the best checkpoint survives save_total_limit and is the model at the end.
+TEST(TrainerTrain, EarlyStoppingStopsAndTheBestModelIsLoadedAtTheEnd) {
+  const auto d = make_data(40);
+  auto s = make(9, false);
+  auto args = train_args(fresh_dir("early_stopping"));
+  args.torch_compile = false;
+  args.num_train_epochs = 10;  // 50 steps unless stopped
+  args.eval_strategy = "steps";
+  args.eval_steps = 2;
+  args.save_steps = 2;
+  args.save_total_limit = 1;
+  args.load_best_model_at_end = true;
+  args.metric_for_best_model = "score";
+  args.greater_is_better = true;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  const std::vector<double> scores = {0.5, 0.7, 0.6, 0.65, 0.9, 0.95};
+  size_t evaluation = 0;
+  trainer.set_compute_metrics([&](const kiln::EvalPrediction&) {
+    return std::map<std::string, double>{{"score", scores.at(evaluation++)}};
+  });
+  auto early = std::make_shared<kiln::EarlyStoppingCallback>(2);
+  trainer.add_callback(early);
+  std::vector<at::Tensor> at_step_4;
+  struct Keep : kiln::TrainerCallback {
+    nn::Sequential net;
+    std::vector<at::Tensor>* out;
+    void on_save(const kiln::TrainingArguments&, const kiln::TrainerState& s, kiln::TrainerControl&) override {
+      if (s.global_step == 4) *out = copies_of(net);
+    }
+  };
+  auto keep = std::make_shared<Keep>();
+  keep->net = s.net;
+  keep->out = &at_step_4;
+  trainer.add_callback(keep);
+  const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y));
+  EXPECT_EQ(out.global_step, 8) << "stopped at the fourth evaluation";
+  EXPECT_EQ(evaluation, 4u);
+  EXPECT_EQ(early->patience_counter(), 2);
+  const kiln::TrainerState& st = trainer.state();
+  ASSERT_TRUE(st.best_metric.has_value());
+  EXPECT_DOUBLE_EQ(*st.best_metric, 0.7);
+  EXPECT_EQ(fs::path(st.best_model_checkpoint).filename(), "checkpoint-4");
+  EXPECT_TRUE(fs::exists(args.output_dir + "/checkpoint-4")) << "the best checkpoint outlives save_total_limit";
+  EXPECT_TRUE(fs::exists(args.output_dir + "/checkpoint-8"));
+  EXPECT_FALSE(fs::exists(args.output_dir + "/checkpoint-6"));
+  ASSERT_EQ(at_step_4.size(), s.net->parameters().size());
+  for (size_t i = 0; i < at_step_4.size(); ++i)
+    EXPECT_TRUE(at::equal(s.net->parameters()[i], at_step_4[i])) << "parameter " << i << " is not the best model's";
+  const auto j = nlohmann::json::parse(std::ifstream(args.output_dir + "/checkpoint-8/trainer_state.json"));
+  EXPECT_DOUBLE_EQ(j.at("best_metric").get<double>(), 0.7);
+  fs::remove_all(args.output_dir);
+}
+
+TEST(TrainerTrain, BestModelSettingsThatCannotWorkAreNamed) {
+  const auto d = make_data(16);
+  auto s = make(9, false);
+  auto args = train_args(fresh_dir("best_model_errors"));
+  args.torch_compile = false;
+  args.load_best_model_at_end = true;
+  args.eval_strategy = "epoch";
+  args.save_strategy = "steps";
+  {
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    try {
+      trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y));
+      ADD_FAILURE() << "strategies that differ accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("eval_strategy 'epoch' and save_strategy 'steps'"), std::string::npos)
+          << e.what();
+    }
+  }
+  args.save_strategy = "epoch";
+  args.metric_for_best_model = "accuracy";
+  {
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    try {
+      trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y));
+      ADD_FAILURE() << "a metric the evaluation does not have accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'accuracy' (eval_accuracy) is not among the evaluation's metrics"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  args.load_best_model_at_end = false;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  trainer.add_callback(std::make_shared<kiln::EarlyStoppingCallback>(1));
+  EXPECT_THROW(trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({d.x}, d.y)), std::invalid_argument);
+  fs::remove_all(args.output_dir);
+}
