@@ -207,9 +207,12 @@ struct Copier {
 
 const KilnGraphView* copy_view(const KilnGraphView& v, Arena& arena, StructLayout layout) {
   Copier c{arena, layout};
-  auto* g = c.alloc_struct<KilnGraphView>(KILN_GRAPH_VIEW_STRUCT_SIZE);
-  std::memcpy(g, &v, KILN_GRAPH_VIEW_STRUCT_SIZE);
-  c.finish(g, KILN_GRAPH_VIEW_STRUCT_SIZE);
+  // A 2.3 host's view has no symbol fields: the struct ends at `outputs`, against the guard page.
+  const size_t view_size =
+      layout == StructLayout::Minor3 ? KILN_STRUCT_SIZE(KilnGraphView, outputs) : KILN_GRAPH_VIEW_STRUCT_SIZE;
+  auto* g = c.alloc_struct<KilnGraphView>(view_size);
+  std::memcpy(g, &v, view_size);
+  c.finish(g, view_size);
 
   std::vector<const KilnValue*> values(v.num_values);
   for (size_t i = 0; i < v.num_values; ++i) {
@@ -286,6 +289,7 @@ RawContext::RawContext(const RawLibrary& lib, const HostTableSpec& spec) {
   host->struct_size = spec.struct_size;
   host->abi_major = spec.abi_major;
   host->abi_minor = spec.abi_minor;
+  host_minor_ = spec.abi_minor;
   if (spec.null_optionals && spec.struct_size >= KILN_HOST_API_STRUCT_SIZE) {
     host->device_alloc = nullptr;
     host->device_free = nullptr;
@@ -354,30 +358,40 @@ RawContext::Status RawContext::compile(const KilnGraphView* view, KilnMode mode,
   for (const auto& [k, v] : options) kv.push_back({KILN_OPTION_STRUCT_SIZE, k.c_str(), v.c_str()});
   std::vector<const KilnOption*> ptrs;
   for (auto& o : kv) ptrs.push_back(&o);
-  KilnPluginCompileArgs a{};
-  a.struct_size = KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE;
-  a.plugin_ctx = api_->plugin_ctx;
-  a.subgraph = view;
-  a.mode = mode;
-  a.num_options = ptrs.size();
-  a.options = ptrs.data();
+  // A host older than 2.4 writes the args without symbolic_accepted: cut there, against a guard
+  // page (a plugin that writes the field without KILN_HAS_FIELD faults).
+  const size_t size = host_minor_ < 4 ? KILN_STRUCT_SIZE(KilnPluginCompileArgs, inplace_accepted)
+                                      : KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE;
+  Arena args_arena;
+  auto* a = static_cast<KilnPluginCompileArgs*>(args_arena.guarded(size));
+  std::memset(static_cast<void*>(a), 0, size);
+  a->struct_size = size;
+  a->plugin_ctx = api_->plugin_ctx;
+  a->subgraph = view;
+  a->mode = mode;
+  a->num_options = ptrs.size();
+  a->options = ptrs.data();
   const std::string cache = torch_host()->cache_dir();
-  a.cache_dir = cache.c_str();
-  Status s = status_of(api_->compile(&a));
-  *exe = a.executable;
+  a->cache_dir = cache.c_str();
+  Status s = status_of(api_->compile(a));
+  *exe = a->executable;
   return s;
 }
 
 RawContext::Status RawContext::execute(KilnExecutable* exe, const std::vector<DLTensor>& inputs,
                                        std::vector<DLTensor>& outputs) const {
-  KilnExecutableExecuteArgs a{};
-  a.struct_size = KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
-  a.executable = exe;
-  a.inputs = inputs.data();
-  a.num_inputs = inputs.size();
-  a.outputs = outputs.data();
-  a.num_outputs = outputs.size();
-  return status_of(api_->execute(&a));
+  const size_t size =
+      host_minor_ < 4 ? KILN_STRUCT_SIZE(KilnExecutableExecuteArgs, stream) : KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE;
+  Arena args_arena;
+  auto* a = static_cast<KilnExecutableExecuteArgs*>(args_arena.guarded(size));
+  std::memset(static_cast<void*>(a), 0, size);
+  a->struct_size = size;
+  a->executable = exe;
+  a->inputs = inputs.data();
+  a->num_inputs = inputs.size();
+  a->outputs = outputs.data();
+  a->num_outputs = outputs.size();
+  return status_of(api_->execute(a));
 }
 
 void RawContext::destroy(KilnExecutable* exe) const {

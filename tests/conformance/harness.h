@@ -101,8 +101,9 @@ class Arena {
 enum class StructLayout {
   Exact,   // struct_size as in this header, each struct against a guard page
   Padded,  // struct_size + 64, the 64 extra bytes filled with 0xA5: a newer host's layout
-  // An older host's layout (each struct cut to the size an older minor defined) joins here when a
-  // 2.x minor first grows a struct of the graph view; at 2.0 there is no older minor to write.
+  // A 2.3 host's layout: the graph view ends before 2.4's symbol fields (72 bytes), against its
+  // guard page, so a plugin that reads them without KILN_HAS_FIELD faults.
+  Minor3,
 };
 
 // Deep-copies a view (every struct, array and string) into `arena`.
@@ -159,6 +160,9 @@ class RawContext {
   Status status_of(KilnError* error) const;
 
  private:
+  // The host minor this context was made with: compile and execute args are written in its
+  // layout (cut at the older size against a guard page when it is below this header's).
+  uint32_t host_minor_ = KILN_ABI_VERSION_MINOR;
   Arena arena_;
   const KilnHostApi* host_table_ = nullptr;
   const KilnPluginApi* api_ = nullptr;
