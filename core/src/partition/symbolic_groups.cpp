@@ -145,7 +145,6 @@ SymbolicGroups::Decision SymbolicGroups::decide(const ir::Graph& graph, const Pa
     d.kind = Decision::Kind::reuse;
     d.exe = e.exe;
     d.symbols = abi_symbols(*e.sym);
-    ++counts_.reused;
     return d;
   }
   // The same group at another size than its first: unify, and offer the symbolic form.
@@ -165,7 +164,6 @@ SymbolicGroups::Decision SymbolicGroups::decide(const ir::Graph& graph, const Pa
     if (!resized || !differs) continue;
     ir::UnifyResult u = ir::unify_captures(e.first, plain);
     if (!u.step) {
-      ++counts_.not_unified;
       log_debug("kiln: a compiled group at a new size is compiled for it alone (" + u.failure + ")");
       continue;
     }
@@ -197,7 +195,6 @@ void SymbolicGroups::record(Decision& d, std::shared_ptr<PluginExecutable> exe, 
   if (!exe) return;  // failed or declined: the next size may try again
   if (!accepted) {
     e.per_shape = true;
-    ++counts_.declined;
     return;
   }
   // The symbolic group keeps the graph at this size as its base: the view the backend was given.
@@ -205,7 +202,6 @@ void SymbolicGroups::record(Decision& d, std::shared_ptr<PluginExecutable> exe, 
   e.sym->graph = without_scalar_values(d.graph);
   e.sym->first_sizes = *e.sym->sizes_of(e.sym->graph);
   e.exe = std::move(exe);
-  ++counts_.symbolic_compiles;
 }
 
 }  // namespace kiln

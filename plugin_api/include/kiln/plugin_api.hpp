@@ -875,11 +875,6 @@ class ExecutableForEverySize : public Executable {
                      const std::vector<int64_t>& sizes, void* stream) override {
     at(sizes)->execute_with_scalars(in, n_in, out, n_out, scalars, stream);
   }
-  // Sizes compiled so far (kept ones), for tests and logs.
-  size_t sizes_compiled() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return compiled_;
-  }
 
  private:
   // The symbolic view's own copy, with its symbols and sites, kept for later sizes.
@@ -909,7 +904,6 @@ class ExecutableForEverySize : public Executable {
     ConcreteGraph concrete(Graph(&graph_->view), &sizes);
     std::shared_ptr<Executable> exe = compile_(concrete.graph());
     if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
-    ++compiled_;
     entries_.insert(entries_.begin(), {sizes, exe});
     if (entries_.size() > keep_) entries_.pop_back();  // one running keeps its own reference
     return exe;
@@ -917,8 +911,7 @@ class ExecutableForEverySize : public Executable {
   std::shared_ptr<const SymbolicCopy> graph_;
   CompileFn compile_;
   size_t keep_;
-  mutable std::mutex mu_;
-  size_t compiled_ = 1;
+  std::mutex mu_;
   std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<Executable>>> entries_;  // most recent first
 };
 

@@ -62,17 +62,6 @@ class SymbolicGroups {
   // `accepted`: the backend serves every size with it (compile_symbolic only).
   void record(Decision& d, std::shared_ptr<PluginExecutable> exe, bool accepted);
 
-  struct Counts {
-    size_t symbolic_compiles = 0;  // symbolic views the backend accepted
-    size_t declined = 0;           // symbolic views the backend compiled for one size only
-    size_t reused = 0;             // groups run by an executable compiled for another size
-    size_t not_unified = 0;        // second shapes of a group that did not unify
-  };
-  Counts counts() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return counts_;
-  }
-
  private:
   struct Entry {
     ir::Graph first;  // the group at the first size it was compiled for
@@ -81,9 +70,8 @@ class SymbolicGroups {
     std::shared_ptr<PluginExecutable> exe;  // the executable serving every size (accepted)
     bool per_shape = false;                 // the backend declined: compile each size
   };
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::map<std::string, std::vector<Entry>> entries_;  // by key: prefix + the graph's text without numbers
-  Counts counts_;
 };
 
 }  // namespace kiln
