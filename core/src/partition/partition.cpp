@@ -150,6 +150,17 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
 // the slice, and the group would have to write all of it. Removing a node that nothing in its
 // group reads keeps the group convex and the unit graph acyclic (its readers were outside already).
 // `readers[v]`: the nodes that read value v.
+// A view with a base and results that are each as large as it is (view, reshape, permute, expand...;
+// not a slice of a larger base).
+bool sees_all_of_its_base(const ir::Graph& g, const ir::Node& n) {
+  const auto ins = ir::Graph::node_inputs(n);
+  if (ins.empty() || n.outputs.empty()) return false;
+  const int64_t base = g.value(ins.front()).meta.numel();
+  for (auto v : n.outputs)
+    if (v == ir::kNoValue || g.value(v).meta.numel() < base) return false;
+  return true;
+}
+
 void leave_trailing_views_out(const ir::Graph& g, const std::vector<std::vector<int32_t>>& readers, Partition& p) {
   bool removed = false;
   for (size_t gi = 0; gi < p.groups.size(); ++gi) {
@@ -157,18 +168,10 @@ void leave_trailing_views_out(const ir::Graph& g, const std::vector<std::vector<
     for (size_t k = nodes.size(); k-- > 0;) {
       const ir::Node& n = g.nodes[static_cast<size_t>(nodes[k])];
       const OpInfo& info = op_info(n.op);
-      if (!info.is_view || info.is_mutable) continue;
-      const auto ins = ir::Graph::node_inputs(n);
-      if (ins.empty()) continue;
-      const int64_t base = g.value(ins.front()).meta.numel();
-      bool leaves = !n.outputs.empty();
-      for (auto v : n.outputs) {
-        if (v == ir::kNoValue || g.value(v).meta.numel() < base) {
-          leaves = false;
-          break;
-        }
+      if (!info.is_view || info.is_mutable || !sees_all_of_its_base(g, n)) continue;
+      bool leaves = true;
+      for (auto v : n.outputs)
         for (auto r : readers[v]) leaves = leaves && p.group_of[r] != static_cast<int32_t>(gi);
-      }
       if (!leaves) continue;
       p.group_of[nodes[k]] = -1;
       nodes.erase(nodes.begin() + static_cast<long>(k));
@@ -337,6 +340,33 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
   for (size_t i = 0; i < n_nodes; ++i) units += unit_of[i] == static_cast<int32_t>(i);
   if (p.order.size() != units) throw std::logic_error("kiln partition: the groups formed a cycle (a bug in kiln)");
   return p;
+}
+
+std::string partition_key(const ir::Graph& g, const std::vector<int64_t>& claimed,
+                          const std::vector<int32_t>& claimed_by, bool views_at_ends_run_eagerly) {
+  std::string key;
+  key.reserve(g.nodes.size() * 48 + claimed.size() * 12);
+  auto put = [&](int64_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  put(views_at_ends_run_eagerly);
+  put(static_cast<int64_t>(g.values.size()));
+  for (const auto& n : g.nodes) {
+    key += n.op;
+    key += '\0';
+    const auto ins = ir::Graph::node_inputs(n);
+    put(static_cast<int64_t>(ins.size()));
+    for (auto v : ins) put(v);
+    put(static_cast<int64_t>(n.outputs.size()));
+    for (auto v : n.outputs) put(v);
+    const OpInfo& info = op_info(n.op);
+    put(node_issues_collective(n) * 2 + node_draws_random_numbers(n));
+    if (info.is_view && !info.is_mutable) put(sees_all_of_its_base(g, n));
+  }
+  put(static_cast<int64_t>(g.outputs.size()));
+  for (const auto& o : g.outputs) put(o.value);
+  put(static_cast<int64_t>(claimed.size()));
+  for (auto c : claimed) put(c);
+  for (auto b : claimed_by) put(b);
+  return key;
 }
 
 std::string print_partition(const ir::Graph& g, const Partition& p) {

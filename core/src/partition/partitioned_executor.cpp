@@ -142,7 +142,19 @@ std::shared_ptr<const CompiledPartition> compile_partition(const ir::Graph& g,
   std::vector<int64_t> claimed;
   std::vector<int32_t> claimed_by;
   for (const auto& [node, b] : taken) claimed.push_back(node), claimed_by.push_back(b);
-  cp->partition = partition_graph(g, claimed, claimed_by);
+  // A family's later shapes find their partition made (symbolic_groups.h).
+  std::string key;
+  std::shared_ptr<const Partition> known;
+  if (symbolic) {
+    key = partition_key(g, claimed, claimed_by);
+    known = symbolic->partition(key);
+  }
+  if (known) {
+    cp->partition = *known;
+  } else {
+    cp->partition = partition_graph(g, claimed, claimed_by);
+    if (symbolic) symbolic->keep_partition(std::move(key), cp->partition);
+  }
   const Partition& part = cp->partition;
   stats.groups = part.groups.size();
   stats.claims_dropped += part.views_left_eager;

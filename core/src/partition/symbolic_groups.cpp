@@ -14,7 +14,8 @@ namespace kiln {
 
 namespace {
 
-constexpr size_t kEntriesPerKey = 8;  // groups whose texts differ only in numbers but do not unify
+constexpr size_t kEntriesPerKey = 8;
+constexpr size_t kPartitionsKept = 4;  // groups whose texts differ only in numbers but do not unify
 
 // The text of a graph with every run of digits blanked but a run-time scalar's number (`$12`,
 // which tells one parameter's update from another's): groups that may be one group at two sizes
@@ -202,6 +203,24 @@ void SymbolicGroups::record(Decision& d, std::shared_ptr<PluginExecutable> exe, 
   e.sym->graph = without_scalar_values(d.graph);
   e.sym->first_sizes = *e.sym->sizes_of(e.sym->graph);
   e.exe = std::move(exe);
+}
+
+std::shared_ptr<const Partition> SymbolicGroups::partition(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < partitions_.size(); ++i)
+    if (partitions_[i].first == key) {
+      std::rotate(partitions_.begin(), partitions_.begin() + static_cast<long>(i),
+                  partitions_.begin() + static_cast<long>(i) + 1);
+      return partitions_.front().second;
+    }
+  return nullptr;
+}
+
+void SymbolicGroups::keep_partition(std::string key, Partition partition) {
+  std::lock_guard<std::mutex> lock(mu_);
+  partitions_.insert(partitions_.begin(),
+                     {std::move(key), std::make_shared<const Partition>(std::move(partition))});
+  if (partitions_.size() > kPartitionsKept) partitions_.pop_back();
 }
 
 }  // namespace kiln

@@ -360,3 +360,39 @@ TEST(Partition, AnAllReduceSealsTheGroupsItReadsSoItOverlapsTheRest) {
 )");
   EXPECT_EQ(partition_graph(plain, {0, 1, 3, 4}).groups.size(), 1u);
 }
+
+// A step at another size partitions as it did (its numbers alone differ), so the plans of a
+// dynamic step look their partition up by partition_key; anything the partition depends on
+// changes the key.
+TEST(Partition, TheKeyFollowsWhatThePartitionDependsOn) {
+  auto graph_at = [](int rows, int slice_end) {
+    const std::string r = std::to_string(rows), n = std::to_string(rows * 6), s = std::to_string(slice_end);
+    return ir::parse("graph {\n  input %0 : f32[" + r + ",6]{6,1} input \"x\"\n  %1 : f32[" + r +
+                     ",6]{6,1} = aten::relu(%0)\n  %2 : f32[" + n + "]{1} = aten::view(%1, i[" + n +
+                     "])\n  %3 : f32[" + s + ",6]{6,1} = aten::slice.Tensor(%1, 0, 0, " + s +
+                     ", 1)\n  %4 : f32[" + n + "]{1} = aten::sin(%2)\n  output %3 result \"a\"\n  output %4 result \"b\"\n}\n");
+  };
+  const std::vector<int64_t> claimed = {0, 1, 2};
+  const ir::Graph a = graph_at(4, 2), b = graph_at(9, 2);
+  ASSERT_EQ(partition_key(a, claimed), partition_key(b, claimed));
+  const Partition pa = partition_graph(a, claimed), pb = partition_graph(b, claimed);
+  ASSERT_EQ(pa.groups.size(), pb.groups.size());
+  for (size_t k = 0; k < pa.groups.size(); ++k) {
+    EXPECT_EQ(pa.groups[k].nodes, pb.groups[k].nodes);
+    EXPECT_EQ(pa.groups[k].inputs, pb.groups[k].inputs);
+    EXPECT_EQ(pa.groups[k].outputs, pb.groups[k].outputs);
+  }
+  EXPECT_EQ(pa.order, pb.order);
+  EXPECT_EQ(pa.group_of, pb.group_of);
+  // The slice now sees all of its base (2 rows of 2): a view the partition treats apart.
+  const ir::Graph whole = graph_at(2, 2);
+  EXPECT_NE(partition_key(whole, claimed), partition_key(a, claimed));
+  EXPECT_NE(partition_graph(whole, claimed).views_left_eager, pa.views_left_eager);
+  // Other claims, another backend, another setting, another output.
+  EXPECT_NE(partition_key(a, {0, 1}), partition_key(a, claimed));
+  EXPECT_NE(partition_key(a, claimed, {0, 1, 1}), partition_key(a, claimed, {0, 0, 0}));
+  EXPECT_NE(partition_key(a, claimed, {}, false), partition_key(a, claimed));
+  ir::Graph other = a;
+  other.outputs.pop_back();
+  EXPECT_NE(partition_key(other, claimed), partition_key(a, claimed));
+}

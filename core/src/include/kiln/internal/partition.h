@@ -71,6 +71,12 @@ void validate_claims(const ir::Graph& graph, const std::vector<int64_t>& claimed
 Partition partition_graph(const ir::Graph& graph, const std::vector<int64_t>& claimed,
                           const std::vector<int32_t>& claimed_by = {}, bool views_at_ends_run_eagerly = true);
 
+// Everything partition_graph's result depends on, as bytes: each node's op, inputs and outputs, the
+// graph's outputs, the claims and, for each claimed view, whether it sees all of its base. Two
+// graphs with equal keys (one step at two sizes, whose numbers alone differ) have the same partition.
+std::string partition_key(const ir::Graph& graph, const std::vector<int64_t>& claimed,
+                          const std::vector<int32_t>& claimed_by = {}, bool views_at_ends_run_eagerly = true);
+
 // Text for KILN_DEBUG_DIR: each group with its nodes, inputs and outputs, then the eager nodes.
 std::string print_partition(const ir::Graph& graph, const Partition& partition);
 

@@ -62,6 +62,12 @@ class SymbolicGroups {
   // `accepted`: the backend serves every size with it (compile_symbolic only).
   void record(Decision& d, std::shared_ptr<PluginExecutable> exe, bool accepted);
 
+  // The partition of an earlier plan of the family whose graph and claims had this partition_key
+  // (partition.h), or null: shapes of one family differ in their numbers only, so most plans after
+  // the first find theirs here instead of partitioning again.
+  std::shared_ptr<const Partition> partition(const std::string& key);
+  void keep_partition(std::string key, Partition partition);
+
  private:
   struct Entry {
     ir::Graph first;  // the group at the first size it was compiled for
@@ -72,6 +78,8 @@ class SymbolicGroups {
   };
   std::mutex mu_;
   std::map<std::string, std::vector<Entry>> entries_;  // by key: prefix + the graph's text without numbers
+  // Recently made partitions by partition_key, the most recent first (a family has one or two).
+  std::vector<std::pair<std::string, std::shared_ptr<const Partition>>> partitions_;
 };
 
 }  // namespace kiln
