@@ -99,6 +99,8 @@ struct CompiledStep::Impl {
   };
   std::map<std::vector<int64_t>, Family> families;  // by signature without sizes
   std::set<std::pair<int, int64_t>> marked;         // mark_dynamic: (input, dim)
+  // The memory pool the CUDA graphs of a signature's shapes share, by signature without sizes.
+  std::map<std::vector<int64_t>, std::shared_ptr<SharedGraphPool>> graph_pools;
 
   void warn_once(const std::string& msg) {
     if (warned.insert(msg).second) log_warn(msg);
@@ -119,6 +121,7 @@ struct CompiledStep::Impl {
   void drop_plans() {
     cache.clear();
     families.clear();
+    graph_pools.clear();
     captured_entries = 0;
     last = nullptr;
   }
@@ -345,6 +348,9 @@ struct CompiledStep::Impl {
     ro.cpu_block_cache = args.runtime.cpu_block_cache;
     ro.cpu_block_cache_max_mb = args.runtime.cpu_block_cache_max_mb;
     ro.graph_copies = args.runtime.graph_copies;
+    auto& pool = graph_pools[e.shapeless];
+    if (!pool) pool = std::make_shared<SharedGraphPool>();
+    ro.graph_pool = pool;
     ro.check_meta = args.debug.check_meta;
     ro.verify_groups = args.debug.verify_groups;
     auto plan = plan_step(e.captured, e.probe.slots, resolved, po);

@@ -113,6 +113,7 @@ struct Step::Impl {
   std::shared_ptr<const LoadedPlugin> plugin;
   c10::Device device;
   bool random;
+  std::shared_ptr<GraphPool> shared;  // the pool it records into, when shared with other Steps
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool{0, 0};
   bool pool_used = false;                     // this Step holds the pool's reference (the plugin path)
@@ -120,10 +121,12 @@ struct Step::Impl {
   std::unique_ptr<RandomGraph> random_graph;  // a step that draws random numbers; owns its pool reference
   std::vector<KilnGraphCopy> copies;          // recorded by record_copy, re-pointed by replays
 
-  Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d, bool r)
+
+  Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d, bool r, std::shared_ptr<GraphPool> sp)
       : plugin(std::move(p)),
         device(d),
         random(r),
+        shared(std::move(sp)),
         stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
 
   DLDevice dl() const { return DLDevice{kDLCUDA, static_cast<int32_t>(device.index())}; }
@@ -141,8 +144,28 @@ struct Step::Impl {
   }
 };
 
-Step::Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers)
-    : impl_(std::make_unique<Impl>(std::move(plugin), device, draws_random_numbers)) {}
+GraphPool::GraphPool(c10::Device device) : device_(device) {
+  if (!device.is_cuda()) throw std::invalid_argument("kiln: a CUDA graph pool on " + device.str());
+  const c10::MempoolId_t id = at::cuda::graph_pool_handle();
+  c10::cuda::CUDACachingAllocator::createOrIncrefPool(device.index(), id);
+  id_ = {id.first, id.second};
+}
+
+GraphPool::~GraphPool() {
+  try {
+    c10::cuda::CUDACachingAllocator::releasePool(device_.index(), c10::MempoolId_t{id_.first, id_.second});
+  } catch (const std::exception& e) {
+    log_warn(std::string("kiln: releasing the CUDA graphs' shared memory pool failed: ") + e.what());
+  }
+}
+
+Step::Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers,
+           std::shared_ptr<GraphPool> shared_pool)
+    : impl_(std::make_unique<Impl>(std::move(plugin), device, draws_random_numbers, std::move(shared_pool))) {
+  if (impl_->shared && impl_->shared->device() != device)
+    throw std::invalid_argument("kiln: a CUDA graph on " + device.str() + " given the pool of " +
+                                impl_->shared->device().str());
+}
 
 Step::~Step() {
   impl_->graph.reset();
@@ -188,7 +211,8 @@ void Step::record(const std::function<void(void*)>& body) {
   Impl::order(current, impl_->stream);
   const auto dev = impl_->device.index();
   impl_->copies.clear();
-  impl_->pool = at::cuda::graph_pool_handle();
+  impl_->pool = impl_->shared ? c10::MempoolId_t{impl_->shared->id().first, impl_->shared->id().second}
+                              : at::cuda::graph_pool_handle();
   const cudaStream_t capture = impl_->stream.stream();
   if (impl_->random) {
     impl_->record_random(body);
@@ -344,8 +368,12 @@ void cuda_reset_peak_allocated(int device) {
 #else  // no CUDA toolkit: nothing records graphs
 
 namespace kiln::cudagraph {
+GraphPool::GraphPool(c10::Device device) : device_(device) {
+  throw std::runtime_error("kiln was built without the CUDA toolkit or without a CUDA build of LibTorch");
+}
+GraphPool::~GraphPool() = default;
 struct Step::Impl {};
-Step::Step(std::shared_ptr<const LoadedPlugin>, c10::Device, bool) {
+Step::Step(std::shared_ptr<const LoadedPlugin>, c10::Device, bool, std::shared_ptr<GraphPool>) {
   throw std::runtime_error("kiln was built without the CUDA toolkit or without a CUDA build of LibTorch");
 }
 Step::~Step() = default;

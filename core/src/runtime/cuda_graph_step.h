@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +39,29 @@ class CopiesRefused : public CaptureFailed {
   using CaptureFailed::CaptureFailed;
 };
 
+// One memory pool that several whole-step graphs record into: the graphs of one dynamic step, a
+// graph per shape, as PyTorch's CUDA graph trees share one pool. Memory a recording freed (its
+// temporaries) is handed to the next recording, so the graphs of forty lengths take about the
+// memory of the largest rather than the sum of all. Safe because kiln replays one graph at a time,
+// in stream order, and a replay's results are consumed before the next replay begins: its
+// returned tensors are copies, and its gradients are replaced by the next step's own (a tensor
+// that a graph reads in place and that moved is recorded again, step_runner.cpp). Holds a reference
+// to the pool for its life, so that memory an evicted graph gave back waits for the next shape.
+class GraphPool {
+ public:
+  explicit GraphPool(c10::Device device);  // throws where CUDA is unusable
+  ~GraphPool();
+  GraphPool(const GraphPool&) = delete;
+  GraphPool& operator=(const GraphPool&) = delete;
+  c10::Device device() const { return device_; }
+  // The allocator's pool id (c10::MempoolId_t's two halves).
+  std::pair<unsigned long long, unsigned long long> id() const { return id_; }
+
+ private:
+  c10::Device device_;
+  std::pair<unsigned long long, unsigned long long> id_{0, 0};
+};
+
 class Step {
  public:
   // A dedicated capture stream and a private memory pool on `device`; graphs through `plugin`.
@@ -54,7 +78,10 @@ class Step {
   // flag a random op in the body fails the capture (CaptureFailed: LibTorch refuses to advance a
   // generator that is not registered with a capture). A random op drawing from another
   // generator (another device's, or an explicit one) fails the capture too.
-  Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers = false);
+  //
+  // shared_pool: record into this pool, shared with other Steps (null: a private pool of its own).
+  Step(std::shared_ptr<const LoadedPlugin> plugin, c10::Device device, bool draws_random_numbers = false,
+       std::shared_ptr<GraphPool> shared_pool = nullptr);
   ~Step();  // destroys the graph, frees the static tensors, releases the pool
   Step(const Step&) = delete;
   Step& operator=(const Step&) = delete;

@@ -237,7 +237,12 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
                                                        const std::vector<c10::IValue>& scalars) {
   std::unique_ptr<cudagraph::Step> cg;
   try {
-    cg = std::make_unique<cudagraph::Step>(graph_plugin_, plan_->device, plan_->draws_random);
+    std::shared_ptr<cudagraph::GraphPool> pool;
+    if (options_.graph_pool) {
+      if (!options_.graph_pool->pool) options_.graph_pool->pool = std::make_shared<cudagraph::GraphPool>(plan_->device);
+      pool = options_.graph_pool->pool;
+    }
+    cg = std::make_unique<cudagraph::Step>(graph_plugin_, plan_->device, plan_->draws_random, std::move(pool));
   } catch (const std::exception& ex) {
     skip_graph(ex.what());
     bind(inputs);

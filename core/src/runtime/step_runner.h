@@ -23,7 +23,14 @@ namespace kiln {
 class LoadedPlugin;
 namespace cudagraph {
 class Step;
-}
+class GraphPool;
+}  // namespace cudagraph
+
+// The memory pool the CUDA graphs of one step's shapes share (cudagraph::GraphPool), made by the
+// first of their runners to record a graph.
+struct SharedGraphPool {
+  std::shared_ptr<cudagraph::GraphPool> pool;
+};
 
 struct RunOptions {
   bool cpu_block_cache = true;  // [runtime] cpu_block_cache
@@ -31,6 +38,9 @@ struct RunOptions {
   bool check_meta = false;     // [debug] check_meta
   bool verify_groups = false;  // [debug] verify_groups
   bool graph_copies = true;    // [runtime] graph_copies
+  // The pool this plan's CUDA graph records into, shared with the step's other shapes (null: a
+  // pool of its own).
+  std::shared_ptr<SharedGraphPool> graph_pool;
 };
 
 // A compiled step that failed (a plugin's execute threw) before it had written into any tensor it

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <unistd.h>
 #include <mutex>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,10 @@
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/optim/adamw.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/functional/loss.h>
 
 #if defined(KILN_TEST_HAVE_CUDA)
 #include <ATen/record_function.h>
@@ -338,6 +343,81 @@ TEST(CudaGraphsCuda, ANewBatchSizeRecordsASecondGraph) {
   EXPECT_EQ(st.graph_replays, 7);
   auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
+}
+
+// The graphs of a dynamic step's shapes record into one memory pool, as PyTorch's CUDA graph trees
+// do: a shape recorded after a larger one finds its temporaries in what the larger one freed. A
+// model whose activations dwarf its parameters (a batch of up to 16384 rows through 256-wide
+// layers: 16 MB an activation, 0.5 MB of weights), at six batch sizes, largest first, then again in
+// another order: every loss and the final weights as LibTorch eager computes them, one graph per
+// size, every graph's memory in one private pool, and that pool not much larger than the first
+// graph's (six pools of their own would hold about six times as much).
+TEST(CudaGraphsCuda, TheGraphsOfADynamicStepShareOneMemoryPool) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+#if !defined(KILN_TEST_HAVE_CUDA)
+  GTEST_SKIP() << "built without the CUDA toolkit";
+#else
+  namespace CA = c10::cuda::CUDACachingAllocator;
+  auto make = [] {
+    torch::manual_seed(5);
+    torch::nn::Sequential m(torch::nn::Linear(256, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
+                            torch::nn::ReLU(), torch::nn::Linear(256, 1));
+    m->to(at::kCUDA);
+    return m;
+  };
+  auto ref = make(), net = make();
+  torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(1e-3));
+  auto step_fn = [](torch::nn::Sequential& m, torch::optim::Optimizer& o) {
+    return [&m, &o](const std::vector<at::Tensor>& in) {
+      o.zero_grad();
+      auto loss = torch::nn::functional::mse_loss(m->forward(in[0]), in[1]);
+      loss.backward();
+      o.step();
+      return std::vector<at::Tensor>{loss.detach()};
+    };
+  };
+  auto ref_step = step_fn(ref, ref_opt);
+  auto args = args_for("cudagraphs", "default");
+  args.runtime.dynamic = "true";
+  auto step = kiln::compile_step(step_fn(net, opt), {{net.ptr()}, {&opt}}, args);
+  // The private pools' segments: how many pools, and their bytes.
+  auto pools = [] {
+    std::set<std::pair<unsigned long long, unsigned long long>> ids;
+    size_t bytes = 0;
+    for (const auto& seg : CA::snapshot({0, 0}, false).segments) {
+      if (seg.owner_private_pool_id.first == 0 && seg.owner_private_pool_id.second == 0) continue;
+      ids.insert({seg.owner_private_pool_id.first, seg.owner_private_pool_id.second});
+      bytes += seg.total_size;
+    }
+    return std::make_pair(ids.size(), bytes);
+  };
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
+  const std::vector<int64_t> sizes = {16384, 14336, 12288, 10240, 8192, 6144};
+  std::vector<int64_t> order;
+  for (auto n : sizes) order.insert(order.end(), {n, n, n});  // eager or capture, record, replay
+  for (int64_t n : {8192, 16384, 6144, 12288, 10240, 14336, 16384, 6144}) order.push_back(n);
+  size_t first_graph_bytes = 0;
+  for (size_t s = 0; s < order.size(); ++s) {
+    const auto x = at::randn({order[s], 256}, gen).to(at::kCUDA), y = at::randn({order[s], 1}, gen).to(at::kCUDA);
+    const auto want = ref_step({x, y})[0];
+    const auto got = step({x, y})[0];
+    EXPECT_LE(rel_err(got, want), 1e-5) << "step " << s << " at batch " << order[s];
+    if (step.stats().graphs_recorded == 1 && first_graph_bytes == 0) first_graph_bytes = pools().second;
+  }
+  const auto& st = step.stats();
+  EXPECT_EQ(st.graphs_recorded, static_cast<int64_t>(sizes.size())) << st.last_graph_skip;
+  EXPECT_GE(st.graph_replays, 8) << st.last_graph_skip;
+  const auto [n_pools, bytes] = pools();
+  std::printf("graphs of %zu shapes: %zu private pool(s), %.1f MB; after the first graph: %.1f MB\n", sizes.size(),
+              n_pools, bytes / 1048576.0, first_graph_bytes / 1048576.0);
+  EXPECT_EQ(n_pools, 1u) << "the graphs of one step's shapes record into one pool";
+  ASSERT_GT(first_graph_bytes, 0u);
+  EXPECT_LE(bytes, 2 * first_graph_bytes) << "six graphs hold " << bytes << " bytes, the first alone "
+                                          << first_graph_bytes;
+  auto pr = ref->named_parameters(), pw = net->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
+#endif
 }
 
 // A training loop feeds a new batch every step. The graph copies it in (and the loss out, and
