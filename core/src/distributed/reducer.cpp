@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/StringUtil.h>
@@ -163,9 +164,17 @@ void GradientReducer::reduce(const std::vector<std::pair<std::string, at::Tensor
     for (size_t k : bucket.params) {
       auto p = params[k];
       const int64_t n = p.numel();
-      // A tensor of its own, not a view of the bucket: LibTorch's Optimizer::zero_grad detaches
-      // every gradient in place, which a view refuses.
-      p.mutable_grad() = reduced.narrow(0, offset, n).view(p.sizes()).clone();
+      // Into the gradient where it is, so that a compiled step that adds into it keeps reading
+      // the same tensor (gradient accumulation's micro-step); a tensor of its own otherwise, not a
+      // view of the bucket: LibTorch's Optimizer::zero_grad detaches every gradient in place,
+      // which a view refuses.
+      const at::Tensor mean = reduced.narrow(0, offset, n).view(p.sizes());
+      if (p.grad().defined()) {
+        at::NoGradGuard no_grad;
+        p.mutable_grad().copy_(mean);
+      } else {
+        p.mutable_grad() = mean.clone();
+      }
       offset += n;
     }
   }

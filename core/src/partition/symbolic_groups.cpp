@@ -218,8 +218,7 @@ std::shared_ptr<const Partition> SymbolicGroups::partition(const std::string& ke
 
 void SymbolicGroups::keep_partition(std::string key, Partition partition) {
   std::lock_guard<std::mutex> lock(mu_);
-  partitions_.insert(partitions_.begin(),
-                     {std::move(key), std::make_shared<const Partition>(std::move(partition))});
+  partitions_.insert(partitions_.begin(), {std::move(key), std::make_shared<const Partition>(std::move(partition))});
   if (partitions_.size() > kPartitionsKept) partitions_.pop_back();
 }
 

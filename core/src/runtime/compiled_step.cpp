@@ -494,6 +494,19 @@ struct CompiledStep::Impl {
       snapshot.restore();
       StepProbe::undo_placeholders(e.probe);
     };
+    // A gradient the plan accumulates into where it was must still be that tensor.
+    for (const auto& r : e.captured.read_grads)
+      if (!r.param.grad().defined() || !r.param.grad().is_same(r.grad))
+        return recapture(inputs, std::move(sig), e,
+                         "kiln: the gradient of " + r.name +
+                             (r.param.grad().defined() ? " is another tensor" : " was set to none") +
+                             " since the step was captured accumulating into it");
+    for (const auto& [name, p] : e.captured.none_grads)
+      if (p.grad().defined())
+        return recapture(inputs, std::move(sig), e,
+                         "kiln: the parameter " + name +
+                             " has a gradient now and had none when the step was captured (the step may "
+                             "accumulate into it)");
     bool new_slots = false;
     const auto p0 = Clock::now();
     const std::string why = probe->probe(e.captured, e.probe, e.scalars, &new_slots);

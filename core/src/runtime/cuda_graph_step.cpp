@@ -121,7 +121,6 @@ struct Step::Impl {
   std::unique_ptr<RandomGraph> random_graph;  // a step that draws random numbers; owns its pool reference
   std::vector<KilnGraphCopy> copies;          // recorded by record_copy, re-pointed by replays
 
-
   Impl(std::shared_ptr<const LoadedPlugin> p, c10::Device d, bool r, std::shared_ptr<GraphPool> sp)
       : plugin(std::move(p)),
         device(d),

@@ -1,5 +1,6 @@
 #include "step_capture.h"
 
+#include <algorithm>
 #include <set>
 
 #include <torch/optim/adagrad.h>
@@ -78,8 +79,15 @@ CaptureOutcome capture_step(const StepFn& fn, const std::vector<at::Tensor>& inp
   CaptureOutcome out;
   const auto& params = guards.params();
   std::set<const c10::TensorImpl*> grads_before;
+  std::vector<std::pair<std::string, at::Tensor>> none_grads;
+  std::vector<CapturedStep::ReadGrad> had_grads;  // the gradients as the step found them
   for (const auto& [name, p] : params)
-    if (p.grad().defined()) grads_before.insert(p.grad().unsafeGetTensorImpl());
+    if (p.grad().defined()) {
+      grads_before.insert(p.grad().unsafeGetTensorImpl());
+      had_grads.push_back({name, p, p.grad()});
+    } else if (p.requires_grad()) {
+      none_grads.emplace_back(name, p);
+    }
   const size_t state_entries = optimizer_state_entries(state.optimizers);
   StepRecorder rec(known_tensors(inputs, state, guards));
   out.results = rec.run([&] { return fn(inputs); });
@@ -102,6 +110,7 @@ CaptureOutcome capture_step(const StepFn& fn, const std::vector<at::Tensor>& inp
     rec.add_output(v, "result." + std::to_string(k), ir::OutputRole::Result, static_cast<int32_t>(k));
   }
   cs.num_results = out.results.size();
+  cs.none_grads = std::move(none_grads);
   cs.grad_params.resize(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, p] = params[i];
@@ -123,7 +132,16 @@ CaptureOutcome capture_step(const StepFn& fn, const std::vector<at::Tensor>& inp
       cs.user[in.name] = rec.input_user_index()[i];
       continue;
     }
-    cs.bound[in.name] = rec.input_tensors()[i];
+    const at::Tensor& t = rec.input_tensors()[i];
+    cs.bound[in.name] = t;
+    // A gradient read where it is: as itself, or through an alias of it (an optimizer's
+    // p.grad().data(), which the graph holds as a constant over the same memory).
+    if ((in.role == ir::InputRole::Gradient || in.role == ir::InputRole::Constant) && t.defined() && t.has_storage())
+      for (const auto& h : had_grads)
+        if (h.grad.has_storage() && h.grad.storage().is_alias_of(t.storage()) &&
+            std::none_of(cs.read_grads.begin(), cs.read_grads.end(),
+                         [&](const CapturedStep::ReadGrad& r) { return r.name == h.name; }))
+          cs.read_grads.push_back(h);
     if (in.role == ir::InputRole::Parameter || in.role == ir::InputRole::Buffer ||
         in.role == ir::InputRole::OptimizerState)
       cs.storage_tensor[cs.raw.value(in.value).storage] = rec.input_tensors()[i];

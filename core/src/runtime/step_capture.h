@@ -30,6 +30,17 @@ struct CapturedStep {
   // Per parameter index (StepGuards::params order): the parameter whose gradient the step makes,
   // undefined for the others.
   std::vector<at::Tensor> grad_params;
+  // The gradients the step read where they were (accumulating into them): (parameter name, the
+  // parameter, its gradient at capture). A plan reads those tensors, so a gradient replaced since
+  // (set to none and made again, or assigned) means the plan would read the wrong one.
+  struct ReadGrad {
+    std::string name;
+    at::Tensor param, grad;
+  };
+  std::vector<ReadGrad> read_grads;
+  // The parameters without a gradient when the capture began: a step that finds one there later
+  // may accumulate into it where the plan makes a new one. (name, parameter)
+  std::vector<std::pair<std::string, at::Tensor>> none_grads;
 };
 
 struct CaptureOutcome {

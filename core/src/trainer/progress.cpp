@@ -59,25 +59,25 @@ Progress::~Progress() {
   if (!restore_level_.empty()) set_log_level(restore_level_);
 }
 
-void Progress::compiling() {
-  status_ = "compiling the step\xe2\x80\xa6";
+void Progress::compiling(const std::string& what) {
+  status_ = "compiling " + what + "\xe2\x80\xa6";
   draw(true);
 }
 
-void Progress::compiled(double seconds) {
+void Progress::compiled(double seconds, const std::string& what) {
   status_.clear();
   char buf[32];
   std::snprintf(buf, sizeof buf, seconds < 10 ? "%.2f" : "%.1f", seconds);
-  line("compiling the step\xe2\x80\xa6 " + std::string(buf) + " s");
+  line("compiling " + what + "\xe2\x80\xa6 " + std::string(buf) + " s");
   // Steps per second from here on: the compile is not what the next steps cost.
   rate_from_ = Clock::now();
   rate_from_step_ = step_;
 }
 
-void Progress::not_compiled() {
+void Progress::not_compiled(const std::string& what) {
   if (status_.empty()) return;
   status_.clear();
-  line("compiling the step\xe2\x80\xa6 not compiled: it runs eagerly");
+  line("compiling " + what + "\xe2\x80\xa6 not compiled: it runs eagerly");
 }
 
 void Progress::step(int64_t global_step, std::optional<double> loss) {

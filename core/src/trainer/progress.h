@@ -23,10 +23,11 @@ class Progress {
 
   // Before a step that will be captured and compiled, and after a step that compiled (its capture
   // step and compile took `seconds`).
-  void compiling();
-  void compiled(double seconds);
+  // `what`: "the step", or with gradient accumulation "the micro-step" and "the update".
+  void compiling(const std::string& what = "the step");
+  void compiled(double seconds, const std::string& what = "the step");
   // A step that was expected to compile but runs eagerly (the reason is logged as a warning).
-  void not_compiled();
+  void not_compiled(const std::string& what = "the step");
   // After every optimizer step; `loss` when a metrics line was just made.
   void step(int64_t global_step, std::optional<double> loss);
   // A line above the bar (or a log line): metrics, evaluation, checkpoint.

@@ -203,11 +203,18 @@ struct Trainer::Impl {
              TrainingArguments args);
   double max_grad_norm = 0;
   std::unique_ptr<CompiledStep> step;
-  // train()'s groups of several micro-batches: the inputs are the micro-batches one after the
-  // other, each `per_micro` tensors (its inputs, then its target). Made at the first such group.
-  std::unique_ptr<CompiledStep> accumulate;
+  // train() with gradient_accumulation_steps > 1, as Hugging Face runs it: each micro-batch
+  // through `micro` (forward and backward, its loss divided by the group's count, the gradients
+  // added into .grad where they are), then one `update` (the gradients' all_reduce, clipping, the
+  // optimizer, the gradients zeroed in place). Each is compiled once, whatever the count, and a
+  // short last group is the same two steps. Made at the first group; `per_micro` tensors a
+  // micro-batch (its inputs, then its target).
+  std::unique_ptr<CompiledStep> micro, update;
   size_t per_micro = 0;
   CompiledStep* last = nullptr;  // the step that ran last, for stats()
+  // stats() after accumulating groups: the micro-step's and the update's counts together.
+  StepStats accumulated;
+  void sum_accumulated_stats();
   // During train(): the next optimizer step's learning rate, which the step function sets right
   // after the update. Host state only, so a compiled step never runs it; but the capture runs the
   // function, and the optimizer probe's look-ahead right after the capture then replays step()
@@ -272,28 +279,60 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
     return a;
   };
   auto* im = this;
-  accumulate = std::make_unique<CompiledStep>(
+  // The last input is the divisor (the group's micro-batch count, a float32 scalar on the model's
+  // device): an input rather than a number in the graph, so that a group of another count runs
+  // the same plan.
+  micro = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>& in) {
-        const size_t k = in.size() / im->per_micro;
-        im->optimizer->zero_grad();
-        at::Tensor sum;
-        for (size_t m = 0; m < k; ++m) {
-          const auto begin = in.begin() + static_cast<std::ptrdiff_t>(m * im->per_micro);
-          const std::vector<at::Tensor> x(begin, begin + static_cast<std::ptrdiff_t>(im->per_micro - 1));
-          auto l =
-              im->forward_loss(x, *(begin + static_cast<std::ptrdiff_t>(im->per_micro - 1))) / static_cast<double>(k);
-          l.backward();
-          sum = m == 0 ? l.detach() : sum + l.detach();
-        }
+        const std::vector<at::Tensor> x(in.begin(), in.end() - 2);
+        auto l = im->forward_loss(x, in[in.size() - 2]) / in.back();
+        l.backward();
+        return std::vector<at::Tensor>{l.detach()};
+      },
+      StepState{{model}, {}}, replica_args(args));
+  update = std::make_unique<CompiledStep>(
+      [im](const std::vector<at::Tensor>&) {
         im->reduce_gradients();
         at::Tensor norm;
         if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
         im->optimizer->step();
         im->set_next_rates();
-        if (norm.defined()) return std::vector<at::Tensor>{sum, norm.detach()};
-        return std::vector<at::Tensor>{sum};
+        // Zeroed where they are, not set to none: the micro-step's plan adds into these tensors.
+        {
+          torch::NoGradGuard no_grad;
+          for (auto& p : im->model->parameters())
+            if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+        if (norm.defined()) return std::vector<at::Tensor>{norm.detach()};
+        return std::vector<at::Tensor>{};
       },
       StepState{{model}, {optimizer}}, replica_args(args));
+}
+
+void Trainer::Impl::sum_accumulated_stats() {
+  const StepStats& m = micro->stats();
+  accumulated = update->stats();
+  StepStats& a = accumulated;
+  a.steps += m.steps;
+  a.eager_steps += m.eager_steps;
+  a.compiled_steps += m.compiled_steps;
+  a.compiles += m.compiles;
+  a.failed_captures += m.failed_captures;
+  a.rebuilds += m.rebuilds;
+  a.recaptures += m.recaptures;
+  a.last_compile_seconds += m.last_compile_seconds;
+  if (!m.last_fallback.empty()) a.last_fallback = m.last_fallback;
+  a.graphs_recorded += m.graphs_recorded;
+  a.graph_replays += m.graph_replays;
+  if (!m.last_graph_skip.empty()) a.last_graph_skip = m.last_graph_skip;
+  a.adopted_writebacks += m.adopted_writebacks;
+  a.copied_writebacks += m.copied_writebacks;
+  a.probe_seconds += m.probe_seconds;
+  a.groups.insert(a.groups.begin(), m.groups.begin(), m.groups.end());
+  a.shape_specialisations += m.shape_specialisations;
+  a.shape_evictions += m.shape_evictions;
+  a.dynamic_dims = m.dynamic_dims;
+  if (!m.last_recompile_reason.empty()) a.last_recompile_reason = m.last_recompile_reason;
 }
 
 namespace {
@@ -654,7 +693,7 @@ void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f
 }
 
 void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingArguments& args) {
-  if (step->stats().steps > 0 || (accumulate && accumulate->stats().steps > 0))
+  if (step->stats().steps > 0 || (micro && micro->stats().steps > 0))
     throw std::logic_error(
         "kiln::Trainer::set_process_group: the Trainer already made steps; hand it the process "
         "group before the first step");
@@ -727,7 +766,8 @@ void Trainer::Impl::check_same_step(const CompiledStep& cs) {
   if (!group->store) return;
   const int k = ++checked_compiles[&cs];
   const std::string mine = step_summary(cs);
-  const auto all = group->exchange(c10::str(&cs == step.get() ? "step" : "accumulate", ".compile.", k), mine);
+  const char* which = &cs == step.get() ? "step" : &cs == micro.get() ? "micro" : "update";
+  const auto all = group->exchange(c10::str(which, ".compile.", k), mine);
   std::string differ;
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r] != all[0]) differ += c10::str(differ.empty() ? "" : "; ", "rank ", r, ": ", all[r]);
@@ -1203,18 +1243,42 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
 
   // One optimizer step on `inputs` (micro-batches one after the other, each its inputs then its
   // target): through step()'s compiled step for one micro-batch, the accumulating one for more.
-  auto run_step = [&](const std::vector<at::Tensor>& inputs) {
-    const bool accumulate = inputs.size() > im->per_micro;
-    if (accumulate && !im->accumulate) im->make_accumulate(a);
-    CompiledStep& cs = accumulate ? *im->accumulate : *im->step;
+  // One call of `cs`, saying in the progress display when its first compile runs.
+  auto call_step = [&](CompiledStep& cs, const std::vector<at::Tensor>& inputs) {
+    const std::string what = &cs == im->micro.get()    ? "the micro-step"
+                             : &cs == im->update.get() ? "the update"
+                                                       : "the step";
     const int compiles_before = cs.stats().compiles;
     const bool will_compile =
         a.compile_enabled() && cs.stats().steps >= 1 && compiles_before == 0 && cs.stats().last_fallback.empty();
-    if (will_compile) progress.compiling();
-    im->last = &cs;
-    at::Tensor loss = im->call(cs, inputs).at(0);
-    if (cs.stats().compiles > compiles_before) progress.compiled(cs.stats().last_compile_seconds);
-    else if (will_compile) progress.not_compiled();
+    if (will_compile) progress.compiling(what);
+    auto out = im->call(cs, inputs);
+    if (cs.stats().compiles > compiles_before) progress.compiled(cs.stats().last_compile_seconds, what);
+    else if (will_compile) progress.not_compiled(what);
+    return out;
+  };
+  const bool accumulating = ga > 1;
+  auto run_step = [&](const std::vector<at::Tensor>& inputs) {
+    if (!accumulating) {
+      im->last = im->step.get();
+      return call_step(*im->step, inputs).at(0);
+    }
+    if (!im->micro) im->make_accumulate(a);
+    const size_t k = inputs.size() / im->per_micro;
+    const auto& target = inputs[im->per_micro - 1];
+    const at::Tensor divisor = at::full({}, static_cast<double>(k), target.options().dtype(at::kFloat));
+    at::Tensor loss;
+    for (size_t m = 0; m < k; ++m) {
+      const auto begin = inputs.begin() + static_cast<std::ptrdiff_t>(m * im->per_micro);
+      std::vector<at::Tensor> in(begin, begin + static_cast<std::ptrdiff_t>(im->per_micro));
+      in.push_back(divisor);
+      const at::Tensor l = call_step(*im->micro, in).at(0);
+      loss = m == 0 ? l : loss + l;
+    }
+    const auto out = call_step(*im->update, {});
+    if (!out.empty()) im->grad_norm = out[0];
+    im->sum_accumulated_stats();
+    im->last = im->micro.get();
     return loss;
   };
   if (!resumed_from.empty())
@@ -1351,7 +1415,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       {
         // The compiled steps' history: each one's warm-up call, then each layout it captured (with
         // a collator each batch shape, and the examples that first had it).
-        CompiledStep* cs = sizes.size() > 1 ? im->accumulate.get() : im->step.get();
+        CompiledStep* cs = accumulating ? im->micro.get() : im->step.get();
         std::string key = layout_text(sizes), examples;
         if (im->collator) {
           key += " " + shapes_text(inputs);
@@ -1478,11 +1542,17 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
 
 const std::string& Trainer::backend() const { return impl_->step->backend(); }
 const std::vector<std::string>& Trainer::backend_reasons() const { return impl_->step->backend_reasons(); }
-bool Trainer::compiled() const { return impl_->last->last_step_compiled(); }
+bool Trainer::compiled() const {
+  if (impl_->last == impl_->micro.get())
+    return impl_->micro->last_step_compiled() && impl_->update->last_step_compiled();
+  return impl_->last->last_step_compiled();
+}
 const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
 
 torch::optim::Optimizer& Trainer::optimizer() { return *impl_->optimizer; }
-const StepStats& Trainer::stats() const { return impl_->last->stats(); }
+const StepStats& Trainer::stats() const {
+  return impl_->last == impl_->micro.get() ? impl_->accumulated : impl_->last->stats();
+}
 const CompiledStep& Trainer::compiled_step() const { return *impl_->last; }
 
 }  // namespace kiln

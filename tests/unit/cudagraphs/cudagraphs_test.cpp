@@ -413,8 +413,8 @@ TEST(CudaGraphsCuda, TheGraphsOfADynamicStepShareOneMemoryPool) {
               n_pools, bytes / 1048576.0, first_graph_bytes / 1048576.0);
   EXPECT_EQ(n_pools, 1u) << "the graphs of one step's shapes record into one pool";
   ASSERT_GT(first_graph_bytes, 0u);
-  EXPECT_LE(bytes, 2 * first_graph_bytes) << "six graphs hold " << bytes << " bytes, the first alone "
-                                          << first_graph_bytes;
+  EXPECT_LE(bytes, 2 * first_graph_bytes)
+      << "six graphs hold " << bytes << " bytes, the first alone " << first_graph_bytes;
   auto pr = ref->named_parameters(), pw = net->named_parameters();
   for (size_t i = 0; i < pr.size(); ++i) EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), 1e-5) << pr[i].key();
 #endif

@@ -368,9 +368,9 @@ TEST(Partition, TheKeyFollowsWhatThePartitionDependsOn) {
   auto graph_at = [](int rows, int slice_end) {
     const std::string r = std::to_string(rows), n = std::to_string(rows * 6), s = std::to_string(slice_end);
     return ir::parse("graph {\n  input %0 : f32[" + r + ",6]{6,1} input \"x\"\n  %1 : f32[" + r +
-                     ",6]{6,1} = aten::relu(%0)\n  %2 : f32[" + n + "]{1} = aten::view(%1, i[" + n +
-                     "])\n  %3 : f32[" + s + ",6]{6,1} = aten::slice.Tensor(%1, 0, 0, " + s +
-                     ", 1)\n  %4 : f32[" + n + "]{1} = aten::sin(%2)\n  output %3 result \"a\"\n  output %4 result \"b\"\n}\n");
+                     ",6]{6,1} = aten::relu(%0)\n  %2 : f32[" + n + "]{1} = aten::view(%1, i[" + n + "])\n  %3 : f32[" +
+                     s + ",6]{6,1} = aten::slice.Tensor(%1, 0, 0, " + s + ", 1)\n  %4 : f32[" + n +
+                     "]{1} = aten::sin(%2)\n  output %3 result \"a\"\n  output %4 result \"b\"\n}\n");
   };
   const std::vector<int64_t> claimed = {0, 1, 2};
   const ir::Graph a = graph_at(4, 2), b = graph_at(9, 2);

@@ -238,7 +238,8 @@ TEST_P(Resume, ContinuesExactlyAsTheUninterruptedTraining) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "metrics line " << i + 1;
   const auto& st = trainer.stats();
-  EXPECT_EQ(st.compiles, 1) << "a resumed Trainer compiles as a fresh one does";
+  // With accumulation, its micro-step and its update once each.
+  EXPECT_EQ(st.compiles, c.ga > 1 ? 2 : 1) << "a resumed Trainer compiles as a fresh one does";
   EXPECT_EQ(st.recaptures, 0);
   EXPECT_GT(st.compiled_steps, 0) << "the steps after the resume ran compiled";
   // The checkpoints the resumed run wrote are the uninterrupted run's.

@@ -610,3 +610,72 @@ TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
   EXPECT_TRUE(step.last_step_compiled());
   expect_equal(net->parameters(), ref->parameters(), "parameter");
 }
+
+// Gradient accumulation split in two compiled steps, as a loop of micro-batches does it: a step
+// that only adds a micro-batch's gradients into .grad (no zero_grad), and an update that steps and
+// zeroes the gradients in place. The micro-step's plan reads the gradients where they are, so when
+// the loop sets them to none (zero_grad()), or a step of its own gives them new tensors, the
+// micro-step must not read the old ones: it is captured again, and every loss and parameter stays
+// eager's, bit for bit. `replacing`: the update also gives every gradient a new tensor before it
+// steps (as a gradient all_reduce that assigns its result may), so both steps find the gradients
+// replaced at every step: captured again until recompile_limit, then eager, and still eager's
+// numbers.
+void accumulate_in_two_steps(bool replacing) {
+  const auto seed = fresh_seed();
+  torch::manual_seed(seed);
+  Mlp ref;
+  torch::manual_seed(seed);
+  Mlp net;
+  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto micro_body = [](Mlp& m, const std::vector<at::Tensor>& in) {
+    auto loss = ce(m->forward(in[0]), in[1]) / in[2];
+    loss.backward();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  auto update_body = [replacing](Mlp& m, torch::optim::Optimizer& o) {
+    if (replacing)
+      for (auto& p : m->parameters()) p.mutable_grad() = (p.grad() * 0.5).clone();
+    o.step();
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters()) p.grad().zero_();
+    return std::vector<at::Tensor>{};
+  };
+  auto micro = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return micro_body(net, in); },
+                                  {{net.ptr()}, {}}, eager_backend());
+  auto update = kiln::compile_step([&](const std::vector<at::Tensor>&) { return update_body(net, opt); },
+                                   {{net.ptr()}, {&opt}}, eager_backend());
+  for (auto* m : {&ref, &net})
+    for (auto& p : (*m)->parameters()) p.mutable_grad() = at::zeros_like(p);
+  for (int s = 0; s < 12; ++s) {
+    if (s == 6 || s == 9) {
+      // The loop's own zero_grad(): gradients set to none (at 6), or made anew (at 9).
+      for (auto* m : {&ref, &net})
+        for (auto& p : (*m)->parameters()) p.mutable_grad() = s == 6 ? at::Tensor() : at::zeros_like(p);
+    }
+    const int k = 1 + s % 3;
+    const auto divisor = at::full({}, static_cast<double>(k));
+    for (int i = 0; i < k; ++i) {
+      auto x = at::randn({10, 6}), y = at::randint(0, 3, {10});
+      auto want = micro_body(ref, {x, y, divisor});
+      auto got = micro({x, y, divisor});
+      expect_equal(got, want, "seed " + std::to_string(seed) + " step " + std::to_string(s) + " micro-batch loss");
+    }
+    update_body(ref, ref_opt);
+    update({});
+    expect_equal(net->parameters(), ref->parameters(), "step " + std::to_string(s) + " parameter");
+  }
+  if (replacing) {
+    EXPECT_GE(update.stats().recaptures, 2);
+    EXPECT_GE(micro.stats().recaptures, 2);
+    EXPECT_NE(micro.stats().last_fallback.find("recompile_limit"), std::string::npos) << micro.stats().last_fallback;
+    return;
+  }
+  EXPECT_GE(micro.stats().recaptures, 2) << "the gradients were replaced twice";
+  EXPECT_TRUE(micro.last_step_compiled());
+  EXPECT_TRUE(update.last_step_compiled());
+  EXPECT_GE(micro.stats().compiled_steps, 10);
+}
+
+TEST(StepGuards, AGradientReplacedSinceTheCaptureRecaptures) { accumulate_in_two_steps(false); }
+TEST(StepGuards, AStepThatReplacesTheGradientsItReadsIsCapturedAgainNotReplayed) { accumulate_in_two_steps(true); }

@@ -597,10 +597,45 @@ TEST(TrainerTrain, GradientAccumulationEqualsOneBigBatch) {
   for (double l : want) sum += l;
   EXPECT_LT(rel_err(acc_out.training_loss, sum / 6), 1e-5);
   expect_same_params(ref, acc, 1e-5);
+  // The micro-step and the update, each compiled once: 12 micro-steps (the first eager, the
+  // second its capture, 10 compiled) and 6 updates (eager, capture, 4 compiled).
   const auto& st = acc_trainer.stats();
-  EXPECT_EQ(st.compiles, 1) << "the accumulating step is compiled once";
-  EXPECT_EQ(st.compiled_steps, 4) << "warm-up and capture run eagerly, the other four compiled";
+  EXPECT_EQ(st.compiles, 2) << "the micro-step and the update are compiled once each";
+  EXPECT_EQ(st.compiled_steps, 14);
   EXPECT_EQ(st.recaptures, 0);
+}
+
+// Accumulation over 4, 8 and 3 micro-batches compiles the same two steps, once each, whatever the
+// count: the compile does not grow with the count, and an epoch's short last group (2 of 4, 2 of
+// 8, 1 of 3) runs them too, compiling nothing. Losses and parameters as in the eager loop.
+TEST(TrainerTrain, AccumulationCompilesTheMicroStepAndTheUpdateOnceWhateverTheCount) {
+  const auto d = make_data(40);  // 10 micro-batches of 4 an epoch
+  for (int64_t ga : {4, 8, 3}) {
+    SCOPED_TRACE("gradient_accumulation_steps " + std::to_string(ga));
+    auto acc = make(8, true), ref = make(8, true);
+    auto args = train_args("");
+    args.per_device_train_batch_size = 4;
+    args.gradient_accumulation_steps = ga;
+    args.num_train_epochs = 2;
+    args.lr_scheduler_type = "constant";
+    args.logging_steps = 100;
+    kiln::Trainer trainer(acc.net, *acc.opt, ce, args);
+    const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y));
+    const int64_t per_epoch = (10 + ga - 1) / ga;
+    ASSERT_EQ(out.global_step, 2 * per_epoch);
+    const auto want = eager_loop(ref, d, 4, ga, out.global_step, 17, [](int64_t) { return 0.05; });
+    double sum = 0;
+    for (double l : want) sum += l;
+    EXPECT_LT(rel_err(out.training_loss, sum / static_cast<double>(out.global_step)), 1e-5);
+    expect_same_params(ref, acc, 1e-5);
+    const auto& st = trainer.stats();
+    EXPECT_EQ(st.compiles, 2) << "the micro-step and the update, once each";
+    EXPECT_EQ(st.recaptures, 0);
+    EXPECT_EQ(st.failed_captures, 0);
+    // Every call but the micro-step's first two and the update's first two ran compiled.
+    EXPECT_EQ(st.compiled_steps, 20 + 2 * per_epoch - 4);
+    EXPECT_TRUE(trainer.compiled());
+  }
 }
 
 // A dataset of the user's own, whose examples are two tensors the forward adds, 20 of them: micro-
@@ -651,8 +686,11 @@ TEST(TrainerTrain, OwnDatasetWithAShortLastBatchAndAShortLastGroup) {
   }
   auto pa = ref.net->parameters(), pb = model->net->parameters();
   for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
-  // The last group ran through step() (one micro-batch of 4): warm-up, capture, then compiled.
-  EXPECT_EQ(trainer.stats().compiled_steps, 1);
+  // Every group, the last of one micro-batch of 4 too, ran the micro-step and the update: the
+  // micro-step compiled for batches of 8 and, once more, of 4 (9 calls: 3 eager, the warm-up and
+  // the two captures), the update once (6 calls: warm-up, capture, 4 compiled).
+  EXPECT_EQ(trainer.stats().compiles, 3);
+  EXPECT_EQ(trainer.stats().compiled_steps, 10);
   EXPECT_EQ(trainer.stats().rebuilds, 0);
   fs::remove_all(args.output_dir);
 }
