@@ -609,7 +609,9 @@ Setting lr_scheduler_kwargs_setting() {
         {"polynomial", {"lr_end", "power"}},
         {"inverse_sqrt", {"timescale"}},
         {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}},
-        {"warmup_stable_decay", {"num_stable_steps", "num_decay_steps", "min_lr_ratio", "num_cycles", "decay_type"}}};
+        {"warmup_stable_decay", {"num_stable_steps", "num_decay_steps", "min_lr_ratio", "num_cycles", "decay_type"}},
+        {"reduce_lr_on_plateau",
+         {"mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "min_lr", "eps"}}};
     const auto t = takes.find(a.lr_scheduler_type);
     if (t == takes.end()) return;  // lr_scheduler_type's own check names it
     for (const auto& [k, v] : a.lr_scheduler_kwargs) {
@@ -620,8 +622,11 @@ Setting lr_scheduler_kwargs_setting() {
                           "lr_scheduler_type '" + a.lr_scheduler_type + "' takes " +
                               (t->second.empty() ? std::string("no arguments") : "only " + join(t->second)) +
                               ", not '" + k + "'");
-      if (k == "decay_type") {
-        const std::vector<std::string> valid = {"cosine", "linear", "1-sqrt"};
+      if (k == "decay_type" || k == "mode" || k == "threshold_mode") {
+        const std::vector<std::string> valid = k == "decay_type"
+                                                   ? std::vector<std::string>{"cosine", "linear", "1-sqrt"}
+                                               : k == "mode" ? std::vector<std::string>{"min", "max"}
+                                                             : std::vector<std::string>{"rel", "abs"};
         if (std::find(valid.begin(), valid.end(), v) == valid.end())
           throw ConfigError(at, full, "key '" + full + "' is '" + v + "'; valid values: " + join(valid));
         continue;
@@ -630,7 +635,17 @@ Setting lr_scheduler_kwargs_setting() {
       const double d = std::strtod(v.c_str(), &end);
       if (v.empty() || *end != '\0' || !std::isfinite(d) || d < 0)
         throw ConfigError(at, full, "key '" + full + "' must be a number >= 0, got '" + v + "'");
+      if (a.lr_scheduler_type == "reduce_lr_on_plateau") {
+        if (k == "factor" && d >= 1)
+          throw ConfigError(at, full, "key '" + full + "' must be below 1 (it multiplies the rate), got '" + v + "'");
+        if ((k == "patience" || k == "cooldown") && d != std::floor(d))
+          throw ConfigError(at, full, "key '" + full + "' must be a whole number of evaluations, got '" + v + "'");
+      }
     }
+    if (a.lr_scheduler_type == "reduce_lr_on_plateau" && a.eval_strategy == "no")
+      throw ConfigError(where, "lr_scheduler_type",
+                        "lr_scheduler_type 'reduce_lr_on_plateau' steps on evaluations and eval_strategy is 'no' "
+                        "(Hugging Face's rule): set eval_strategy to \"steps\" or \"epoch\"");
     if (a.lr_scheduler_type == "cosine_with_min_lr" &&
         a.lr_scheduler_kwargs.count("min_lr") == a.lr_scheduler_kwargs.count("min_lr_rate"))
       throw ConfigError(where, key,
@@ -668,20 +683,22 @@ void check_optim(const std::string& name, const SettingOrigin& where, const std:
 }
 
 const std::vector<std::string>& lr_scheduler_types() {
-  static const std::vector<std::string> t = {"constant",     "constant_with_warmup", "linear",
-                                             "cosine",       "cosine_with_restarts", "polynomial",
-                                             "inverse_sqrt", "cosine_with_min_lr",   "warmup_stable_decay"};
+  static const std::vector<std::string> t = {"constant",
+                                             "constant_with_warmup",
+                                             "linear",
+                                             "cosine",
+                                             "cosine_with_restarts",
+                                             "polynomial",
+                                             "inverse_sqrt",
+                                             "cosine_with_min_lr",
+                                             "warmup_stable_decay",
+                                             "reduce_lr_on_plateau"};
   return t;
 }
 
 void check_lr_scheduler_type(const std::string& type, const SettingOrigin& where, const std::string& key) {
   const auto& types = lr_scheduler_types();
   if (std::find(types.begin(), types.end(), type) != types.end()) return;
-  if (type == "reduce_lr_on_plateau")
-    throw ConfigError(where, key,
-                      "lr_scheduler_type 'reduce_lr_on_plateau' is Hugging Face's, and kiln does not have it yet (it "
-                      "steps on evaluation metrics); use one of " +
-                          join(types));
   std::string msg = "unknown lr_scheduler_type '" + type + "'";
   if (auto near = nearest_name(type, types)) msg += "; did you mean '" + *near + "'? Valid types: ";
   else msg += "; valid types: ";

@@ -494,13 +494,18 @@ struct CompiledStep::Impl {
       snapshot.restore();
       StepProbe::undo_placeholders(e.probe);
     };
-    // A gradient the plan accumulates into where it was must still be that tensor.
-    for (const auto& r : e.captured.read_grads)
-      if (!r.param.grad().defined() || !r.param.grad().is_same(r.grad))
+    // A gradient the plan accumulates into must still be there, as it was (the plan reads each
+    // parameter's gradient of the call, or, read through a part of it, the tensor it captured).
+    for (const auto& r : e.captured.read_grads) {
+      const at::Tensor& g = r.param.grad();
+      const bool fits = g.defined() && g.sizes() == r.grad.sizes() && g.strides() == r.grad.strides() &&
+                        g.dtype() == r.grad.dtype() && g.device() == r.grad.device() &&
+                        (r.rebound || g.is_same(r.grad));
+      if (!fits)
         return recapture(inputs, std::move(sig), e,
-                         "kiln: the gradient of " + r.name +
-                             (r.param.grad().defined() ? " is another tensor" : " was set to none") +
+                         "kiln: the gradient of " + r.name + (g.defined() ? " is another tensor" : " was set to none") +
                              " since the step was captured accumulating into it");
+    }
     for (const auto& [name, p] : e.captured.none_grads)
       if (p.grad().defined())
         return recapture(inputs, std::move(sig), e,

@@ -79,6 +79,7 @@ void bind(StepPlan& plan, const CapturedStep& cs, bool writeback_copy) {
       b.user = u->second;
     } else if (auto t = cs.bound.find(in.name); t != cs.bound.end()) {
       b.tensor = t->second;
+      if (auto p = cs.grad_inputs.find(in.name); p != cs.grad_inputs.end()) b.grad_of = p->second;
     } else if (auto c = plan.constants.find(in.value); c != plan.constants.end()) {
       b.tensor = c->second;
     } else {
@@ -99,6 +100,7 @@ void bind(StepPlan& plan, const CapturedStep& cs, bool writeback_copy) {
           throw std::runtime_error("the step writes its input '" + target.name +
                                    "'; kiln does not write user inputs back yet");
         b.target = t->second;
+        if (auto p = cs.grad_inputs.find(target.name); p != cs.grad_inputs.end()) b.grad_of = p->second;
         break;
       }
       case ir::OutputRole::Gradient: b.target = cs.grad_params.at(static_cast<size_t>(o.target)); break;

@@ -49,9 +49,10 @@ struct PlanOptions {
 
 struct InputBinding {
   ir::ValueId value = ir::kNoValue;
-  int user = -1;      // a user input: its index among the step's inputs
-  int lifted = -1;    // a lifted run-time scalar: StepPlan::lifted[lifted]
-  at::Tensor tensor;  // otherwise: the tensor read in place (parameter, state, buffer, constant)
+  int user = -1;       // a user input: its index among the step's inputs
+  int lifted = -1;     // a lifted run-time scalar: StepPlan::lifted[lifted]
+  at::Tensor tensor;   // otherwise: the tensor read in place (parameter, state, buffer, constant)
+  at::Tensor grad_of;  // set: read this parameter's gradient of the call instead of `tensor`
 };
 
 struct OutputBinding {
@@ -60,6 +61,7 @@ struct OutputBinding {
   int32_t index = -1;  // Result: the result's index; Gradient: the parameter's index
   at::Tensor target;   // WriteBack: the tensor written; Gradient: the parameter
   bool adopt = false;  // WriteBack: the target may take the value's storage (see the runner)
+  at::Tensor grad_of;  // WriteBack: set when the target is this parameter's gradient of the call
 };
 
 struct StepPlan {

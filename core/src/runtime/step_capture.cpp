@@ -137,11 +137,16 @@ CaptureOutcome capture_step(const StepFn& fn, const std::vector<at::Tensor>& inp
     // A gradient read where it is: as itself, or through an alias of it (an optimizer's
     // p.grad().data(), which the graph holds as a constant over the same memory).
     if ((in.role == ir::InputRole::Gradient || in.role == ir::InputRole::Constant) && t.defined() && t.has_storage())
-      for (const auto& h : had_grads)
-        if (h.grad.has_storage() && h.grad.storage().is_alias_of(t.storage()) &&
-            std::none_of(cs.read_grads.begin(), cs.read_grads.end(),
-                         [&](const CapturedStep::ReadGrad& r) { return r.name == h.name; }))
-          cs.read_grads.push_back(h);
+      for (const auto& h : had_grads) {
+        if (!h.grad.has_storage() || !h.grad.storage().is_alias_of(t.storage())) continue;
+        const bool whole = t.sizes() == h.grad.sizes() && t.strides() == h.grad.strides() &&
+                           t.storage_offset() == h.grad.storage_offset() && t.dtype() == h.grad.dtype();
+        if (whole) cs.grad_inputs[in.name] = h.param;
+        auto r = std::find_if(cs.read_grads.begin(), cs.read_grads.end(),
+                              [&](const CapturedStep::ReadGrad& x) { return x.name == h.name; });
+        if (r == cs.read_grads.end()) r = cs.read_grads.insert(cs.read_grads.end(), h);
+        r->rebound = r->rebound && whole;
+      }
     if (in.role == ir::InputRole::Parameter || in.role == ir::InputRole::Buffer ||
         in.role == ir::InputRole::OptimizerState)
       cs.storage_tensor[cs.raw.value(in.value).storage] = rec.input_tensors()[i];

@@ -31,13 +31,18 @@ struct CapturedStep {
   // undefined for the others.
   std::vector<at::Tensor> grad_params;
   // The gradients the step read where they were (accumulating into them): (parameter name, the
-  // parameter, its gradient at capture). A plan reads those tensors, so a gradient replaced since
-  // (set to none and made again, or assigned) means the plan would read the wrong one.
+  // parameter, its gradient at capture). A plan reads each parameter's gradient of the call (the
+  // raw inputs in `grad_inputs`); a gradient of another shape or layout since, or one read only
+  // through a part of it (`rebound` false: the plan holds that tensor), needs a capture again.
   struct ReadGrad {
     std::string name;
     at::Tensor param, grad;
+    bool rebound = true;
   };
   std::vector<ReadGrad> read_grads;
+  // Raw input name -> the parameter whose gradient it is (as itself, or an alias of all of it, an
+  // optimizer's p.grad().data()): bound to that parameter's gradient at every call.
+  std::unordered_map<std::string, at::Tensor> grad_inputs;
   // The parameters without a gradient when the capture began: a step that finds one there later
   // may accumulate into it where the plan makes a new one. (name, parameter)
   std::vector<std::pair<std::string, at::Tensor>> none_grads;

@@ -154,7 +154,7 @@ void StepRunner::bind(const std::vector<at::Tensor>& inputs, const std::vector<a
     else if (b.lifted >= 0) {
       const auto& [buf, idx] = plan_->lifted_at[static_cast<size_t>(b.lifted)];
       t = scalar_buffers_[buf].select(0, idx);
-    } else t = b.tensor;
+    } else t = b.grad_of.defined() ? b.grad_of.grad() : b.tensor;
     env_[static_cast<size_t>(b.value)] = std::move(t);
   }
 }
@@ -166,12 +166,13 @@ void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream,
   for (const auto& o : plan_->outputs) {
     if (o.role != ir::OutputRole::WriteBack) continue;
     auto& v = env_[static_cast<size_t>(o.value)];
-    if (v.is_same(o.target)) continue;
-    if (o.adopt && adopt_storage(o.target, v)) {
+    const at::Tensor& target = o.grad_of.defined() ? o.grad_of.grad() : o.target;
+    if (v.is_same(target)) continue;
+    if (o.adopt && adopt_storage(target, v)) {
       ++stats_.adopted_writebacks;
       continue;
     }
-    o.target.copy_(v);
+    target.copy_(v);
     ++stats_.copied_writebacks;
   }
 }
@@ -186,7 +187,9 @@ std::vector<at::Tensor> StepRunner::finish(bool clone_results) {
       const auto& o = plan_->outputs[k];
       auto& v = env_[static_cast<size_t>(o.value)];
       switch (o.role) {
-        case ir::OutputRole::WriteBack: o.target.unsafeGetTensorImpl()->bump_version(); break;
+        case ir::OutputRole::WriteBack:
+          (o.grad_of.defined() ? o.grad_of.grad() : o.target).unsafeGetTensorImpl()->bump_version();
+          break;
         case ir::OutputRole::Gradient: const_cast<at::Tensor&>(o.target).mutable_grad() = v; break;
         case ir::OutputRole::Result:
           // A replay's result already copied out by the graph itself is this step's own tensor.
@@ -360,8 +363,10 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
   for (auto& t : env_) t.reset();
   graph_addresses_.clear();
   for (const auto& b : plan_->inputs)
-    if (b.user < 0 && b.lifted < 0 && b.tensor.defined())
-      graph_addresses_.emplace_back(b.tensor, b.tensor.const_data_ptr());
+    if (b.user < 0 && b.lifted < 0 && b.tensor.defined()) {
+      const at::Tensor& t = b.grad_of.defined() ? b.grad_of.grad() : b.tensor;
+      graph_addresses_.push_back({b.grad_of.defined() ? b.grad_of : t, t.const_data_ptr(), b.grad_of.defined()});
+    }
   cg_ = std::move(cg);
   ++stats_.graphs_recorded;
   log_info(c10::str("kiln: recorded the step as a CUDA graph (", plan_->graph.nodes.size(), " nodes, ",
@@ -372,8 +377,8 @@ std::vector<at::Tensor> StepRunner::warm_up_and_record(const std::vector<at::Ten
 
 std::vector<at::Tensor> StepRunner::replay(const std::vector<at::Tensor>& inputs,
                                            const std::vector<c10::IValue>& scalars) {
-  for (const auto& [t, address] : graph_addresses_)
-    if (t.const_data_ptr() != address) {
+  for (const auto& [t, address, is_grad] : graph_addresses_)
+    if ((is_grad ? t.grad().const_data_ptr() : t.const_data_ptr()) != address) {
       log_info(
           "kiln: a tensor the CUDA graph reads in place has new memory (torch::load, Tensor::set_); recording "
           "the graph again");

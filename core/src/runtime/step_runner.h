@@ -103,9 +103,15 @@ class StepRunner {
   std::vector<at::Tensor> scalar_buffers_;  // one device buffer per dtype of lifted scalars
   bool graphs_ = false;                     // the plan's cuda_graph, until a capture fails
   std::unique_ptr<cudagraph::Step> cg_;
-  // Under a CUDA graph, the address of every tensor the graph reads in place: torch::load gives a
-  // parameter new memory (Tensor::set_), which a replay would not see.
-  std::vector<std::pair<at::Tensor, const void*>> graph_addresses_;
+  // Under a CUDA graph, the address of every tensor the graph reads in place at the recording (a
+  // parameter's gradient, when `grad`): torch::load gives a parameter new memory (Tensor::set_),
+  // and a loop may give a gradient a new tensor, which a replay would not see.
+  struct GraphAddress {
+    at::Tensor tensor;
+    const void* address;
+    bool grad;
+  };
+  std::vector<GraphAddress> graph_addresses_;
   // The copies inside the recorded graph (RunOptions::graph_copies, a plugin that re-points them):
   // each vector by user input, scalar buffer or plan output, holding the graph's copy index or -1
   // (copied around the launch, as without them), with what the recording copied from or into.

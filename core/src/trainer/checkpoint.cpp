@@ -288,6 +288,12 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
     ar.write("warmup_steps", c10::IValue(loop.schedule.warmup_steps));
     ar.write("total_steps", c10::IValue(loop.schedule.total_steps));
     ar.write("last_step", c10::IValue(loop.global_step));
+    if (!loop.schedule.plateau_lrs.empty()) {
+      ar.write("plateau_lrs", c10::IValue(c10::List<double>(loop.schedule.plateau_lrs)));
+      ar.write("plateau_best", c10::IValue(loop.schedule.plateau_best));
+      ar.write("plateau_num_bad_epochs", c10::IValue(loop.schedule.plateau_bad));
+      ar.write("plateau_cooldown_counter", c10::IValue(loop.schedule.plateau_cooldown));
+    }
     write_archive(ar, tmp / kScheduler);
   }
   {
@@ -572,6 +578,13 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
     loop.schedule.total_steps = read_int(ar, f, "total_steps");
     if (read_int(ar, f, "last_step") != loop.global_step)
       throw CheckpointError(f.string(), "was written at another step than " + std::string(kTrainerState));
+    if (c10::IValue v; ar.try_read("plateau_lrs", v)) {
+      if (!v.isDoubleList()) throw CheckpointError(f.string(), "'plateau_lrs' is not a list of numbers");
+      for (double r : v.toDoubleList()) loop.schedule.plateau_lrs.push_back(r);
+      loop.schedule.plateau_best = read_double(ar, f, "plateau_best");
+      loop.schedule.plateau_bad = read_int(ar, f, "plateau_num_bad_epochs");
+      loop.schedule.plateau_cooldown = read_int(ar, f, "plateau_cooldown_counter");
+    }
   }
   {
     const fs::path f = dir / kRng;

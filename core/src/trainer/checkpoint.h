@@ -27,6 +27,11 @@ struct Schedule {
   std::vector<double> peak_lrs;  // each parameter group's peak rate (Hugging Face's base_lrs)
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;
+  // reduce_lr_on_plateau: the rates it set, the best metric so far, the evaluations without
+  // improvement and the cooldown left (PyTorch's ReduceLROnPlateau state).
+  std::vector<double> plateau_lrs;
+  double plateau_best = 0;
+  int64_t plateau_bad = 0, plateau_cooldown = 0;
 };
 
 // Everything of train()'s loop a checkpoint holds besides the model and the optimizer.

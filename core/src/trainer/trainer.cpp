@@ -230,8 +230,48 @@ struct Trainer::Impl {
   std::vector<double> peak_lrs;
   void set_rates(double factor) {
     auto& groups = optimizer->param_groups();
+    if (plateau.on) {
+      for (size_t i = 0; i < groups.size() && i < plateau.lrs.size(); ++i) groups[i].options().set_lr(plateau.lrs[i]);
+      return;
+    }
     for (size_t i = 0; i < groups.size() && i < peak_lrs.size(); ++i) groups[i].options().set_lr(peak_lrs[i] * factor);
   }
+  // lr_scheduler_type "reduce_lr_on_plateau": PyTorch's ReduceLROnPlateau, stepped as Hugging Face
+  // steps it, once after each evaluation on metric_for_best_model ("loss" unless named), with its
+  // arguments from lr_scheduler_kwargs. No warmup, no per-step schedule: the rates it sets stay
+  // until an evaluation lowers them.
+  struct Plateau {
+    bool on = false;
+    bool max_mode = false, relative = true;
+    double factor = 0.1, threshold = 1e-4, min_lr = 0, eps = 1e-8;
+    int64_t patience = 10, cooldown = 0;
+    double best = 0;
+    int64_t bad = 0, cooldown_left = 0;  // evaluations without improvement; cooldown still to wait
+    std::vector<double> lrs;             // each parameter group's rate
+    bool better(double m) const {
+      if (max_mode) return relative ? m > best * (1 + threshold) : m > best + threshold;
+      return relative ? m < best * (1 - threshold) : m < best - threshold;
+    }
+    // One evaluation's metric; true when it lowered a rate.
+    bool step(double metric) {
+      if (better(metric)) {
+        best = metric;
+        bad = 0;
+      } else {
+        ++bad;
+      }
+      if (cooldown_left > 0) --cooldown_left, bad = 0;
+      if (bad <= patience) return false;
+      bool lowered = false;
+      for (double& lr : lrs) {
+        const double next = std::max(lr * factor, min_lr);
+        if (lr - next > eps) lr = next, lowered = true;
+      }
+      cooldown_left = cooldown;
+      bad = 0;
+      return lowered;
+    }
+  } plateau;
   ComputeMetricsFn compute_metrics;
   // train()'s and evaluate()'s micro-batches; none: examples stacked (stack_examples).
   DataCollator collator;
@@ -350,7 +390,7 @@ double schedule_factor(const std::string& type, const std::map<std::string, std:
   const double linear_warmup = static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup));
   const double progress =
       static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup));
-  if (type == "constant") return 1.0;
+  if (type == "constant" || type == "reduce_lr_on_plateau") return 1.0;
   if (type == "warmup_stable_decay") {
     const double min_ratio = arg("min_lr_ratio", 0.0), cycles = arg("num_cycles", 0.5);
     const auto decay = static_cast<int64_t>(arg("num_decay_steps", 0));
@@ -827,10 +867,10 @@ const TrainerState& Trainer::state() const { return impl_->state; }
 namespace {
 
 // metric_for_best_model as evaluate() names it ("accuracy" is "eval_accuracy"); "" when no best is
-// kept ("loss" when load_best_model_at_end asks for one without naming it).
+// kept ("loss" when load_best_model_at_end or reduce_lr_on_plateau asks for one without naming it).
 std::string best_metric_key(const TrainingArguments& a) {
   std::string m = a.metric_for_best_model;
-  if (m.empty() && a.load_best_model_at_end) m = "loss";
+  if (m.empty() && (a.load_best_model_at_end || a.lr_scheduler_type == "reduce_lr_on_plateau")) m = "loss";
   if (m.empty()) return m;
   return m.rfind("eval_", 0) == 0 ? m : "eval_" + m;
 }
@@ -1080,7 +1120,10 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     return schedule_factor(a.lr_scheduler_type, a.lr_scheduler_kwargs, step, warmup, total_steps,
                            im->peak_lrs.empty() ? 1.0 : im->peak_lrs[0]);
   };
-  auto lr_at = [&](int64_t step) { return (im->peak_lrs.empty() ? 0.0 : im->peak_lrs[0]) * factor_at(step); };
+  auto lr_at = [&](int64_t step) {
+    if (im->plateau.on) return im->plateau.lrs.empty() ? 0.0 : im->plateau.lrs[0];
+    return (im->peak_lrs.empty() ? 0.0 : im->peak_lrs[0]) * factor_at(step);
+  };
   // logging_steps, eval_steps and save_steps below 1 are ratios of the run (Hugging Face's: rounded up).
   auto every = [&](double steps) {
     return steps < 1 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(steps * static_cast<double>(total_steps))))
@@ -1146,7 +1189,36 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     im->peak_lrs.clear();
     for (auto& group : im->optimizer->param_groups()) im->peak_lrs.push_back(group.options().get_lr());
   }
-  loop.schedule = {a.lr_scheduler_type, im->peak_lrs, warmup, total_steps};
+  loop.schedule = checkpoint::Schedule{};
+  loop.schedule.type = a.lr_scheduler_type;
+  loop.schedule.peak_lrs = im->peak_lrs;
+  loop.schedule.warmup_steps = warmup;
+  loop.schedule.total_steps = total_steps;
+  im->plateau = Impl::Plateau{};
+  if (a.lr_scheduler_type == "reduce_lr_on_plateau") {
+    if (a.eval_strategy == "no" || !eval_dataset)
+      throw std::invalid_argument(
+          std::string("kiln::Trainer::train: lr_scheduler_type reduce_lr_on_plateau steps on evaluations (Hugging "
+                      "Face's rule): ") +
+          (a.eval_strategy == "no" ? "set eval_strategy to \"steps\" or \"epoch\"" : "give train() an eval dataset"));
+    auto& pl = im->plateau;
+    const auto& kw = a.lr_scheduler_kwargs;
+    auto num = [&](const char* k, double otherwise) { return kw.count(k) ? std::stod(kw.at(k)) : otherwise; };
+    pl.on = true;
+    pl.max_mode = kw.count("mode") && kw.at("mode") == "max";
+    pl.relative = !(kw.count("threshold_mode") && kw.at("threshold_mode") == "abs");
+    pl.factor = num("factor", 0.1);
+    pl.patience = static_cast<int64_t>(num("patience", 10));
+    pl.threshold = num("threshold", 1e-4);
+    pl.cooldown = static_cast<int64_t>(num("cooldown", 0));
+    pl.min_lr = num("min_lr", 0);
+    pl.eps = num("eps", 1e-8);
+    pl.best = pl.max_mode ? -INFINITY : INFINITY;
+    pl.lrs = im->peak_lrs;
+    if (warmup > 0 && world_zero)
+      log_info(c10::str("kiln::Trainer::train: reduce_lr_on_plateau has no warmup (as in Hugging Face): the ", warmup,
+                        " warmup steps asked for are not taken"));
+  }
 
   // Resuming: everything is read and checked before anything of this run is written.
   int64_t start_epoch = 0, start_in_epoch = 0;
@@ -1194,6 +1266,12 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       im->peak_lrs.assign(n_groups, s.peak_lrs[0]);
       if (s.peak_lrs.size() == n_groups) im->peak_lrs = s.peak_lrs;
       loop.schedule.peak_lrs = im->peak_lrs;
+    }
+    if (im->plateau.on && s.type == a.lr_scheduler_type && s.plateau_lrs.size() == n_groups) {
+      im->plateau.lrs = s.plateau_lrs;
+      im->plateau.best = s.plateau_best;
+      im->plateau.bad = s.plateau_bad;
+      im->plateau.cooldown_left = s.plateau_cooldown;
     }
     if (s.type != a.lr_scheduler_type || s.peak_lrs != im->peak_lrs || s.warmup_steps != warmup ||
         s.total_steps != total_steps)
@@ -1352,6 +1430,18 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
                                                        {"epoch", loop.epoch_progress}};
     fields.insert(fields.end(), m.begin(), m.end());
     log_line(json_line(fields));
+    // reduce_lr_on_plateau steps on the metric (the ranks' evaluations agree: every rank lowers
+    // its rates alike).
+    if (im->plateau.on) {
+      const auto it = metrics_by_name.find(best_key);
+      if (it == metrics_by_name.end())
+        throw std::invalid_argument("kiln::Trainer::train: reduce_lr_on_plateau steps on " + best_key +
+                                    " (metric_for_best_model), which the evaluation did not report");
+      if (im->plateau.step(it->second))
+        progress.line(c10::str("reduce_lr_on_plateau: ", best_key, " ", display_number(it->second),
+                               " has not improved on ", display_number(im->plateau.best), " for more than ",
+                               im->plateau.patience, " evaluations: learning_rate ", rates_text(im->plateau.lrs)));
+    }
     std::string text = c10::str("step ", loop.global_step, "/", total_steps, ":");
     for (const auto& [k, v] : m)
       if (k.find("runtime") == std::string::npos && k.find("per_second") == std::string::npos)
@@ -1365,6 +1455,12 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.data_order_state = order_state;
     // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
     im->set_rates(factor_at(loop.global_step));
+    if (im->plateau.on) {
+      loop.schedule.plateau_lrs = im->plateau.lrs;
+      loop.schedule.plateau_best = im->plateau.best;
+      loop.schedule.plateau_bad = im->plateau.bad;
+      loop.schedule.plateau_cooldown = im->plateau.cooldown_left;
+    }
     if (best_at_step == loop.global_step)
       state.best_model_checkpoint = loop.best_model_checkpoint =
           (std::filesystem::path(a.output_dir) / checkpoint::folder_name(loop.global_step)).string();

@@ -509,7 +509,7 @@ TEST_F(ConfigTest, ValidateChecksValuesSetInCode) {
   EXPECT_EQ(error_in_code(f),
             "code: unknown lr_scheduler_type 'cosin'; did you mean 'cosine'? Valid types: constant, "
             "constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, "
-            "warmup_stable_decay");
+            "warmup_stable_decay, reduce_lr_on_plateau");
   TrainingArguments g;
   g.warmup_ratio = 1.5;
   EXPECT_EQ(error_in_code(g), "code: key 'warmup_ratio' must be a number from 0 to 1, got 1.5");

@@ -180,6 +180,10 @@ kiln::TrainingArguments resume_args(const ResumeCase& c, const std::string& dir)
   a.eval_strategy = c.eval_strategy;
   a.eval_steps = 2;
   a.seed = 23;
+  if (c.scheduler == "reduce_lr_on_plateau") {
+    a.learning_rate = 0.3;  // large enough that the eval loss stops improving within the run
+    a.lr_scheduler_kwargs = {{"patience", "0"}, {"factor", "0.5"}, {"threshold", "0.02"}};
+  }
   return a;
 }
 
@@ -260,7 +264,10 @@ INSTANTIATE_TEST_SUITE_P(Trainer, Resume,
                          ::testing::Values(ResumeCase{"adamw_accumulation_warmup_mid_epoch", true, 2, "linear", 3,
                                                       "steps", 4, "steps", 10, 76, "checkpoint-4", 4},
                                            ResumeCase{"sgd_cosine_epoch_end", false, 1, "cosine", 2, "epoch", 500,
-                                                      "epoch", 12, 1 + 48 + 2, "checkpoint-5", 5}),
+                                                      "epoch", 12, 1 + 48 + 2, "checkpoint-5", 5},
+                                           // The plateau's best, count and lowered rates in the checkpoint.
+                                           ResumeCase{"adamw_reduce_lr_on_plateau", true, 1, "reduce_lr_on_plateau", 0,
+                                                      "steps", 4, "steps", 10, 1 + 40 + 4, "checkpoint-4", 4}),
                          [](const ::testing::TestParamInfo<ResumeCase>& info) { return std::string(info.param.name); });
 
 kiln::TrainingArguments small_args(const std::string& dir) {

@@ -615,11 +615,10 @@ TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
 // that only adds a micro-batch's gradients into .grad (no zero_grad), and an update that steps and
 // zeroes the gradients in place. The micro-step's plan reads the gradients where they are, so when
 // the loop sets them to none (zero_grad()), or a step of its own gives them new tensors, the
-// micro-step must not read the old ones: it is captured again, and every loss and parameter stays
-// eager's, bit for bit. `replacing`: the update also gives every gradient a new tensor before it
-// steps (as a gradient all_reduce that assigns its result may), so both steps find the gradients
-// replaced at every step: captured again until recompile_limit, then eager, and still eager's
-// numbers.
+// micro-step must not read the old ones: every loss and parameter stays eager's, bit for bit. A
+// gradient set to none gets the step captured again; a gradient that is another tensor of the same shape (made anew by
+// the loop, or, `replacing`, by the update itself before it steps, as a gradient all_reduce that assigns its result
+// may) is read where it is now, without a capture.
 void accumulate_in_two_steps(bool replacing) {
   const auto seed = fresh_seed();
   torch::manual_seed(seed);
@@ -665,17 +664,14 @@ void accumulate_in_two_steps(bool replacing) {
     update({});
     expect_equal(net->parameters(), ref->parameters(), "step " + std::to_string(s) + " parameter");
   }
-  if (replacing) {
-    EXPECT_GE(update.stats().recaptures, 2);
-    EXPECT_GE(micro.stats().recaptures, 2);
-    EXPECT_NE(micro.stats().last_fallback.find("recompile_limit"), std::string::npos) << micro.stats().last_fallback;
-    return;
-  }
-  EXPECT_GE(micro.stats().recaptures, 2) << "the gradients were replaced twice";
+  // Set to none (at 6), the gradients make the micro-step capture again, and its next call, which
+  // finds them again, once more; tensors of the same shape in their place are read where they are.
+  EXPECT_EQ(micro.stats().recaptures, 2) << micro.stats().last_fallback;
+  EXPECT_EQ(update.stats().recaptures, 0) << update.stats().last_fallback;
   EXPECT_TRUE(micro.last_step_compiled());
   EXPECT_TRUE(update.last_step_compiled());
   EXPECT_GE(micro.stats().compiled_steps, 10);
 }
 
-TEST(StepGuards, AGradientReplacedSinceTheCaptureRecaptures) { accumulate_in_two_steps(false); }
-TEST(StepGuards, AStepThatReplacesTheGradientsItReadsIsCapturedAgainNotReplayed) { accumulate_in_two_steps(true); }
+TEST(StepGuards, AGradientReplacedSinceTheCaptureIsNotReadStale) { accumulate_in_two_steps(false); }
+TEST(StepGuards, AStepThatReplacesTheGradientsItReadsReadsTheNewOnes) { accumulate_in_two_steps(true); }

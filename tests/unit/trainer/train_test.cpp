@@ -22,6 +22,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/schedulers/reduce_on_plateau_scheduler.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/utils.h>
@@ -803,12 +804,81 @@ TEST(TrainerTrain, HuggingFacesOtherSchedulesGiveTheirRates) {
   // (compile_step and the Trainer do), since the table may come later in a file.
   const auto no_min = kiln::TrainingArguments::from_toml_string("lr_scheduler_type = 'cosine_with_min_lr'\n", "x");
   EXPECT_THROW(no_min.validate(), kiln::ConfigError);
+  // reduce_lr_on_plateau steps on evaluations: without an eval strategy it is refused, as its
+  // arguments out of range are.
+  const auto no_eval = kiln::TrainingArguments::from_toml_string("lr_scheduler_type = 'reduce_lr_on_plateau'\n", "p");
   try {
-    (void)kiln::TrainingArguments::from_toml_string("lr_scheduler_type = 'reduce_lr_on_plateau'\n", "p.toml");
-    ADD_FAILURE() << "reduce_lr_on_plateau accepted";
+    no_eval.validate();
+    ADD_FAILURE() << "reduce_lr_on_plateau accepted without an eval strategy";
   } catch (const kiln::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("kiln does not have it yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("set eval_strategy"), std::string::npos) << e.what();
   }
+  for (const std::string bad : {"factor = 1.5", "mode = 'up'", "patience = 2.5", "threshold_mode = 'pct'"}) {
+    try {
+      (void)kiln::TrainingArguments::from_toml_string(
+          "lr_scheduler_type = 'reduce_lr_on_plateau'\neval_strategy = 'steps'\n[lr_scheduler_kwargs]\n" + bad + "\n",
+          "p.toml")
+          .validate();
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const kiln::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("lr_scheduler_kwargs." + bad.substr(0, bad.find(' '))), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// reduce_lr_on_plateau as Hugging Face runs it: PyTorch's ReduceLROnPlateau stepped after every
+// evaluation on eval_loss (metric_for_best_model unset), its arguments from lr_scheduler_kwargs,
+// no warmup. The rates the run logged are those LibTorch's own ReduceLROnPlateauScheduler gives
+// on the run's logged eval losses, and the compiled run's parameters are the eager loop's at those
+// rates.
+TEST(TrainerTrain, ReduceLrOnPlateauLowersTheRateOnTheEvaluationsAsPyTorchDoes) {
+  const auto d = make_data(40), e = make_data(16);  // 5 steps an epoch
+  auto s = make(3, true), ref = make(3, true);
+  const std::string dir = fresh_dir("plateau");
+  auto args = train_args(dir);
+  args.num_train_epochs = 6;
+  args.learning_rate = 0.4;  // large enough that the eval loss stops improving
+  args.lr_scheduler_type = "reduce_lr_on_plateau";
+  args.lr_scheduler_kwargs = {{"patience", "1"}, {"factor", "0.5"}, {"threshold", "0.01"}, {"cooldown", "1"}};
+  args.warmup_steps = 2;  // not taken, as in Hugging Face
+  args.eval_strategy = "steps";
+  args.eval_steps = 2;
+  args.logging_steps = 1;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  const auto out = trainer.train(kiln::TensorDataset({d.x}, d.y), kiln::TensorDataset({e.x}, e.y));
+  ASSERT_EQ(out.global_step, 30);
+  std::vector<double> logged_lr, eval_loss;
+  for (const auto& l : read_metrics(dir)) {
+    if (l.count("learning_rate")) logged_lr.push_back(l.at("learning_rate"));
+    if (l.count("eval_loss")) eval_loss.push_back(l.at("eval_loss"));
+  }
+  ASSERT_EQ(logged_lr.size(), 30u);
+  ASSERT_EQ(eval_loss.size(), 15u);
+  // LibTorch's scheduler on an optimizer of its own, stepped on the same losses at the same steps.
+  auto probe = at::zeros({1}, at::requires_grad());
+  torch::optim::SGD plain({probe}, torch::optim::SGDOptions(0.4));
+  torch::optim::ReduceLROnPlateauScheduler sched(plain, torch::optim::ReduceLROnPlateauScheduler::min, 0.5f, 1, 0.01,
+                                                 torch::optim::ReduceLROnPlateauScheduler::rel, 1);
+  std::vector<double> want_lr;  // the rate each step ran at
+  size_t lowered = 0;
+  for (int64_t step = 1; step <= 30; ++step) {
+    want_lr.push_back(plain.param_groups()[0].options().get_lr());
+    // Logged after the step, before its evaluation: the rate the step ran at.
+    EXPECT_NEAR(logged_lr[static_cast<size_t>(step - 1)], want_lr.back(), 1e-12) << "step " << step;
+    if (step % 2 == 0) {
+      const double before = plain.param_groups()[0].options().get_lr();
+      sched.step(static_cast<float>(eval_loss[static_cast<size_t>(step / 2 - 1)]));
+      lowered += plain.param_groups()[0].options().get_lr() < before;
+    }
+  }
+  EXPECT_GE(lowered, 2u) << "the run should have lowered its rate at least twice";
+  EXPECT_LT(want_lr.back(), 0.4);
+  // The same training eagerly, at those rates.
+  eager_loop(ref, d, 8, 1, 30, 17, [&](int64_t step) { return want_lr[static_cast<size_t>(step)]; });
+  expect_same_params(ref, s, 1e-5);
+  EXPECT_GT(trainer.stats().compiled_steps, 20);
+  fs::remove_all(dir);
 }
 
 // logging_steps, eval_steps and save_steps below 1 are ratios of the run; logging_first_step logs
