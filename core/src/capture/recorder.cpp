@@ -1,5 +1,7 @@
 // StepRecorder and probe_calls: the two ModeHandlers of kiln's capture.
 #include <mutex>
+#include <set>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -221,6 +223,61 @@ struct StepRecorder::State : capture_detail::ModeHandler {
     failure = {std::move(op), std::move(reason)};
   }
 
+  // Where a value comes from, for messages: a tensor the step was given by what it is ("parameter
+  // fc1.weight", "the step's input 0"), a computed one by its op and the module whose parameter it
+  // is nearest to ("aten::gt in module fc2 (after parameter fc2.weight)"), or the input it is
+  // nearest to when no parameter is.
+  std::string describe(ir::ValueId v) const {
+    if (v == ir::kNoValue || static_cast<size_t>(v) >= graph.values.size()) return "a tensor the step made on the host";
+    auto input_text = [&](const ir::Input& in) -> std::string {
+      switch (in.role) {
+        case ir::InputRole::UserInput: return "the step's input " + in.name.substr(in.name.find('.') + 1);
+        case ir::InputRole::Parameter: return "parameter " + in.name;
+        case ir::InputRole::Gradient: return "the gradient of " + in.name.substr(5);
+        case ir::InputRole::Buffer: return "buffer " + in.name;
+        case ir::InputRole::OptimizerState: return "optimizer state " + in.name.substr(in.name.find('.') + 1);
+        default: return "a constant tensor";
+      }
+    };
+    auto input_of = [&](ir::ValueId x) -> const ir::Input* {
+      for (const auto& in : graph.inputs)
+        if (in.value == x) return &in;
+      return nullptr;
+    };
+    if (const auto* in = input_of(v)) return input_text(*in);
+    const int32_t producer = graph.value(v).producer;
+    if (producer < 0) return "a tensor the step made on the host";
+    std::string text = graph.nodes[static_cast<size_t>(producer)].op;
+    // Breadth first through what it was computed from: the nearest parameter names the module.
+    std::vector<ir::ValueId> queue = {v};
+    std::set<ir::ValueId> seen = {v};
+    const ir::Input* nearest_input = nullptr;
+    for (size_t i = 0; i < queue.size() && i < 512; ++i) {
+      if (const auto* in = input_of(queue[i])) {
+        if (in->role == ir::InputRole::Parameter) {
+          const size_t dot = in->name.rfind('.');
+          return text + (dot == std::string::npos
+                             ? " (after parameter " + in->name + ")"
+                             : " in module " + in->name.substr(0, dot) + " (after parameter " + in->name + ")");
+        }
+        if (!nearest_input) nearest_input = in;
+        continue;
+      }
+      const int32_t p = graph.value(queue[i]).producer;
+      if (p < 0) continue;
+      for (auto x : ir::Graph::node_inputs(graph.nodes[static_cast<size_t>(p)]))
+        if (seen.insert(x).second) queue.push_back(x);
+    }
+    return nearest_input ? text + " of " + input_text(*nearest_input) : text;
+  }
+
+  // The first tensor argument of the op about to run, described.
+  std::string describe_first_tensor(const torch::jit::Stack& stack, size_t n_args) {
+    for (size_t i = stack.size() - n_args; i < stack.size(); ++i)
+      if (stack[i].isTensor() && stack[i].toTensor().defined()) return describe(value_for_arg(stack[i].toTensor()));
+    return "";
+  }
+
   int32_t storage_of(const at::Tensor& t, bool& known_storage) {
     const auto* st = t.storage().unsafeGetStorageImpl();
     auto it = storage_id.find(st);
@@ -296,11 +353,14 @@ struct StepRecorder::State : capture_detail::ModeHandler {
           // reading them). nn::MultiheadAttention asks it to pick its self-attention path.
           pending_equal = true;
         } else if (is_data_dependent_op(node.op)) {
-          fail(node.op, "its result depends on tensor data (" + node.op + ")");
+          const std::string of = describe_first_tensor(*stack, sargs.size());
+          fail(node.op, "its result depends on tensor data (" + node.op + (of.empty() ? "" : " of " + of) + ")");
         } else if (node.op == "aten::index.Tensor" && has_mask_index(*(stack->end() - 1))) {
           // x[mask]: as many elements as the mask holds true values. ATen finds them inside the
           // op (a nonzero the recorder does not see), so a replay would keep the first count.
-          fail(node.op, "its result depends on tensor data (" + node.op + " with a boolean mask)");
+          const std::string of = describe_first_tensor(*stack, sargs.size());
+          fail(node.op, "its result depends on tensor data (" + node.op + (of.empty() ? "" : " of " + of) +
+                            " with a boolean mask)");
         } else {
           record = true;
           const size_t n = sargs.size();
@@ -420,10 +480,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
     auto it = impl_value.find(t.unsafeGetTensorImpl());
     const ir::ValueId v = it != impl_value.end() ? it->second : ir::kNoValue;
     if (v == ir::kNoValue || static_cast<size_t>(v) >= used_on_device.size() || !used_on_device[static_cast<size_t>(v)])
-      return fail(op, "it reads a tensor's value on the host (.item(), " + op +
+      return fail(op, "it reads a tensor's value on the host (.item(), " + op + ", of " + describe(v) +
                           ") before the step uses that tensor on the device: host code may decide on it");
     pending_read = true;
-    host_reads.push_back(c10::str(".item() of value %", v, ", already used on the device"));
+    host_reads.push_back(".item() of " + describe(v) + ", already used on the device");
   }
 
   bool passes_read_value(const ir::Arg& a) const {

@@ -141,7 +141,7 @@ TEST(Capture, GptGraphHoldsForwardBackwardAndOptimizer) {
 TEST(Capture, ItemStopsRecordingAndNamesTheOp) {
   torch::nn::Linear lin(3, 2);
   auto x = at::randn({4, 3});
-  kiln::StepRecorder rec({{lin->weight, InputRole::Parameter, "weight"}, {x, InputRole::UserInput, "input.0", 0}});
+  kiln::StepRecorder rec({{lin->weight, InputRole::Parameter, "fc.weight"}, {x, InputRole::UserInput, "input.0", 0}});
   float seen = 0;
   rec.run([&] {
     auto y = lin->forward(x);
@@ -151,6 +151,9 @@ TEST(Capture, ItemStopsRecordingAndNamesTheOp) {
   EXPECT_FALSE(rec.ok());
   EXPECT_EQ(rec.failure().op, "aten::_local_scalar_dense");
   EXPECT_NE(rec.failure().reason.find("aten::_local_scalar_dense"), std::string::npos) << rec.failure().reason;
+  // The tensor read is named by the op that made it and the module of the nearest parameter.
+  EXPECT_NE(rec.failure().reason.find("of aten::sum in module fc (after parameter fc.weight)"), std::string::npos)
+      << rec.failure().reason;
   EXPECT_FLOAT_EQ(seen, lin->forward(x).sum().item<float>()) << "the step still ran to its end";
 }
 
@@ -160,6 +163,27 @@ TEST(Capture, NonzeroStopsRecording) {
   rec.run([&] { return std::vector<at::Tensor>{x.nonzero()}; });
   EXPECT_FALSE(rec.ok());
   EXPECT_EQ(rec.failure().op, "aten::nonzero");
+  EXPECT_NE(rec.failure().reason.find("aten::nonzero of the step's input 0"), std::string::npos)
+      << rec.failure().reason;
+}
+
+// A read let through (a value already used on the device) is reported by what it reads: the
+// result of an op, in the module of the nearest parameter.
+TEST(Capture, AHostReadItLetsThroughIsNamedByOpAndModule) {
+  torch::nn::Linear lin(3, 2);
+  auto x = at::randn({4, 3});
+  kiln::StepRecorder rec({{lin->weight, InputRole::Parameter, "head.weight"}, {x, InputRole::UserInput, "input.0", 0}});
+  rec.run([&] {
+    auto s = lin->forward(x).sum();
+    auto out = s * 2;
+    (void)s.item<float>();
+    return std::vector<at::Tensor>{out};
+  });
+  ASSERT_TRUE(rec.ok()) << rec.failure().reason;
+  ASSERT_EQ(rec.host_reads().size(), 1u);
+  EXPECT_EQ(rec.host_reads()[0],
+            ".item() of aten::sum in module head (after parameter head.weight), already used on "
+            "the device");
 }
 
 // x[mask] has as many elements as the mask has true values: not a shape a replay can keep. An
