@@ -126,7 +126,8 @@ struct Step::Impl {
         device(d),
         random(r),
         shared(std::move(sp)),
-        stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+        stream(shared ? c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, shared->stream())
+                      : c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
 
   DLDevice dl() const { return DLDevice{kDLCUDA, static_cast<int32_t>(device.index())}; }
 
@@ -143,8 +144,10 @@ struct Step::Impl {
   }
 };
 
-GraphPool::GraphPool(c10::Device device) : device_(device) {
+GraphPool::GraphPool(c10::Device device)
+    : device_(device), stream_(c10::Stream::DEFAULT, device.is_cuda() ? device : c10::Device(c10::kCUDA, 0)) {
   if (!device.is_cuda()) throw std::invalid_argument("kiln: a CUDA graph pool on " + device.str());
+  stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()).unwrap();
   const c10::MempoolId_t id = at::cuda::graph_pool_handle();
   c10::cuda::CUDACachingAllocator::createOrIncrefPool(device.index(), id);
   id_ = {id.first, id.second};
@@ -367,7 +370,7 @@ void cuda_reset_peak_allocated(int device) {
 #else  // no CUDA toolkit: nothing records graphs
 
 namespace kiln::cudagraph {
-GraphPool::GraphPool(c10::Device device) : device_(device) {
+GraphPool::GraphPool(c10::Device device) : device_(device), stream_(c10::Stream::DEFAULT, device) {
   throw std::runtime_error("kiln was built without the CUDA toolkit or without a CUDA build of LibTorch");
 }
 GraphPool::~GraphPool() = default;

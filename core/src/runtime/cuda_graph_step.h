@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include "kiln/plugin_api.h"
 
@@ -56,10 +57,15 @@ class GraphPool {
   c10::Device device() const { return device_; }
   // The allocator's pool id (c10::MempoolId_t's two halves).
   std::pair<unsigned long long, unsigned long long> id() const { return id_; }
+  // The stream every graph of the pool warms up and records on: the allocator hands a free block
+  // only to an allocation on the stream it was made on, so graphs recorded on streams of their own
+  // would never reuse each other's memory.
+  c10::Stream stream() const { return stream_; }
 
  private:
   c10::Device device_;
   std::pair<unsigned long long, unsigned long long> id_{0, 0};
+  c10::Stream stream_;
 };
 
 class Step {

@@ -381,15 +381,24 @@ TEST(CudaGraphsCuda, TheGraphsOfADynamicStepShareOneMemoryPool) {
   auto args = args_for("cudagraphs", "default");
   args.runtime.dynamic = "true";
   auto step = kiln::compile_step(step_fn(net, opt), {{net.ptr()}, {&opt}}, args);
-  // The private pools' segments: how many pools, and their bytes.
-  auto pools = [] {
-    std::set<std::pair<unsigned long long, unsigned long long>> ids;
+  // The private pools' segments made since this test began (earlier tests of this process may
+  // hold pools of their own): how many pools, and their bytes.
+  using PoolId = std::pair<unsigned long long, unsigned long long>;
+  auto pool_segments = [] {
+    std::vector<std::pair<PoolId, size_t>> out;
+    for (const auto& seg : CA::snapshot({0, 0}, false).segments)
+      if (seg.owner_private_pool_id.first != 0 || seg.owner_private_pool_id.second != 0)
+        out.push_back({{seg.owner_private_pool_id.first, seg.owner_private_pool_id.second}, seg.total_size});
+    return out;
+  };
+  CA::emptyCache();
+  std::set<PoolId> earlier;
+  for (const auto& [id, bytes] : pool_segments()) earlier.insert(id);
+  auto pools = [&] {
+    std::set<PoolId> ids;
     size_t bytes = 0;
-    for (const auto& seg : CA::snapshot({0, 0}, false).segments) {
-      if (seg.owner_private_pool_id.first == 0 && seg.owner_private_pool_id.second == 0) continue;
-      ids.insert({seg.owner_private_pool_id.first, seg.owner_private_pool_id.second});
-      bytes += seg.total_size;
-    }
+    for (const auto& [id, b] : pool_segments())
+      if (!earlier.count(id)) ids.insert(id), bytes += b;
     return std::make_pair(ids.size(), bytes);
   };
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77);
