@@ -357,8 +357,9 @@ class Trainer {
   // The optimizer the steps update: the one the Trainer was given, or the one it made.
   torch::optim::Optimizer& optimizer();
   // Counters (compiles, compiled and eager steps, compile time, last fallback reason) and the
-  // compiled step itself (its captured and compiled graphs): step()'s, or, after train() ran
-  // groups of several micro-batches, the accumulating step's.
+  // compiled step itself (its captured and compiled graphs): step()'s, or, after train() ran with
+  // gradient_accumulation_steps > 1, the micro-step's (the counters then add up the micro-step's
+  // and the update's).
   const StepStats& stats() const;
   const CompiledStep& compiled_step() const;
 
