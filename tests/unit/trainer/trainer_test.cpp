@@ -276,7 +276,11 @@ TEST(Trainer, ADynamicStormRunsCompiledAndItsMemoryStaysBounded) {
     auto y = at::randint(0, 5, {batch});
     auto got = trainer.step(x, y);
     auto want = eager_step(ref, x, y);
-    ASSERT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << "step " << step;
+    // The default backend's generated kernels sum in their own order: over 400 steps of training
+    // the two trajectories part by more than float32's 1e-5 now and then (1 run in 8 at step 281),
+    // so this test, about plans and memory, holds them to the generated kernels' 1e-4.
+    ASSERT_TRUE(at::allclose(got, want, 1e-4, 1e-6))
+        << "step " << step << ": " << got.item<double>() << " vs " << want.item<double>();
     if (step >= 3) {
       ASSERT_TRUE(trainer.compiled()) << "step " << step << ": " << trainer.stats().last_fallback;
     }
@@ -292,7 +296,12 @@ TEST(Trainer, ADynamicStormRunsCompiledAndItsMemoryStaysBounded) {
   if (kResidentMemoryIsChecked) {
     EXPECT_LT(grown, 8.0);
   }
-  expect_same_params(ref, s);
+  // By norm: an element near zero may differ by more than any element-wise tolerance.
+  auto pa = ref.net->parameters(), pb = s.net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const double rel = (pa[i] - pb[i]).norm().item<double>() / std::max(pa[i].norm().item<double>(), 1e-12);
+    EXPECT_LT(rel, 1e-4) << "parameter " << i;
+  }
 }
 
 // 10,000 compiled steps keep the host's memory flat: nothing a step allocates outlives it (the
