@@ -212,7 +212,8 @@ struct Trainer::Impl {
   std::unique_ptr<CompiledStep> micro, update;
   size_t per_micro = 0;
   CompiledStep* last = nullptr;  // the step that ran last, for stats()
-  // stats() after accumulating groups: the micro-step's and the update's counts together.
+  // stats() after accumulating groups: the micro-step's and the update's counts together, summed
+  // when asked for.
   StepStats accumulated;
   void sum_accumulated_stats();
   // During train(): the next optimizer step's learning rate, which the step function sets right
@@ -1319,13 +1320,9 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     progress.line(c10::str("resuming from ", resumed_from, ": step ", loop.global_step, " of ", total_steps, ", epoch ",
                            json_text(json_number(loop.epoch_progress))));
 
-  // One optimizer step on `inputs` (micro-batches one after the other, each its inputs then its
-  // target): through step()'s compiled step for one micro-batch, the accumulating one for more.
   // One call of `cs`, saying in the progress display when its first compile runs.
   auto call_step = [&](CompiledStep& cs, const std::vector<at::Tensor>& inputs) {
-    const std::string what = &cs == im->micro.get()    ? "the micro-step"
-                             : &cs == im->update.get() ? "the update"
-                                                       : "the step";
+    const char* what = &cs == im->micro.get() ? "the micro-step" : &cs == im->update.get() ? "the update" : "the step";
     const int compiles_before = cs.stats().compiles;
     const bool will_compile =
         a.compile_enabled() && cs.stats().steps >= 1 && compiles_before == 0 && cs.stats().last_fallback.empty();
@@ -1336,6 +1333,9 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     return out;
   };
   const bool accumulating = ga > 1;
+  // One optimizer step on `inputs` (micro-batches one after the other, each its inputs then its
+  // target): through step()'s compiled step, or with accumulation the micro-step for each
+  // micro-batch and then the update.
   auto run_step = [&](const std::vector<at::Tensor>& inputs) {
     if (!accumulating) {
       im->last = im->step.get();
@@ -1355,7 +1355,6 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     }
     const auto out = call_step(*im->update, {});
     if (!out.empty()) im->grad_norm = out[0];
-    im->sum_accumulated_stats();
     im->last = im->micro.get();
     return loss;
   };
@@ -1647,7 +1646,9 @@ const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
 
 torch::optim::Optimizer& Trainer::optimizer() { return *impl_->optimizer; }
 const StepStats& Trainer::stats() const {
-  return impl_->last == impl_->micro.get() ? impl_->accumulated : impl_->last->stats();
+  if (impl_->last != impl_->micro.get()) return impl_->last->stats();
+  impl_->sum_accumulated_stats();
+  return impl_->accumulated;
 }
 const CompiledStep& Trainer::compiled_step() const { return *impl_->last; }
 

@@ -211,18 +211,30 @@ struct MlpImpl : nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc2->forward(at::relu(fc1->forward(x))); }
 };
 TORCH_MODULE(Mlp);
+
+// Two copies of one Mlp made from one seed, each with its SGD (momentum 0.9): eager's and kiln's.
+struct TwinMlps {
+  static Mlp seeded(uint64_t seed) {
+    torch::manual_seed(seed);
+    return Mlp();
+  }
+  explicit TwinMlps(uint64_t seed)
+      : ref(seeded(seed)),
+        net(seeded(seed)),
+        ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)),
+        opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)) {}
+  Mlp ref, net;
+  torch::optim::SGD ref_opt, opt;
+};
 }  // namespace
 
 // A layer replaced between steps (and given to the optimizer): the plans read the old parameters,
 // so the step is captured again.
 TEST(StepGuards, ReplacedLayerRecaptures) {
   const auto seed = fresh_seed();
-  torch::manual_seed(seed);
-  Mlp ref;
-  torch::manual_seed(seed);
-  Mlp net;
-  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TwinMlps twins(seed);
+  auto &ref = twins.ref, &net = twins.net;
+  auto &ref_opt = twins.ref_opt, &opt = twins.opt;
   auto body = [](Mlp& m, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
     o.zero_grad();
     auto loss = ce(m->forward(in[0]), in[1]);
@@ -621,12 +633,9 @@ TEST(StepGuards, AModuleOptionChangedBetweenStepsRecaptures) {
 // may) is read where it is now, without a capture.
 void accumulate_in_two_steps(bool replacing) {
   const auto seed = fresh_seed();
-  torch::manual_seed(seed);
-  Mlp ref;
-  torch::manual_seed(seed);
-  Mlp net;
-  torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  TwinMlps twins(seed);
+  auto &ref = twins.ref, &net = twins.net;
+  auto &ref_opt = twins.ref_opt, &opt = twins.opt;
   auto micro_body = [](Mlp& m, const std::vector<at::Tensor>& in) {
     auto loss = ce(m->forward(in[0]), in[1]) / in[2];
     loss.backward();
