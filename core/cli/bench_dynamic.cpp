@@ -54,6 +54,7 @@ struct Mode {
   bool noisy = false;  // --check: LibTorch eager from weights one unit in the last place away
   std::vector<int64_t> lengths;
   std::unique_ptr<Workload> w;
+  std::unique_ptr<CompiledStep> compiled;  // kiln: its step, kept for the same-length comparison
   int64_t batch = 0;
   std::vector<double> ms;
   std::vector<char> warmup;  // per step: a warm-up step (bench_dynamic.h)
@@ -88,7 +89,7 @@ void run_mode(Mode& m, const DynamicBenchOptions& o, const TrainingArguments& ba
   for (const int64_t t : m.lengths)
     if (!batches.count(t)) batches.emplace(t, workload_batch(*m.w, t));
   WorkloadStep eager = workload_step(*m.w);
-  std::unique_ptr<CompiledStep> compiled;
+  std::unique_ptr<CompiledStep>& compiled = m.compiled;
   if (m.kiln) {
     TrainingArguments args = base;
     args.runtime.dynamic = m.dynamic;
@@ -143,6 +144,76 @@ void run_mode(Mode& m, const DynamicBenchOptions& o, const TrainingArguments& ba
   } else {
     m.stats.steps = m.stats.eager_steps = static_cast<int>(m.lengths.size());
   }
+}
+
+// ---- Same length: the dynamic step against a static plan at each of a few lengths ----
+//
+// The main table's static mode runs every step at the mean length, while the dynamic step's steady
+// figure mixes short and long steps; where a step is bound by the host at short lengths and by the
+// device at long ones, the mix alone is slower than the mean (the time of a step is not linear in
+// its length). This compares like with like: at each length, steps of the dynamic mode's own
+// compiled step (its family's plan for that length) against a static plan made for that length
+// alone (dynamic = "false"), one of each per round, every step timed alone.
+
+struct SameLength {
+  int64_t length = 0;
+  int rounds = 0;
+  double dynamic_s = 0, static_s = 0;
+  int64_t tokens = 0;                                    // per side
+  bool dynamic_compiled = true, static_compiled = true;  // every timed step ran a compiled plan
+};
+
+bool plan_changed(const StepStats& a, const StepStats& b) {
+  return a.compiles != b.compiles || a.shape_specialisations != b.shape_specialisations || a.rebuilds != b.rebuilds ||
+         a.recaptures != b.recaptures || a.graphs_recorded != b.graphs_recorded;
+}
+
+// Runs `step` untimed until a step ran compiled without planning or recording anything (at most 6).
+void settle(CompiledStep& step, const std::vector<at::Tensor>& batch, bool cuda) {
+  for (int i = 0; i < 6; ++i) {
+    const StepStats before = step.stats();
+    step(batch);
+    if (cuda) torch::cuda::synchronize();
+    if (!plan_changed(before, step.stats()) && step.stats().compiled_steps > before.compiled_steps) return;
+  }
+}
+
+std::vector<SameLength> same_length(Mode& dyn, const std::vector<int64_t>& lengths, int rounds,
+                                    const DynamicBenchOptions& o, const TrainingArguments& base, bool cuda) {
+  std::vector<SameLength> out;
+  if (!dyn.compiled || rounds <= 0) return out;
+  auto w =
+      std::make_unique<Workload>(make_workload(o.workload, {o.device, kWorkloadSeed, o.batch, o.optimizer, o.dtype}));
+  TrainingArguments args = base;
+  args.runtime.dynamic = "false";
+  args.runtime.recompile_limit = std::max<int>(args.runtime.recompile_limit, static_cast<int>(lengths.size()) + 4);
+  if (!args.runtime.cache_dir.empty())
+    args.runtime.cache_dir = mode_cache_dir(base.runtime.cache_dir, "kiln_same_length");
+  CompiledStep fixed = compile_step(workload_step(*w), {{w->model}, {w->optimizer.get()}}, args);
+  auto timed = [&](CompiledStep& step, const std::vector<at::Tensor>& batch, double* seconds, bool* compiled) {
+    const StepStats before = step.stats();
+    const auto t0 = Clock::now();
+    step(batch);
+    if (cuda) torch::cuda::synchronize();
+    *seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    const StepStats& after = step.stats();
+    *compiled = *compiled && after.compiled_steps > before.compiled_steps && !plan_changed(before, after);
+  };
+  for (const int64_t t : lengths) {
+    SameLength r;
+    r.length = t;
+    const auto dyn_batch = workload_batch(*dyn.w, t), fixed_batch = workload_batch(*w, t);
+    settle(*dyn.compiled, dyn_batch, cuda);
+    settle(fixed, fixed_batch, cuda);
+    for (int i = 0; i < rounds; ++i) {
+      timed(*dyn.compiled, dyn_batch, &r.dynamic_s, &r.dynamic_compiled);
+      timed(fixed, fixed_batch, &r.static_s, &r.static_compiled);
+      ++r.rounds;
+      r.tokens += dyn.batch * t;
+    }
+    out.push_back(r);
+  }
+  return out;
 }
 
 // ---- --check: each dynamic kiln mode against LibTorch eager on the same lengths ----
@@ -339,6 +410,17 @@ int bench_dynamic(const DynamicBenchOptions& o) {
         all_ok = all_ok && checks[m.key].ok;
       }
 
+  // After the check: these steps train the dynamic mode's model further.
+  std::vector<SameLength> same;
+  if (config_dynamic != "false") {
+    std::vector<int64_t> at = {o.min_length, static_length, o.max_length};
+    at.erase(std::unique(at.begin(), at.end()), at.end());
+    same = same_length(modes[1], at, o.same_length_rounds, o, args, cuda);
+  }
+  double same_dyn_s = 0, same_static_s = 0;
+  for (const auto& r : same) same_dyn_s += r.dynamic_s, same_static_s += r.static_s;
+  const double same_ratio = same_dyn_s > 0 ? same_static_s / same_dyn_s : 0;
+
   if (o.trace)
     for (size_t s = 0; s < lengths.size(); ++s) {
       std::string line;
@@ -379,6 +461,16 @@ int bench_dynamic(const DynamicBenchOptions& o) {
       auto it = checks.find(m.key);
       j["modes"].push_back(mode_json(m, eager, it == checks.end() ? nullptr : &it->second));
     }
+    j["same_length"] = Json::array();
+    for (const auto& r : same)
+      j["same_length"].push_back({{"length", r.length},
+                                  {"rounds", r.rounds},
+                                  {"dynamic_tokens_per_s", rounded(r.tokens / r.dynamic_s, 1)},
+                                  {"static_tokens_per_s", rounded(r.tokens / r.static_s, 1)},
+                                  {"ratio", rounded(r.static_s / r.dynamic_s, 4)},
+                                  {"dynamic_compiled", r.dynamic_compiled},
+                                  {"static_compiled", r.static_compiled}});
+    j["same_length_ratio"] = rounded(same_ratio, 4);
     std::printf("%s\n", json_text(j).c_str());
     return all_ok ? 0 : 1;
   }
@@ -451,6 +543,18 @@ int bench_dynamic(const DynamicBenchOptions& o) {
                 c.ok ? "" : ": ", c.failure.c_str());
     std::printf("    noise floor (eager from weights one ulp away; 10x it is allowed%s): loss %.3e, parameter %.3e\n",
                 o.tolerance >= 0 ? ", not applied: --tolerance given" : "", c.worst_loss_floor, c.worst_param_floor);
+  }
+  if (!same.empty()) {
+    std::printf(
+        "  same length (%d rounds per length, each one step of the dynamic mode's own compiled step and one of a\n"
+        "  static plan made for that length alone, dynamic = false; every step timed alone, after warm-up):\n",
+        same.front().rounds);
+    for (const auto& r : same)
+      std::printf("    T=%-4lld dynamic %11.1f tok/s, static %11.1f tok/s: %.3f of static%s\n",
+                  static_cast<long long>(r.length), r.tokens / r.dynamic_s, r.tokens / r.static_s,
+                  r.static_s / r.dynamic_s,
+                  r.dynamic_compiled && r.static_compiled ? "" : " (some timed steps did not run a compiled plan)");
+    std::printf("    together: the dynamic step at %.3f of the static plans' tokens per second\n", same_ratio);
   }
   if (o.check) std::printf("  (the static mode trains other lengths than eager: not checked)\n");
   return all_ok ? 0 : 1;

@@ -10,6 +10,11 @@
 //   kiln static T=<mean>      kiln with every step at the lengths' mean (rounded): one shape, the
 //                             bar a dynamic step is measured against
 //
+// Then, unless the configuration's dynamic is "false", the same-length comparison: at MIN, the mean
+// and MAX, the dynamic mode's compiled step against a static plan made for that length alone
+// (dynamic = "false"), one step of each per round (--same-length-rounds, 8 by default), which is
+// how the dynamic step's speed is judged against a static plan at the same length.
+//
 // Every step is timed alone and ends in a device sync. A step is warm-up when it is a mode's first
 // (kiln's eager step; LibTorch's first allocations) or when it captured, compiled, re-planned or
 // specialised a plan (StepStats' compiles, shape_specialisations, rebuilds, recaptures or
@@ -33,6 +38,7 @@ struct DynamicBenchOptions {
   uint64_t seed = 1234;  // of the lengths (the weights and the batch are kiln bench's seed 1234 always)
   int steps = 120;
   int64_t batch = 0;
+  int same_length_rounds = 8;  // rounds per length of the same-length comparison (0: none)
   double tolerance = -1;
   bool check = false, check_grads = false, json = false, trace = false;
 };

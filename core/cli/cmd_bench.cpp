@@ -74,6 +74,7 @@ struct BenchOptions {
   std::string dynamic;      // --dynamic MIN:MAX ("" = the fixed batch)
   int64_t min_length = 0, max_length = 0;
   uint64_t dynamic_seed = 1234;
+  int same_length_rounds = 8;  // --same-length-rounds (with --dynamic)
 };
 
 // Fills `o` from the command line. Returns nothing when the benchmark is to run, else the exit
@@ -84,7 +85,8 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       app, "kiln bench",
       "usage: kiln bench WORKLOAD [--backend B] [--mode M] [--device cpu|cuda] [--plugin-dir DIR]... "
       "[--steps N] [--batch N] [--optimizer O] [--dtype D] [--check] [--check-grads] [--tolerance X] [--attention A] "
-      "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--dynamic MIN:MAX [--dynamic-seed S]] "
+      "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--dynamic MIN:MAX [--dynamic-seed S] "
+      "[--same-length-rounds N]] "
       "[--json]",
       "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
       "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
@@ -173,6 +175,11 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
   app.add_option("--dynamic-seed", o.dynamic_seed, "with --dynamic: the seed of the lengths (default 1234)")
       ->type_name("S")
       ->transform(integer<uint64_t>());
+  app.add_option("--same-length-rounds", o.same_length_rounds,
+                 "with --dynamic: rounds per length of the same-length comparison at MIN, the mean and\n"
+                 "MAX (the dynamic step against a static plan made for that length; default 8, 0: none)")
+      ->type_name("N")
+      ->transform(integer<int>(0, 1000));
   app.add_flag("--json", o.json, "one JSON object on stdout");
   if (auto status = parse_command_line(app, argc, argv)) return status;
   o.check = o.check || o.check_grads;
@@ -197,6 +204,8 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
                        "--profiler-range");
   if (app.count("--dynamic-seed") > 0 && app.count("--dynamic") == 0)
     return usage_error(app, "--dynamic-seed needs --dynamic");
+  if (app.count("--same-length-rounds") > 0 && app.count("--dynamic") == 0)
+    return usage_error(app, "--same-length-rounds needs --dynamic");
   if (app.count("--dynamic") > 0) {
     if (const std::string bad = parse_dynamic_range(o.dynamic, &o.min_length, &o.max_length); !bad.empty())
       return usage_error(app, bad);
@@ -829,7 +838,7 @@ int cmd_bench(int argc, char** argv) {
     d.workload = o.workload, d.device = o.device, d.backend = o.backend, d.mode = o.mode;
     d.optimizer = o.optimizer, d.dtype = o.dtype, d.attention = o.attention, d.plugin_dirs = o.plugin_dirs;
     d.min_length = o.min_length, d.max_length = o.max_length, d.seed = o.dynamic_seed;
-    d.steps = o.steps, d.batch = o.batch, d.tolerance = o.tolerance;
+    d.steps = o.steps, d.batch = o.batch, d.tolerance = o.tolerance, d.same_length_rounds = o.same_length_rounds;
     d.check = o.check, d.check_grads = o.check_grads, d.json = o.json, d.trace = o.trace;
     return bench_dynamic(d);
   }

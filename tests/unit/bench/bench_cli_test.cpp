@@ -354,10 +354,17 @@ TEST(BenchCli, DynamicRunsEveryModeAtTheSameLengthsAndPrintsTheTable) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   EXPECT_NE(r.out.find("steady tok/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("warm-up s (steps)"), std::string::npos) << r.out;
+  // The dynamic step against static plans at the same lengths: MIN, the mean and MAX.
+  EXPECT_NE(r.out.find("same length (8 rounds per length"), std::string::npos) << r.out;
+  for (const char* row : {"\n    T=8    dynamic ", "\n    T=17   dynamic ", "\n    T=24   dynamic "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_EQ(r.out.find("some timed steps did not run a compiled plan"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("together: the dynamic step at "), std::string::npos) << r.out;
 }
 
 TEST(BenchCli, DynamicJsonCountsEveryStepOnceAndChecksTheNumbers) {
-  const CliRun r = kiln_cli("bench gpt --dynamic 8:24 --steps 12 --backend eager --batch 2 --check --json");
+  const CliRun r =
+      kiln_cli("bench gpt --dynamic 8:24 --steps 12 --backend eager --batch 2 --check --json --same-length-rounds 3");
   ASSERT_EQ(r.status, 0) << r.out << r.err;
   const Json j = Json::parse(r.out);
   const Json& d = j["dynamic"];
@@ -400,6 +407,19 @@ TEST(BenchCli, DynamicJsonCountsEveryStepOnceAndChecksTheNumbers) {
     EXPECT_TRUE(c["ok"].get<bool>()) << c.dump();
   }
   EXPECT_FALSE(j["modes"][3].contains("check"));
+  // The same-length comparison: three lengths, three rounds of one step each side, all compiled.
+  const Json& same = j["same_length"];
+  ASSERT_EQ(same.size(), 3u) << j.dump();
+  const std::vector<int64_t> at = {8, 17, 24};
+  for (size_t i = 0; i < at.size(); ++i) {
+    EXPECT_EQ(same[i]["length"].get<int64_t>(), at[i]) << same.dump();
+    EXPECT_EQ(same[i]["rounds"].get<int>(), 3) << same.dump();
+    EXPECT_TRUE(same[i]["dynamic_compiled"].get<bool>()) << same.dump();
+    EXPECT_TRUE(same[i]["static_compiled"].get<bool>()) << same.dump();
+    EXPECT_GT(same[i]["dynamic_tokens_per_s"].get<double>(), 0) << same.dump();
+    EXPECT_GT(same[i]["static_tokens_per_s"].get<double>(), 0) << same.dump();
+  }
+  EXPECT_GT(j["same_length_ratio"].get<double>(), 0);
 }
 
 TEST(BenchCli, ABadDynamicRangeIsAUsageErrorNamingTheFlag) {
@@ -412,6 +432,7 @@ TEST(BenchCli, ABadDynamicRangeIsAUsageErrorNamingTheFlag) {
       {"bench mlp --dynamic 8:24", "--dynamic '8:24': mlp has no sequence length"},
       {"bench gpt --dynamic 8:24 --kernels", "--dynamic: not with --interleave, --kernels"},
       {"bench gpt --dynamic-seed 7", "--dynamic-seed needs --dynamic"},
+      {"bench gpt --same-length-rounds 3", "--same-length-rounds needs --dynamic"},
   };
   for (const auto& [args, message] : cases) {
     const CliRun r = kiln_cli(args);
