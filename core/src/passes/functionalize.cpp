@@ -30,6 +30,36 @@
 namespace kiln {
 namespace {
 
+// The order of `view`'s dims that gives `base` (base dim i is view dim perm[i]) when both start at
+// the storage's beginning and address the same elements in another order of their dims; empty when
+// they do not.
+std::vector<int64_t> permutation_onto(const ir::TensorMeta& view, const ir::TensorMeta& base) {
+  const size_t n = base.shape.size();
+  if (view.shape.size() != n || view.storage_offset != 0 || base.storage_offset != 0) return {};
+  std::vector<int64_t> perm(n, -1);
+  std::vector<bool> used(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n && perm[i] < 0; ++j) {
+      if (used[j] || view.shape[j] != base.shape[i]) continue;
+      if (base.shape[i] != 1 && view.strides[j] != base.strides[i]) continue;
+      perm[i] = static_cast<int64_t>(j);
+      used[j] = true;
+    }
+    if (perm[i] < 0) return {};
+  }
+  // Both dense over the same elements: the larger strides cover every element exactly once.
+  std::vector<std::pair<int64_t, int64_t>> dims;
+  for (size_t i = 0; i < n; ++i)
+    if (base.shape[i] != 1) dims.emplace_back(base.strides[i], base.shape[i]);
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return {};
+    expected *= size;
+  }
+  return perm;
+}
+
 std::pair<std::string, std::string> split_op(const std::string& op) {
   const auto colons = op.find("::");
   const auto dot = op.find('.', colons == std::string::npos ? 0 : colons + 2);
@@ -468,8 +498,30 @@ struct Functionalizer {
     } else {
       const auto base = cur_base.at(s);
       const auto& braw = g.value(base_raw.at(s)).meta;
-      if (braw.storage_offset != 0 || !braw.is_contiguous())
-        throw std::runtime_error("a write through a view of a non-contiguous tensor; kiln cannot functionalize it yet");
+      const auto& vm = g.value(m).meta;
+      if (braw.storage_offset != 0 || !braw.is_contiguous()) {
+        // A view that is the base with its dims in another order (a transposed gradient written in
+        // place, as clipping under autocast does) covers all of it: the base's new value is the
+        // written value permuted back.
+        if (const auto perm = permutation_onto(vm, braw); !perm.empty()) {
+          ir::Node pn;
+          pn.op = "aten::permute";
+          pn.phase = ir::Phase::Unknown;
+          pn.args = {ir::Arg::tensor(y), ir::Arg::int_list(perm)};
+          const auto nb = out.add_value(out.value(base).meta);
+          pn.outputs = {nb};
+          out.add_node(std::move(pn));
+          cur_base[s] = nb;
+          ++storage_version[s];
+          val[m] = y;
+          ver[m] = storage_version[s];
+          return;
+        }
+        throw std::runtime_error(c10::str(
+            "a write through a view (sizes ", g.value(m).meta.shape, ", strides ", g.value(m).meta.strides, ", offset ",
+            g.value(m).meta.storage_offset, ") of a tensor that is not contiguous from its start (sizes ", braw.shape,
+            ", strides ", braw.strides, ", offset ", braw.storage_offset, "); kiln cannot functionalize it yet"));
+      }
       const auto& mm = g.value(m).meta;
       ir::Node sc;
       sc.op = "aten::as_strided_scatter";

@@ -233,7 +233,9 @@ std::vector<std::vector<ProbeCall>> StepProbe::replay() const {
 // A parameter written in the step by something other than the listed optimizers' step(): an
 // optimizer the user did not pass in StepState replays with the scalars of the capture (Adam's
 // bias corrections would never move, its step count never advance). A hand-written update
-// (p -= lr * grad) is fine, so this warns rather than falling back.
+// (p -= lr * grad) is fine, so this warns rather than falling back. A parameter a listed optimizer
+// updates too is left alone: what else writes it (a clamp after the update, a skipped update put
+// back) is not another optimizer.
 void StepProbe::warn_unlisted_updates(const CapturedStep& cs, const ProbeState& ps) const {
   std::map<int32_t, std::string> param_storage;
   for (const auto& in : cs.raw.inputs)
@@ -241,16 +243,29 @@ void StepProbe::warn_unlisted_updates(const CapturedStep& cs, const ProbeState& 
   std::set<int32_t> listed;
   for (const auto& per : ps.sites)
     for (const auto& c : per) listed.insert(c.node);
-  for (size_t i = 0; i < cs.raw.nodes.size(); ++i) {
+  // The storages node i writes.
+  auto written = [&](size_t i) {
+    std::vector<int32_t> out;
     const auto& n = cs.raw.nodes[i];
-    if (n.phase == ir::Phase::Backward || listed.count(static_cast<int32_t>(i))) continue;
     const auto& info = op_info(n.op);
-    if (!info.is_mutable || !info.handle) continue;
+    if (!info.is_mutable || !info.handle) return out;
     const auto& schema_args = info.handle->schema().arguments();
     for (size_t k = 0; k < schema_args.size() && k < n.args.size(); ++k) {
       const auto* alias = schema_args[k].alias_info();
-      if (!alias || !alias->isWrite() || n.args[k].kind != ir::Arg::Kind::Tensor) continue;
-      auto p = param_storage.find(cs.raw.value(n.args[k].value).storage);
+      if (alias && alias->isWrite() && n.args[k].kind == ir::Arg::Kind::Tensor && n.args[k].value != ir::kNoValue)
+        out.push_back(cs.raw.value(n.args[k].value).storage);
+    }
+    return out;
+  };
+  std::set<int32_t> optimized;
+  for (const int32_t i : listed)
+    for (const int32_t st : written(static_cast<size_t>(i))) optimized.insert(st);
+  for (size_t i = 0; i < cs.raw.nodes.size(); ++i) {
+    const auto& n = cs.raw.nodes[i];
+    if (n.phase == ir::Phase::Backward || listed.count(static_cast<int32_t>(i))) continue;
+    for (const int32_t st : written(i)) {
+      if (optimized.count(st)) continue;
+      auto p = param_storage.find(st);
       if (p == param_storage.end()) continue;
       warn_once_(c10::str("kiln: the step updates parameter '", p->second, "' with ", n.op,
                           " outside the optimizers given to kiln (StepState::optimizers): if an optimizer makes "

@@ -271,6 +271,47 @@ TEST(Functionalize, InPlaceOpUnderTypePromotionCastsBackToTheWrittenDtype) {
   EXPECT_EQ(outs[1].scalar_type(), at::kBFloat16);
 }
 
+// A write through a view that is its non-contiguous base with the dims in another order (a
+// gradient made transposed, scaled in place through its row-major view, as clipping under autocast
+// does) replaces the whole base: its new value is the written one permuted back.
+TEST(Functionalize, AWriteThroughATransposeOfANonContiguousBaseReplacesTheBase) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[12,16]{1,12} &0 state "g"
+  %1 : f32[16,12]{12,1} &0 = aten::t(%0)
+  %2 : f32[16,12]{12,1} &0 = aten::mul_.Scalar(%1, scalar(0.5))
+  %3 : f32[]{} &1 = aten::sum(%0, None)
+  output %3 result "s"
+}
+)");
+  functionalize(g);
+  g.verify();
+  const std::string text = ir::print(g);
+  EXPECT_NE(text.find("aten::permute"), std::string::npos) << text;
+  EXPECT_NE(text.find("writeback 0 \"g\""), std::string::npos) << text;
+  const at::Tensor base = at::randn({16, 12}).t();  // [12,16], strides {1,12}
+  const at::Tensor want = base * 0.5;
+  auto outs = evaluate(g, {base.clone(at::MemoryFormat::Preserve)});
+  ASSERT_EQ(outs.size(), 2u) << text;
+  EXPECT_TRUE(at::allclose(outs[0], want.sum())) << text;
+  EXPECT_TRUE(at::equal(outs[1], want)) << text;
+  // A view over part of such a base is still refused, with the shapes in the message.
+  ir::Graph part = ir::parse(R"(graph {
+  input %0 : f32[12,16]{1,12} &0 state "g"
+  %1 : f32[16,12]{12,1} &0 = aten::t(%0)
+  %2 : f32[8,12]{12,1} &0 = aten::slice.Tensor(%1, 0, 0, 8, 1)
+  %3 : f32[8,12]{12,1} &0 = aten::mul_.Scalar(%2, scalar(0.5))
+  %4 : f32[]{} &1 = aten::sum(%0, None)
+  output %4 result "s"
+}
+)");
+  try {
+    functionalize(part);
+    ADD_FAILURE() << "a write through a part of a non-contiguous base was functionalized";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("sizes 8 12"), std::string::npos) << e.what();
+  }
+}
+
 // Run-time scalars become 0-dim tensor inputs (for CUDA graphs): the IR, and the same numbers.
 TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers) {
   const std::string in = R"(graph {

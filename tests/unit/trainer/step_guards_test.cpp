@@ -22,6 +22,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 #include <torch/serialize.h>
 #include <torch/utils.h>
@@ -502,6 +503,38 @@ TEST(StepGuards, AnOptimizerNotGivenToKilnIsNamedInAWarning) {
     mentions +=
         w.find("outside the optimizers given to kiln") != std::string::npos && w.find("weight") != std::string::npos;
   EXPECT_EQ(mentions, 1);
+}
+
+// A parameter the given optimizer updates and the step then writes again (a WGAN critic's weights
+// clamped after the update) is no sign of another optimizer: no warning, and the compiled step
+// equals eager.
+TEST(StepGuards, AWriteAfterTheGivenOptimizersUpdateIsNotTakenForAnotherOptimizer) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Linear(4, 2);
+  };
+  nn::Linear lin = make(), ref = make();
+  torch::optim::RMSprop opt(lin->parameters(), 5e-2), ref_opt(ref->parameters(), 5e-2);
+  auto body = [](nn::Linear& l, torch::optim::Optimizer& o, const std::vector<at::Tensor>& in) {
+    o.zero_grad();
+    auto loss = l->forward(in[0]).mean();
+    loss.backward();
+    o.step();
+    torch::NoGradGuard no_grad;
+    for (auto& p : l->parameters()) p.clamp_(-0.1, 0.1);
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  LogCapture logs;
+  auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(lin, opt, in); },
+                                 {{lin.ptr()}, {&opt}}, eager_backend());
+  for (int i = 0; i < 5; ++i) {
+    auto x = at::randn({3, 4});
+    expect_equal(step({x}), body(ref, ref_opt, {x}), "step " + std::to_string(i));
+  }
+  EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
+  expect_equal(lin->parameters(), ref->parameters(), "parameter");
+  for (const auto& w : logs.warnings()) EXPECT_EQ(w.find("outside the optimizers"), std::string::npos) << w;
 }
 
 // A run stopped after a checkpoint and resumed in new objects (a new process, in effect), both
