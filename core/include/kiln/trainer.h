@@ -28,6 +28,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -54,6 +55,25 @@ namespace kiln {
 using ForwardFn = std::function<at::Tensor(const at::Tensor& input)>;
 using MultiForwardFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+// The forward and the loss as one, which every Trainer constructor makes of what it is given: the
+// loss of `inputs` against `target`; `outputs`, when not null, gets the forward's tensors
+// (output_tensors of what it returned).
+using ForwardLossFn = std::function<at::Tensor(const std::vector<at::Tensor>& inputs, const at::Tensor& target,
+                                               std::vector<at::Tensor>* outputs)>;
+
+// The tensors of what a forward returns, in order: a tensor, a std::vector of tensors, a std::pair's
+// or std::tuple's (nested ones flattened). A forward that returns a struct of your own gives its
+// tensors through an overload beside the struct, found by argument-dependent lookup:
+//   struct Out { at::Tensor logits, aux; };
+//   std::vector<at::Tensor> output_tensors(const Out& o) { return {o.logits, o.aux}; }
+// The Trainer uses them for Trainer::step_with_outputs and the predictions of an evaluation (the
+// first); a struct without one trains all the same.
+inline std::vector<at::Tensor> output_tensors(const at::Tensor& t) { return {t}; }
+inline std::vector<at::Tensor> output_tensors(const std::vector<at::Tensor>& v) { return v; }
+template <class A, class B>
+std::vector<at::Tensor> output_tensors(const std::pair<A, B>& p);
+template <class... T>
+std::vector<at::Tensor> output_tensors(const std::tuple<T...>& t);
 
 namespace trainer_detail {
 // The number of tensors a module's (non-template, non-overloaded) forward takes.
@@ -71,6 +91,10 @@ struct has_plain_forward<M, std::void_t<decltype(&M::forward)>> : std::true_type
 
 template <class M, size_t... I>
 at::Tensor call_forward(M& m, const std::vector<at::Tensor>& in, std::index_sequence<I...>) {
+  return m.forward(in[I]...);
+}
+template <class M, size_t... I>
+auto call_any_forward(M& m, const std::vector<at::Tensor>& in, std::index_sequence<I...>) {
   return m.forward(in[I]...);
 }
 
@@ -96,7 +120,92 @@ MultiForwardFn forward_of(const std::shared_ptr<Module>& model) {
     };
   }
 }
+
+// Whether output_tensors takes a T (kiln's overloads, or one beside T).
+template <class T, class = void>
+struct has_output_tensors : std::false_type {};
+template <class T>
+struct has_output_tensors<T, std::void_t<decltype(output_tensors(std::declval<const T&>()))>> : std::true_type {};
+
+template <class T>
+std::vector<at::Tensor> tensors_of(const T& out) {
+  if constexpr (has_output_tensors<T>::value) return output_tensors(out);
+  else return {};
+}
+
+// What a forward taking the step's input tensors returns.
+template <class F>
+using forward_result_t = std::decay_t<std::invoke_result_t<F&, const std::vector<at::Tensor>&>>;
+
+// A forward that returns something other than one tensor, with a loss that takes that.
+template <class F, class L, class = void>
+struct structured_forward : std::false_type {};
+template <class F, class L>
+struct structured_forward<
+    F, L,
+    std::enable_if_t<
+        !std::is_same_v<forward_result_t<F>, at::Tensor> &&
+        std::is_convertible_v<std::invoke_result_t<L&, const forward_result_t<F>&, const at::Tensor&>, at::Tensor>>>
+    : std::true_type {};
+
+template <class F, class L>
+ForwardLossFn fuse(F forward, L loss) {
+  return [forward = std::move(forward), loss = std::move(loss)](
+             const std::vector<at::Tensor>& in, const at::Tensor& target, std::vector<at::Tensor>* outputs) mutable {
+    const auto out = forward(in);
+    at::Tensor l = loss(out, target);
+    if (outputs) *outputs = tensors_of(out);
+    return l;
+  };
+}
+
+// A module's forward over the step's inputs, returning what it returns (one to n tensors in).
+template <class Module>
+auto module_forward(const std::shared_ptr<Module>& model) {
+  constexpr size_t n = arity<decltype(&Module::forward)>::value;
+  return [model](const std::vector<at::Tensor>& in) {
+    if (in.size() != n)
+      throw std::invalid_argument("kiln::Trainer: the model's forward takes " + std::to_string(n) +
+                                  " tensors, the step was given " + std::to_string(in.size()));
+    return call_any_forward(*model, in, std::make_index_sequence<n>{});
+  };
+}
+
+template <class Module, class = void>
+struct module_returns_structure : std::false_type {};
+template <class Module>
+struct module_returns_structure<Module, std::enable_if_t<has_plain_forward<Module>::value>>
+    : std::bool_constant<!std::is_same_v<
+          forward_result_t<decltype(module_forward(std::declval<const std::shared_ptr<Module>&>()))>, at::Tensor>> {};
 }  // namespace trainer_detail
+
+template <class A, class B>
+std::vector<at::Tensor> output_tensors(const std::pair<A, B>& p) {
+  auto out = trainer_detail::tensors_of(p.first);
+  for (auto& t : trainer_detail::tensors_of(p.second)) out.push_back(std::move(t));
+  return out;
+}
+template <class... T>
+std::vector<at::Tensor> output_tensors(const std::tuple<T...>& t) {
+  std::vector<at::Tensor> out;
+  std::apply(
+      [&](const auto&... part) {
+        (
+            [&] {
+              for (auto& x : trainer_detail::tensors_of(part)) out.push_back(std::move(x));
+            }(),
+            ...);
+      },
+      t);
+  return out;
+}
+
+// What Trainer::step_with_outputs returns: the loss and the forward's tensors (output_tensors),
+// detached, for metrics on the training batches.
+struct StepOutput {
+  at::Tensor loss;
+  std::vector<at::Tensor> outputs;
+};
 
 // What an evaluation hands the metrics function (Hugging Face's EvalPrediction): the model's outputs
 // for every example of the evaluation dataset and their targets, each batch's concatenated along
@@ -238,6 +347,35 @@ class Trainer {
           LossFn loss_fn, TrainingArguments args = {});
   Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, torch::optim::Optimizer& optimizer,
           LossFn loss_fn, TrainingArguments args = {});
+
+  // A forward that returns something other than one tensor (a std::tuple, a std::pair, a
+  // std::vector of tensors, a struct of your own), with a loss that takes what it returns:
+  //   kiln::Trainer trainer(model, [&](const std::vector<at::Tensor>& x) { return model->forward(x[0]); },
+  //                         optimizer, [](const std::tuple<at::Tensor, at::Tensor>& out, const at::Tensor& y) {
+  //                           return ce(std::get<0>(out), y) + 0.1 * std::get<1>(out).mean(); }, args);
+  // A module whose forward returns one takes the loss alone, as above. Predictions and
+  // step_with_outputs read its tensors through output_tensors.
+  template <class Forward, class Loss,
+            std::enable_if_t<trainer_detail::structured_forward<Forward, Loss>::value, int> = 0>
+  Trainer(std::shared_ptr<torch::nn::Module> model, Forward forward, torch::optim::Optimizer& optimizer, Loss loss_fn,
+          TrainingArguments args = {})
+      : Trainer(std::move(model), trainer_detail::fuse(std::move(forward), std::move(loss_fn)), &optimizer,
+                std::move(args)) {}
+  template <class Module, class Loss,
+            std::enable_if_t<trainer_detail::module_returns_structure<Module>::value, int> = 0>
+  Trainer(std::shared_ptr<Module> model, torch::optim::Optimizer& optimizer, Loss loss_fn, TrainingArguments args = {})
+      : Trainer(std::static_pointer_cast<torch::nn::Module>(model),
+                trainer_detail::fuse(trainer_detail::module_forward(model), std::move(loss_fn)), &optimizer,
+                std::move(args)) {}
+  template <class Contained, class Loss,
+            std::enable_if_t<trainer_detail::module_returns_structure<Contained>::value, int> = 0>
+  Trainer(const torch::nn::ModuleHolder<Contained>& model, torch::optim::Optimizer& optimizer, Loss loss_fn,
+          TrainingArguments args = {})
+      : Trainer(model.ptr(), optimizer, std::move(loss_fn), std::move(args)) {}
+  // The forward and the loss as one function; a null optimizer: the Trainer makes one, as the
+  // constructors without an optimizer do.
+  Trainer(std::shared_ptr<torch::nn::Module> model, ForwardLossFn forward_loss, torch::optim::Optimizer* optimizer,
+          TrainingArguments args = {});
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -246,6 +384,12 @@ class Trainer {
   // optimizer update. Returns the loss.
   at::Tensor step(const at::Tensor& input, const at::Tensor& target);
   at::Tensor step(const std::vector<at::Tensor>& inputs, const at::Tensor& target);
+  // The same step, also returning the forward's tensors (output_tensors of what it returned),
+  // detached: metrics on the training batch (its accuracy) without a second forward, as Hugging
+  // Face's compute_loss(return_outputs=True). A compiled step of its own, apart from step()'s, made
+  // at the first call (the outputs stay alive after the step, which step() need not keep).
+  StepOutput step_with_outputs(const at::Tensor& input, const at::Tensor& target);
+  StepOutput step_with_outputs(const std::vector<at::Tensor>& inputs, const at::Tensor& target);
 
   // A whole training over `dataset`, driven by args() with Hugging Face's meanings: max_steps
   // optimizer steps when > 0, else ceil(num_train_epochs * steps per epoch), where an epoch is the

@@ -294,6 +294,11 @@ void write_folder(const fs::path& tmp, const torch::nn::Module& model, const tor
       ar.write("plateau_num_bad_epochs", c10::IValue(loop.schedule.plateau_bad));
       ar.write("plateau_cooldown_counter", c10::IValue(loop.schedule.plateau_cooldown));
     }
+    if (loop.schedule.loss_scale > 0) {
+      ar.write("skipped_steps", c10::IValue(loop.schedule.skipped_steps));
+      ar.write("loss_scale", c10::IValue(loop.schedule.loss_scale));
+      ar.write("scale_growth_tracker", c10::IValue(loop.schedule.scale_growth_tracker));
+    }
     write_archive(ar, tmp / kScheduler);
   }
   {
@@ -584,6 +589,16 @@ LoopState load(const std::string& dir_text, torch::nn::Module& model, torch::opt
       loop.schedule.plateau_best = read_double(ar, f, "plateau_best");
       loop.schedule.plateau_bad = read_int(ar, f, "plateau_num_bad_epochs");
       loop.schedule.plateau_cooldown = read_int(ar, f, "plateau_cooldown_counter");
+    }
+    if (c10::IValue v; ar.try_read("loss_scale", v)) {
+      loop.schedule.loss_scale = read_double(ar, f, "loss_scale");
+      loop.schedule.scale_growth_tracker = read_double(ar, f, "scale_growth_tracker");
+      loop.schedule.skipped_steps = read_int(ar, f, "skipped_steps");
+      if (!(loop.schedule.loss_scale > 0) || loop.schedule.skipped_steps < 0 ||
+          loop.schedule.skipped_steps > loop.global_step || loop.schedule.scale_growth_tracker < 0)
+        throw CheckpointError(f.string(),
+                              "holds a loss scale that is not positive or a skipped step count outside 0 to " +
+                                  std::to_string(loop.global_step));
     }
   }
   {

@@ -32,6 +32,10 @@ struct Schedule {
   std::vector<double> plateau_lrs;
   double plateau_best = 0;
   int64_t plateau_bad = 0, plateau_cooldown = 0;
+  // fp16: the optimizer steps skipped so far (the schedule does not count them), and GradScaler's
+  // scale and growth counter; loss_scale 0 without fp16.
+  int64_t skipped_steps = 0;
+  double loss_scale = 0, scale_growth_tracker = 0;
 };
 
 // Everything of train()'s loop a checkpoint holds besides the model and the optimizer.

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <typeinfo>
 
 #include <unistd.h>
 
@@ -19,9 +20,12 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/TypeIndex.h>
 #include <torch/nn/modules/normalization.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/zeros.h>
@@ -44,26 +48,26 @@ namespace kiln {
 namespace {
 
 // bf16 = true: bfloat16 autocast on the model's device for as long as it lives, as Hugging Face
-// wraps the forward and the loss; the state before is restored, and the casts autocast cached for
-// the region are dropped (a later step's weights are not this step's).
-class Bf16Autocast {
+// wraps the forward and the loss (fp16 = true: float16); the state before is restored, and the
+// casts autocast cached for the region are dropped (a later step's weights are not this step's).
+class Autocast {
  public:
-  Bf16Autocast(bool on, c10::DeviceType device) : on_(on), device_(device) {
+  Autocast(at::ScalarType dtype, c10::DeviceType device) : on_(dtype != at::kFloat), device_(device) {
     if (!on_) return;
     was_on_ = at::autocast::is_autocast_enabled(device_);
     was_dtype_ = at::autocast::get_autocast_dtype(device_);
     at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+    at::autocast::set_autocast_dtype(device_, dtype);
     at::autocast::increment_nesting();
   }
-  ~Bf16Autocast() {
+  ~Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_dtype(device_, was_dtype_);
     at::autocast::set_autocast_enabled(device_, was_on_);
   }
-  Bf16Autocast(const Bf16Autocast&) = delete;
-  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
 
  private:
   bool on_;
@@ -179,27 +183,141 @@ at::Tensor clip_gradients(const std::vector<at::Tensor>& parameters, double max_
   return total;
 }
 
+// fp16 = true: float16 autocast with dynamic loss scaling, torch.amp.GradScaler's algorithm with its
+// defaults (which Hugging Face trains fp16 with), compiled into the step with no host read in it:
+// the loss times the scale is what the backward differentiates; the gradients are unscaled and
+// checked for an inf or a NaN on the device; where there was one, every parameter and optimizer
+// state tensor the update wrote gets its value from before the update back (a select, so nothing
+// of it survives), and the scale is halved; after 2000 clean steps in a row it doubles. The host's
+// part of a skipped update (the step counts of Adam and the others, an SGD momentum buffer it made
+// with dampening, the schedule's position) is put back when the Trainer next reads the flag,
+// before the next step, a metrics line, a checkpoint or the end of train(): one read of the
+// previous step's flag, never of the step still running.
+constexpr double kInitScale = 65536.0, kGrowthFactor = 2.0, kBackoffFactor = 0.5;
+constexpr double kGrowthInterval = 2000;
+
+struct ScalerState : torch::nn::Module {
+  at::Tensor scale, growth_tracker;  // float32 scalars on the model's device
+  explicit ScalerState(c10::Device device) {
+    const auto f = at::TensorOptions().dtype(at::kFloat).device(device);
+    scale = register_buffer("scale", at::full({}, kInitScale, f));
+    growth_tracker = register_buffer("growth_tracker", at::zeros({}, f));
+  }
+};
+
+bool optimizer_state_tensors(const torch::optim::OptimizerParamState& st, std::vector<at::Tensor>& out);
+
+// GradScaler.unscale_: each gradient times the scale's reciprocal (a power of two, so float32's
+// reciprocal is the one PyTorch rounds from double), and the flag: 1 when any gradient held an inf
+// or a NaN (its sum times zero is then NaN), else 0, as a 0-d float32 on the device.
+at::Tensor unscale_gradients(const std::vector<at::Tensor>& parameters, const at::Tensor& scale) {
+  const at::Tensor inv = scale.reciprocal();
+  at::Tensor poisoned = at::zeros({}, scale.options());
+  for (const auto& p : parameters) {
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad().data();
+    poisoned = poisoned + (g * 0).sum().to(at::kFloat);
+    g.mul_(inv);
+  }
+  return poisoned.ne(poisoned).to(at::kFloat);
+}
+
+// GradScaler.step without its host read: the optimizer's step, then where `found_inf` is set every
+// parameter with a gradient and every state tensor back to its value from before; state the step
+// made, to zeros (what a state made at the next step starts from; the host puts its step count
+// back when it reads the flag).
+void guarded_optimizer_step(torch::optim::Optimizer& optimizer, const at::Tensor& found_inf) {
+  std::vector<at::Tensor> live, saved;
+  std::set<void*> had;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& group : optimizer.param_groups())
+      for (auto& p : group.params())
+        if (p.grad().defined()) live.push_back(p), saved.push_back(p.detach().clone());
+    for (const auto& kv : optimizer.state()) {
+      had.insert(kv.first);
+      std::vector<at::Tensor> ts;
+      if (kv.second && optimizer_state_tensors(*kv.second, ts))
+        for (auto& t : ts) live.push_back(t), saved.push_back(t.clone());
+    }
+  }
+  optimizer.step();
+  torch::NoGradGuard no_grad;
+  const at::Tensor skip = found_inf.ne(0);
+  for (size_t i = 0; i < live.size(); ++i) live[i].copy_(at::where(skip, saved[i], live[i]));
+  for (const auto& kv : optimizer.state()) {
+    std::vector<at::Tensor> ts;
+    if (had.count(kv.first) || !kv.second || !optimizer_state_tensors(*kv.second, ts)) continue;
+    for (auto& t : ts) t.copy_(at::where(skip, at::zeros_like(t), t));
+  }
+}
+
+// torch._amp_update_scale_: after a step with an inf or a NaN the scale times 0.5 and the counter
+// to 0; otherwise the counter plus one, and at 2000 the scale times 2 (kept when that is not
+// finite) and the counter to 0.
+void update_scale(ScalerState& s, const at::Tensor& found_inf) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor found = found_inf.ne(0);
+  const at::Tensor next = s.growth_tracker + 1;
+  const at::Tensor grow = next.eq(kGrowthInterval).logical_and(found.logical_not());
+  const at::Tensor grown = s.scale * kGrowthFactor;
+  const at::Tensor scale =
+      at::where(found, s.scale * kBackoffFactor, at::where(grow.logical_and(at::isfinite(grown)), grown, s.scale));
+  const at::Tensor tracker = at::where(found.logical_or(grow), at::zeros_like(next), next);
+  s.scale.copy_(scale);
+  s.growth_tracker.copy_(tracker);
+}
+
+// Decrements the step count of an optimizer state whose update was undone; false for one without.
+void undo_step_count(torch::optim::OptimizerParamState& st) {
+  auto back = [](auto* s) { s->step(std::max<int64_t>(0, s->step() - 1)); };
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&st)) back(s);
+  else if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&st)) back(s);
+  else if (auto* s = dynamic_cast<torch::optim::RMSpropParamState*>(&st)) back(s);
+  else if (auto* s = dynamic_cast<torch::optim::AdagradParamState*>(&st)) back(s);
+}
+
 }  // namespace
 
 struct Trainer::Impl {
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
   TrainerState state;
   std::shared_ptr<torch::nn::Module> model;
-  MultiForwardFn forward;
+  ForwardLossFn forward_loss_fn;
   torch::optim::Optimizer* optimizer;
   std::unique_ptr<torch::optim::Optimizer> own_optimizer;  // the one the Trainer made, when given none
-  LossFn loss_fn;
   // With max_grad_norm > 0: the gradients' total norm before clipping at the last step (a 0-d
   // tensor on the model's device, read only when logged); undefined without clipping.
   at::Tensor grad_norm;
-  // bf16: the forward and the loss run under bfloat16 autocast on the model's device.
-  bool bf16 = false;
+  // bf16 / fp16: the forward and the loss run under autocast to this type on the model's device
+  // (float: no autocast).
+  at::ScalarType amp_dtype = at::kFloat;
   c10::DeviceType amp_device = c10::kCPU;
-  at::Tensor forward_loss(const std::vector<at::Tensor>& x, const at::Tensor& target) {
-    Bf16Autocast amp(bf16, amp_device);
-    return loss_fn(forward(x), target);
+  // fp16: the loss scale and its growth counter, as buffers of a module of their own that every
+  // compiled step lists with the model, so that it reads and updates them in place on the device.
+  std::shared_ptr<ScalerState> scaler;
+  // The last step's flag (gradients with an inf or a NaN: its update was undone on the device),
+  // read by settle_scaler before anything on the host depends on it; the optimizer's state entries
+  // before that step; the optimizer steps skipped so far, which the schedule does not count.
+  at::Tensor pending_found_inf;
+  std::set<void*> state_keys_before;
+  int64_t skipped_steps = 0;
+  void settle_scaler();
+  // Before a step that may be skipped: what settle_scaler needs to undo it on the host.
+  void before_scaled_step() {
+    settle_scaler();
+    if (!scaler) return;
+    state_keys_before.clear();
+    for (const auto& kv : optimizer->state()) state_keys_before.insert(kv.first);
   }
-  void setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f, torch::optim::Optimizer* opt, LossFn loss,
+  // The optimizer's step under fp16: unscaled gradients, the flag, the guarded update and the
+  // scale's update; the flag is returned (a 0-d float32 on the device).
+  at::Tensor scaled_update(at::Tensor* norm);
+  at::Tensor forward_loss(const std::vector<at::Tensor>& x, const at::Tensor& target) {
+    Autocast amp(amp_dtype, amp_device);
+    return forward_loss_fn(x, target, nullptr);
+  }
+  void setup(std::shared_ptr<torch::nn::Module> m, ForwardLossFn f, torch::optim::Optimizer* opt,
              TrainingArguments args);
   double max_grad_norm = 0;
   std::unique_ptr<CompiledStep> step;
@@ -302,6 +420,9 @@ struct Trainer::Impl {
   double mean_over_ranks(double v) const;
 
   void make_accumulate(const TrainingArguments& args);
+  // step_with_outputs(): step()'s function, also returning the forward's tensors; made at its first call.
+  std::unique_ptr<CompiledStep> step_outputs;
+  void make_step_outputs();
   // `factor`, `factor_next`: the schedule's factors of the step the run continues with and of the
   // one after.
   void prepare_compiled_steps(const Dataset& dataset, const checkpoint::LoopState& resumed, double factor,
@@ -327,16 +448,21 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
       [im](const std::vector<at::Tensor>& in) {
         const std::vector<at::Tensor> x(in.begin(), in.end() - 2);
         auto l = im->forward_loss(x, in[in.size() - 2]) / in.back();
-        l.backward();
+        (im->scaler ? l * im->scaler->scale : l).backward();
         return std::vector<at::Tensor>{l.detach()};
       },
-      StepState{{model}, {}}, replica_args(args));
+      scaler ? StepState{{model, scaler}, {}} : StepState{{model}, {}}, replica_args(args));
+  // Its outputs: the gradients' norm with clipping, and under fp16 the flag last.
   update = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>&) {
         im->reduce_gradients();
-        at::Tensor norm;
-        if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
-        im->optimizer->step();
+        at::Tensor norm, found_inf;
+        if (im->scaler) {
+          found_inf = im->scaled_update(&norm);
+        } else {
+          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
+          im->optimizer->step();
+        }
         im->set_next_rates();
         // Zeroed where they are, not set to none: the micro-step's plan adds into these tensors.
         {
@@ -344,10 +470,84 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
           for (auto& p : im->model->parameters())
             if (p.grad().defined()) p.mutable_grad().zero_();
         }
-        if (norm.defined()) return std::vector<at::Tensor>{norm.detach()};
-        return std::vector<at::Tensor>{};
+        std::vector<at::Tensor> out;
+        if (norm.defined()) out.push_back(norm.detach());
+        if (found_inf.defined()) out.push_back(found_inf);
+        return out;
       },
-      StepState{{model}, {optimizer}}, replica_args(args));
+      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, replica_args(args));
+}
+
+at::Tensor Trainer::Impl::scaled_update(at::Tensor* norm) {
+  const auto params = model->parameters();
+  at::Tensor found_inf = unscale_gradients(params, scaler->scale);
+  // Clipping sees the unscaled gradients, as after Hugging Face's unscale_.
+  if (max_grad_norm > 0) *norm = clip_gradients(params, max_grad_norm);
+  guarded_optimizer_step(*optimizer, found_inf);
+  update_scale(*scaler, found_inf);
+  return found_inf;
+}
+
+void Trainer::Impl::settle_scaler() {
+  if (!pending_found_inf.defined()) return;
+  const bool skipped = pending_found_inf.item<float>() != 0;
+  pending_found_inf = at::Tensor();
+  if (!skipped) return;
+  ++skipped_steps;
+  // As if the optimizer had not stepped: step counts back (a state the step made is zeros with a
+  // count of 0 now, which is where a state made at the next step starts). SGD makes its momentum
+  // buffer as a copy of the first gradient, which a buffer of zeros equals only without dampening:
+  // with dampening such a state is dropped.
+  bool dampened = false;
+  if (auto* sgd = dynamic_cast<torch::optim::SGD*>(optimizer))
+    for (auto& g : sgd->param_groups())
+      dampened = dampened || static_cast<torch::optim::SGDOptions&>(g.options()).dampening() != 0;
+  auto& state = optimizer->state();
+  for (auto it = state.begin(); it != state.end();) {
+    if (dampened && !state_keys_before.count(it->first)) {
+      it = state.erase(it);
+      continue;
+    }
+    if (it->second) undo_step_count(*it->second);
+    ++it;
+  }
+  log_info(
+      c10::str("kiln::Trainer: fp16: gradients held an inf or a NaN, so the optimizer step was skipped and "
+               "the loss scale lowered to ",
+               scaler->scale.item<double>(), " (", skipped_steps, " skipped so far)"));
+}
+
+void Trainer::Impl::make_step_outputs() {
+  auto* im = this;
+  TrainingArguments args = step->args();
+  if (!replica_log_level.empty()) args.log_level = replica_log_level;
+  step_outputs = std::make_unique<CompiledStep>(
+      [im](const std::vector<at::Tensor>& in) {
+        im->optimizer->zero_grad();
+        const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
+        std::vector<at::Tensor> outputs;
+        at::Tensor loss;
+        {
+          Autocast amp(im->amp_dtype, im->amp_device);
+          loss = im->forward_loss_fn(x, in.back(), &outputs);
+        }
+        (im->scaler ? loss * im->scaler->scale : loss).backward();
+        im->reduce_gradients();
+        at::Tensor norm, found_inf;
+        if (im->scaler) {
+          found_inf = im->scaled_update(&norm);
+        } else {
+          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
+          im->optimizer->step();
+        }
+        im->set_next_rates();
+        std::vector<at::Tensor> out{loss.detach()};
+        for (const auto& o : outputs) out.push_back(o.detach());
+        if (norm.defined()) out.push_back(norm.detach());
+        if (found_inf.defined()) out.push_back(found_inf);
+        return out;
+      },
+      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, std::move(args));
 }
 
 void Trainer::Impl::sum_accumulated_stats() {
@@ -672,38 +872,65 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardFn forward, to
           }),
           optimizer, std::move(loss_fn), std::move(args)) {}
 
+namespace {
+ForwardLossFn fuse_tensor_forward(MultiForwardFn forward, LossFn loss) {
+  return [forward = std::move(forward), loss = std::move(loss)](
+             const std::vector<at::Tensor>& in, const at::Tensor& target, std::vector<at::Tensor>* outputs) {
+    at::Tensor out = forward(in);
+    at::Tensor l = loss(out, target);
+    if (outputs) *outputs = {out};
+    return l;
+  };
+}
+}  // namespace
+
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, torch::optim::Optimizer& optimizer,
                  LossFn loss_fn, TrainingArguments args)
-    : impl_(std::make_unique<Impl>()) {
-  if (!model) throw std::invalid_argument("kiln::Trainer: the model is null");
-  warn_unused_optimizer_keys(args);
-  impl_->setup(std::move(model), std::move(forward), &optimizer, std::move(loss_fn), std::move(args));
-}
+    : Trainer(std::move(model), fuse_tensor_forward(std::move(forward), std::move(loss_fn)), &optimizer,
+              std::move(args)) {}
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, MultiForwardFn forward, LossFn loss_fn,
                  TrainingArguments args)
-    : impl_(std::make_unique<Impl>()) {
-  if (!model) throw std::invalid_argument("kiln::Trainer: the model is null");
-  impl_->own_optimizer = make_optimizer(*model, args);
-  auto* made = impl_->own_optimizer.get();
-  impl_->setup(std::move(model), std::move(forward), made, std::move(loss_fn), std::move(args));
+    : Trainer(std::move(model), fuse_tensor_forward(std::move(forward), std::move(loss_fn)), nullptr, std::move(args)) {
 }
 
-void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f, torch::optim::Optimizer* opt,
-                          LossFn loss, TrainingArguments args) {
-  if (args.fp16)
-    throw std::invalid_argument(
-        "kiln::Trainer: fp16 = true needs dynamic loss scaling (GradScaler), which kiln does not compile into the "
-        "step yet; bf16 = true trains under bfloat16 autocast, with float32's range and no loss scaling");
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> model, ForwardLossFn forward_loss,
+                 torch::optim::Optimizer* optimizer, TrainingArguments args)
+    : impl_(std::make_unique<Impl>()) {
+  if (!model) throw std::invalid_argument("kiln::Trainer: the model is null");
+  if (!forward_loss) throw std::invalid_argument("kiln::Trainer: the forward and loss function is empty");
+  if (optimizer) {
+    warn_unused_optimizer_keys(args);
+  } else {
+    impl_->own_optimizer = make_optimizer(*model, args);
+    optimizer = impl_->own_optimizer.get();
+  }
+  impl_->setup(std::move(model), std::move(forward_loss), optimizer, std::move(args));
+}
+
+void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, ForwardLossFn f, torch::optim::Optimizer* opt,
+                          TrainingArguments args) {
+  if (args.fp16 && args.bf16) throw std::invalid_argument("kiln::Trainer: fp16 and bf16 are both true; choose one");
   model = std::move(m);
-  forward = std::move(f);
+  forward_loss_fn = std::move(f);
   optimizer = opt;
-  loss_fn = std::move(loss);
   max_grad_norm = args.max_grad_norm;
   const auto params = model->parameters();
   const bool on_cuda = !params.empty() && params.front().device().type() == c10::kCUDA;
-  bf16 = args.bf16;
+  amp_dtype = args.fp16 ? at::kHalf : args.bf16 ? at::kBFloat16 : at::kFloat;
   amp_device = on_cuda ? c10::kCUDA : c10::kCPU;
+  if (args.fp16) {
+    // Each parameter group's state must be one kiln can put back after a skipped update.
+    std::string kinds;
+    if (!dynamic_cast<torch::optim::SGD*>(opt) && !dynamic_cast<torch::optim::Adam*>(opt) &&
+        !dynamic_cast<torch::optim::AdamW*>(opt) && !dynamic_cast<torch::optim::RMSprop*>(opt) &&
+        !dynamic_cast<torch::optim::Adagrad*>(opt))
+      throw std::invalid_argument(
+          "kiln::Trainer: fp16 = true skips the updates whose gradients hold an inf or a NaN, which kiln can undo "
+          "for LibTorch's SGD, Adam, AdamW, RMSprop and Adagrad; this optimizer (" +
+          c10::demangle(typeid(*opt).name()) + ") is none of them: use bf16 = true, or one of those");
+    scaler = std::make_shared<ScalerState>(params.empty() ? c10::Device(c10::kCPU) : params.front().device());
+  }
   if (args.tf32) {
     at::globalContext().setAllowTF32CuBLAS(true);
     at::globalContext().setAllowTF32CuDNN(true);
@@ -711,21 +938,28 @@ void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f
   }
   auto* im = this;
   // The last input is the target; the others go to forward.
+  // Its outputs: the loss, the gradients' norm with clipping, and under fp16 the flag last.
   step = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>& in) {
         im->optimizer->zero_grad();
         const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
         auto loss = im->forward_loss(x, in.back());
-        loss.backward();
+        (im->scaler ? loss * im->scaler->scale : loss).backward();
         im->reduce_gradients();
-        at::Tensor norm;
-        if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
-        im->optimizer->step();
+        at::Tensor norm, found_inf;
+        if (im->scaler) {
+          found_inf = im->scaled_update(&norm);
+        } else {
+          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
+          im->optimizer->step();
+        }
         im->set_next_rates();
-        if (norm.defined()) return std::vector<at::Tensor>{loss.detach(), norm.detach()};
-        return std::vector<at::Tensor>{loss.detach()};
+        std::vector<at::Tensor> out{loss.detach()};
+        if (norm.defined()) out.push_back(norm.detach());
+        if (found_inf.defined()) out.push_back(found_inf);
+        return out;
       },
-      StepState{{model}, {optimizer}}, std::move(args));
+      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, std::move(args));
   // The environment may have set max_grad_norm too (CompiledStep applied it).
   max_grad_norm = step->args().max_grad_norm;
   last = step.get();
@@ -734,7 +968,8 @@ void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, MultiForwardFn f
 }
 
 void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingArguments& args) {
-  if (step->stats().steps > 0 || (micro && micro->stats().steps > 0))
+  if (step->stats().steps > 0 || (micro && micro->stats().steps > 0) ||
+      (step_outputs && step_outputs->stats().steps > 0))
     throw std::logic_error(
         "kiln::Trainer::set_process_group: the Trainer already made steps; hand it the process "
         "group before the first step");
@@ -757,9 +992,18 @@ void Trainer::Impl::join(std::shared_ptr<distributed::Group> g, const TrainingAr
 }
 
 std::vector<at::Tensor> Trainer::Impl::call(CompiledStep& cs, const std::vector<at::Tensor>& inputs) {
+  // The step and the update end in the fp16 flag, taken off here; the micro-step has none.
+  const bool flagged = scaler && &cs != micro.get();
+  if (flagged) before_scaled_step();
+  auto take_flag = [&](std::vector<at::Tensor>& out) {
+    if (!flagged) return;
+    pending_found_inf = out.back();
+    out.pop_back();
+  };
   if (!group) {
     auto out = cs(inputs);
-    if (out.size() > 1) grad_norm = out[1];
+    take_flag(out);
+    if (&cs == step.get() && out.size() > 1) grad_norm = out[1];
     return out;
   }
   ++calls;
@@ -776,7 +1020,8 @@ std::vector<at::Tensor> Trainer::Impl::call(CompiledStep& cs, const std::vector<
                                     group->diagnose(c10::str("failed.step.", calls))));
   }
   if (cs.stats().compiles > compiles) check_same_step(cs);
-  if (out.size() > 1) grad_norm = out[1];
+  take_flag(out);
+  if (&cs == step.get() && out.size() > 1) grad_norm = out[1];
   return out;
 }
 
@@ -807,7 +1052,10 @@ void Trainer::Impl::check_same_step(const CompiledStep& cs) {
   if (!group->store) return;
   const int k = ++checked_compiles[&cs];
   const std::string mine = step_summary(cs);
-  const char* which = &cs == step.get() ? "step" : &cs == micro.get() ? "micro" : "update";
+  const char* which = &cs == step.get()           ? "step"
+                      : &cs == micro.get()        ? "micro"
+                      : &cs == step_outputs.get() ? "step_with_outputs"
+                                                  : "update";
   const auto all = group->exchange(c10::str(which, ".compile.", k), mine);
   std::string differ;
   for (size_t r = 0; r < all.size(); ++r)
@@ -831,6 +1079,29 @@ at::Tensor Trainer::step(const std::vector<at::Tensor>& inputs, const at::Tensor
   all.push_back(target);
   impl_->last = impl_->step.get();
   return impl_->call(*impl_->step, all).at(0);
+}
+
+StepOutput Trainer::step_with_outputs(const at::Tensor& input, const at::Tensor& target) {
+  return step_with_outputs(std::vector<at::Tensor>{input}, target);
+}
+
+StepOutput Trainer::step_with_outputs(const std::vector<at::Tensor>& inputs, const at::Tensor& target) {
+  auto* im = impl_.get();
+  if (!im->step_outputs) im->make_step_outputs();
+  std::vector<at::Tensor> all(inputs);
+  all.push_back(target);
+  im->last = im->step_outputs.get();
+  // Its outputs: the loss, the forward's tensors, the norm with clipping (the fp16 flag, taken off
+  // by call()).
+  std::vector<at::Tensor> out = im->call(*im->step_outputs, all);
+  if (im->max_grad_norm > 0) {
+    im->grad_norm = out.back();
+    out.pop_back();
+  }
+  StepOutput r;
+  r.loss = out.at(0);
+  r.outputs.assign(out.begin() + 1, out.end());
+  return r;
 }
 
 void Trainer::set_process_group(const c10::intrusive_ptr<c10d::ProcessGroup>& process_group) {
@@ -974,15 +1245,21 @@ std::vector<std::pair<std::string, double>> Trainer::Impl::evaluate(const Datase
   for (int64_t b = 0; b < n; b += batch_size) {
     const int64_t end = std::min(b + batch_size, n);
     const auto batch = make_batch(dataset, order, b, end, per, who.c_str());
-    at::Tensor output, loss;
+    std::vector<at::Tensor> outputs;
+    at::Tensor loss;
     {
-      Bf16Autocast amp(bf16, amp_device);
-      output = forward(std::vector<at::Tensor>(batch.begin(), batch.end() - 1));
-      loss = loss_fn(output, batch.back());
+      Autocast amp(amp_dtype, amp_device);
+      loss = forward_loss_fn(std::vector<at::Tensor>(batch.begin(), batch.end() - 1), batch.back(), &outputs);
     }
     loss_sum += loss.item<double>() * static_cast<double>(end - b);
     if (compute_metrics || keep) {
-      predictions.push_back(output.detach());
+      // The predictions: the forward's first tensor (Hugging Face's logits, first after the loss).
+      if (outputs.empty() || !outputs[0].defined())
+        throw std::invalid_argument(who +
+                                    ": the metrics need the model's predictions, and the forward returned no tensor "
+                                    "kiln can read: a forward returning a struct of its own gives them through "
+                                    "`std::vector<at::Tensor> output_tensors(const YourStruct&)` beside the struct");
+      predictions.push_back(outputs[0].detach());
       labels.push_back(batch.back());
     }
     ++batches;
@@ -1042,9 +1319,14 @@ void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpo
   std::vector<std::pair<at::Tensor, at::Tensor>> tensors;
   for (const auto& p : model->parameters()) tensors.emplace_back(p, p.detach().clone());
   for (const auto& b : model->buffers()) tensors.emplace_back(b, b.clone());
+  if (scaler)
+    for (const auto& b : scaler->buffers()) tensors.emplace_back(b, b.clone());
+  const int64_t skipped = skipped_steps;
   auto restore = [&] {
     torch::NoGradGuard no_grad;
     for (auto& [t, v] : tensors) t.copy_(v);
+    pending_found_inf = at::Tensor();
+    skipped_steps = skipped;
     auto& state = optimizer->state();
     state.clear();
     for (auto& e : entries) {
@@ -1268,6 +1550,14 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       if (s.peak_lrs.size() == n_groups) im->peak_lrs = s.peak_lrs;
       loop.schedule.peak_lrs = im->peak_lrs;
     }
+    // fp16: the loss scale, its counter and the skipped steps go on; a checkpoint without them
+    // (written without fp16) starts the scale afresh.
+    im->skipped_steps = s.skipped_steps;
+    if (im->scaler && s.loss_scale > 0) {
+      torch::NoGradGuard no_grad;
+      im->scaler->scale.fill_(s.loss_scale);
+      im->scaler->growth_tracker.fill_(s.scale_growth_tracker);
+    }
     if (im->plateau.on && s.type == a.lr_scheduler_type && s.plateau_lrs.size() == n_groups) {
       im->plateau.lrs = s.plateau_lrs;
       im->plateau.best = s.plateau_best;
@@ -1359,7 +1649,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     return loss;
   };
   if (!resumed_from.empty())
-    im->prepare_compiled_steps(dataset, r, factor_at(loop.global_step), factor_at(loop.global_step + 1), run_step);
+    im->prepare_compiled_steps(dataset, r, factor_at(loop.global_step - im->skipped_steps),
+                               factor_at(loop.global_step - im->skipped_steps + 1), run_step);
 
   std::ofstream metrics;
   if (to_jsonl) {
@@ -1453,7 +1744,13 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     loop.epoch_end_pending = epoch_end_pending;
     loop.data_order_state = order_state;
     // As Hugging Face's optimizer after the scheduler's step: the next step's rate.
-    im->set_rates(factor_at(loop.global_step));
+    im->settle_scaler();
+    im->set_rates(factor_at(loop.global_step - im->skipped_steps));
+    if (im->scaler) {
+      loop.schedule.skipped_steps = im->skipped_steps;
+      loop.schedule.loss_scale = im->scaler->scale.item<double>();
+      loop.schedule.scale_growth_tracker = im->scaler->growth_tracker.item<double>();
+    }
     if (im->plateau.on) {
       loop.schedule.plateau_lrs = im->plateau.lrs;
       loop.schedule.plateau_best = im->plateau.best;
@@ -1524,8 +1821,10 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
           loop.layouts.push_back(key + examples);
       }
       fire([&](TrainerCallback& cb) { cb.on_step_begin(a, state, control); });
-      im->set_rates(factor_at(loop.global_step));
-      im->next_factor = factor_at(loop.global_step + 1);
+      // The schedule counts the optimizer steps that ran (fp16 skips some, as Hugging Face's does).
+      im->settle_scaler();
+      im->set_rates(factor_at(loop.global_step - im->skipped_steps));
+      im->next_factor = factor_at(loop.global_step - im->skipped_steps + 1);
       const at::Tensor loss = run_step(inputs);
 
       ++loop.global_step;
@@ -1546,6 +1845,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
       std::optional<double> logged, logged_grad_norm;
       double steps_per_second = 0;
       if (control.should_log && loop.interval_steps > 0) {
+        im->settle_scaler();  // the rate logged is the next step's, as the schedule counts it
         const auto now = Clock::now();
         logged = im->mean_over_ranks(loop.interval_loss.item<double>()) / static_cast<double>(loop.interval_steps);
         // The same steps per second in the file and the log line: this interval's, compiles in it
@@ -1557,7 +1857,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
           logged_grad_norm = im->grad_norm.item<double>();
           fields.emplace_back("grad_norm", *logged_grad_norm);
         }
-        fields.emplace_back("learning_rate", lr_at(loop.global_step));
+        fields.emplace_back("learning_rate", lr_at(loop.global_step - im->skipped_steps));
         fields.emplace_back("steps_per_second", steps_per_second);
         log_line(json_line(fields));
         loop.interval_loss = at::Tensor();
@@ -1569,8 +1869,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
         std::string text = c10::str("step ", loop.global_step, "/", total_steps, " (epoch ",
                                     display_number(loop.epoch_progress, 3), "): loss ", display_number(*logged));
         if (logged_grad_norm) text += ", grad_norm " + display_number(*logged_grad_norm);
-        text += ", learning_rate " + display_number(lr_at(loop.global_step)) + ", " + display_number(steps_per_second) +
-                " steps/s";
+        text += ", learning_rate " + display_number(lr_at(loop.global_step - im->skipped_steps)) + ", " +
+                display_number(steps_per_second) + " steps/s";
         if (auto eta = progress.eta(); !eta.empty()) text += ", " + eta;
         progress.line(text);
       }
@@ -1612,7 +1912,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
     }
   }
   // As after Hugging Face's last scheduler step: the rate the schedule gives the step after the last.
-  im->set_rates(factor_at(loop.global_step));
+  im->settle_scaler();
+  im->set_rates(factor_at(loop.global_step - im->skipped_steps));
   const double runtime = seconds_between(start, Clock::now());
   result.global_step = loop.global_step;
   result.training_loss = loop.total_loss.defined() ? im->mean_over_ranks(loop.total_loss.item<double>()) /

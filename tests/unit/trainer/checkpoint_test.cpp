@@ -162,6 +162,7 @@ struct ResumeCase {
   int64_t crash_after_examples;  // the dataset fails after this many get() calls
   std::string resumed_from;      // the checkpoint folder "last" must find
   int64_t resumed_step;
+  bool fp16 = false;  // with inputs large enough that float16's first loss scales overflow
 };
 
 kiln::TrainingArguments resume_args(const ResumeCase& c, const std::string& dir) {
@@ -180,6 +181,7 @@ kiln::TrainingArguments resume_args(const ResumeCase& c, const std::string& dir)
   a.eval_strategy = c.eval_strategy;
   a.eval_steps = 2;
   a.seed = 23;
+  a.fp16 = c.fp16;
   if (c.scheduler == "reduce_lr_on_plateau") {
     a.learning_rate = 0.3;  // large enough that the eval loss stops improving within the run
     a.lr_scheduler_kwargs = {{"patience", "0"}, {"factor", "0.5"}, {"threshold", "0.02"}};
@@ -195,7 +197,8 @@ class Resume : public ::testing::TestWithParam<ResumeCase> {};
 // one does, and ran the steps after that compiled.
 TEST_P(Resume, ContinuesExactlyAsTheUninterruptedTraining) {
   const ResumeCase& c = GetParam();
-  const auto train = make_data(40), eval = make_data(12);
+  auto train = make_data(40), eval = make_data(12);
+  if (c.fp16) train.x *= 100, eval.x *= 100;  // the first steps skipped, the scale lowered
   const auto train_set = train.dataset(), eval_set = eval.dataset();
 
   const std::string ref_dir = fresh_dir(std::string(c.name) + "_ref");
@@ -267,7 +270,13 @@ INSTANTIATE_TEST_SUITE_P(Trainer, Resume,
                                                       "epoch", 12, 1 + 48 + 2, "checkpoint-5", 5},
                                            // The plateau's best, count and lowered rates in the checkpoint.
                                            ResumeCase{"adamw_reduce_lr_on_plateau", true, 1, "reduce_lr_on_plateau", 0,
-                                                      "steps", 4, "steps", 10, 1 + 40 + 4, "checkpoint-4", 4}),
+                                                      "steps", 4, "steps", 10, 1 + 40 + 4, "checkpoint-4", 4},
+                                           // fp16: the loss scale, its counter and the skipped steps (which
+                                           // the schedule does not count) in the checkpoint.
+                                           ResumeCase{"adamw_fp16_linear", true, 1, "linear", 2, "steps", 4, "steps",
+                                                      12, 1 + 40 + 4, "checkpoint-4", 4, true},
+                                           ResumeCase{"sgd_fp16_accumulation", false, 2, "linear", 0, "steps", 4,
+                                                      "steps", 10, 76, "checkpoint-4", 4, true}),
                          [](const ::testing::TestParamInfo<ResumeCase>& info) { return std::string(info.param.name); });
 
 kiln::TrainingArguments small_args(const std::string& dir) {

@@ -400,9 +400,9 @@ TEST(TrainerTrain, Bf16TrainsUnderAutocastAsTheEagerLoop) {
   const auto d = make_data(32);
   auto lr = [](int64_t) { return 0.05; };
   auto ref = make(6, true);
-  const auto want = eager_loop(ref, d, 8, 1, 4, 17, lr, /*bf16=*/true);
+  const auto want = eager_loop(ref, d, 8, 1, 20, 17, lr, /*bf16=*/true);
   auto f32 = make(6, true);
-  const auto plain = eager_loop(f32, d, 8, 1, 4, 17, lr);
+  const auto plain = eager_loop(f32, d, 8, 1, 20, 17, lr);
   double apart = 0;
   for (size_t i = 0; i < want.size(); ++i) apart = std::max(apart, rel_err(want[i], plain[i]));
   ASSERT_GT(apart, 1e-4) << "the bf16 loop computes what float32 computes: autocast did not apply";
@@ -411,25 +411,156 @@ TEST(TrainerTrain, Bf16TrainsUnderAutocastAsTheEagerLoop) {
   auto args = train_args(fresh_dir("bf16"));
   args.bf16 = true;
   args.lr_scheduler_type = "constant";
-  args.max_steps = 4;
+  args.max_steps = 20;
   kiln::Trainer trainer(s.net, *s.opt, ce, args);
   trainer.train(kiln::TensorDataset({d.x}, d.y));
-  EXPECT_EQ(trainer.stats().compiled_steps, 2) << "warm-up and capture run eagerly, the other two compiled";
+  EXPECT_EQ(trainer.stats().compiled_steps, 18) << "warm-up and capture run eagerly, the other 18 compiled";
   const auto lines = read_metrics(args.output_dir);
-  ASSERT_EQ(lines.size(), 5u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-2) << "step " << i + 1;
+  ASSERT_EQ(lines.size(), 21u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-2) << "step " << i + 1;
   expect_same_params(ref, s, 1e-2);
   EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "the autocast region was left open";
   fs::remove_all(args.output_dir);
 
-  auto fp16 = train_args("");
-  fp16.fp16 = true;
+  auto both = train_args("");
+  both.fp16 = both.bf16 = true;
   auto t = make(7, true);
   try {
-    kiln::Trainer refused(t.net, *t.opt, ce, fp16);
-    ADD_FAILURE() << "fp16 was taken";
+    kiln::Trainer refused(t.net, *t.opt, ce, both);
+    ADD_FAILURE() << "fp16 and bf16 together were taken";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("bf16 = true"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16 and bf16 are both true"), std::string::npos) << e.what();
+  }
+}
+
+namespace {
+
+// Hugging Face's fp16 loop in plain LibTorch with PyTorch's own GradScaler kernels
+// (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_, GradScaler's defaults): float16
+// autocast, each micro-batch's loss divided by the step's count and scaled before its backward, the
+// optimizer stepped only when no gradient held an inf or a NaN (a host read, as GradScaler.step
+// makes), and the schedule stepped only after an update, as Hugging Face's Trainer steps it. Returns
+// each step's loss; `skipped` gets each step's skip, `scale` the final scale.
+std::vector<double> eager_fp16_loop(Setup& s, const at::Tensor& x, const at::Tensor& y, int64_t bs, int64_t ga,
+                                    int64_t total, uint64_t seed, const std::function<double(int64_t)>& lr_at,
+                                    std::vector<bool>* skipped, double* scale_out) {
+  torch::manual_seed(seed);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t n = x.size(0), batches = (n + bs - 1) / bs, steps_per_epoch = (batches + ga - 1) / ga;
+  at::Tensor scale = at::full({1}, 65536.0), tracker = at::zeros({1}, at::kInt);
+  int64_t applied = 0;
+  std::vector<double> losses;
+  while (static_cast<int64_t>(losses.size()) < total) {
+    const at::Tensor perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+    for (int64_t st = 0; st < steps_per_epoch && static_cast<int64_t>(losses.size()) < total; ++st) {
+      for (auto& g : s.opt->param_groups()) g.options().set_lr(lr_at(applied));
+      s.opt->zero_grad();
+      const int64_t first = st * ga, last = std::min(first + ga, batches);
+      double sum = 0;
+      for (int64_t b = first; b < last; ++b) {
+        const at::Tensor idx = perm.slice(0, b * bs, std::min((b + 1) * bs, n));
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+        at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
+        at::Tensor loss =
+            ce(s.net->forward(x.index_select(0, idx)), y.index_select(0, idx)) / static_cast<double>(last - first);
+        at::autocast::set_autocast_enabled(at::kCPU, false);
+        at::autocast::clear_cache();
+        (loss * scale).backward();
+        sum += loss.item<double>();
+      }
+      std::vector<at::Tensor> grads;
+      for (auto& p : s.net->parameters())
+        if (p.grad().defined()) grads.push_back(p.mutable_grad());
+      at::Tensor found = at::zeros({1});
+      at::_amp_foreach_non_finite_check_and_unscale_(grads, found, scale.to(at::kDouble).reciprocal().to(at::kFloat));
+      const bool skip = found.item<float>() != 0;
+      if (!skip) s.opt->step(), ++applied;
+      at::_amp_update_scale_(scale, tracker, found, 2.0, 0.5, 2000);
+      skipped->push_back(skip);
+      losses.push_back(sum);
+    }
+  }
+  *scale_out = scale.item<double>();
+  return losses;
+}
+
+}  // namespace
+
+// fp16 = true: float16 autocast and dynamic loss scaling compiled into the step, for AdamW in one
+// step and for SGD with momentum accumulating two micro-batches (the micro-step and the update).
+// Inputs a hundred times larger than make_data's overflow float16's backward at the first scales
+// (65536 and down), so the first steps are skipped and the scale halves until the gradients fit, as
+// GradScaler does; then the updates run. Against the loop above, built on PyTorch's own GradScaler
+// kernels: the same steps skipped, every loss, the learning rates logged (a linear schedule that
+// counts only the updates that ran), the final scale and skip count in the checkpoint, the
+// optimizer's step counts and the parameters; and the steps, skipped ones included, ran compiled.
+TEST(TrainerTrain, Fp16ScalesTheLossAndSkipsTheStepsThatOverflowAsGradScalerDoes) {
+  const auto d = make_data(32);
+  const at::Tensor x = d.x * 100;
+  for (const int64_t ga : {1, 2}) {
+    const bool adamw = ga == 1;
+    // SGD with momentum on these inputs diverges at AdamW's rate.
+    const double peak = adamw ? 0.05 : 0.002;
+    auto lr_at = [peak](int64_t applied) { return hf_linear(peak, applied, 0, 20); };
+    SCOPED_TRACE(adamw ? "AdamW, one micro-batch a step" : "SGD, two micro-batches a step");
+    auto ref = make(8, adamw);
+    std::vector<bool> skipped;
+    double want_scale = 0;
+    const auto want = eager_fp16_loop(ref, x, d.y, 8, ga, 20, 17, lr_at, &skipped, &want_scale);
+    const auto n_skipped = std::count(skipped.begin(), skipped.end(), true);
+    double worst = 0;
+    ASSERT_GE(n_skipped, 2) << "the test's inputs no longer overflow float16 at the first scales";
+    ASSERT_LE(n_skipped, 16) << "too few updates ran to compare them";
+    ASSERT_FALSE(skipped.back()) << "the run should end with updates that ran";
+
+    auto s = make(8, adamw);
+    auto args = train_args(fresh_dir(adamw ? "fp16_adamw" : "fp16_sgd_accumulate"));
+    args.fp16 = true;
+    args.learning_rate = peak;
+    args.max_steps = 20;
+    args.gradient_accumulation_steps = ga;
+    args.lr_scheduler_type = "linear";
+    args.save_strategy = "steps";
+    args.save_steps = 20;
+    kiln::Trainer trainer(s.net, *s.opt, ce, args);
+    trainer.train(kiln::TensorDataset({x}, d.y));
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "the autocast region was left open";
+    const auto& st = trainer.stats();
+    EXPECT_EQ(st.compiles, ga == 1 ? 1 : 2) << "the step, or the micro-step and the update, once each";
+    EXPECT_EQ(st.recaptures, 0) << st.last_recompile_reason;
+    // Each compiled step's first call runs eagerly (warm-up) and its second captures.
+    EXPECT_EQ(st.compiled_steps, ga == 1 ? 18 : 20 * 2 - 2 + 20 - 2) << st.last_fallback;
+    const auto lines = read_metrics(args.output_dir);
+    ASSERT_EQ(lines.size(), 21u);
+    int64_t applied = 0;
+    for (size_t i = 0; i < 20; ++i) {
+      EXPECT_LT(rel_err(lines[i].at("loss"), want[i]), 1e-3) << "step " << i + 1;
+      if (!skipped[i]) ++applied;
+      EXPECT_DOUBLE_EQ(lines[i].at("learning_rate"), lr_at(applied)) << "step " << i + 1;
+    }
+    // By norm: float16 rounds the generated kernels' products and ATen's apart, and AdamW's steps
+    // of nearly the same size whatever the gradient carry it into parameters near zero.
+    auto pa = ref.net->parameters(), pb = s.net->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      const double rel = (pa[i] - pb[i]).norm().item<double>() / pa[i].norm().item<double>();
+      EXPECT_LT(rel, 1e-3) << "parameter " << i;
+      worst = std::max(worst, rel);
+    }
+    // AdamW's step counts count the updates that ran.
+    if (adamw) {
+      for (const auto& kv : s.opt->state())
+        EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(*kv.second).step(), applied);
+    }
+    torch::serialize::InputArchive ar;
+    ar.load_from(args.output_dir + "/checkpoint-20/scheduler.pt");
+    c10::IValue v;
+    ASSERT_TRUE(ar.try_read("loss_scale", v));
+    EXPECT_EQ(v.toDouble(), want_scale);
+    ASSERT_TRUE(ar.try_read("skipped_steps", v));
+    EXPECT_EQ(v.toInt(), n_skipped);
+    std::printf("[ fp16 ga %ld ] %ld of 20 steps skipped, final scale %g, %d compiled, parameters %.2e apart\n",
+                static_cast<long>(ga), static_cast<long>(n_skipped), want_scale, st.compiled_steps, worst);
+    fs::remove_all(args.output_dir);
   }
 }
 

@@ -693,3 +693,140 @@ TEST(Trainer, WithFullgraphAnExecuteThatFailsBeforeAnyWriteIsAnErrorThatChangedN
     EXPECT_TRUE(at::allclose(a.momentum_buffer(), b.momentum_buffer(), 1e-5, 1e-6)) << "momentum of parameter " << i;
   }
 }
+
+// step_with_outputs: the same step as step() (the same losses and parameters as the eager loop),
+// also returning the forward's output from before the update, compiled in a step of its own.
+TEST(Trainer, StepWithOutputsReturnsTheForwardsOutputAndTrainsAsStepDoes) {
+  const auto seed = fresh_seed();
+  auto ref = make(seed, /*adamw=*/true), s = make(seed, /*adamw=*/true);
+  kiln::Trainer trainer(s.net, *s.opt, ce, compile_args());
+  double correct = 0;
+  for (int i = 0; i < 6; ++i) {
+    auto x = at::randn({8, 12});
+    auto y = at::randint(0, 5, {8});
+    const kiln::StepOutput got = trainer.step_with_outputs(x, y);
+    at::Tensor want_out;
+    {
+      torch::NoGradGuard no_grad;
+      want_out = ref.net->forward(x);
+    }
+    auto want = eager_step(ref, x, y);
+    EXPECT_TRUE(at::allclose(got.loss, want, 1e-5, 1e-6)) << "step " << i;
+    ASSERT_EQ(got.outputs.size(), 1u);
+    EXPECT_FALSE(got.outputs[0].requires_grad());
+    EXPECT_TRUE(at::allclose(got.outputs[0], want_out, 1e-5, 1e-6)) << "step " << i;
+    correct += got.outputs[0].argmax(1).eq(y).sum().item<double>();  // training accuracy, as a user counts it
+  }
+  expect_same_params(ref, s);
+  EXPECT_TRUE(trainer.compiled()) << trainer.stats().last_fallback;
+  EXPECT_EQ(trainer.stats().compiled_steps, 4);
+  EXPECT_GE(correct, 0);
+}
+
+namespace {
+// A model whose forward returns a struct: logits and a penalty the loss adds.
+struct Scored {
+  at::Tensor logits, penalty;
+};
+std::vector<at::Tensor> output_tensors(const Scored& s) { return {s.logits, s.penalty}; }
+// The same without output_tensors: it trains, and its predictions cannot be read.
+struct Opaque {
+  at::Tensor logits;
+};
+
+struct ScoringNetImpl : nn::Module {
+  ScoringNetImpl() : a(register_module("a", nn::Linear(12, 16))), b(register_module("b", nn::Linear(16, 5))) {}
+  Scored forward(const at::Tensor& x) {
+    auto h = a->forward(x).relu();
+    return {b->forward(h), h.pow(2).mean()};
+  }
+  nn::Linear a, b;
+};
+TORCH_MODULE(ScoringNet);
+}  // namespace
+
+// Forwards that return a tuple (a lambda) or a struct (a module's forward), with a loss that takes
+// what they return: every loss and the parameters equal the eager loop's, the steps run compiled,
+// step_with_outputs gives each returned tensor, and evaluation's predictions are the first. A
+// struct kiln cannot read tensors from still trains; metrics that need predictions say why not.
+TEST(Trainer, AForwardReturningATupleOrAStructTrainsWithALossThatTakesIt) {
+  const auto seed = fresh_seed();
+  {
+    SCOPED_TRACE("a lambda returning a tuple");
+    auto ref = make(seed), s = make(seed);
+    auto forward = [](nn::Sequential& net) {
+      return [&net](const std::vector<at::Tensor>& x) {
+        auto logits = net->forward(x[0]);
+        return std::make_tuple(logits, logits.pow(2).mean());
+      };
+    };
+    auto loss = [](const std::tuple<at::Tensor, at::Tensor>& out, const at::Tensor& y) {
+      return ce(std::get<0>(out), y) + 0.1 * std::get<1>(out);
+    };
+    kiln::Trainer trainer(s.net.ptr(), forward(s.net), *s.opt, loss, compile_args());
+    auto ref_forward = forward(ref.net);
+    for (int i = 0; i < 6; ++i) {
+      auto x = at::randn({8, 12});
+      auto y = at::randint(0, 5, {8});
+      const kiln::StepOutput got = trainer.step_with_outputs(x, y);
+      ref.opt->zero_grad();
+      auto want = loss(ref_forward({x}), y);
+      want.backward();
+      ref.opt->step();
+      EXPECT_TRUE(at::allclose(got.loss, want.detach(), 1e-5, 1e-6)) << "step " << i;
+      ASSERT_EQ(got.outputs.size(), 2u);
+      EXPECT_EQ(got.outputs[0].sizes(), (std::vector<int64_t>{8, 5}));
+      EXPECT_EQ(got.outputs[1].dim(), 0);
+    }
+    expect_same_params(ref, s);
+    EXPECT_TRUE(trainer.compiled()) << trainer.stats().last_fallback;
+  }
+  {
+    SCOPED_TRACE("a module returning a struct");
+    torch::manual_seed(seed);
+    ScoringNet net;
+    torch::manual_seed(seed);
+    ScoringNet ref;
+    torch::optim::SGD opt(net->parameters(), 0.05), ref_opt(ref->parameters(), 0.05);
+    auto loss = [](const Scored& out, const at::Tensor& y) { return ce(out.logits, y) + 0.1 * out.penalty; };
+    kiln::Trainer trainer(net, opt, loss, compile_args());
+    for (int i = 0; i < 6; ++i) {
+      auto x = at::randn({8, 12});
+      auto y = at::randint(0, 5, {8});
+      auto got = trainer.step(x, y);
+      ref_opt.zero_grad();
+      auto want = loss(ref->forward(x), y);
+      want.backward();
+      ref_opt.step();
+      EXPECT_TRUE(at::allclose(got, want.detach(), 1e-5, 1e-6)) << "step " << i;
+    }
+    auto pa = ref->parameters(), pb = net->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::allclose(pa[i], pb[i], 1e-5, 1e-6)) << "parameter " << i;
+    EXPECT_TRUE(trainer.compiled()) << trainer.stats().last_fallback;
+    // Evaluation's predictions: the struct's first tensor, the logits.
+    trainer.set_compute_metrics([](const kiln::EvalPrediction& p) {
+      EXPECT_EQ(p.predictions.size(1), 5);
+      return std::map<std::string, double>{
+          {"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(at::kDouble).mean().item<double>()}};
+    });
+    const auto m = trainer.evaluate(kiln::TensorDataset({at::randn({10, 12})}, at::randint(0, 5, {10})));
+    EXPECT_TRUE(m.count("eval_accuracy"));
+  }
+  {
+    SCOPED_TRACE("a struct without output_tensors");
+    auto s = make(seed);
+    auto forward = [&](const std::vector<at::Tensor>& x) { return Opaque{s.net->forward(x[0])}; };
+    auto loss = [](const Opaque& out, const at::Tensor& y) { return ce(out.logits, y); };
+    kiln::Trainer trainer(s.net.ptr(), forward, *s.opt, loss, compile_args());
+    for (int i = 0; i < 4; ++i) trainer.step(at::randn({8, 12}), at::randint(0, 5, {8}));
+    EXPECT_TRUE(trainer.compiled()) << trainer.stats().last_fallback;
+    EXPECT_TRUE(trainer.step_with_outputs(at::randn({8, 12}), at::randint(0, 5, {8})).outputs.empty());
+    trainer.set_compute_metrics([](const kiln::EvalPrediction&) { return std::map<std::string, double>{}; });
+    try {
+      trainer.evaluate(kiln::TensorDataset({at::randn({10, 12})}, at::randint(0, 5, {10})));
+      ADD_FAILURE() << "metrics were computed without predictions";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("output_tensors"), std::string::npos) << e.what();
+    }
+  }
+}
