@@ -184,7 +184,10 @@ int main(int argc, char** argv) try {
     auto twin = make_model();
     torch::optim::AdamW twin_optimizer(twin.module->parameters(), adamw);
     kiln::TrainingArguments eager_args = args;
+    // Off for certain: a mode or backend set in the file turns compiling on (Hugging Face's rule).
     eager_args.torch_compile = false;
+    eager_args.torch_compile_mode = "default";
+    eager_args.torch_compile_backend = "auto";
     eager_args.output_dir.clear();
     kiln::Trainer eager(twin.module, twin.forward, twin_optimizer, loss_fn, eager_args);
     auto ms_per_step = [&](kiln::Trainer& t) {

@@ -1,4 +1,5 @@
 // StepRecorder and probe_calls: the two ModeHandlers of kiln's capture.
+#include <algorithm>
 #include <mutex>
 #include <set>
 #include <string>
@@ -307,7 +308,10 @@ struct StepRecorder::State : capture_detail::ModeHandler {
     const int32_t sid = storage_of(t, known_storage);
     if (known_storage) {
       // A new TensorImpl over memory the step already uses (`.data()`, shallow copies): the same
-      // value when it looks at the same elements, else an alias kiln cannot follow.
+      // value when it looks at the same elements, else an alias kiln cannot follow; except another
+      // of the step's own inputs over its inputs' memory (a batch and its targets as shifted views
+      // of one token tensor), which is an input of its own (functionalization refuses it if the
+      // step writes that memory).
       const auto meta = meta_of(t);
       for (const auto* other : storage_impls[sid]) {
         const auto v = impl_value.at(other);
@@ -316,7 +320,17 @@ struct StepRecorder::State : capture_detail::ModeHandler {
           return v;
         }
       }
-      return ir::kNoValue;
+      const auto k = known_index.find(impl);
+      const bool an_inputs = std::any_of(storage_impls[sid].begin(), storage_impls[sid].end(),
+                                         [&](const auto* o) { return graph.value(impl_value.at(o)).producer < 0; });
+      if (k == known_index.end() || known[k->second].role != ir::InputRole::UserInput || !an_inputs)
+        return ir::kNoValue;
+      const auto v = graph.add_input(meta, ir::InputRole::UserInput, known[k->second].name);
+      graph.value(v).storage = sid;
+      input_tensors.push_back(t);
+      input_user_index.push_back(known[k->second].user_index);
+      bind(t, v, sid);
+      return v;
     }
     ir::InputRole role = ir::InputRole::Constant;
     std::string name;

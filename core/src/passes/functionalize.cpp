@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -540,12 +541,32 @@ struct Functionalizer {
 
   ir::Graph run() {
     out.scalar_inputs = g.scalar_inputs;
+    // Inputs may share memory (a batch and its targets as two shifted views of one token tensor)
+    // when the step writes none of it: each is then read as it is.
+    std::unordered_set<int32_t> written_storages;
+    for (const auto& raw : g.nodes) {
+      const auto* schema = find_schema(raw.op);
+      if (!schema) continue;
+      const auto& sargs = schema->arguments();
+      for (size_t i = 0; i < sargs.size() && i < raw.args.size(); ++i)
+        if (sargs[i].alias_info() && sargs[i].alias_info()->isWrite() && raw.args[i].kind == ir::Arg::Kind::Tensor &&
+            raw.args[i].value != ir::kNoValue)
+          written_storages.insert(storage(raw.args[i].value));
+      for (size_t i : hidden_writes(raw))
+        if (raw.args[i].value != ir::kNoValue) written_storages.insert(storage(raw.args[i].value));
+    }
     for (const auto& in : g.inputs) {
       const auto nv = out.add_input(g.value(in.value).meta, in.role, in.name);
       const int32_t s = storage(in.value);
-      if (s >= 0 && cur_base.count(s))
-        throw std::runtime_error("graph inputs '" + in.name +
-                                 "' and another share memory; kiln cannot functionalize that yet");
+      if (s >= 0 && cur_base.count(s)) {
+        if (written_storages.count(s))
+          throw std::runtime_error("graph inputs '" + in.name +
+                                   "' and another share memory that the step writes; kiln cannot functionalize that "
+                                   "yet");
+        val[in.value] = nv;
+        ver[in.value] = storage_version[s];
+        continue;
+      }
       define_base(in.value, nv);
     }
     for (size_t i = 0; i < g.nodes.size(); ++i) {

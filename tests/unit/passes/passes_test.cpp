@@ -312,6 +312,36 @@ TEST(Functionalize, AWriteThroughATransposeOfANonContiguousBaseReplacesTheBase) 
   }
 }
 
+// Two inputs over one memory (shifted views of one tensor) are read as they are when nothing writes
+// that memory; a write into it is refused.
+TEST(Functionalize, InputsSharingMemoryAreReadAsTheyAreUnlessTheStepWritesIt) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[4]{1} &0 input "x"
+  input %1 : f32[4]{1} &0 input "y"
+  %2 : f32[4]{1} &1 = aten::mul.Tensor(%0, %1)
+  output %2 result "p"
+}
+)");
+  functionalize(g);
+  g.verify();
+  const at::Tensor t = at::randn({5});
+  auto outs = evaluate(g, {t.slice(0, 0, 4), t.slice(0, 1, 5)});
+  EXPECT_TRUE(at::equal(outs[0], t.slice(0, 0, 4) * t.slice(0, 1, 5)));
+  ir::Graph w = ir::parse(R"(graph {
+  input %0 : f32[4]{1} &0 input "x"
+  input %1 : f32[4]{1} &0 input "y"
+  %2 : f32[4]{1} &0 = aten::mul_.Tensor(%0, %1)
+  output %2 result "p"
+}
+)");
+  try {
+    functionalize(w);
+    ADD_FAILURE() << "a write into memory two inputs share was functionalized";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("share memory that the step writes"), std::string::npos) << e.what();
+  }
+}
+
 // Run-time scalars become 0-dim tensor inputs (for CUDA graphs): the IR, and the same numbers.
 TEST(LiftRuntimeScalars, RewritesOptimizerScalarsIntoTensorOpsWithTheSameNumbers) {
   const std::string in = R"(graph {

@@ -21,6 +21,7 @@
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
@@ -535,6 +536,51 @@ TEST(StepGuards, AWriteAfterTheGivenOptimizersUpdateIsNotTakenForAnotherOptimize
   EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
   expect_equal(lin->parameters(), ref->parameters(), "parameter");
   for (const auto& w : logs.warnings()) EXPECT_EQ(w.find("outside the optimizers"), std::string::npos) << w;
+}
+
+// A batch and its targets as shifted views of one token tensor (a language model's manual loop):
+// two inputs over the same memory, which the step only reads, are two inputs of the graph; the
+// step runs compiled and equals eager bit for bit, with overlapping inputs and with separate ones
+// of the same shapes. A step that writes into that memory is refused with the reason and runs
+// eagerly, equal to eager too.
+TEST(StepGuards, InputsThatShareMemoryAreReadAsTheyAre) {
+  const auto seed = fresh_seed();
+  auto make = [&] {
+    torch::manual_seed(seed);
+    return nn::Sequential(nn::Embedding(20, 8), nn::Linear(8, 20));
+  };
+  auto body = [](nn::Sequential& net, torch::optim::Optimizer& opt, const std::vector<at::Tensor>& in, bool write) {
+    opt.zero_grad();
+    if (write) in[0].add_(0);  // a write into the memory the targets share
+    auto logits = net->forward(in[0]);
+    auto loss = nn::functional::cross_entropy(logits.reshape({-1, 20}), in[1].reshape({-1}));
+    loss.backward();
+    opt.step();
+    return std::vector<at::Tensor>{loss.detach()};
+  };
+  for (const bool write : {false, true}) {
+    SCOPED_TRACE(write ? "the step writes an input" : "the step reads its inputs");
+    auto net = make(), ref = make();
+    torch::optim::Adam opt(net->parameters(), 1e-2), ref_opt(ref->parameters(), 1e-2);
+    LogCapture logs;
+    auto step = kiln::compile_step([&](const std::vector<at::Tensor>& in) { return body(net, opt, in, write); },
+                                   {{net.ptr()}, {&opt}}, eager_backend());
+    for (int i = 0; i < 6; ++i) {
+      const at::Tensor tokens = at::randint(0, 20, {100});
+      std::vector<at::Tensor> in = {tokens.slice(0, 0, 64).view({4, 16}), tokens.slice(0, 1, 65).view({4, 16})};
+      if (i == 5) in = {in[0].clone(), in[1].clone()};  // the same shapes, memory of their own
+      expect_equal(step(in), body(ref, ref_opt, in, write), "step " + std::to_string(i));
+    }
+    expect_equal(net->parameters(), ref->parameters(), "parameter");
+    if (write) {
+      EXPECT_FALSE(step.last_step_compiled());
+      // Said by the capture ("an untracked alias of a tensor the step wrote") or by the passes.
+      EXPECT_NE(step.stats().last_fallback.find("the step wr"), std::string::npos) << step.stats().last_fallback;
+    } else {
+      EXPECT_TRUE(step.last_step_compiled()) << step.stats().last_fallback;
+      EXPECT_EQ(step.stats().compiles, 1);
+    }
+  }
 }
 
 // A run stopped after a checkpoint and resumed in new objects (a new process, in effect), both
