@@ -37,13 +37,15 @@ namespace {
 int usage(FILE* out) {
   std::fprintf(out,
                "usage: kiln_char_gpt [--config FILE] [--data PATH] [--steps N] [--device cpu|cuda] [--output-dir DIR]\n"
-               "                     [--resume]\n"
+               "                     [--precision auto|fp32|bf16] [--resume]\n"
                "  --config FILE      the training's settings (default %s)\n"
                "  --data PATH        the text to learn: a file, or a folder whose files are read in name order\n"
                "                     (default /usr/share/common-licenses, Debian's licence texts)\n"
                "  --steps N          optimizer steps (the file's max_steps)\n"
                "  --device D         cpu (default) or cuda\n"
                "  --output-dir DIR   metrics.jsonl, loss.png and checkpoints (the file's output_dir)\n"
+               "  --precision P      auto (default): bfloat16 autocast where the device computes bfloat16 in\n"
+               "                     hardware (the file's bf16 or fp16 win), else float32; fp32; bf16\n"
                "  --resume           continue from the newest checkpoint in the output directory\n",
                KILN_CHAR_GPT_CONFIG);
   return out == stdout ? 0 : 2;
@@ -52,7 +54,8 @@ int usage(FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string config = KILN_CHAR_GPT_CONFIG, data = "/usr/share/common-licenses", device = "cpu", output_dir;
+  std::string config = KILN_CHAR_GPT_CONFIG, data = "/usr/share/common-licenses", device = "cpu", output_dir,
+              precision = "auto";
   int64_t steps = 0;  // 0: the file's
   bool resume = false;
   for (int i = 1; i < argc; ++i) {
@@ -63,6 +66,7 @@ int main(int argc, char** argv) try {
     else if (a == "--steps" && has_value) steps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--device" && has_value) device = argv[++i];
     else if (a == "--output-dir" && has_value) output_dir = argv[++i];
+    else if (a == "--precision" && has_value) precision = argv[++i];
     else if (a == "--resume") resume = true;
     else if (a == "--help" || a == "-h") return usage(stdout);
     else return usage(stderr);
@@ -75,6 +79,9 @@ int main(int argc, char** argv) try {
   if (steps > 0) args.max_steps = steps;
   if (!output_dir.empty()) args.output_dir = output_dir;
   if (resume) args.resume_from_checkpoint = "last";
+  // Mixed precision: bfloat16 autocast where the device computes bfloat16 in hardware.
+  const std::string chosen =
+      kiln::choose_precision(args, precision, cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU));
 
   // The text as tokens: one per distinct byte, in byte order. The model's context is 64 characters:
   // training windows of 16 to 64 (starting every 32 characters, as the fixed windows of 64 did, and
@@ -94,6 +101,7 @@ int main(int argc, char** argv) try {
                                          " characters past the model's context of ", context,
                                          ": use a divisor of it, or 0"));
   std::printf("config: %s\n", config.c_str());
+  std::printf("precision: %s\n", chosen.c_str());
   std::printf(
       "text: %s, %lld characters, %lld distinct; %zu training windows of %lld to %lld, %zu evaluation windows of "
       "%lld\n",

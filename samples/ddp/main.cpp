@@ -69,7 +69,7 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string config = KILN_DDP_CONFIG, data = "/usr/share/common-licenses", output_dir;
+  std::string config = KILN_DDP_CONFIG, data = "/usr/share/common-licenses", output_dir, precision = "auto";
   int64_t steps = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -77,15 +77,19 @@ int main(int argc, char** argv) try {
     else if (a == "--data" && i + 1 < argc) data = argv[++i];
     else if (a == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--output-dir" && i + 1 < argc) output_dir = argv[++i];
+    else if (a == "--precision" && i + 1 < argc) precision = argv[++i];
     else {
       std::fprintf(stderr,
                    "usage: torchrun --nproc-per-node N --no-python kiln_ddp [--config FILE] [--data PATH] [--steps N] "
-                   "[--output-dir DIR]\n");
+                   "[--output-dir DIR] [--precision auto|fp32|bf16]\n");
       return 2;
     }
   }
   kiln::TrainingArguments args = kiln::TrainingArguments::from_toml(config);
   if (steps > 0) args.max_steps = steps;
+  // bfloat16 autocast where the CPU computes bfloat16 in hardware (--precision auto); every rank
+  // decides alike on one machine.
+  const std::string chosen = kiln::choose_precision(args, precision, at::Device(at::kCPU));
   if (!output_dir.empty()) args.output_dir = output_dir;
 
   // The text as tokens, one per distinct byte (every rank reads the same text: the same alphabet).
@@ -110,9 +114,9 @@ int main(int argc, char** argv) try {
   };
   kiln::Trainer trainer(model.module, model.forward, optimizer, loss_fn, args);
   if (trainer.is_world_process_zero())
-    std::printf("%d ranks, %zu windows of %lld characters, %lld distinct; backend %s\n", trainer.world_size(),
-                train_data.size(), static_cast<long long>(context), static_cast<long long>(vocab),
-                trainer.backend().c_str());
+    std::printf("%d ranks, %zu windows of %lld characters, %lld distinct; backend %s; precision %s\n",
+                trainer.world_size(), train_data.size(), static_cast<long long>(context), static_cast<long long>(vocab),
+                trainer.backend().c_str(), chosen.c_str());
 
   const kiln::TrainOutput out = trainer.train(train_data);
 

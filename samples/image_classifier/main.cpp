@@ -80,13 +80,15 @@ TORCH_MODULE(BarNet);
 
 int main(int argc, char** argv) try {
   int64_t steps = 300;
-  std::string output_dir = "image_classifier_run";
+  std::string output_dir = "image_classifier_run", precision = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (flag == "--output-dir" && i + 1 < argc) output_dir = argv[++i];
+    else if (flag == "--precision" && i + 1 < argc) precision = argv[++i];
     else {
-      std::fprintf(stderr, "usage: kiln_image_classifier [--steps N] [--output-dir DIR]\n");
+      std::fprintf(stderr,
+                   "usage: kiln_image_classifier [--steps N] [--output-dir DIR] [--precision auto|fp32|bf16]\n");
       return 2;
     }
   }
@@ -120,6 +122,8 @@ int main(int argc, char** argv) try {
   args.eval_steps = std::max<int64_t>(1, steps / 3);
   args.save_strategy = "no";
   args.seed = 1;
+  // bfloat16 autocast where the CPU computes bfloat16 in hardware (--precision auto).
+  std::printf("precision: %s\n", kiln::choose_precision(args, precision, at::Device(at::kCPU)).c_str());
 
   kiln::Trainer trainer(model, optimizer, loss_fn, args);
   trainer.set_compute_metrics([](const kiln::EvalPrediction& p) {

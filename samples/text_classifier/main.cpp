@@ -80,15 +80,18 @@ TORCH_MODULE(LicenseNet);
 }  // namespace
 
 int main(int argc, char** argv) try {
-  std::string dir = "/usr/share/common-licenses", output_dir = "text_classifier_run";
+  std::string dir = "/usr/share/common-licenses", output_dir = "text_classifier_run", precision = "auto";
   int64_t steps = 300;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--licenses" && i + 1 < argc) dir = argv[++i];
     else if (flag == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (flag == "--output-dir" && i + 1 < argc) output_dir = argv[++i];
+    else if (flag == "--precision" && i + 1 < argc) precision = argv[++i];
     else {
-      std::fprintf(stderr, "usage: kiln_text_classifier [--licenses DIR] [--steps N] [--output-dir DIR]\n");
+      std::fprintf(stderr,
+                   "usage: kiln_text_classifier [--licenses DIR] [--steps N] [--output-dir DIR] "
+                   "[--precision auto|fp32|bf16]\n");
       return 2;
     }
   }
@@ -142,6 +145,8 @@ int main(int argc, char** argv) try {
   args.eval_steps = std::max<int64_t>(1, steps / 4);
   args.save_strategy = "no";
   args.seed = 1;
+  // bfloat16 autocast where the CPU computes bfloat16 in hardware (--precision auto).
+  std::printf("precision: %s\n", kiln::choose_precision(args, precision, at::Device(at::kCPU)).c_str());
 
   kiln::Trainer trainer(model, optimizer, loss_fn, args);
   trainer.set_compute_metrics([](const kiln::EvalPrediction& p) {

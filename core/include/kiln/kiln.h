@@ -3,5 +3,6 @@
 
 #include "kiln/compile.h"
 #include "kiln/config.h"
+#include "kiln/precision.h"
 #include "kiln/trainer.h"
 #include "kiln/version.h"

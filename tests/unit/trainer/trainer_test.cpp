@@ -27,6 +27,7 @@
 #include <functional>
 
 #include "kiln/compile.h"
+#include "kiln/precision.h"
 #include "kiln/trainer.h"
 #include "log_capture.h"
 
@@ -829,4 +830,47 @@ TEST(Trainer, AForwardReturningATupleOrAStructTrainsWithALossThatTakesIt) {
       EXPECT_NE(std::string(e.what()).find("output_tensors"), std::string::npos) << e.what();
     }
   }
+}
+
+// bf16_is_native reads the hardware probe (a fake /proc/cpuinfo through KILN_SYSFS_ROOT here), and
+// choose_precision applies a program's --precision to the arguments: auto follows the hardware
+// unless the arguments already ask for bf16 or fp16, fp32 and bf16 are what they say.
+TEST(Precision, Bf16WhereTheHardwareComputesItAndAsAProgramAsks) {
+  const std::string root = ::testing::TempDir() + "kiln_precision_" + std::to_string(::getpid());
+  auto cpu_with = [&](const std::string& flags) {
+    std::filesystem::create_directories(root + "/proc");
+    std::ofstream(root + "/proc/cpuinfo") << "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: Test CPU\n"
+                                          << "flags\t\t: fpu sse2 avx2 avx512f " << flags << "\n\n";
+  };
+  ::setenv("KILN_SYSFS_ROOT", root.c_str(), 1);
+  std::string why;
+  cpu_with("avx512_bf16");
+  EXPECT_TRUE(kiln::bf16_is_native(at::Device(at::kCPU), &why)) << why;
+  EXPECT_EQ(why, "the CPU has AVX512-BF16");
+  kiln::TrainingArguments a;
+  EXPECT_EQ(kiln::choose_precision(a, "auto", at::Device(at::kCPU)), "bfloat16 autocast (the CPU has AVX512-BF16)");
+  EXPECT_TRUE(a.bf16);
+  cpu_with("avx512_vnni");
+  EXPECT_FALSE(kiln::bf16_is_native(at::Device(at::kCPU), &why));
+  EXPECT_EQ(why, "the CPU has neither AVX512-BF16 nor AMX-BF16");
+  kiln::TrainingArguments b;
+  EXPECT_EQ(kiln::choose_precision(b, "auto", at::Device(at::kCPU)),
+            "float32 (the CPU has neither AVX512-BF16 nor AMX-BF16)");
+  EXPECT_FALSE(b.bf16);
+  EXPECT_EQ(kiln::choose_precision(b, "bf16", at::Device(at::kCPU)), "bfloat16 autocast (asked for)");
+  EXPECT_TRUE(b.bf16);
+  kiln::TrainingArguments c;
+  c.fp16 = true;
+  cpu_with("avx512_bf16");
+  EXPECT_EQ(kiln::choose_precision(c, "auto", at::Device(at::kCPU)),
+            "float16 autocast with loss scaling (the configuration's setting)");
+  EXPECT_FALSE(c.bf16);
+  EXPECT_EQ(kiln::choose_precision(c, "fp32", at::Device(at::kCPU)), "float32 (asked for)");
+  EXPECT_FALSE(c.fp16);
+  EXPECT_THROW(kiln::choose_precision(c, "half", at::Device(at::kCPU)), std::invalid_argument);
+  // A tree's CUDA devices come from its PCI list; this one has none.
+  EXPECT_FALSE(kiln::bf16_is_native(at::Device(at::kCUDA, 0), &why));
+  EXPECT_NE(why.find("no CUDA device 0"), std::string::npos) << why;
+  ::unsetenv("KILN_SYSFS_ROOT");
+  std::filesystem::remove_all(root);
 }
