@@ -53,11 +53,15 @@ Quality measure(const at::Tensor& points) {
 
 int main(int argc, char** argv) try {
   int64_t steps = 1000;
-  if (argc == 3 && std::string(argv[1]) == "--steps") {
-    steps = std::max(1, std::atoi(argv[2]));
-  } else if (argc != 1) {
-    std::fprintf(stderr, "usage: kiln_gan [--steps N]\n");
-    return 2;
+  std::string precision = "auto";
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
+    else if (flag == "--precision" && i + 1 < argc) precision = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: kiln_gan [--steps N] [--precision auto|fp32|bf16]\n");
+      return 2;
+    }
   }
 
   // The networks are tiny (layers 128 wide, batches of 256 points): an op split across threads costs
@@ -75,20 +79,31 @@ int main(int argc, char** argv) try {
 
   kiln::TrainingArguments args;
   args.torch_compile = true;  // the default backend for this machine
+  // bfloat16 autocast over the forwards and losses where the CPU computes bfloat16 in hardware
+  // (--precision auto), as the Trainer would with bf16 = true; the backwards run outside it.
+  std::printf("precision: %s\n", kiln::choose_precision(args, precision, at::Device(at::kCPU)).c_str());
+  const at::ScalarType amp = args.bf16 ? at::kBFloat16 : at::kFloat;
   kiln::CompiledStep gan_step = kiln::compile_step(
       [&](const std::vector<at::Tensor>& inputs) {
         const at::Tensor& real = inputs[0];
         const at::Tensor ones = torch::ones({real.size(0), 1}), zeros = torch::zeros({real.size(0), 1});
         // The discriminator learns to call real points real and generated ones fake.
         discriminator_optimizer.zero_grad();
-        const at::Tensor fake = generator->forward(torch::randn({real.size(0), kNoise}));
-        const at::Tensor d_loss = F::binary_cross_entropy_with_logits(discriminator->forward(real), ones) +
-                                  F::binary_cross_entropy_with_logits(discriminator->forward(fake.detach()), zeros);
+        at::Tensor fake, d_loss, g_loss;
+        {
+          kiln::AutocastGuard autocast(amp, at::kCPU);
+          fake = generator->forward(torch::randn({real.size(0), kNoise}));
+          d_loss = F::binary_cross_entropy_with_logits(discriminator->forward(real), ones) +
+                   F::binary_cross_entropy_with_logits(discriminator->forward(fake.detach()), zeros);
+        }
         d_loss.backward();
         discriminator_optimizer.step();
         // The generator learns to make the updated discriminator call its points real.
         generator_optimizer.zero_grad();
-        const at::Tensor g_loss = F::binary_cross_entropy_with_logits(discriminator->forward(fake), ones);
+        {
+          kiln::AutocastGuard autocast(amp, at::kCPU);
+          g_loss = F::binary_cross_entropy_with_logits(discriminator->forward(fake), ones);
+        }
         g_loss.backward();
         generator_optimizer.step();
         return std::vector<at::Tensor>{d_loss.detach(), g_loss.detach()};

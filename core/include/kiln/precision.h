@@ -7,6 +7,7 @@
 #include <string>
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include "kiln/config.h"
 
@@ -23,5 +24,24 @@ bool bf16_is_native(const c10::Device& device, std::string* why = nullptr);
 // fp16). Returns the choice and why, in words ("bfloat16 autocast (the CPU has AVX512-BF16)").
 // Anything else is std::invalid_argument.
 std::string choose_precision(TrainingArguments& args, const std::string& precision, const c10::Device& device);
+
+// Autocast to `dtype` (bfloat16 or float16) on `device` for as long as it lives, as a
+// torch.autocast region: what the Trainer wraps the forward and the loss in for bf16 and fp16, for a
+// step of your own (compile_step). Leave it before the backward, as Hugging Face does. The state
+// before is restored and the casts autocast cached in the region are dropped at the end (the next
+// step's weights are not this one's). at::kFloat: no region at all.
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::ScalarType dtype, c10::DeviceType device);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool on_;
+  c10::DeviceType device_;
+  bool was_on_ = false;
+  c10::ScalarType was_dtype_ = c10::ScalarType::Float;
+};
 
 }  // namespace kiln

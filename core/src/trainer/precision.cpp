@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include <ATen/autocast_mode.h>
 #include <c10/util/StringUtil.h>
 
 #include "kiln/hardware_probe.h"
@@ -51,6 +52,23 @@ std::string choose_precision(TrainingArguments& args, const std::string& precisi
   }
   const char* what = args.fp16 ? "float16 autocast with loss scaling" : args.bf16 ? "bfloat16 autocast" : "float32";
   return std::string(what) + " (" + why + ")";
+}
+
+AutocastGuard::AutocastGuard(c10::ScalarType dtype, c10::DeviceType device)
+    : on_(dtype != c10::ScalarType::Float), device_(device) {
+  if (!on_) return;
+  was_on_ = at::autocast::is_autocast_enabled(device_);
+  was_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!on_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_dtype(device_, was_dtype_);
+  at::autocast::set_autocast_enabled(device_, was_on_);
 }
 
 }  // namespace kiln

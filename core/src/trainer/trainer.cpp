@@ -41,40 +41,15 @@
 #include "kiln/compile.h"
 #include "kiln/internal/json_text.h"
 #include "kiln/log.h"
+#include "kiln/precision.h"
 #include "progress.h"
 
 namespace kiln {
 
 namespace {
 
-// bf16 = true: bfloat16 autocast on the model's device for as long as it lives, as Hugging Face
-// wraps the forward and the loss (fp16 = true: float16); the state before is restored, and the
-// casts autocast cached for the region are dropped (a later step's weights are not this step's).
-class Autocast {
- public:
-  Autocast(at::ScalarType dtype, c10::DeviceType device) : on_(dtype != at::kFloat), device_(device) {
-    if (!on_) return;
-    was_on_ = at::autocast::is_autocast_enabled(device_);
-    was_dtype_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_enabled(device_, true);
-    at::autocast::set_autocast_dtype(device_, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (!on_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_dtype(device_, was_dtype_);
-    at::autocast::set_autocast_enabled(device_, was_on_);
-  }
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  bool on_;
-  c10::DeviceType device_;
-  bool was_on_ = false;
-  at::ScalarType was_dtype_ = at::kBFloat16;
-};
+// bf16 / fp16: the forward and the loss under autocast (kiln::AutocastGuard), as Hugging Face wraps them.
+using Autocast = AutocastGuard;
 
 // Hugging Face's decay parameters: every parameter but biases and normalisation layers' weights
 // (a LayerNorm module's, and by name: "bias", "layernorm", "rmsnorm", a part "norm" or "..._norm").

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -873,4 +874,17 @@ TEST(Precision, Bf16WhereTheHardwareComputesItAndAsAProgramAsks) {
   EXPECT_NE(why.find("no CUDA device 0"), std::string::npos) << why;
   ::unsetenv("KILN_SYSFS_ROOT");
   std::filesystem::remove_all(root);
+  // AutocastGuard: the region's type inside, the state before after it; float: no region.
+  ASSERT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  {
+    kiln::AutocastGuard amp(at::kBFloat16, at::kCPU);
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+    EXPECT_EQ(at::mm(at::randn({2, 3}), at::randn({3, 2})).scalar_type(), at::kBFloat16);
+    {
+      kiln::AutocastGuard none(at::kFloat, at::kCPU);
+      EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU)) << "a float guard changes nothing";
+    }
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  EXPECT_EQ(at::mm(at::randn({2, 3}), at::randn({3, 2})).scalar_type(), at::kFloat);
 }
