@@ -498,7 +498,8 @@ class Trainer {
   // Whether steps currently run compiled (false while the pipeline falls back to eager).
   bool compiled() const;
   const TrainingArguments& args() const;
-  // The optimizer the steps update: the one the Trainer was given, or the one it made.
+  // The optimizer the steps update: the one the Trainer was given, or the one it made. Under fp16
+  // the last step's flag is read first, so that a skipped update's step counts are put back.
   torch::optim::Optimizer& optimizer();
   // Counters (compiles, compiled and eager steps, compile time, last fallback reason) and the
   // compiled step itself (its captured and compiled graphs): step()'s, or, after train() ran with

@@ -1920,7 +1920,11 @@ bool Trainer::compiled() const {
 }
 const TrainingArguments& Trainer::args() const { return impl_->step->args(); }
 
-torch::optim::Optimizer& Trainer::optimizer() { return *impl_->optimizer; }
+torch::optim::Optimizer& Trainer::optimizer() {
+  // Under fp16, the last step's skip is settled first: its step counts are what they should be.
+  impl_->settle_scaler();
+  return *impl_->optimizer;
+}
 const StepStats& Trainer::stats() const {
   if (impl_->last != impl_->micro.get()) return impl_->last->stats();
   impl_->sum_accumulated_stats();

@@ -562,6 +562,16 @@ TEST(TrainerTrain, Fp16ScalesTheLossAndSkipsTheStepsThatOverflowAsGradScalerDoes
                 static_cast<long>(ga), static_cast<long>(n_skipped), want_scale, st.compiled_steps, worst);
     fs::remove_all(args.output_dir);
   }
+  // Trainer::step in a loop of one's own, every step overflowing float16 (activations past 65504):
+  // optimizer() reads the last step's flag first, so no step count counts a skipped update.
+  auto s = make(8, true);
+  auto args = train_args("");
+  args.fp16 = true;
+  kiln::Trainer trainer(s.net, *s.opt, ce, args);
+  for (int i = 0; i < 4; ++i) trainer.step(x.slice(0, 0, 8) * 1000, d.y.slice(0, 0, 8));
+  ASSERT_FALSE(trainer.optimizer().state().empty());
+  for (const auto& kv : trainer.optimizer().state())
+    EXPECT_EQ(static_cast<const torch::optim::AdamWParamState&>(*kv.second).step(), 0);
 }
 
 // predict() runs the model as evaluate() does and also returns its outputs and the targets, its
