@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <thread>
 #include <chrono>
 #include <cstdlib>
@@ -555,7 +556,10 @@ TEST_P(InductorCpuCorpus, MatchesEager) {
         continue;
       }
       const double rel = rel_error(out, ref);
-      EXPECT_LE(rel, tol) << "output " << k << " (" << g.outputs[k].name << ")";
+      // A bfloat16 scalar (a loss) rounded on each side may land two units in the last place apart
+      // across a power of two: up to 2^-6 of its value (seen: 1.01e-2 on fresh random inputs).
+      const double allowed = bf16 && ref.numel() == 1 ? std::ldexp(1.0, -6) : tol;
+      EXPECT_LE(rel, allowed) << "output " << k << " (" << g.outputs[k].name << ")";
       EXPECT_FALSE(std::isnan(rel)) << "output " << k;
     }
   }
