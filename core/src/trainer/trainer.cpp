@@ -288,6 +288,19 @@ struct Trainer::Impl {
   // The optimizer's step under fp16: unscaled gradients, the flag, the guarded update and the
   // scale's update; the flag is returned (a 0-d float32 on the device).
   at::Tensor scaled_update(at::Tensor* norm);
+  // After the backward (and the gradients' all_reduce): clipping, the optimizer (under fp16 the
+  // scaled update), the next step's rates. Returns the fp16 flag (undefined without fp16).
+  at::Tensor update_parameters(at::Tensor* norm);
+  // step()'s and step_with_outputs()'s function: the loss, the forward's tensors when asked, the
+  // norm with clipping, the fp16 flag last.
+  std::vector<at::Tensor> one_step(const std::vector<at::Tensor>& in, bool with_outputs);
+  // What a compiled step lists: the model (and fp16's scale), and the optimizer when it updates.
+  StepState step_state(bool updates) const {
+    std::vector<std::shared_ptr<torch::nn::Module>> modules{model};
+    if (scaler) modules.push_back(scaler);
+    return StepState{
+        modules, updates ? std::vector<torch::optim::Optimizer*>{optimizer} : std::vector<torch::optim::Optimizer*>{}};
+  }
   at::Tensor forward_loss(const std::vector<at::Tensor>& x, const at::Tensor& target) {
     Autocast amp(amp_dtype, amp_device);
     return forward_loss_fn(x, target, nullptr);
@@ -426,19 +439,13 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
         (im->scaler ? l * im->scaler->scale : l).backward();
         return std::vector<at::Tensor>{l.detach()};
       },
-      scaler ? StepState{{model, scaler}, {}} : StepState{{model}, {}}, replica_args(args));
+      step_state(false), replica_args(args));
   // Its outputs: the gradients' norm with clipping, and under fp16 the flag last.
   update = std::make_unique<CompiledStep>(
       [im](const std::vector<at::Tensor>&) {
         im->reduce_gradients();
-        at::Tensor norm, found_inf;
-        if (im->scaler) {
-          found_inf = im->scaled_update(&norm);
-        } else {
-          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
-          im->optimizer->step();
-        }
-        im->set_next_rates();
+        at::Tensor norm;
+        const at::Tensor found_inf = im->update_parameters(&norm);
         // Zeroed where they are, not set to none: the micro-step's plan adds into these tensors.
         {
           torch::NoGradGuard no_grad;
@@ -450,7 +457,7 @@ void Trainer::Impl::make_accumulate(const TrainingArguments& args) {
         if (found_inf.defined()) out.push_back(found_inf);
         return out;
       },
-      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, replica_args(args));
+      step_state(true), replica_args(args));
 }
 
 at::Tensor Trainer::Impl::scaled_update(at::Tensor* norm) {
@@ -497,32 +504,39 @@ void Trainer::Impl::make_step_outputs() {
   TrainingArguments args = step->args();
   if (!replica_log_level.empty()) args.log_level = replica_log_level;
   step_outputs = std::make_unique<CompiledStep>(
-      [im](const std::vector<at::Tensor>& in) {
-        im->optimizer->zero_grad();
-        const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
-        std::vector<at::Tensor> outputs;
-        at::Tensor loss;
-        {
-          Autocast amp(im->amp_dtype, im->amp_device);
-          loss = im->forward_loss_fn(x, in.back(), &outputs);
-        }
-        (im->scaler ? loss * im->scaler->scale : loss).backward();
-        im->reduce_gradients();
-        at::Tensor norm, found_inf;
-        if (im->scaler) {
-          found_inf = im->scaled_update(&norm);
-        } else {
-          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
-          im->optimizer->step();
-        }
-        im->set_next_rates();
-        std::vector<at::Tensor> out{loss.detach()};
-        for (const auto& o : outputs) out.push_back(o.detach());
-        if (norm.defined()) out.push_back(norm.detach());
-        if (found_inf.defined()) out.push_back(found_inf);
-        return out;
-      },
-      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, std::move(args));
+      [im](const std::vector<at::Tensor>& in) { return im->one_step(in, true); }, step_state(true), std::move(args));
+}
+
+std::vector<at::Tensor> Trainer::Impl::one_step(const std::vector<at::Tensor>& in, bool with_outputs) {
+  optimizer->zero_grad();
+  const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
+  std::vector<at::Tensor> outputs;
+  at::Tensor loss;
+  {
+    Autocast amp(amp_dtype, amp_device);
+    loss = forward_loss_fn(x, in.back(), with_outputs ? &outputs : nullptr);
+  }
+  (scaler ? loss * scaler->scale : loss).backward();
+  reduce_gradients();
+  at::Tensor norm;
+  const at::Tensor found_inf = update_parameters(&norm);
+  std::vector<at::Tensor> out{loss.detach()};
+  for (const auto& o : outputs) out.push_back(o.detach());
+  if (norm.defined()) out.push_back(norm.detach());
+  if (found_inf.defined()) out.push_back(found_inf);
+  return out;
+}
+
+at::Tensor Trainer::Impl::update_parameters(at::Tensor* norm) {
+  at::Tensor found_inf;
+  if (scaler) {
+    found_inf = scaled_update(norm);
+  } else {
+    if (max_grad_norm > 0) *norm = clip_gradients(model->parameters(), max_grad_norm);
+    optimizer->step();
+  }
+  set_next_rates();
+  return found_inf;
 }
 
 void Trainer::Impl::sum_accumulated_stats() {
@@ -914,27 +928,8 @@ void Trainer::Impl::setup(std::shared_ptr<torch::nn::Module> m, ForwardLossFn f,
   auto* im = this;
   // The last input is the target; the others go to forward.
   // Its outputs: the loss, the gradients' norm with clipping, and under fp16 the flag last.
-  step = std::make_unique<CompiledStep>(
-      [im](const std::vector<at::Tensor>& in) {
-        im->optimizer->zero_grad();
-        const std::vector<at::Tensor> x(in.begin(), in.end() - 1);
-        auto loss = im->forward_loss(x, in.back());
-        (im->scaler ? loss * im->scaler->scale : loss).backward();
-        im->reduce_gradients();
-        at::Tensor norm, found_inf;
-        if (im->scaler) {
-          found_inf = im->scaled_update(&norm);
-        } else {
-          if (im->max_grad_norm > 0) norm = clip_gradients(im->model->parameters(), im->max_grad_norm);
-          im->optimizer->step();
-        }
-        im->set_next_rates();
-        std::vector<at::Tensor> out{loss.detach()};
-        if (norm.defined()) out.push_back(norm.detach());
-        if (found_inf.defined()) out.push_back(found_inf);
-        return out;
-      },
-      scaler ? StepState{{model, scaler}, {optimizer}} : StepState{{model}, {optimizer}}, std::move(args));
+  step = std::make_unique<CompiledStep>([im](const std::vector<at::Tensor>& in) { return im->one_step(in, false); },
+                                        step_state(true), std::move(args));
   // The environment may have set max_grad_norm too (CompiledStep applied it).
   max_grad_norm = step->args().max_grad_norm;
   last = step.get();
