@@ -500,38 +500,28 @@ struct Functionalizer {
       const auto base = cur_base.at(s);
       const auto& braw = g.value(base_raw.at(s)).meta;
       const auto& vm = g.value(m).meta;
-      if (braw.storage_offset != 0 || !braw.is_contiguous()) {
-        // A view that is the base with its dims in another order (a transposed gradient written in
-        // place, as clipping under autocast does) covers all of it: the base's new value is the
-        // written value permuted back.
-        if (const auto perm = permutation_onto(vm, braw); !perm.empty()) {
-          ir::Node pn;
-          pn.op = "aten::permute";
-          pn.phase = ir::Phase::Unknown;
-          pn.args = {ir::Arg::tensor(y), ir::Arg::int_list(perm)};
-          const auto nb = out.add_value(out.value(base).meta);
-          pn.outputs = {nb};
-          out.add_node(std::move(pn));
-          cur_base[s] = nb;
-          ++storage_version[s];
-          val[m] = y;
-          ver[m] = storage_version[s];
-          return;
-        }
+      // The base's new value: the written view scattered into it, or, where the base is not
+      // contiguous from its start, the written value permuted back when the view is the whole base
+      // with its dims in another order (a transposed gradient written in place, as clipping under
+      // autocast does).
+      ir::Node n;
+      n.phase = ir::Phase::Unknown;  // a write through a view, in no phase of its own
+      if (braw.storage_offset == 0 && braw.is_contiguous()) {
+        n.op = "aten::as_strided_scatter";
+        n.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(vm.shape), ir::Arg::int_list(vm.strides),
+                  ir::Arg::integer(vm.storage_offset)};
+      } else if (const auto perm = permutation_onto(vm, braw); !perm.empty()) {
+        n.op = "aten::permute";
+        n.args = {ir::Arg::tensor(y), ir::Arg::int_list(perm)};
+      } else {
         throw std::runtime_error(c10::str(
-            "a write through a view (sizes ", g.value(m).meta.shape, ", strides ", g.value(m).meta.strides, ", offset ",
-            g.value(m).meta.storage_offset, ") of a tensor that is not contiguous from its start (sizes ", braw.shape,
-            ", strides ", braw.strides, ", offset ", braw.storage_offset, "); kiln cannot functionalize it yet"));
+            "a write through a view (sizes ", vm.shape, ", strides ", vm.strides, ", offset ", vm.storage_offset,
+            ") of a tensor that is not contiguous from its start (sizes ", braw.shape, ", strides ", braw.strides,
+            ", offset ", braw.storage_offset, "); kiln cannot functionalize it yet"));
       }
-      const auto& mm = g.value(m).meta;
-      ir::Node sc;
-      sc.op = "aten::as_strided_scatter";
-      sc.phase = ir::Phase::Unknown;  // a write through a view, in no phase of its own
-      sc.args = {ir::Arg::tensor(base), ir::Arg::tensor(y), ir::Arg::int_list(mm.shape), ir::Arg::int_list(mm.strides),
-                 ir::Arg::integer(mm.storage_offset)};
       const auto nb = out.add_value(out.value(base).meta);
-      sc.outputs = {nb};
-      out.add_node(std::move(sc));
+      n.outputs = {nb};
+      out.add_node(std::move(n));
       cur_base[s] = nb;
     }
     ++storage_version[s];
