@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "boundary.h"
+#include "padding.h"
 
 namespace kiln::neuron {
 
@@ -71,7 +72,7 @@ std::string f32_literal(double v) {
 
 class Emitter {
  public:
-  explicit Emitter(const Graph& g) : g_(g) {}
+  Emitter(const Graph& g, const PaddingPlan* pad) : g_(g), pad_(pad) {}
 
   std::string module() {
     std::ostringstream head;
@@ -99,6 +100,9 @@ class Emitter {
     // The run-time scalars the nodes read, after the inputs, as rank-0 f32 parameters.
     for (size_t k = 0; k < scalars_.size(); ++k)
       head << (ins.size() + k ? ", " : "") << "%arg" << ins.size() + k << ": tensor<f32>";
+    // The size symbols' real values, after them (padding).
+    for (size_t k = 0; pad_ && k < pad_->num_symbols; ++k)
+      head << (ins.size() + scalars_.size() + k ? ", " : "") << "%size" << k << ": tensor<i64>";
     std::string ret_values, ret_types;
     for (size_t k = 0; k < outs.size(); ++k) {
       auto it = names_.find(outs[k]);
@@ -214,7 +218,90 @@ class Emitter {
               "broadcast_dimensions = " + kept_dims);
   }
 
+  // A node, reading the operands the padding plan masks for it in their place.
   void node(const Node& n) {
+    const auto it =
+        pad_ ? pad_->masks.find(n.index()) : std::map<int64_t, std::vector<PaddingPlan::Mask>>::const_iterator();
+    if (!pad_ || it == pad_->masks.end()) return node_body(n);
+    std::vector<std::pair<int64_t, std::string>> saved;
+    for (const PaddingPlan::Mask& m : it->second) {
+      saved.emplace_back(m.value, names_.at(m.value));
+      names_[m.value] = masked(m);
+    }
+    node_body(n);
+    for (const auto& [v, name] : saved) names_[v] = name;
+  }
+
+  // A size symbol's real value (a parameter), or an expression of them, as a tensor<i64>.
+  std::string size_value(const SizeExpr& e) {
+    if (!e.symbolic()) return splat_i64(e.constant, {});
+    if (auto it = size_values_.find(e.text()); it != size_values_.end()) return it->second;
+    const std::string I = "tensor<i64>";
+    std::string r = "%size" + std::to_string(e.factors[0]);
+    for (size_t k = 1; k < e.factors.size(); ++k)
+      r = op("stablehlo.multiply", {r, "%size" + std::to_string(e.factors[k])}, {I, I}, I);
+    if (e.num != 1) r = op("stablehlo.multiply", {splat_i64(e.num, {}), r}, {I, I}, I);
+    if (e.den != 1) r = op("stablehlo.divide", {r, splat_i64(e.den, {})}, {I, I}, I);
+    if (e.constant) r = op("stablehlo.add", {r, splat_i64(e.constant, {})}, {I, I}, I);
+    size_values_[e.text()] = r;
+    return r;
+  }
+
+  std::string to_f32(const std::string& i64_scalar) {
+    return op("stablehlo.convert", {i64_scalar}, {"tensor<i64>"}, "tensor<f32>");
+  }
+
+  // Where value v (padded) holds real elements along `dims`: an i1 tensor of its shape, "" when
+  // none of those dims is padded. Element i of a dim of factors (outermost first) is real when
+  // each factor's digit of i, (i / the buckets inside it) % its bucket, is below its real size.
+  std::string real_elements(int64_t v, const std::vector<int64_t>& dims) {
+    const auto shape = g_.value(v).shape();
+    const std::string I = tensor_type(shape, "i64"), B = tensor_type(shape, "i1");
+    std::string valid;
+    for (int64_t d : dims) {
+      const PaddedDim& pd = pad_->values.at(static_cast<size_t>(v)).at(static_cast<size_t>(d));
+      int64_t inner = 1;
+      for (size_t j = pd.size(); j-- > 0;) {
+        const SubDim& s = pd[j];
+        if (s.real.symbolic()) {
+          std::string idx = op("stablehlo.iota", {}, {}, I, "iota_dimension = " + std::to_string(d) + " : i64");
+          if (inner > 1) idx = op("stablehlo.divide", {idx, splat_i64(inner, shape)}, {I, I}, I);
+          if (j > 0) idx = op("stablehlo.remainder", {idx, splat_i64(s.bucket, shape)}, {I, I}, I);
+          const std::string lim = op("stablehlo.broadcast_in_dim", {size_value(s.real)}, {"tensor<i64>"}, I,
+                                     "broadcast_dimensions = array<i64>");
+          const std::string c = op("stablehlo.compare", {idx, lim}, {I, I}, B,
+                                   "comparison_direction = #stablehlo<comparison_direction LT>");
+          valid = valid.empty() ? c : op("stablehlo.and", {valid, c}, {B, B}, B);
+        }
+        inner *= s.bucket;
+      }
+    }
+    return valid;
+  }
+
+  std::string masked(const PaddingPlan::Mask& m) {
+    const std::string x = names_.at(m.value);
+    const std::string valid = real_elements(m.value, m.dims);
+    if (valid.empty()) return x;
+    const auto shape = g_.value(m.value).shape();
+    const char* e = element_type(g_.value(m.value));
+    std::string fill;
+    if (m.integer) fill = splat_i64(m.int_fill, shape);
+    else if (std::isinf(m.fill)) fill = splat_bits(m.fill < 0 ? "0xFF800000" : "0x7F800000", shape);
+    else fill = splat(m.fill, shape);
+    return op("stablehlo.select", {valid, x, fill},
+              {tensor_type(shape, "i1"), tensor_type(shape, e), tensor_type(shape, e)}, tensor_type(shape, e));
+  }
+
+  // A Scalar argument that follows the sizes (a mean's n, or 1/n), from the real sizes.
+  std::string size_scalar(const KilnSizeSite& s, const std::vector<int64_t>& shape) {
+    std::string f = to_f32(size_value(SizeExpr::of(s)));
+    if (s.reciprocal) f = op("stablehlo.divide", {splat(1.0, {}), f}, {"tensor<f32>", "tensor<f32>"}, "tensor<f32>");
+    return op("stablehlo.broadcast_in_dim", {f}, {"tensor<f32>"}, tensor_type(shape),
+              "broadcast_dimensions = array<i64>");
+  }
+
+  void node_body(const Node& n) {
     const std::string why = why_not_emitted(g_, n);
     if (!why.empty()) throw Unimplemented("node " + std::to_string(n.index()) + " (" + n.op() + "): " + why);
     const std::string o = n.op();
@@ -276,8 +363,22 @@ class Emitter {
       for (int64_t d : dims) count *= in[static_cast<size_t>(d)];
       std::vector<int64_t> red;
       const std::string s = reduce(names_.at(x), in, dims, "stablehlo.add", "0.00000000e+00", &red);
-      const std::string m = op("stablehlo.divide", {s, splat(static_cast<double>(count), red)},
-                               {tensor_type(red), tensor_type(red)}, tensor_type(red));
+      std::string divisor = splat(static_cast<double>(count), red);
+      if (pad_) {  // padded dims count their real elements
+        std::string c;
+        bool padded = false;
+        for (int64_t d : dims)
+          for (const SubDim& sd : pad_->values.at(static_cast<size_t>(x)).at(static_cast<size_t>(d))) {
+            padded = padded || sd.real.symbolic();
+            const std::string f = size_value(sd.real);
+            c = c.empty() ? f : op("stablehlo.multiply", {c, f}, {"tensor<i64>", "tensor<i64>"}, "tensor<i64>");
+          }
+        if (padded)
+          divisor = op("stablehlo.broadcast_in_dim", {to_f32(c)}, {"tensor<f32>"}, tensor_type(red),
+                       "broadcast_dimensions = array<i64>");
+      }
+      const std::string m =
+          op("stablehlo.divide", {s, divisor}, {tensor_type(red), tensor_type(red)}, tensor_type(red));
       r = red == shape ? m : op("stablehlo.reshape", {m}, {tensor_type(red)}, T);
     } else if (o == "aten::gelu" || o == "aten::gelu_backward") {
       r = gelu(n, shape, o == "aten::gelu_backward");
@@ -358,7 +459,12 @@ class Emitter {
     } else {
       const std::string& hlo = binary_ops().at(o);
       const std::string a = broadcast(n.arg(0).tensor_index(), shape);
-      std::string b = n.arg(1).is_tensor() ? broadcast(n.arg(1).tensor_index(), shape) : number(n.arg(1), shape);
+      std::string b;
+      if (n.arg(1).is_tensor()) b = broadcast(n.arg(1).tensor_index(), shape);
+      else if (auto site = pad_ ? pad_->scalar_sites.find({n.index(), 1}) : decltype(pad_->scalar_sites.end()){};
+               pad_ && site != pad_->scalar_sites.end())
+        b = size_scalar(site->second, shape);
+      else b = number(n.arg(1), shape);
       // add/sub: other * alpha first, as ATen does.
       if (auto alpha = n.find_arg("alpha"); alpha && (o == "aten::add.Tensor" || o == "aten::sub.Tensor" ||
                                                       o == "aten::add.Scalar" || o == "aten::sub.Scalar")) {
@@ -1185,6 +1291,8 @@ class Emitter {
   }
 
   const Graph& g_;
+  const PaddingPlan* pad_ = nullptr;
+  std::map<std::string, std::string> size_values_;  // a size expression's text -> its tensor<i64>
   std::map<int64_t, std::string> names_;
   std::ostringstream body_;
   int next_ = 0;
@@ -1377,8 +1485,18 @@ std::string why_not_emitted(const Graph& g, const Node& n) {
   return "";
 }
 
-std::string emit_stablehlo(const Graph& g, std::vector<int32_t>* runtime_scalars, BoundaryLayout* layout) {
-  Emitter e(g);
+bool is_elementwise(const std::string& o) {
+  static const std::set<std::string> more = {"aten::relu",    "aten::threshold_backward",
+                                             "aten::gelu",    "aten::gelu_backward",
+                                             "aten::addcmul", "aten::addcdiv",
+                                             "aten::clone",   "aten::alias",
+                                             "aten::detach"};
+  return unary_ops().count(o) || binary_ops().count(o) || more.count(o);
+}
+
+std::string emit_stablehlo(const Graph& g, std::vector<int32_t>* runtime_scalars, BoundaryLayout* layout,
+                           const PaddingPlan* padding) {
+  Emitter e(g, padding);
   std::string m = e.module();
   if (runtime_scalars) *runtime_scalars = e.runtime_scalars();
   if (layout) *layout = e.layout();

@@ -21,6 +21,12 @@
 
 namespace kiln::neuron {
 
+struct PaddingPlan;
+
+// Whether `op` is an element-wise op the emitter takes (its result's elements each from the
+// operands' elements at the same place, broadcast).
+bool is_elementwise(const std::string& op);
+
 // "" when emit_stablehlo can take node `n`, else why not (for the debug log).
 std::string why_not_emitted(const kiln::plugin::Graph& g, const kiln::plugin::Node& n);
 
@@ -37,8 +43,10 @@ struct BoundaryLayout {
 // input or output whose recorded strides are dense in another order of its dims (a transposed
 // weight, a channels-last activation) is a parameter or result of its dims in storage order, with a
 // stablehlo.transpose after the parameter or before the return; `layout` (when given) gets those
-// orders.
+// orders. With `padding` (padding.h; `g` is then a symbolic group made concrete at a bucket of
+// sizes), @main also takes the size symbols' real values, rank-0 i64 parameters after the
+// run-time scalars, and keeps padded elements out of every real result as the plan says.
 std::string emit_stablehlo(const kiln::plugin::Graph& g, std::vector<int32_t>* runtime_scalars = nullptr,
-                           BoundaryLayout* layout = nullptr);
+                           BoundaryLayout* layout = nullptr, const PaddingPlan* padding = nullptr);
 
 }  // namespace kiln::neuron

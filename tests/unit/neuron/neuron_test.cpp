@@ -11,12 +11,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "kiln/compile.h"
 #include "kiln/config.h"
 #include "kiln/internal/executor.h"
 #include "kiln/internal/host_services.h"
@@ -25,8 +27,11 @@
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/passes.h"
 #include "kiln/internal/plugin_registry.h"
+#include "kiln/workloads.h"
+#include "../trainer/log_capture.h"
 #include "boundary.h"
 #include "cache_entry.h"
+#include "padding.h"
 #include "pjrt_runtime.h"
 #include "stablehlo_emit.h"
 
@@ -1061,6 +1066,143 @@ TEST(NeuronStablehlo, EmitsRuntimeScalarsAsParametersAndConvolutionsWithTheirAtt
             "    \"func.return\"(%0) : (tensor<1x6x3x2xf32>) -> ()\n"
             "  }\n"
             "}\n");
+}
+
+namespace {
+
+double rel_norm(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  const double diff = (g - w).norm().item<double>(), scale = w.norm().item<double>();
+  if (std::isnan(diff)) return INFINITY;
+  return scale > 0 ? diff / scale : diff;
+}
+
+// A workload trained through the neuron backend (XLA's CPU PJRT plugin) under dynamic shapes, and
+// in LibTorch eager on the same fresh batches: `sizes[s]` is the sequence length at step s (the
+// batch size with `vary_batch`). What the compile cache holds after the step that made the
+// symbolic plan and at the end: modules compiled padded (they take the sizes, %size0) and the rest.
+struct NeuronDynamicRun {
+  kiln::StepStats stats;
+  size_t padded_at_symbolic = 0, padded = 0, exact_at_symbolic = 0, exact = 0;
+  double worst_parameter = 0;
+  std::vector<std::string> warnings;
+};
+
+NeuronDynamicRun neuron_dynamic(const std::string& name, const std::vector<int64_t>& sizes, bool vary_batch, double tol,
+                                const std::string& optimizer = "") {
+  const std::string dir = ::testing::TempDir() + "/kiln_neuron_dynamic_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  TrainingArguments args;
+  args.torch_compile = true;
+  args.torch_compile_backend = "neuron";
+  args.runtime.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
+  args.runtime.cache_dir = dir;
+  args.plugin_options["neuron"]["pjrt_plugin"] = KILN_PJRT_CPU_PLUGIN;
+  const uint64_t seed = static_cast<uint64_t>(at::randint(1, 1 << 30, {1}).item<int64_t>());
+  const int64_t full_batch = vary_batch ? *std::max_element(sizes.begin(), sizes.end()) : 0;
+  auto ref = kiln::make_workload(name, {"cpu", seed, full_batch, optimizer});
+  auto w = kiln::make_workload(name, {"cpu", seed, full_batch, optimizer});
+  auto ref_step = kiln::workload_step(ref);
+  LogCapture log;
+  auto step = kiln::compile_step(kiln::workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
+  auto modules = [&](bool padded) {
+    size_t n = 0;
+    if (std::filesystem::exists(dir + "/neuron"))
+      for (const auto& e : std::filesystem::directory_iterator(dir + "/neuron"))
+        n += (file_bytes(e.path()).find("%size0: tensor<i64>") != std::string::npos) == padded;
+    return n;
+  };
+  NeuronDynamicRun r;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const at::Tensor x = vary_batch ? ref.input.narrow(0, 0, sizes[s]) : ref.input.narrow(1, 0, sizes[s]);
+    const at::Tensor y = vary_batch ? ref.target.narrow(0, 0, sizes[s]) : ref.target.narrow(1, 0, sizes[s]);
+    const at::Tensor xi = x.is_floating_point() ? at::randn_like(x) : at::randint_like(x, 0, 64);
+    const at::Tensor yi =
+        y.is_floating_point() ? at::randn_like(y) : (name == "gpt" ? at::randint_like(y, 0, 64) : y.clone());
+    const at::Tensor want = ref_step({xi, yi})[0];
+    const at::Tensor got = step({xi.clone(), yi.clone()})[0];
+    EXPECT_LE(rel_norm(got, want), tol) << name << " loss at step " << s << " (size " << sizes[s] << ")";
+    if (step.stats().compiles == 2 && r.padded_at_symbolic == 0 && r.exact_at_symbolic == 0)
+      r.padded_at_symbolic = modules(true), r.exact_at_symbolic = modules(false);
+  }
+  // The parameters within ten times the losses' tolerance: AdamW divides each gradient by its own
+  // running scale, so one that is zero up to rounding (the keys' bias: softmax ignores a shift)
+  // moves its parameter by rounding noise made as large as a real update.
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i) {
+    const double e = rel_norm(pw[i].value(), pr[i].value());
+    EXPECT_LE(e, 10 * tol) << name << " parameter " << pr[i].key();
+    r.worst_parameter = std::max(r.worst_parameter, e);
+  }
+  std::cout << name << ": parameters within " << r.worst_parameter << " of eager's\n";
+  r.stats = step.stats();
+  r.padded = modules(true), r.exact = modules(false);
+  r.warnings = log.warnings();
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+std::set<int64_t> pow2_buckets(const std::vector<int64_t>& sizes) {
+  std::set<int64_t> b;
+  for (int64_t s : sizes) b.insert(neuron::bucket_sizes("pow2", {s})[0]);
+  return b;
+}
+
+}  // namespace
+
+// A language model whose sequence length changes every step: the symbolic plan's groups are each
+// compiled once per bucket of lengths (16, 32, 64), padded inside the plugin, and every step
+// matches eager - lengths inside a bucket, at its edge, and past the lengths the captures saw.
+TEST(NeuronDynamic, GptOverManyLengthsCompilesEachGroupOncePerBucketAndMatchesEager) {
+  const std::vector<int64_t> lengths = {24, 24, 40, 17, 33, 64, 29, 40, 9, 50, 32, 16, 61};
+  const auto r = neuron_dynamic("gpt", lengths, false, 1e-4);
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  EXPECT_EQ(r.stats.dynamic_dims, std::vector<std::string>{"input 0 dim 1"});
+  for (const auto& w : r.warnings) EXPECT_EQ(w.find("compiled for each size"), std::string::npos) << w;
+  // The symbolic plan's groups, compiled at the bucket of 40 (64) when it was made; one module each
+  // per bucket met after: 64, 32, 16.
+  ASSERT_GT(r.padded_at_symbolic, 0u);
+  const std::vector<int64_t> after(lengths.begin() + 2, lengths.end());
+  EXPECT_EQ(r.padded, r.padded_at_symbolic * pow2_buckets(after).size());
+  EXPECT_EQ(r.exact, r.exact_at_symbolic);  // the static first plan's, and nothing per length
+}
+
+// A classifier whose last batch is short: the batch dim padded (the loss's rows ignored, the
+// weight gradients' sums over the batch masked); two epochs.
+TEST(NeuronDynamic, AShortLastBatchIsPaddedAndMatchesEager) {
+  const std::vector<int64_t> batches = {16, 16, 16, 5, 16, 16, 16, 5, 11};
+  const auto r = neuron_dynamic("mlp", batches, true, 1e-5);
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  for (const auto& w : r.warnings) EXPECT_EQ(w.find("compiled for each size"), std::string::npos) << w;
+  ASSERT_GT(r.padded_at_symbolic, 0u);
+  EXPECT_EQ(r.padded, r.padded_at_symbolic * 2);  // buckets 8 (5) and 16 (16, 11)
+}
+
+// A group the padding does not cover (a convolution over a padded batch) is compiled for each size
+// it meets, saying so once, and still matches eager. With SGD: under Adam the batch norms' biases,
+// which start at zero, move by rounding noise made as large as a real update.
+TEST(NeuronDynamic, AGroupWithoutAPaddingPlanIsCompiledPerSizeAndSaysWhy) {
+  const auto r = neuron_dynamic("cnn", {8, 8, 12, 5, 12}, true, 1e-4, "sgd");
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  size_t said = 0;
+  for (const auto& w : r.warnings)
+    said += w.find("is compiled for each size it meets, not padded to a bucket") != std::string::npos;
+  EXPECT_GE(said, 1u);
+}
+
+// Bucket policies: powers of two, multiples, exact; anything else is refused with what it takes.
+TEST(NeuronPadding, BucketPolicies) {
+  EXPECT_EQ(neuron::bucket_sizes("pow2", {2, 3, 17, 64, 65}), (std::vector<int64_t>{2, 4, 32, 64, 128}));
+  EXPECT_EQ(neuron::bucket_sizes("16", {2, 16, 17}), (std::vector<int64_t>{16, 16, 32}));
+  EXPECT_EQ(neuron::bucket_sizes("exact", {3, 17}), (std::vector<int64_t>{3, 17}));
+  for (const char* bad : {"", "0", "-4", "pow3", "8x"}) {
+    try {
+      neuron::check_bucket_policy(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const plugin::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("expected \"pow2\""), std::string::npos) << e.what();
+    }
+  }
 }
 
 namespace {

@@ -13,11 +13,21 @@ struct LogCapture::Impl {
 LogCapture::LogCapture() : impl_(std::make_unique<Impl>()) {
   impl_->sink->set_pattern("%l %v");
   kiln::logger()->sinks().push_back(impl_->sink);
+  // Plugins' loggers ("kiln.<plugin>") made before this capture hold the sinks they were made with.
+  spdlog::apply_all([&](const std::shared_ptr<spdlog::logger>& lg) {
+    if (lg->name().rfind("kiln.", 0) == 0) lg->sinks().push_back(impl_->sink);
+  });
 }
 
 LogCapture::~LogCapture() {
-  auto& sinks = kiln::logger()->sinks();
-  sinks.erase(std::remove(sinks.begin(), sinks.end(), impl_->sink), sinks.end());
+  auto drop = [&](const std::shared_ptr<spdlog::logger>& lg) {
+    auto& sinks = lg->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), impl_->sink), sinks.end());
+  };
+  drop(kiln::logger());
+  spdlog::apply_all([&](const std::shared_ptr<spdlog::logger>& lg) {
+    if (lg->name().rfind("kiln.", 0) == 0) drop(lg);
+  });
 }
 
 std::vector<std::string> LogCapture::warnings() const {
