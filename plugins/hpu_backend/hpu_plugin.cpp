@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -252,15 +253,18 @@ std::string hex(uint64_t h) {
   return b;
 }
 
-// Recipes compiled in this process, by library and graph text: a group met again (another input
-// signature with the same shapes, a recapture) launches the recipe it has.
+// Recipes of this process's live executables, by library and graph text: a group met again while
+// one is alive (another input signature with the same shapes, a recapture) launches the recipe it
+// has. Held weakly: once no executable uses the recipes (nor the device), the device is released,
+// and the recipe cache on disk serves the next compile.
 std::shared_ptr<Recipe> cached_recipe(const std::string& key, std::shared_ptr<Recipe> put = nullptr) {
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<Recipe>> cache;
+  static std::map<std::string, std::weak_ptr<Recipe>> cache;
   std::lock_guard<std::mutex> lock(mu);
+  for (auto it = cache.begin(); it != cache.end();) it = it->second.expired() ? cache.erase(it) : std::next(it);
   if (put) cache[key] = put;
   auto it = cache.find(key);
-  return it == cache.end() ? nullptr : it->second;
+  return it == cache.end() ? nullptr : it->second.lock();
 }
 
 class HpuPlugin : public Plugin {
@@ -344,8 +348,6 @@ class HpuPlugin : public Plugin {
     const std::string path = it != options.options.end() ? it->second : kRuntime;
     SynGraph sg = kiln::hpu::lower(g);  // Unimplemented: these nodes run eagerly
     const std::string text = sg.dump();
-    const uint64_t h = fnv1a(text, fnv1a(path));
-    const std::string name = "kiln_hpu_" + hex(h);
     std::shared_ptr<SynapseLibrary> lib;
     std::shared_ptr<Device> device;
     try {
@@ -354,6 +356,9 @@ class HpuPlugin : public Plugin {
     } catch (const SynapseError& e) {
       throw Error(KILN_ERROR_UNAVAILABLE, std::string("hpu_backend: ") + e.what());
     }
+    // A recipe is for one library and one device type.
+    const uint64_t h = fnv1a(text, fnv1a(path + "\n" + std::to_string(device->type())));
+    const std::string name = "kiln_hpu_" + hex(h);
     const std::string key = path + "\n" + text;
     std::shared_ptr<Recipe> recipe = cached_recipe(key);
     // The disk cache: <cache_dir>/hpu_backend/<hash>.recipe, as synRecipeSerialize wrote it, beside

@@ -143,6 +143,24 @@ struct NllLossParams {
   int32_t ignore_index;
 };
 
+// layer_norm_fwd / layer_norm_bwd: over the fastest dim, with its epsilon.
+struct LayerNormParams {
+  bool eps_valid;
+  float eps;
+};
+
+// gather_fwd: rows of the table along one dim (fastest-first numbering) picked by int32 indices.
+struct GatherParams {
+  int32_t axis;
+};
+
+// embedding_dense_pt_bwd: the gradient of an embedding table of num_weights rows.
+struct EmbeddingBackwardParams {
+  int32_t num_weights;
+  int32_t padding_idx;
+  bool scale_grad_by_freq;
+};
+
 // transpose: output dim k is input dim permutation[k] (fastest-first numbering).
 constexpr int kMaxDimensions = 5;
 struct TransposeParams {

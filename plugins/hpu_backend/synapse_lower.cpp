@@ -48,6 +48,8 @@ const std::set<std::string>& structural_ops() {
                                           "aten::addmm",
                                           "aten::bmm",
                                           "aten::t",
+                                          "aten::permute",
+                                          "aten::transpose.int",
                                           "aten::view",
                                           "aten::_unsafe_view",
                                           "aten::reshape",
@@ -65,7 +67,11 @@ const std::set<std::string>& structural_ops() {
                                           "aten::nll_loss_forward",
                                           "aten::nll_loss_backward",
                                           "aten::addcmul",
-                                          "aten::addcdiv"};
+                                          "aten::addcdiv",
+                                          "aten::native_layer_norm",
+                                          "aten::native_layer_norm_backward",
+                                          "aten::embedding",
+                                          "aten::embedding_dense_backward"};
   return s;
 }
 
@@ -188,18 +194,30 @@ class Lowering {
 
   std::string kernel(const std::string& base, syn::DataType t) const { return base + "_" + dtype_suffix(t); }
 
+  // `src` with its dims permuted as ATen's permute(perm) does: output dim j is input dim perm[j].
+  // Synapse numbers dims fastest first, so its permutation is perm reversed on both sides.
+  int32_t transpose(int32_t src, const std::vector<int64_t>& perm) {
+    const auto& s = tensor(src).shape;
+    const int64_t rank = static_cast<int64_t>(s.size());
+    std::vector<int64_t> out_shape;
+    for (int64_t d : perm) out_shape.push_back(s[static_cast<size_t>(d)]);
+    const int32_t t = workspace(out_shape, tensor(src).dtype);
+    syn::TransposeParams tp{};
+    for (int d = 0; d < syn::kMaxDimensions; ++d) tp.permutation[d] = d;
+    std::string text = "permutation=[";
+    for (int64_t k = 0; k < rank; ++k) {
+      tp.permutation[k] = static_cast<int32_t>(rank - 1 - perm[static_cast<size_t>(rank - 1 - k)]);
+      text += (k ? "," : "") + std::to_string(tp.permutation[k]);
+    }
+    tp.tensor_dim = static_cast<uint32_t>(rank);
+    emit("transpose", name_ + ".transpose", {src}, {t}, bytes_of(tp), text + "] dims=" + std::to_string(rank));
+    return t;
+  }
+
   // The tensor holding value v, a pending transpose (aten::t) written out first.
   int32_t materialized(int64_t v, const std::string& what) {
     if (auto p = pending_t_.find(v); p != pending_t_.end()) {
-      const int32_t src = p->second;
-      const auto& s = tensor(src).shape;
-      const int32_t t = workspace({s[1], s[0]}, tensor(src).dtype);
-      syn::TransposeParams tp{};
-      tp.permutation[0] = 1;
-      tp.permutation[1] = 0;
-      for (int d = 2; d < syn::kMaxDimensions; ++d) tp.permutation[d] = d;
-      tp.tensor_dim = 2;
-      emit("transpose", name_ + ".transpose", {src}, {t}, bytes_of(tp), "permutation=[1,0] dims=2");
+      const int32_t t = transpose(p->second, {1, 0});
       pending_t_.erase(p);
       tensor_of_[v] = t;
       return t;
@@ -360,6 +378,30 @@ class Lowering {
         pending_t_[out] = materialized(x, o);  // written out only where something other than a GEMM reads it
         return;
       }
+    } else if (o == "aten::permute" || o == "aten::transpose.int") {
+      const int64_t x = n.arg(0).tensor_index();
+      const int64_t in_rank = g_.value(x).ndim();
+      std::vector<int64_t> perm(static_cast<size_t>(in_rank));
+      for (int64_t d = 0; d < in_rank; ++d) perm[static_cast<size_t>(d)] = d;
+      if (o == "aten::permute") {
+        perm = n.arg(1).as_ints();
+        for (auto& d : perm) d = d < 0 ? d + in_rank : d;
+      } else {
+        int64_t a = n.arg(1).as_int(), b = n.arg(2).as_int();
+        a = a < 0 ? a + in_rank : a;
+        b = b < 0 ? b + in_rank : b;
+        std::swap(perm[static_cast<size_t>(a)], perm[static_cast<size_t>(b)]);
+      }
+      bool identity = true;
+      for (size_t d = 0; d < perm.size(); ++d) identity = identity && perm[d] == static_cast<int64_t>(d);
+      if (identity) {
+        r = materialized(x, o);
+      } else if (in_rank == 2 && !pending_t_.count(x)) {
+        pending_t_[out] = materialized(x, o);  // as aten::t: a GEMM reads it through its flag
+        return;
+      } else {
+        r = transpose(materialized(x, o), perm);
+      }
     } else if (o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape") {
       r = reshape(operand(n, 0), shape);
     } else if (o == "aten::mm") {
@@ -427,6 +469,42 @@ class Lowering {
     } else if (o == "aten::nll_loss_forward") {
       nll_loss_forward(n, dt);
       return;
+    } else if (o == "aten::native_layer_norm") {
+      // (input, normalized_shape, weight, bias, eps) -> (out, mean, rstd): over the last dim.
+      syn::LayerNormParams p{true, static_cast<float>(n.arg(4).as_double())};
+      std::vector<int32_t> outs;
+      for (int64_t v : n.outputs()) outs.push_back(workspace(g_.value(v).shape(), dt));
+      emit(kernel("layer_norm_fwd", dt), name_, {operand(n, 0), operand(n, 2), operand(n, 3)}, outs, bytes_of(p),
+           "eps=" + float_text(p.eps));
+      for (size_t k = 0; k < outs.size(); ++k) tensor_of_[n.outputs()[k]] = outs[k];
+      return;
+    } else if (o == "aten::native_layer_norm_backward") {
+      // (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask) ->
+      // (grad_input, grad_weight, grad_bias); a result not asked for is computed into the workspace.
+      const int32_t x = operand(n, 1);
+      const int64_t C = tensor(x).shape.back();
+      const std::vector<std::vector<int64_t>> shapes = {tensor(x).shape, {C}, {C}};
+      std::vector<int32_t> outs;
+      for (size_t k = 0; k < 3; ++k) outs.push_back(workspace(shapes[k], dt));
+      syn::LayerNormParams p{false, 0.0f};
+      emit(kernel("layer_norm_bwd", dt), name_, {x, operand(n, 0), operand(n, 3), operand(n, 4), operand(n, 5)}, outs,
+           bytes_of(p));
+      for (size_t k = 0; k < 3; ++k)
+        if (n.outputs()[k] >= 0) tensor_of_[n.outputs()[k]] = outs[k];
+      return;
+    } else if (o == "aten::embedding") {
+      // (weight, indices, padding_idx, scale_grad_by_freq, sparse): rows of the table (its dim 0,
+      // Synapse's dim 1) picked by the indices.
+      syn::GatherParams p{1};
+      r = workspace(shape, dt);
+      emit(kernel("gather_fwd", dt), name_, {operand(n, 0), operand(n, 1)}, {r}, bytes_of(p), "axis=1");
+    } else if (o == "aten::embedding_dense_backward") {
+      // (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq).
+      syn::EmbeddingBackwardParams p{static_cast<int32_t>(n.arg(2).as_int()), static_cast<int32_t>(n.arg(3).as_int()),
+                                     false};
+      r = workspace(shape, dt);
+      emit(kernel("embedding_dense_pt_bwd", dt), name_, {operand(n, 0), operand(n, 1)}, {r}, bytes_of(p),
+           "num_weights=" + std::to_string(p.num_weights) + " padding_idx=" + std::to_string(p.padding_idx));
     } else if (o == "aten::nll_loss_backward") {
       // (grad_output, self, target, weight, reduction, ignore_index, total_weight).
       syn::NllLossParams p{static_cast<int32_t>(n.arg(4).as_int() == 1 ? syn::kNllMean : syn::kNllSum),
@@ -495,16 +573,19 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
   if (!unary_kernels().count(o) && !binary_kernels().count(o) && !structural_ops().count(o))
     return "no Synapse lowering for " + o + " yet";
   for (int64_t v : n.outputs())
-    if (v < 0 && o != "aten::nll_loss_forward") return "an undefined result";
+    if (v < 0 && o != "aten::nll_loss_forward" && o != "aten::native_layer_norm_backward") return "an undefined result";
   for (size_t i = 0; i < n.num_args(); ++i) {
     const auto a = n.arg(i);
     if (a.runtime_scalar() >= 0 && !runtime_scalar_allowed(o, i, a)) return "a run-time scalar argument";
   }
-  if (o != "aten::nll_loss_forward" && n.outputs().size() != 1) return "more than one result";
+  const bool several =
+      o == "aten::nll_loss_forward" || o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward";
+  if (!several && n.outputs().size() != 1) return "more than one result";
   // One float type per node (targets aside): the kernels are chosen by it.
   DLDataType first{};
   bool seen = false;
-  const bool indexed = o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward";
+  const bool indexed = o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward" || o == "aten::embedding" ||
+                       o == "aten::embedding_dense_backward";
   const bool view = o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape" || o == "aten::clone" ||
                     o == "aten::alias" || o == "aten::detach";
   std::vector<int64_t> values = n.inputs();
@@ -514,6 +595,7 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
     const auto val = g.value(v);
     if (val.ndim() > kMaxRank)
       return "a tensor of " + std::to_string(val.ndim()) + " dims (the kernels take " + std::to_string(kMaxRank) + ")";
+    if (val.numel() == 0) return "a tensor without elements (Synapse's sizes are at least 1)";
     if (is_int64(val.dtype()) && (indexed || view)) continue;  // targets, and views of them
     if (!is_float(val.dtype())) return "a " + kiln::plugin::dtype_name(val.dtype()) + " tensor";
     if (seen && !kiln::plugin::same_dtype(first, val.dtype())) return "float32 and bfloat16 tensors in one node";
@@ -525,7 +607,25 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
     if (in64 != is_int64(g.value(n.outputs()[0]).dtype())) return "a view that changes the dtype";
     if (in64 && o != "aten::view" && o != "aten::_unsafe_view" && o != "aten::reshape") return "a copy of int64 values";
   }
-  if (indexed) return why_not_nll_loss(g, n, o == "aten::nll_loss_backward");
+  if (o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward")
+    return why_not_nll_loss(g, n, o == "aten::nll_loss_backward");
+  if (o == "aten::embedding" || o == "aten::embedding_dense_backward") {
+    if (!is_int64(g.value(n.arg(1).tensor_index()).dtype())) return "indices that are not int64";
+    for (int64_t v : values)
+      if (v != n.arg(1).tensor_index() && is_int64(g.value(v).dtype())) return "an int64 table or gradient";
+    if (g.value(o == "aten::embedding" ? n.arg(0).tensor_index() : n.outputs()[0]).ndim() != 2)
+      return "an embedding table not of two dims";
+    if (n.arg(o == "aten::embedding" ? 3 : 4).as_bool()) return "scale_grad_by_freq";
+    if (o == "aten::embedding" && n.arg(4).as_bool()) return "a sparse embedding";
+  }
+  if (o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward") {
+    const bool bwd = o == "aten::native_layer_norm_backward";
+    const auto x = g.value(n.arg(bwd ? 1 : 0).tensor_index());
+    if (!kiln::plugin::is_float32(x.dtype())) return "layer norm in " + kiln::plugin::dtype_name(x.dtype());
+    if (n.arg(bwd ? 2 : 1).as_ints().size() != 1) return "a layer norm over other than the last dim";
+    if (x.ndim() < 2) return "a layer norm of fewer than two dims";
+    if (n.arg(bwd ? 5 : 2).is_none() || n.arg(bwd ? 6 : 3).is_none()) return "a layer norm without weight and bias";
+  }
   if (o == "aten::threshold_backward" && n.arg(2).as_double() != 0.0)
     return "a threshold other than 0 (relu's backward is lowered)";
   if (o == "aten::addmm") {

@@ -10,8 +10,9 @@
 // backward; sum and mean over dims; softmax and log_softmax and their backward; nll_loss and its
 // backward over [N, C] (mean or sum, no class weight); the optimizers' addcmul and addcdiv with
 // run-time scalars (a persistent one-element tensor each, written at every launch); clone, alias,
-// detach. int64 targets are int32 tensors on the device (narrowed on the way in). Everything else
-// stays eager, with the reason.
+// detach. In float32 only: layer norm over the last dim and its backward. Embedding (gather) and
+// its dense backward. int64 targets and indices are int32 tensors on the device (narrowed on the
+// way in). Everything else stays eager, with the reason.
 #pragma once
 
 #include <cstdint>

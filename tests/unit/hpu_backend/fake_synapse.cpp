@@ -339,6 +339,51 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (!bwd && T(n.out[0]).shape != std::vector<int64_t>{1}) return "the loss is one element";
     return "";
   }
+  if (base == "layer_norm_fwd" || base == "layer_norm_bwd") {
+    // fwd (x, gamma, beta) -> (y, mean, rstd); bwd (x, grad_y, mean, rstd, gamma) -> (grad_x,
+    // grad_gamma, grad_beta): over the fastest dim, mean and rstd of the input's rank with it 1.
+    const bool bwd = base == "layer_norm_bwd";
+    if (!(e = count(bwd ? 5 : 3, 3)).empty()) return e;
+    if (!(e = same_dtype(dt)).empty()) return e;
+    syn::LayerNormParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_LayerNormKernel::Params";
+    const auto& x = T(n.in[0]).shape;
+    if (x.size() < 2) return "an input of fewer than two dims";
+    auto stat = x;
+    stat.back() = 1;
+    const std::vector<int64_t> c = {x.back()};
+    const std::vector<std::vector<int64_t>> ins =
+        bwd ? std::vector<std::vector<int64_t>>{x, x, stat, stat, c} : std::vector<std::vector<int64_t>>{x, c, c};
+    const std::vector<std::vector<int64_t>> outs =
+        bwd ? std::vector<std::vector<int64_t>>{x, c, c} : std::vector<std::vector<int64_t>>{x, stat, stat};
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (T(n.in[i]).shape != ins[i]) return "input " + std::to_string(i) + " is not " + shape_text(ins[i]);
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (T(n.out[i]).shape != outs[i]) return "output " + std::to_string(i) + " is not " + shape_text(outs[i]);
+    return "";
+  }
+  if (base == "gather_fwd" || base == "embedding_dense_pt_bwd") {
+    if (!(e = count(2, 1)).empty()) return e;
+    const auto& a = T(n.in[0]);
+    const auto& idx = T(n.in[1]);
+    if (a.dtype != dt || T(n.out[0]).dtype != dt || idx.dtype != syn::kTypeInt32)
+      return "takes " + sfx + " data and int32 indices";
+    if (base == "gather_fwd") {
+      syn::GatherParams p{};
+      if (!read_params(n, &p)) return "parameters are not ns_GatherKernel::Params";
+      if (a.shape.size() != 2 || p.axis != 1) return "the stand-in gathers rows of a table of two dims (axis 1)";
+      auto o = idx.shape;
+      o.push_back(a.shape[1]);
+      return o == T(n.out[0]).shape ? "" : "output is not " + shape_text(o);
+    }
+    syn::EmbeddingBackwardParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_EmbeddingDensePtBwdKernel::Params";
+    const std::vector<int64_t> lead(a.shape.begin(), a.shape.end() - 1);
+    if (lead != idx.shape) return "grad " + shape_text(a.shape) + " does not match indices " + shape_text(idx.shape);
+    if (T(n.out[0]).shape != std::vector<int64_t>{p.num_weights, a.shape.back()})
+      return "output is not [num_weights, D]";
+    return "";
+  }
   return "unknown kernel";
 }
 
@@ -433,6 +478,27 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     const at::Tensor target = in(1).to(at::kLong);
     const at::Tensor total = at::ne(target, p.ignore_index).sum().to(in(0).scalar_type());
     o = at::nll_loss_backward(in(2).reshape({}), in(0), target, {}, reduction, p.ignore_index, total);
+  } else if (base == "layer_norm_fwd") {
+    syn::LayerNormParams p{};
+    read_params(n, &p);
+    auto [y, mean, rstd] = at::native_layer_norm(in(0), {in(0).size(-1)}, in(1), in(2), p.eps);
+    env[static_cast<size_t>(n.out[1])] = mean.reshape(r.tensors[static_cast<size_t>(n.out[1])].shape).contiguous();
+    env[static_cast<size_t>(n.out[2])] = rstd.reshape(r.tensors[static_cast<size_t>(n.out[2])].shape).contiguous();
+    o = y;
+  } else if (base == "layer_norm_bwd") {
+    // ATen shapes the bias's gradient after the bias, which the kernel does not take (its value
+    // does not enter any gradient).
+    auto [dx, dw, db] = at::native_layer_norm_backward(in(1), in(0), {in(0).size(-1)}, in(2), in(3), in(4),
+                                                       at::zeros_like(in(4)), {true, true, true});
+    env[static_cast<size_t>(n.out[1])] = dw.contiguous();
+    env[static_cast<size_t>(n.out[2])] = db.contiguous();
+    o = dx;
+  } else if (base == "gather_fwd") {
+    o = at::embedding(in(0), in(1).to(at::kLong));
+  } else if (base == "embedding_dense_pt_bwd") {
+    syn::EmbeddingBackwardParams p{};
+    read_params(n, &p);
+    o = at::embedding_dense_backward(in(0), in(1).to(at::kLong), p.num_weights, p.padding_idx, p.scale_grad_by_freq);
   }
   if (!o.defined()) throw std::runtime_error("no reference for " + n.guid);
   env[static_cast<size_t>(n.out[0])] = o.to(dtype).contiguous();
@@ -975,10 +1041,14 @@ __attribute__((visibility("default"))) syn::Status synLaunchExt(syn::StreamHandl
       env[k] = at::from_blob(reinterpret_cast<void*>(where[k]), r->tensors[k].shape,
                              at::TensorOptions().dtype(scalar_type(r->tensors[k].dtype)))
                    .clone();
-  try {
-    for (const RNode& n : r->nodes) run_node(*r, n, env);
-  } catch (const std::exception& e) {
-    return violation(std::string("synLaunchExt: ") + e.what(), syn::kFail);
+  for (const RNode& n : r->nodes) {
+    try {
+      run_node(*r, n, env);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      return violation("synLaunchExt: node \"" + n.name + "\" (" + n.guid + "): " + what.substr(0, what.find('\n')),
+                       syn::kFail);
+    }
   }
   for (const RNode& n : r->nodes)
     for (int o : n.out)
