@@ -28,15 +28,13 @@ using namespace kiln;
 
 namespace {
 
-// The stand-in's counters and violations (kiln_fake_synapse_report), from the copy the plugin
-// opened.
+// The stand-in's counters and violations (kiln_fake_synapse_report). Opened here and kept open:
+// the plugin's dlopen of the same path gets this same copy.
 std::string fake_report() {
-  void* h = dlopen(KILN_FAKE_SYNAPSE, RTLD_NOW | RTLD_NOLOAD);
-  if (!h) return "";
+  static void* h = dlopen(KILN_FAKE_SYNAPSE, RTLD_NOW | RTLD_LOCAL);
+  if (!h) return std::string("cannot open the stand-in: ") + dlerror();
   auto fn = reinterpret_cast<const char* (*)()>(dlsym(h, "kiln_fake_synapse_report"));
-  std::string r = fn ? fn() : "";
-  dlclose(h);
-  return r;
+  return fn ? fn() : "the stand-in has no kiln_fake_synapse_report";
 }
 
 int64_t counter(const std::string& report, const std::string& name) {
