@@ -223,14 +223,31 @@ class HpuGroup : public Executable {
     });
   }
 
+  // The tensor kiln hands in must be what the recipe was compiled for: packing another dtype or
+  // shape would read or write past the staging buffers.
   void check_shape(const DLTensor& d, const SynTensor& t, const char* what) const {
     const std::vector<int64_t> shape(d.shape, d.shape + d.ndim);
-    if (d.device.device_type != kDLCPU)
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, std::string("hpu_backend: ") + what + " " + std::to_string(t.index) +
-                                                   " of " + recipe_->name() + " is not a CPU tensor");
+    const std::string which =
+        std::string("hpu_backend: ") + what + " " + std::to_string(t.index) + " of " + recipe_->name();
+    if (d.device.device_type != kDLCPU) throw Error(KILN_ERROR_INVALID_ARGUMENT, which + " is not a CPU tensor");
+    DLDataType want{};
+    want.lanes = 1;
+    if (t.widened) want.code = kDLInt, want.bits = 64;
+    else if (t.dtype == syn::kTypeBf16) want.code = kDLBfloat, want.bits = 16;
+    else if (t.dtype == syn::kTypeInt32) want.code = kDLInt, want.bits = 32;
+    else want.code = kDLFloat, want.bits = 32;
+    if (!same_dtype(d.dtype, want))
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  which + " is " + dtype_name(d.dtype) + ", and it was compiled for " + dtype_name(want));
     if (shape != t.shape)
-      throw Error(KILN_ERROR_INVALID_ARGUMENT, std::string("hpu_backend: ") + what + " " + std::to_string(t.index) +
-                                                   " of " + recipe_->name() + " has another shape than compiled for");
+      throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                  which + " has shape " + dims(shape) + ", and it was compiled for " + dims(t.shape));
+  }
+
+  static std::string dims(const std::vector<int64_t>& s) {
+    std::string t = "[";
+    for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
   }
 
   std::shared_ptr<Recipe> recipe_;

@@ -506,12 +506,14 @@ class Lowering {
       emit(kernel("embedding_dense_pt_bwd", dt), name_, {operand(n, 0), operand(n, 1)}, {r}, bytes_of(p),
            "num_weights=" + std::to_string(p.num_weights) + " padding_idx=" + std::to_string(p.padding_idx));
     } else if (o == "aten::nll_loss_backward") {
-      // (grad_output, self, target, weight, reduction, ignore_index, total_weight).
-      syn::NllLossParams p{static_cast<int32_t>(n.arg(4).as_int() == 1 ? syn::kNllMean : syn::kNllSum),
-                           static_cast<int32_t>(n.arg(5).as_int())};
+      // (grad_output, self, target, weight, reduction, ignore_index, total_weight). The kernel in
+      // sum mode, and for a mean a division by the total_weight given, as ATen divides (a
+      // total_weight from elsewhere than this step's forward included).
+      syn::NllLossParams p{syn::kNllSum, static_cast<int32_t>(n.arg(5).as_int())};
       r = workspace(shape, dt);
       emit(kernel("nll_loss_bwd", dt), name_, {operand(n, 1), operand(n, 2), operand(n, 0)}, {r}, bytes_of(p),
            nll_text(p));
+      if (n.arg(4).as_int() == 1) r = binary("div_fwd", r, operand(n, 6), shape, dt, ".mean");
     }
     if (r < 0) throw Unimplemented("node " + std::to_string(n.index()) + " (" + o + ") was not lowered");
     tensor_of_[out] = r;

@@ -279,6 +279,20 @@ std::vector<OpCase> op_cases() {
          return std::vector<at::Tensor>{rn({2, 3, 4}, t), rn({6, 5}, t), rn({4, 5}, t)};
        },
        7},
+      {"nll_loss_backward with the total_weight it is given", R"(graph {
+  input %0 : DT[]{} input "go"
+  input %1 : DT[8,10]{10,1} input "x"
+  input %2 : i64[8]{1} input "t"
+  input %3 : DT[]{} input "tw"
+  %4 : DT[8,10]{10,1} = aten::nll_loss_backward(%0, %1, %2, None, 1, -100, %3)
+  %5 : DT[8,10]{10,1} = aten::nll_loss_backward(%0, %1, %2, None, 2, 3, %3)
+  output %4 result "mean"
+  output %5 result "sum"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({}, t), rn({8, 10}, t), at::randint(0, 10, {8}, at::kLong), pos({}, t)};
+       },
+       2},
       {"layer norm and its backward", R"(graph {
   input %0 : DT[2,5,12]{60,12,1} input "x"
   input %1 : DT[12]{1} param "w"
