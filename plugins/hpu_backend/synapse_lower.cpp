@@ -28,7 +28,7 @@ const std::map<std::string, std::string>& unary_kernels() {
   static const std::map<std::string, std::string> m = {
       {"aten::neg", "neg_fwd"},         {"aten::exp", "exp_fwd"},     {"aten::log", "log_fwd"},
       {"aten::sqrt", "sqrt_fwd"},       {"aten::rsqrt", "rsqrt_fwd"}, {"aten::tanh", "tanh_fwd"},
-      {"aten::sigmoid", "sigmoid_fwd"}, {"aten::relu", "relu_fwd"},
+      {"aten::sigmoid", "sigmoid_fwd"}, {"aten::relu", "relu_fwd"},   {"aten::gelu", "gelu_fwd"},
   };
   return m;
 }
@@ -57,6 +57,7 @@ const std::set<std::string>& structural_ops() {
                                           "aten::alias",
                                           "aten::detach",
                                           "aten::threshold_backward",
+                                          "aten::gelu_backward",
                                           "aten::sum",
                                           "aten::sum.dim_IntList",
                                           "aten::mean.dim",
@@ -424,6 +425,10 @@ class Lowering {
     } else if (auto u = unary_kernels().find(o); u != unary_kernels().end()) {
       r = workspace(shape, dt);
       emit(kernel(u->second, dt), name_, {operand(n, 0)}, {r});
+    } else if (o == "aten::gelu_backward") {
+      // (grad_output, self, approximate): the kernel takes the grad, then the forward's input.
+      r = workspace(shape, dt);
+      emit(kernel("gelu_bwd", dt), name_, {operand(n, 0), operand(n, 1)}, {r});
     } else if (o == "aten::threshold_backward") {
       // grad where self > 0: relu's backward (only a threshold of 0 is claimed).
       r = workspace(shape, dt);
@@ -627,6 +632,10 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
     if (n.arg(bwd ? 2 : 1).as_ints().size() != 1) return "a layer norm over other than the last dim";
     if (x.ndim() < 2) return "a layer norm of fewer than two dims";
     if (n.arg(bwd ? 5 : 2).is_none() || n.arg(bwd ? 6 : 3).is_none()) return "a layer norm without weight and bias";
+  }
+  if (o == "aten::gelu" || o == "aten::gelu_backward") {
+    const std::string a = n.arg(o == "aten::gelu" ? 1 : 2).as_string();
+    if (a != "none") return "gelu with approximate '" + a + "' (the exact one is lowered)";
   }
   if (o == "aten::threshold_backward" && n.arg(2).as_double() != 0.0)
     return "a threshold other than 0 (relu's backward is lowered)";

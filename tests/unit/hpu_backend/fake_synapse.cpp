@@ -214,8 +214,8 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (sfx == "i32") return syn::kTypeInt32;
     return syn::kTypeInt8;
   };
-  static const std::set<std::string> unary = {"neg_fwd",   "exp_fwd",  "log_fwd",     "sqrt_fwd",
-                                              "rsqrt_fwd", "tanh_fwd", "sigmoid_fwd", "relu_fwd"};
+  static const std::set<std::string> unary = {"neg_fwd",  "exp_fwd",     "log_fwd",  "sqrt_fwd", "rsqrt_fwd",
+                                              "tanh_fwd", "sigmoid_fwd", "relu_fwd", "gelu_fwd"};
   static const std::set<std::string> binary = {"add_fwd", "sub_fwd", "mult_fwd", "div_fwd"};
   std::string e;
   if (base == "gemm" || base == "batch_gemm") {
@@ -271,6 +271,13 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (!(e = count(1, 1)).empty()) return e;
     if (!n.params.empty()) return "takes no parameters";
     if (T(n.in[0]).shape != T(n.out[0]).shape) return "input and output sizes differ";
+    return same_dtype(dt);
+  }
+  if (base == "gelu_bwd") {
+    if (!(e = count(2, 1)).empty()) return e;
+    if (!n.params.empty()) return "takes no parameters";
+    for (int i : n.in)
+      if (T(i).shape != T(n.out[0]).shape) return "operand sizes differ";
     return same_dtype(dt);
   }
   if (binary.count(base) || base == "relu_bwd" || base == "not_equal_fwd") {
@@ -442,6 +449,10 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     o = at::sigmoid(in(0));
   } else if (base == "relu_fwd") {
     o = at::relu(in(0));
+  } else if (base == "gelu_fwd") {
+    o = at::gelu(in(0));
+  } else if (base == "gelu_bwd") {
+    o = at::gelu_backward(in(0), in(1));
   } else if (base == "relu_bwd") {
     o = at::where(in(1) > 0, in(0), at::zeros({}, in(0).options()));
   } else if (base == "not_equal_fwd") {

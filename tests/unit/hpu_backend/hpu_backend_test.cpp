@@ -196,6 +196,10 @@ std::vector<OpCase> op_cases() {
   %6 : DT[6,5]{5,1} = aten::sqrt(%1)
   %7 : DT[6,5]{5,1} = aten::log(%1)
   %8 : DT[6,5]{5,1} = aten::rsqrt(%1)
+  %9 : DT[6,5]{5,1} = aten::gelu(%0, "none")
+  %10 : DT[6,5]{5,1} = aten::gelu_backward(%1, %0, "none")
+  output %9 result "gelu"
+  output %10 result "dgelu"
   output %2 result "neg"
   output %3 result "exp"
   output %4 result "tanh"
@@ -207,7 +211,7 @@ std::vector<OpCase> op_cases() {
        [=](at::ScalarType t) {
          return std::vector<at::Tensor>{rn({6, 5}, t), pos({6, 5}, t)};
        },
-       7},
+       9},
       {"sums and means", R"(graph {
   input %0 : DT[4,6,5]{30,5,1} input "x"
   %1 : DT[6,5]{5,1} = aten::sum.dim_IntList(%0, i[0], false, None)
