@@ -22,6 +22,8 @@
 #include "kiln/internal/ir_text.h"
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/plugin_registry.h"
+#include "../cli_run.h"
+#include "../hardware_probe/fake_machine.h"
 #include "synapse_lower.h"
 
 using namespace kiln;
@@ -678,4 +680,61 @@ TEST(HpuStandIn, RejectsAGemmWhoseSizesDoNotLineUp) {
       << report;
   EXPECT_EQ(graph_destroy(g), syn::kSuccess);
   dlclose(h);
+}
+
+// Where the backend says it can run: on a Gaudi (score 400, before the inductor's 200), on a CPU
+// only with synapse_library named (score 0), and otherwise not, saying why: no Gaudi and no
+// library, a library that does not open, a library without the entry points it calls.
+TEST(HpuPlugin, AvailabilityOnAGaudiOnACpuAndWithoutTheLibrary) {
+  std::vector<PluginDevice> cpu(1), gaudi(2);
+  cpu[0].name = "test CPU";
+  gaudi[0].kind = KILN_DEVICE_GAUDI;
+  gaudi[0].name = "Gaudi2";
+  gaudi[1].name = "test CPU";
+  auto with_library = load();
+  PluginAvailability a = with_library->available(gaudi);
+  EXPECT_TRUE(a.available) << a.reason;
+  EXPECT_EQ(a.score, 400);
+  EXPECT_NE(a.reason.find("1 Gaudi device(s), first Gaudi2"), std::string::npos) << a.reason;
+  a = with_library->available(cpu);
+  EXPECT_TRUE(a.available) << a.reason;
+  EXPECT_EQ(a.score, 0);
+  EXPECT_NE(a.reason.find("set by [plugin.hpu_backend] synapse_library"), std::string::npos) << a.reason;
+  TrainingArguments plain;
+  auto bare = PluginRegistry::load_file(KILN_HPU_PLUGIN, torch_host_services(plain));
+  a = bare->available(cpu);
+  EXPECT_FALSE(a.available);
+  // (Whether libSynapse.so then loads depends on this process: the stand-in, loaded already, has
+  // that name.)
+  EXPECT_EQ(a.reason.rfind("no Intel Gaudi device found", 0), 0u) << a.reason;
+  for (const char* lib : {"/nonexistent/libSynapse.so", "libm.so.6"}) {
+    TrainingArguments args;
+    args.plugin_options["hpu_backend"]["synapse_library"] = lib;
+    auto p = PluginRegistry::load_file(KILN_HPU_PLUGIN, torch_host_services(args));
+    a = p->available(gaudi);
+    EXPECT_FALSE(a.available) << lib;
+    EXPECT_NE(
+        a.reason.find(lib[0] == '/' ? "cannot be loaded" : "lacks entry points the hpu_backend calls: synInitialize"),
+        std::string::npos)
+        << a.reason;
+  }
+}
+
+// The whole way on a machine that looks like a Gaudi's (a fake sysfs tree with a Gaudi2 on PCI, the
+// probe pointed at it): `auto` picks the hpu_backend over the CPU's backends, and mlp trains
+// through it (the stand-in as its Synapse library) and matches eager.
+TEST(HpuPlugin, AutoPicksItOnAGaudiMachineAndMlpMatchesEager) {
+  kiln::testing::FakeMachine m;
+  m.cpu();
+  m.gaudi(kiln::testing::FakeMachine::bus_id(0x33), 0x1020, 0);
+  const std::string cmd = "env -u KILN_BACKEND KILN_SYSFS_ROOT=" + kiln::test::shell_quote(m.root()) +
+                          " KILN_FAKE_SYNAPSE_ABORT=1 KILN_PLUGIN_OPTIONS=hpu_backend.synapse_library=" +
+                          kiln::test::shell_quote(KILN_FAKE_SYNAPSE) + " " + kiln::test::shell_quote(KILN_CLI) +
+                          " bench mlp --steps 6 --check";
+  const auto r = kiln::test::run_command(cmd, "hpu_auto");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("why: ranked the available backends by the score each gave for Intel Gaudi2"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("runs on: hpu_backend"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.out.find("check: PASS"), std::string::npos) << r.out;
 }
