@@ -48,9 +48,10 @@ std::string try_open(const char* lib) {
   return why ? why : "unknown dlopen error";
 }
 
-Error to_error(const SynapseError& e, const std::string& context) {
+// A Synapse call's failure as the host's error: out of device or host memory is out of memory.
+Error to_error(const SynapseError& e) {
   return Error(e.out_of_memory() ? KILN_ERROR_OUT_OF_MEMORY : KILN_ERROR_INTERNAL,
-               "hpu_backend: " + context + e.what());
+               std::string("hpu_backend: ") + e.what());
 }
 
 // float -> bfloat16 bits, rounding to nearest even (as ATen rounds).
@@ -159,7 +160,7 @@ class HpuGroup : public Executable {
     } catch (const SynapseError& e) {
       // Whatever was queued is waited for, so no copy lands in a buffer after this returns.
       lib.stream_synchronize(device_->stream());
-      throw to_error(e, "");
+      throw to_error(e);
     }
     for (size_t k = 0; k < persistent_.size(); ++k) {
       const SynTensor& t = g_.tensors[static_cast<size_t>(persistent_[k])];
@@ -405,7 +406,7 @@ class HpuPlugin : public Plugin {
       cached_recipe(key, recipe);
       return std::make_unique<HpuGroup>(recipe, std::move(sg), device);
     } catch (const SynapseError& e) {
-      throw to_error(e, "");
+      throw to_error(e);
     }
   }
 

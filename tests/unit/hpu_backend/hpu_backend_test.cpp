@@ -727,11 +727,15 @@ TEST(HpuPlugin, AutoPicksItOnAGaudiMachineAndMlpMatchesEager) {
   kiln::testing::FakeMachine m;
   m.cpu();
   m.gaudi(kiln::testing::FakeMachine::bus_id(0x33), 0x1020, 0);
-  const std::string cmd = "env -u KILN_BACKEND KILN_SYSFS_ROOT=" + kiln::test::shell_quote(m.root()) +
+  const std::string env = "env -u KILN_BACKEND KILN_SYSFS_ROOT=" + kiln::test::shell_quote(m.root()) +
                           " KILN_FAKE_SYNAPSE_ABORT=1 KILN_PLUGIN_OPTIONS=hpu_backend.synapse_library=" +
-                          kiln::test::shell_quote(KILN_FAKE_SYNAPSE) + " " + kiln::test::shell_quote(KILN_CLI) +
-                          " bench mlp --steps 6 --check";
-  const auto r = kiln::test::run_command(cmd, "hpu_auto");
+                          kiln::test::shell_quote(KILN_FAKE_SYNAPSE) + " " + kiln::test::shell_quote(KILN_CLI);
+  // What scripts/gaudi-check looks for in the probe's report.
+  const auto probe = kiln::test::run_command(env + " probe --json", "hpu_probe");
+  EXPECT_EQ(probe.status, 0) << probe.out << probe.err;
+  EXPECT_NE(probe.out.find("\"kind\": \"gaudi\""), std::string::npos) << probe.out;
+  EXPECT_NE(probe.out.find("\"default_backend\": \"hpu_backend\""), std::string::npos) << probe.out;
+  const auto r = kiln::test::run_command(env + " bench mlp --steps 6 --check", "hpu_auto");
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("why: ranked the available backends by the score each gave for Intel Gaudi2"), std::string::npos)
       << r.out;
