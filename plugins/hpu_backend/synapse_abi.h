@@ -161,6 +161,27 @@ struct EmbeddingBackwardParams {
   bool scale_grad_by_freq;
 };
 
+// spatial_convolution, dedx, dedw (MME, 2-d): kernel, stride, padding and dilation by width and
+// height, a fused activation (not asked for), groups. Tensors are NHWC: input and output sizes
+// {C, W, H, N}, weights {K, C, S, R}, fastest first.
+struct ActivationParams {
+  bool relu_enable;
+  bool residual_after_activation;
+  uint16_t struct_padding;
+  uint32_t num_channels;
+  uint64_t negative_coefficients;
+  uint64_t positive_coefficients;
+};
+struct ConvolutionParams {
+  uint32_t kernel_w, kernel_h;
+  uint32_t stride_w, stride_h;
+  int32_t pad_left, pad_right, pad_top, pad_bottom;
+  uint32_t dilation_w, dilation_h;
+  ActivationParams activation;
+  uint32_t groups;
+  uint32_t struct_padding;
+};
+
 // transpose: output dim k is input dim permutation[k] (fastest-first numbering).
 constexpr int kMaxDimensions = 5;
 struct TransposeParams {

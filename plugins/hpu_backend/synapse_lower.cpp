@@ -72,7 +72,9 @@ const std::set<std::string>& structural_ops() {
                                           "aten::native_layer_norm",
                                           "aten::native_layer_norm_backward",
                                           "aten::embedding",
-                                          "aten::embedding_dense_backward"};
+                                          "aten::embedding_dense_backward",
+                                          "aten::convolution",
+                                          "aten::convolution_backward"};
   return s;
 }
 
@@ -497,6 +499,43 @@ class Lowering {
       for (size_t k = 0; k < 3; ++k)
         if (n.outputs()[k] >= 0) tensor_of_[n.outputs()[k]] = outs[k];
       return;
+    } else if (o == "aten::convolution") {
+      // (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups): the
+      // MME's spatial_convolution on NHWC tensors, kiln's NCHW ones transposed in and out, then
+      // the bias.
+      const auto p = conv_params(n, 3, tensor(operand(n, 1)).shape);
+      const int32_t x = transpose(operand(n, 0), {0, 2, 3, 1});
+      const int32_t w = transpose(operand(n, 1), {2, 3, 1, 0});
+      const int32_t y = workspace({shape[0], shape[2], shape[3], shape[1]}, dt);
+      emit("spatial_convolution", name_, {x, w}, {y}, bytes_of(p), conv_text(p));
+      r = transpose(y, {0, 3, 1, 2});
+      if (!n.arg(2).is_none())
+        r = binary("add_fwd", r, reshape(operand(n, 2), {1, shape[1], 1, 1}), shape, dt, ".bias");
+    } else if (o == "aten::convolution_backward") {
+      // (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+      // output_padding, groups, output_mask) -> (grad_input, grad_weight, grad_bias): dedx and
+      // dedw on NHWC tensors, the bias's gradient a sum over N, H and W; only the results used.
+      const auto outs = n.outputs();
+      const int32_t w_in = operand(n, 2);
+      const auto p = conv_params(n, 4, tensor(w_in).shape);
+      const int32_t g = transpose(operand(n, 0), {0, 2, 3, 1});
+      if (outs[0] >= 0) {
+        const int32_t w = transpose(w_in, {2, 3, 1, 0});
+        const auto xs = g_.value(outs[0]).shape();
+        const int32_t dx = workspace({xs[0], xs[2], xs[3], xs[1]}, dt);
+        emit("dedx", name_ + ".dedx", {g, w}, {dx}, bytes_of(p), conv_text(p));
+        tensor_of_[outs[0]] = transpose(dx, {0, 3, 1, 2});
+      }
+      if (outs[1] >= 0) {
+        const int32_t x = transpose(operand(n, 1), {0, 2, 3, 1});
+        const auto ws = tensor(w_in).shape;
+        const int32_t dw = workspace({ws[2], ws[3], ws[1], ws[0]}, dt);
+        emit("dedw", name_ + ".dedw", {g, x}, {dw}, bytes_of(p), conv_text(p));
+        tensor_of_[outs[1]] = transpose(dw, {3, 2, 0, 1});
+      }
+      if (outs[2] >= 0)
+        tensor_of_[outs[2]] = reduce("reduce_sum_fwd", operand(n, 0), {0, 2, 3}, g_.value(outs[2]).shape());
+      return;
     } else if (o == "aten::embedding") {
       // (weight, indices, padding_idx, scale_grad_by_freq, sparse): rows of the table (its dim 0,
       // Synapse's dim 1) picked by the indices.
@@ -522,6 +561,32 @@ class Lowering {
     }
     if (r < 0) throw Unimplemented("node " + std::to_string(n.index()) + " (" + o + ") was not lowered");
     tensor_of_[out] = r;
+  }
+
+  // The convolution's parameters from its stride, padding and dilation (arguments `at` to at + 2),
+  // groups (at + 5) and the weight's [K, C, R, S].
+  syn::ConvolutionParams conv_params(const Node& n, size_t at, const std::vector<int64_t>& w) const {
+    const auto stride = n.arg(at).as_ints(), pad = n.arg(at + 1).as_ints(), dil = n.arg(at + 2).as_ints();
+    syn::ConvolutionParams p{};
+    p.kernel_w = static_cast<uint32_t>(w[3]);
+    p.kernel_h = static_cast<uint32_t>(w[2]);
+    p.stride_w = static_cast<uint32_t>(stride[1]);
+    p.stride_h = static_cast<uint32_t>(stride[0]);
+    p.pad_left = p.pad_right = static_cast<int32_t>(pad[1]);
+    p.pad_top = p.pad_bottom = static_cast<int32_t>(pad[0]);
+    p.dilation_w = static_cast<uint32_t>(dil[1]);
+    p.dilation_h = static_cast<uint32_t>(dil[0]);
+    p.activation.num_channels = 1;
+    p.groups = static_cast<uint32_t>(n.arg(at + 5).as_int());
+    return p;
+  }
+
+  static std::string conv_text(const syn::ConvolutionParams& p) {
+    return "kernel=" + std::to_string(p.kernel_w) + "x" + std::to_string(p.kernel_h) +
+           " stride=" + std::to_string(p.stride_w) + "x" + std::to_string(p.stride_h) +
+           " pad=" + std::to_string(p.pad_left) + "," + std::to_string(p.pad_right) + "," + std::to_string(p.pad_top) +
+           "," + std::to_string(p.pad_bottom) + " dilation=" + std::to_string(p.dilation_w) + "x" +
+           std::to_string(p.dilation_h) + " groups=" + std::to_string(p.groups);
   }
 
   static std::string nll_text(const syn::NllLossParams& p) {
@@ -580,13 +645,15 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
   if (!unary_kernels().count(o) && !binary_kernels().count(o) && !structural_ops().count(o))
     return "no Synapse lowering for " + o + " yet";
   for (int64_t v : n.outputs())
-    if (v < 0 && o != "aten::nll_loss_forward" && o != "aten::native_layer_norm_backward") return "an undefined result";
+    if (v < 0 && o != "aten::nll_loss_forward" && o != "aten::native_layer_norm_backward" &&
+        o != "aten::convolution_backward")
+      return "an undefined result";
   for (size_t i = 0; i < n.num_args(); ++i) {
     const auto a = n.arg(i);
     if (a.runtime_scalar() >= 0 && !runtime_scalar_allowed(o, i, a)) return "a run-time scalar argument";
   }
-  const bool several =
-      o == "aten::nll_loss_forward" || o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward";
+  const bool several = o == "aten::nll_loss_forward" || o == "aten::native_layer_norm" ||
+                       o == "aten::native_layer_norm_backward" || o == "aten::convolution_backward";
   if (!several && n.outputs().size() != 1) return "more than one result";
   // One float type per node (targets aside): the kernels are chosen by it.
   DLDataType first{};
@@ -624,6 +691,15 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
       return "an embedding table not of two dims";
     if (n.arg(o == "aten::embedding" ? 3 : 4).as_bool()) return "scale_grad_by_freq";
     if (o == "aten::embedding" && n.arg(4).as_bool()) return "a sparse embedding";
+  }
+  if (o == "aten::convolution" || o == "aten::convolution_backward") {
+    const bool bwd = o == "aten::convolution_backward";
+    const size_t at = bwd ? 4 : 3;
+    if (g.value(n.arg(bwd ? 1 : 0).tensor_index()).ndim() != 4) return "a convolution of other than [N, C, H, W]";
+    for (size_t i = at; i < at + 3; ++i)
+      if (n.arg(i).as_ints().size() != 2) return "strides, padding or dilation not given per spatial dim";
+    if (n.arg(at + 3).as_bool()) return "a transposed convolution";
+    if (n.arg(at + 5).as_int() != 1) return "a grouped convolution";
   }
   if (o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward") {
     const bool bwd = o == "aten::native_layer_norm_backward";

@@ -11,9 +11,9 @@
 // log_softmax and their backward; nll_loss and its backward over [N, C] (mean or sum, no class
 // weight); the optimizers' addcmul and addcdiv with run-time scalars (a persistent one-element
 // tensor each, written at every launch); clone, alias, detach; embedding (gather) and its dense
-// backward. In float32 only: layer norm over the last dim and its backward. int64 targets and
-// indices are int32 tensors on the device (narrowed on the way in). Everything else stays eager,
-// with the reason.
+// backward; 2-d convolution and its backward (spatial_convolution, dedx, dedw on NHWC tensors). In float32 only: layer
+// norm over the last dim and its backward. int64 targets and indices are int32 tensors on the device (narrowed on the
+// way in). Everything else stays eager, with the reason.
 #pragma once
 
 #include <cstdint>

@@ -238,6 +238,31 @@ std::string check_node(const FRecipe& r, const RNode& n) {
              shape_text(T(n.out[0]).shape);
     return "";
   }
+  if (base == "spatial_convolution" || base == "dedx" || base == "dedw") {
+    // NHWC: spatial_convolution (x [N,H,W,C], w [R,S,C,K]) -> y [N,H',W',K]; dedx (dy, w) -> dx;
+    // dedw (dy, x) -> dw. The stand-in takes symmetric padding.
+    if (!(e = count(2, 1)).empty()) return e;
+    if (!(e = same_dtype(T(n.in[0]).dtype)).empty()) return e;
+    if (!sfx.empty()) return "has a dtype suffix";
+    syn::ConvolutionParams p{};
+    if (!read_params(n, &p)) return "parameters are not a synConvolutionParams";
+    if (p.pad_left != p.pad_right || p.pad_top != p.pad_bottom) return "asymmetric padding";
+    if (p.groups != 1) return "groups other than 1";
+    for (int i : {n.in[0], n.in[1], n.out[0]})
+      if (T(i).shape.size() != 4) return "operand \"" + T(i).name + "\" is not of 4 dims";
+    const auto& x = base == "spatial_convolution" ? T(n.in[0]).shape
+                    : base == "dedx"              ? T(n.out[0]).shape
+                                                  : T(n.in[1]).shape;
+    const auto& w = base == "dedw" ? T(n.out[0]).shape : T(n.in[1]).shape;
+    const auto& y = base == "spatial_convolution" ? T(n.out[0]).shape : T(n.in[0]).shape;
+    if (w[0] != p.kernel_h || w[1] != p.kernel_w) return "the weight's R and S are not the kernel's size";
+    if (x[3] != w[2] || y[3] != w[3] || x[0] != y[0]) return "channels or batch do not line up";
+    const int64_t h = (x[1] + 2 * p.pad_top - p.dilation_h * (w[0] - 1) - 1) / p.stride_h + 1;
+    const int64_t wd = (x[2] + 2 * p.pad_left - p.dilation_w * (w[1] - 1) - 1) / p.stride_w + 1;
+    if (y[1] != h || y[2] != wd)
+      return "output " + shape_text(y) + " is not the convolution of " + shape_text(x) + " by " + shape_text(w);
+    return "";
+  }
   if (base == "reshape" || base == "memcpy" || base == "transpose") {
     if (!(e = count(1, 1)).empty()) return e;
     if (!(e = same_dtype(T(n.in[0]).dtype)).empty()) return e;
@@ -449,6 +474,28 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     o = at::sigmoid(in(0));
   } else if (base == "relu_fwd") {
     o = at::relu(in(0));
+  } else if (base == "spatial_convolution" || base == "dedx" || base == "dedw") {
+    syn::ConvolutionParams p{};
+    read_params(n, &p);
+    const std::vector<int64_t> stride = {p.stride_h, p.stride_w}, pad = {p.pad_top, p.pad_left},
+                               dil = {p.dilation_h, p.dilation_w};
+    auto nchw = [](const at::Tensor& t) { return t.permute({0, 3, 1, 2}); };
+    auto kcrs = [](const at::Tensor& t) { return t.permute({3, 2, 0, 1}); };
+    if (base == "spatial_convolution") {
+      o = at::convolution(nchw(in(0)), kcrs(in(1)), {}, stride, pad, dil, false, {0, 0}, 1).permute({0, 2, 3, 1});
+    } else if (base == "dedx") {
+      const auto& xs = shape;  // [N, H, W, C]
+      const at::Tensor x = at::empty({xs[0], xs[3], xs[1], xs[2]}, in(0).options());
+      o = std::get<0>(at::convolution_backward(nchw(in(0)), x, kcrs(in(1)), std::nullopt, stride, pad, dil, false,
+                                               {0, 0}, 1, {true, false, false}))
+              .permute({0, 2, 3, 1});
+    } else {
+      const auto& ws = shape;  // [R, S, C, K]
+      const at::Tensor w = at::empty({ws[3], ws[2], ws[0], ws[1]}, in(0).options());
+      o = std::get<1>(at::convolution_backward(nchw(in(0)), nchw(in(1)), w, std::nullopt, stride, pad, dil, false,
+                                               {0, 0}, 1, {false, true, false}))
+              .permute({2, 3, 1, 0});
+    }
   } else if (base == "gelu_fwd") {
     o = at::gelu(in(0));
   } else if (base == "gelu_bwd") {

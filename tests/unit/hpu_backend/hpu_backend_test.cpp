@@ -299,6 +299,30 @@ std::vector<OpCase> op_cases() {
          return std::vector<at::Tensor>{rn({}, t), rn({8, 10}, t), at::randint(0, 10, {8}, at::kLong), pos({}, t)};
        },
        2},
+      {"convolution and its backward (stride, padding, dilation, bias)", R"(graph {
+  input %0 : DT[4,6,11,9]{594,99,9,1} input "x"
+  input %1 : DT[8,6,3,3]{54,9,3,1} param "w"
+  input %2 : DT[8]{1} param "b"
+  input %3 : DT[4,8,6,5]{240,30,5,1} input "g"
+  input %4 : DT[4,8,7,7]{392,49,7,1} input "g2"
+  %5 : DT[4,8,6,5]{240,30,5,1} = aten::convolution(%0, %1, %2, i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1)
+  %6 : DT[4,8,7,7]{392,49,7,1} = aten::convolution(%0, %1, None, i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1)
+  %7 : DT[4,6,11,9]{594,99,9,1}, %8 : DT[8,6,3,3]{54,9,3,1}, %9 : DT[8]{1} = aten::convolution_backward(%3, %0, %1, i[8], i[2, 2], i[1, 1], i[1, 1], false, i[0, 0], 1, b[true, true, true])
+  %10 : DT[4,6,11,9]{594,99,9,1}, %11 : DT[8,6,3,3]{54,9,3,1}, %12 : DT[8]{1} = aten::convolution_backward(%4, %0, %1, i[8], i[1, 1], i[0, 1], i[2, 2], false, i[0, 0], 1, b[true, true, true])
+  output %5 result "conv"
+  output %6 result "conv_dilated"
+  output %7 result "dx"
+  output %8 result "dw"
+  output %9 result "db"
+  output %10 result "dx_dilated"
+  output %11 result "dw_dilated"
+  output %12 result "db_dilated"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({4, 6, 11, 9}, t), rn({8, 6, 3, 3}, t), rn({8}, t), rn({4, 8, 6, 5}, t),
+                                        rn({4, 8, 7, 7}, t)};
+       },
+       4},
       {"layer norm and its backward", R"(graph {
   input %0 : DT[2,5,12]{60,12,1} input "x"
   input %1 : DT[12]{1} param "w"
