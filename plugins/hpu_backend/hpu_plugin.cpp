@@ -184,7 +184,7 @@ class HpuGroup : public Executable {
         if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
           throw Error(KILN_ERROR_INVALID_ARGUMENT, "hpu_backend: input " + std::to_string(t.index) + " of " +
                                                        recipe_->name() + " holds " + std::to_string(x) +
-                                                       ", beyond the int32 the device reads targets as");
+                                                       ", beyond the int32 the device reads targets and indices as");
         const int32_t y = static_cast<int32_t>(x);
         std::memcpy(dst + i * 4, &y, 4);
       });
