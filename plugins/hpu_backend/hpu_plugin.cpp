@@ -368,8 +368,14 @@ class HpuPlugin : public Plugin {
     const std::string text = sg.dump();
     std::shared_ptr<SynapseLibrary> lib;
     std::shared_ptr<Device> device;
+    // No library: these nodes run eagerly, as where no plugin claims them. A library without a
+    // device to acquire is a device problem worth the warning the host gives an error.
     try {
       lib = SynapseLibrary::open(path);
+    } catch (const SynapseError& e) {
+      throw Unimplemented(std::string("hpu_backend: ") + e.what() + "; these nodes run eagerly");
+    }
+    try {
       device = Device::get(lib);
     } catch (const SynapseError& e) {
       throw Error(KILN_ERROR_UNAVAILABLE, std::string("hpu_backend: ") + e.what());
