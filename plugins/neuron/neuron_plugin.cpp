@@ -374,7 +374,7 @@ class SymbolicGroup : public Executable {
   using LogFn = std::function<void(const std::string&)>;
 
   SymbolicGroup(const Graph& symbolic, std::string policy, CompileFn compile, LogFn debug, LogFn warn)
-      : graph_(std::make_unique<SymbolicCopy>(symbolic)),
+      : graph_(std::make_unique<SymbolicGraphCopy>(symbolic)),
         policy_(std::move(policy)),
         compile_(std::move(compile)),
         debug_(std::move(debug)),
@@ -398,24 +398,11 @@ class SymbolicGroup : public Executable {
   }
 
  private:
-  struct SymbolicCopy {
-    explicit SymbolicCopy(const Graph& g) : copy(g), symbols(g.symbols()), sites(g.size_sites()) {
-      view = *copy.graph().raw();
-      view.num_symbols = symbols.size();
-      view.symbols = symbols.data();
-      view.num_size_sites = sites.size();
-      view.size_sites = sites.data();
-    }
-    ConcreteGraph copy;
-    std::vector<KilnSizeSymbol> symbols;
-    std::vector<KilnSizeSite> sites;
-    KilnGraphView view;
-  };
-  Graph symbolic() const { return Graph(&graph_->view); }
+  Graph symbolic() const { return graph_->graph(); }
 
   std::vector<int64_t> sizes_of(const DLTensor* in, size_t n_in) const {
     std::vector<int64_t> v;
-    for (const KilnSizeSymbol& s : graph_->symbols) {
+    for (const KilnSizeSymbol& s : graph_->symbols()) {
       if (s.input < 0 || static_cast<size_t>(s.input) >= n_in || s.dim < 0 || s.dim >= in[s.input].ndim)
         throw Error(KILN_ERROR_INTERNAL, "neuron: a size symbol on input " + std::to_string(s.input) + " dim " +
                                              std::to_string(s.dim) + " the call does not have");
@@ -427,7 +414,7 @@ class SymbolicGroup : public Executable {
   std::shared_ptr<PjrtGroup> at(const std::vector<int64_t>& sizes) {
     std::lock_guard<std::mutex> lock(mu_);
     const std::vector<int64_t> bucket = kiln::neuron::bucket_sizes(policy_, sizes);
-    const std::string nodes = std::to_string(graph_->view.num_nodes) + " nodes";
+    const std::string nodes = std::to_string(symbolic().num_nodes()) + " nodes";
     if (policy_ != "exact") {
       if (auto it = padded_.find(bucket); it != padded_.end()) return it->second;
       if (!refused_.count(bucket)) {
@@ -466,7 +453,7 @@ class SymbolicGroup : public Executable {
     return exe;
   }
 
-  std::unique_ptr<SymbolicCopy> graph_;
+  std::unique_ptr<SymbolicGraphCopy> graph_;
   std::string policy_;
   CompileFn compile_;
   LogFn debug_, warn_;

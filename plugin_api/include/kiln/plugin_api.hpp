@@ -849,6 +849,29 @@ class Executable {
   }
 };
 
+// An owned copy of a symbolic view that keeps its size symbols and sites (ConcreteGraph drops
+// them): for an executable that makes the concrete graph of each size it meets later.
+class SymbolicGraphCopy {
+ public:
+  explicit SymbolicGraphCopy(const Graph& g) : copy_(g), symbols_(g.symbols()), sites_(g.size_sites()) {
+    view_ = *copy_.graph().raw();
+    view_.num_symbols = symbols_.size();
+    view_.symbols = symbols_.data();
+    view_.num_size_sites = sites_.size();
+    view_.size_sites = sites_.data();
+  }
+  SymbolicGraphCopy(const SymbolicGraphCopy&) = delete;
+  SymbolicGraphCopy& operator=(const SymbolicGraphCopy&) = delete;
+  Graph graph() const { return Graph(&view_); }
+  const std::vector<KilnSizeSymbol>& symbols() const { return symbols_; }
+
+ private:
+  ConcreteGraph copy_;
+  std::vector<KilnSizeSymbol> symbols_;
+  std::vector<KilnSizeSite> sites_;
+  KilnGraphView view_;
+};
+
 // An executable that serves every size of a symbolic view by compiling the concrete graph of each
 // size it meets (ConcreteGraph) with `compile` and keeping the last `keep` of them: for a plugin
 // whose compile of a size it has seen the kernels of is cheap (it keeps its kernels by something
@@ -859,7 +882,7 @@ class ExecutableForEverySize : public Executable {
   using CompileFn = std::function<std::unique_ptr<Executable>(const Graph&)>;
   // `first`: the executable compiled for the view's own sizes (kept as that size's).
   ExecutableForEverySize(const Graph& symbolic, std::unique_ptr<Executable> first, CompileFn compile, size_t keep = 64)
-      : graph_(std::make_shared<SymbolicCopy>(symbolic)), compile_(std::move(compile)), keep_(keep) {
+      : graph_(std::make_shared<SymbolicGraphCopy>(symbolic)), compile_(std::move(compile)), keep_(keep) {
     serves_all_sizes = true;
     inplace_outputs = first->inplace_outputs;
     entries_.push_back({symbolic.symbol_hints(), std::shared_ptr<Executable>(std::move(first))});
@@ -877,21 +900,7 @@ class ExecutableForEverySize : public Executable {
   }
 
  private:
-  // The symbolic view's own copy, with its symbols and sites, kept for later sizes.
-  struct SymbolicCopy {
-    explicit SymbolicCopy(const Graph& g) : copy(g), symbols(g.symbols()), sites(g.size_sites()) {
-      view = *copy.graph().raw();
-      view.num_symbols = symbols.size();
-      view.symbols = symbols.data();
-      view.num_size_sites = sites.size();
-      view.size_sites = sites.data();
-    }
-    ConcreteGraph copy;
-    std::vector<KilnSizeSymbol> symbols;
-    std::vector<KilnSizeSite> sites;
-    KilnGraphView view;
-  };
-  std::vector<int64_t> hints() const { return Graph(&graph_->view).symbol_hints(); }
+  std::vector<int64_t> hints() const { return graph_->graph().symbol_hints(); }
   std::shared_ptr<Executable> at(const std::vector<int64_t>& sizes) {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < entries_.size(); ++i) {
@@ -901,14 +910,14 @@ class ExecutableForEverySize : public Executable {
                     entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1);
       return entries_.front().second;
     }
-    ConcreteGraph concrete(Graph(&graph_->view), &sizes);
+    ConcreteGraph concrete(graph_->graph(), &sizes);
     std::shared_ptr<Executable> exe = compile_(concrete.graph());
     if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
     entries_.insert(entries_.begin(), {sizes, exe});
     if (entries_.size() > keep_) entries_.pop_back();  // one running keeps its own reference
     return exe;
   }
-  std::shared_ptr<const SymbolicCopy> graph_;
+  std::shared_ptr<const SymbolicGraphCopy> graph_;
   CompileFn compile_;
   size_t keep_;
   std::mutex mu_;
