@@ -32,8 +32,8 @@ at::Tensor mode_centres() {
 }
 
 // `n` points of the real distribution: a mode chosen at random, plus Gaussian noise.
-at::Tensor sample_ring(int64_t n) {
-  return mode_centres().index_select(0, torch::randint(kModes, {n})) + kSpread * torch::randn({n, 2});
+at::Tensor sample_ring(int64_t n, const at::Device& device) {
+  return (mode_centres().index_select(0, torch::randint(kModes, {n})) + kSpread * torch::randn({n, 2})).to(device);
 }
 
 struct Quality {
@@ -41,7 +41,8 @@ struct Quality {
   int64_t modes_covered;
 };
 
-Quality measure(const at::Tensor& points) {
+Quality measure(const at::Tensor& generated) {
+  const at::Tensor points = generated.to(at::kCPU, at::kFloat);
   const auto [distance, nearest] = torch::cdist(points, mode_centres()).min(1);
   const at::Tensor near = distance < 3 * kSpread;
   const at::Tensor per_mode = torch::bincount(nearest.masked_select(near), {}, kModes);
@@ -53,16 +54,20 @@ Quality measure(const at::Tensor& points) {
 
 int main(int argc, char** argv) try {
   int64_t steps = 1000;
-  std::string precision = "auto";
+  std::string precision = "auto", device = "cpu";
+  auto usage = [] {
+    std::fprintf(stderr, "usage: kiln_gan [--steps N] [--device cpu|cuda] [--precision auto|fp32|bf16]\n");
+    return 2;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--steps" && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (flag == "--precision" && i + 1 < argc) precision = argv[++i];
-    else {
-      std::fprintf(stderr, "usage: kiln_gan [--steps N] [--precision auto|fp32|bf16]\n");
-      return 2;
-    }
+    else if (flag == "--device" && i + 1 < argc) device = argv[++i];
+    else return usage();
   }
+  if (device != "cpu" && device != "cuda") return usage();
+  const at::Device dev = device == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
 
   // The networks are tiny (layers 128 wide, batches of 256 points): an op split across threads costs
   // more in hand-offs than it saves, and on a busy machine the threads wait on each other far longer.
@@ -72,6 +77,8 @@ int main(int argc, char** argv) try {
                                   torch::nn::ReLU(), torch::nn::Linear(128, 2));
   torch::nn::Sequential discriminator(torch::nn::Linear(2, 128), torch::nn::LeakyReLU(), torch::nn::Linear(128, 128),
                                       torch::nn::LeakyReLU(), torch::nn::Linear(128, 1));
+  generator->to(dev);
+  discriminator->to(dev);
   const auto adam = torch::optim::AdamOptions(2e-3).betas({0.5, 0.999});
   torch::optim::Adam generator_optimizer(generator->parameters(), adam);
   torch::optim::Adam discriminator_optimizer(discriminator->parameters(), adam);
@@ -79,20 +86,21 @@ int main(int argc, char** argv) try {
 
   kiln::TrainingArguments args;
   args.torch_compile = true;  // the default backend for this machine
-  // bfloat16 autocast over the forwards and losses where the CPU computes bfloat16 in hardware
+  // bfloat16 autocast over the forwards and losses where the device computes bfloat16 in hardware
   // (--precision auto), as the Trainer would with bf16 = true; the backwards run outside it.
-  std::printf("precision: %s\n", kiln::choose_precision(args, precision, at::Device(at::kCPU)).c_str());
+  std::printf("precision: %s\n", kiln::choose_precision(args, precision, dev).c_str());
   const at::ScalarType amp = args.bf16 ? at::kBFloat16 : at::kFloat;
   kiln::CompiledStep gan_step = kiln::compile_step(
       [&](const std::vector<at::Tensor>& inputs) {
         const at::Tensor& real = inputs[0];
-        const at::Tensor ones = torch::ones({real.size(0), 1}), zeros = torch::zeros({real.size(0), 1});
+        const at::Tensor ones = torch::ones({real.size(0), 1}, real.options()),
+                         zeros = torch::zeros({real.size(0), 1}, real.options());
         // The discriminator learns to call real points real and generated ones fake.
         discriminator_optimizer.zero_grad();
         at::Tensor fake, d_loss, g_loss;
         {
-          kiln::AutocastGuard autocast(amp, at::kCPU);
-          fake = generator->forward(torch::randn({real.size(0), kNoise}));
+          kiln::AutocastGuard autocast(amp, dev.type());
+          fake = generator->forward(torch::randn({real.size(0), kNoise}, real.options()));
           d_loss = F::binary_cross_entropy_with_logits(discriminator->forward(real), ones) +
                    F::binary_cross_entropy_with_logits(discriminator->forward(fake.detach()), zeros);
         }
@@ -101,7 +109,7 @@ int main(int argc, char** argv) try {
         // The generator learns to make the updated discriminator call its points real.
         generator_optimizer.zero_grad();
         {
-          kiln::AutocastGuard autocast(amp, at::kCPU);
+          kiln::AutocastGuard autocast(amp, dev.type());
           g_loss = F::binary_cross_entropy_with_logits(discriminator->forward(fake), ones);
         }
         g_loss.backward();
@@ -113,12 +121,12 @@ int main(int argc, char** argv) try {
 
   auto generate = [&](int64_t n) {
     torch::NoGradGuard no_grad;
-    return generator->forward(torch::randn({n, kNoise}));
+    return generator->forward(torch::randn({n, kNoise}, torch::device(dev)));
   };
   const Quality before = measure(generate(2000));
   const auto start = std::chrono::steady_clock::now();
   for (int64_t step = 1; step <= steps; ++step) {
-    const std::vector<at::Tensor> losses = gan_step({sample_ring(256)});
+    const std::vector<at::Tensor> losses = gan_step({sample_ring(256, dev)});
     if (step % std::max<int64_t>(1, steps / 10) == 0)
       std::printf("step %lld: discriminator loss %.3f, generator loss %.3f, near a mode %.3f\n",
                   static_cast<long long>(step), losses[0].item<double>(), losses[1].item<double>(),
