@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -734,6 +736,246 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
 
 SynGraph lower(const Graph& g) { return Lowering(g).run(); }
 
+double constant_value(const SynGraph& g, const SynNode& n) {
+  syn::ConstantParams p{};
+  std::memcpy(&p, n.params.data(), std::min(n.params.size(), sizeof p));
+  return g.tensors[static_cast<size_t>(n.outputs.at(0))].dtype == syn::kTypeInt32 ? p.constant.i : p.constant.f;
+}
+
+std::optional<SynGraph> dynamic_graph(const SynGraph& low, const SynGraph& high, std::string* why) {
+  auto refuse = [&](const std::string& m) -> std::optional<SynGraph> {
+    *why = m;
+    return std::nullopt;
+  };
+  if (low.tensors.size() != high.tensors.size() || low.nodes.size() != high.nodes.size() || low.inputs != high.inputs ||
+      low.outputs != high.outputs || low.scalars != high.scalars)
+    return refuse("its lowerings at the smallest and largest sizes differ in their tensors or nodes");
+  SynGraph g = high;
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    SynTensor& t = g.tensors[i];
+    const SynTensor& l = low.tensors[i];
+    if (l.shape.size() != t.shape.size() || l.dtype != t.dtype || l.kind != t.kind || l.name != t.name)
+      return refuse(
+          "tensor "
+          " + t.name + "
+          " has another rank or dtype at the smallest sizes");
+    for (size_t d = 0; d < t.shape.size(); ++d)
+      if (l.shape[d] > t.shape[d])
+        return refuse(
+            "tensor "
+            " + t.name + "
+            " is smaller at the largest sizes");
+    if (l.shape != t.shape) {
+      if (t.kind == SynTensor::Kind::kScalar) return refuse("a run-time scalar whose sizes change");
+      t.min_shape = l.shape;
+    }
+  }
+  // Constants whose value follows the sizes become persistent size scalars (a launch writes the
+  // value the lowering at its sizes gives); their node leaves the graph.
+  std::vector<SynNode> nodes;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const SynNode& n = g.nodes[k];
+    const SynNode& l = low.nodes[k];
+    if (n.guid != l.guid || n.inputs != l.inputs || n.outputs != l.outputs)
+      return refuse("node " + n.name + " (" + n.guid + ") differs between its smallest and largest sizes");
+    if (n.params == l.params) {
+      nodes.push_back(n);
+      continue;
+    }
+    SynTensor& out = g.tensors[static_cast<size_t>(n.outputs.at(0))];
+    if (n.guid.rfind("constant_", 0) != 0 || out.kind != SynTensor::Kind::kWorkspace || out.dynamic())
+      return refuse("node " + n.name + " (" + n.guid + ") has parameters that follow the sizes (" + l.params_text +
+                    " at the smallest, " + n.params_text + " at the largest)");
+    out.kind = SynTensor::Kind::kSizeScalar;
+    out.index = static_cast<int64_t>(k);
+    out.name = "size_scalar" + std::to_string(g.size_scalars.size());
+    g.size_scalars.push_back(n.outputs[0]);
+  }
+  g.nodes = std::move(nodes);
+  // A reshape whose output changes size reads its actual sizes from a shape tensor.
+  for (SynNode& n : g.nodes) {
+    if (n.guid != "reshape") continue;
+    const int32_t o = n.outputs.at(0);
+    if (!g.tensors[static_cast<size_t>(o)].dynamic()) continue;
+    SynTensor st;
+    st.name = "shape" + std::to_string(g.shape_tensors.size());
+    st.shape = g.tensors[static_cast<size_t>(o)].shape;
+    st.min_shape = g.tensors[static_cast<size_t>(o)].min_shape;
+    st.dtype = syn::kTypeInt32;
+    st.kind = SynTensor::Kind::kShape;
+    st.index = o;
+    g.tensors.push_back(st);
+    const int32_t id = static_cast<int32_t>(g.tensors.size() - 1);
+    g.shape_tensors.push_back(id);
+    n.inputs.push_back(id);
+  }
+  return g;
+}
+
+namespace {
+
+// c * (the product of free symbols), c = num / den: a tensor's element count over the symbols.
+struct Monomial {
+  int64_t num = 1, den = 1;
+  std::vector<int32_t> symbols;  // sorted, with repeats
+  void times(int64_t n, int64_t d) {
+    num *= n;
+    den *= d;
+    const int64_t g = std::gcd(num, den);
+    if (g > 1) num /= g, den /= g;
+  }
+};
+
+}  // namespace
+
+std::vector<SymbolRelation> symbol_relations(const Graph& symbolic) {
+  const auto symbols = symbolic.symbols();
+  std::vector<SymbolRelation> rel(symbols.size());
+  std::map<std::pair<int64_t, int64_t>, KilnSizeSite> shape_site;
+  for (const KilnSizeSite& s : symbolic.size_sites())
+    if (s.kind == KILN_SIZE_SITE_SHAPE) shape_site[{s.at, s.elem}] = s;
+  // The element count of value v with derived symbols written out; empty where a dim is not a
+  // monomial (a site with a constant term).
+  auto count = [&](int64_t v) -> std::optional<Monomial> {
+    Monomial m;
+    const auto shape = symbolic.value(v).shape();
+    for (size_t d = 0; d < shape.size(); ++d) {
+      auto it = shape_site.find({v, static_cast<int64_t>(d)});
+      if (it == shape_site.end()) {
+        m.times(shape[d], 1);
+        continue;
+      }
+      const KilnSizeSite& s = it->second;
+      if (s.constant != 0 || s.reciprocal || s.num <= 0) return std::nullopt;
+      m.times(s.num, s.den);
+      for (int32_t k = 0; k < s.num_factors; ++k) {
+        const int32_t f = s.factors[k];
+        if (f < 0 || static_cast<size_t>(f) >= rel.size()) return std::nullopt;
+        const SymbolRelation& r = rel[static_cast<size_t>(f)];
+        if (!r.derived) {
+          m.symbols.push_back(f);
+          continue;
+        }
+        m.times(r.num, r.den);
+        m.symbols.insert(m.symbols.end(), r.factors.begin(), r.factors.end());
+      }
+    }
+    std::sort(m.symbols.begin(), m.symbols.end());
+    return m;
+  };
+  // A reshape keeps the element count: where, the common symbols cancelled, one side has a single
+  // symbol the other lacks, that symbol is the other side over the rest. Until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < symbolic.num_nodes(); ++i) {
+      const Node n = symbolic.node(static_cast<int64_t>(i));
+      const std::string o = n.op();
+      if (o != "aten::view" && o != "aten::_unsafe_view" && o != "aten::reshape") continue;
+      auto a = count(n.arg(0).tensor_index()), b = count(n.outputs().at(0));
+      if (!a || !b) continue;
+      std::vector<int32_t> only_a, only_b;
+      std::set_difference(a->symbols.begin(), a->symbols.end(), b->symbols.begin(), b->symbols.end(),
+                          std::back_inserter(only_a));
+      std::set_difference(b->symbols.begin(), b->symbols.end(), a->symbols.begin(), a->symbols.end(),
+                          std::back_inserter(only_b));
+      // Where either side could be the derived one ([8, T] viewed as [8T]: T = 8T / 8 or 8T = 8 * T),
+      // the one that is a whole multiple of the rest (8T), so the free symbols stay the smaller.
+      auto whole = [](const Monomial& x, const Monomial& y) { return (y.num * x.den) % (y.den * x.num) == 0; };
+      if (only_a.size() != 1 || (only_b.size() == 1 && !whole(*a, *b) && whole(*b, *a)))
+        std::swap(a, b), std::swap(only_a, only_b);
+      if (only_a.size() != 1 || std::count(only_b.begin(), only_b.end(), only_a[0])) continue;
+      // a.c * x = b.c * rest, so x = (b.c / a.c) * rest.
+      const int32_t x = only_a[0];
+      SymbolRelation r;
+      r.derived = true;
+      Monomial c;
+      c.times(b->num * a->den, b->den * a->num);
+      r.num = c.num, r.den = c.den;
+      r.factors = only_b;
+      rel[static_cast<size_t>(x)] = r;
+      // Relations written with x before are written without it now.
+      for (auto& other : rel) {
+        if (!other.derived || !std::count(other.factors.begin(), other.factors.end(), x)) continue;
+        std::vector<int32_t> f;
+        Monomial m;
+        m.times(other.num, other.den);
+        for (int32_t k : other.factors) {
+          if (k != x) {
+            f.push_back(k);
+            continue;
+          }
+          m.times(r.num, r.den);
+          f.insert(f.end(), r.factors.begin(), r.factors.end());
+        }
+        std::sort(f.begin(), f.end());
+        other.num = m.num, other.den = m.den, other.factors = f;
+      }
+      changed = true;
+    }
+  }
+  // Steps: a site that is c * s for one free symbol s with c = num / den needs s a multiple of den.
+  for (const KilnSizeSite& s : symbolic.size_sites()) {
+    if (s.num_factors < 1 || s.num_factors > 2 || s.num == 0) continue;
+    Monomial m;
+    m.times(s.num < 0 ? -s.num : s.num, s.den);
+    bool ok = true;
+    for (int32_t k = 0; k < s.num_factors && ok; ++k) {
+      const int32_t f = s.factors[k];
+      ok = f >= 0 && static_cast<size_t>(f) < rel.size();
+      if (!ok) break;
+      const SymbolRelation& r = rel[static_cast<size_t>(f)];
+      if (!r.derived) {
+        m.symbols.push_back(f);
+      } else {
+        m.times(r.num, r.den);
+        m.symbols.insert(m.symbols.end(), r.factors.begin(), r.factors.end());
+      }
+    }
+    if (!ok || m.symbols.size() != 1 || m.den == 1) continue;
+    int64_t& step = rel[static_cast<size_t>(m.symbols[0])].step;
+    step = std::lcm(step, m.den);
+  }
+  return rel;
+}
+
+std::optional<kiln::plugin::SizeBucket> size_range(const std::vector<SymbolRelation>& relations,
+                                                   const std::string& policy, const std::vector<int64_t>& sizes) {
+  if (relations.size() != sizes.size()) return std::nullopt;
+  std::vector<int64_t> free;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) free.push_back(sizes[i]);
+  auto fb = kiln::plugin::size_bucket(policy, free, "[plugin.hpu_backend] buckets");
+  // Both ends on a multiple of the symbol's step (the call's own size is one).
+  for (size_t i = 0, k = 0; i < sizes.size(); ++i) {
+    if (relations[i].derived) continue;
+    const int64_t st = relations[i].step;
+    if (sizes[i] % st != 0) return std::nullopt;
+    fb.low[k] = (fb.low[k] + st - 1) / st * st;
+    fb.high[k] = (fb.high[k] + st - 1) / st * st;
+    ++k;
+  }
+  kiln::plugin::SizeBucket b{sizes, sizes};
+  // Each derived symbol at the free ones' values `at`; nullopt where it is not an integer >= 2.
+  auto value = [&](const SymbolRelation& r, const std::vector<int64_t>& at) -> std::optional<int64_t> {
+    int64_t p = r.num;
+    for (int32_t f : r.factors) p *= at[static_cast<size_t>(f)];
+    if (p % r.den != 0 || p / r.den < 2) return std::nullopt;
+    return p / r.den;
+  };
+  std::vector<int64_t> low = sizes, high = sizes;
+  for (size_t i = 0, k = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) low[i] = fb.low[k], high[i] = fb.high[k++];
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!relations[i].derived) continue;
+    const auto at = value(relations[i], sizes), lo = value(relations[i], low), hi = value(relations[i], high);
+    if (!at || *at != sizes[i] || !lo || !hi) return std::nullopt;
+    b.low[i] = *lo, b.high[i] = *hi;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) b.low[i] = low[i], b.high[i] = high[i];
+  return b;
+}
+
 std::string SynGraph::dump() const {
   std::ostringstream s;
   s << "synapse graph {\n";
@@ -742,13 +984,15 @@ std::string SynGraph::dump() const {
       case SynTensor::Kind::kInput: return " input " + std::to_string(t.index);
       case SynTensor::Kind::kOutput: return " output " + std::to_string(t.index);
       case SynTensor::Kind::kScalar: return " runtime_scalar " + std::to_string(t.index);
+      case SynTensor::Kind::kSizeScalar: return " size_scalar of node " + std::to_string(t.index);
+      case SynTensor::Kind::kShape: return " shape_of " + std::to_string(t.index);
       default: return "";
     }
   };
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
-    s << "  tensor " << i << " \"" << t.name << "\" " << dtype_suffix(t.dtype) << ints_text(t.shape) << kind(t)
-      << (t.widened ? " int64_on_host" : "") << "\n";
+    s << "  tensor " << i << " \"" << t.name << "\" " << dtype_suffix(t.dtype) << ints_text(t.shape)
+      << (t.dynamic() ? " min" + ints_text(t.min_shape) : "") << kind(t) << (t.widened ? " int64_on_host" : "") << "\n";
   }
   for (const auto& n : nodes) {
     s << "  node " << n.guid << " \"" << n.name << "\" (";
