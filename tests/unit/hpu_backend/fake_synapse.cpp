@@ -590,12 +590,14 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
     o = dx;
   } else if (base == "batch_norm_fwd") {
-    // Training: ATen's functional batch norm on the NCHW view of the input (the running
-    // statistics updated with momentum, the variance unbiased), the result back to NHWC.
+    // Training: ATen's functional batch norm on the input as a dense NCHW tensor (the running
+    // statistics updated with momentum, the variance unbiased), the result back to NHWC. Dense, as
+    // eager has it: ATen's channels-last kernels sum in another order, and a channel's sum of
+    // gradients that nearly cancels then differs far beyond float32's rounding.
     syn::BatchNormParams p{};
     read_params(n, &p);
-    auto [y, mean, istd, rm, rv] = at::_native_batch_norm_legit_functional(in(0).permute({0, 3, 1, 2}), in(2), in(1),
-                                                                           in(3), in(4), true, p.momentum, p.epsilon);
+    auto [y, mean, istd, rm, rv] = at::_native_batch_norm_legit_functional(
+        in(0).permute({0, 3, 1, 2}).contiguous(), in(2), in(1), in(3), in(4), true, p.momentum, p.epsilon);
     env[static_cast<size_t>(n.out[1])] = mean.to(at::kFloat).contiguous();
     env[static_cast<size_t>(n.out[2])] = istd.to(at::kFloat).contiguous();
     env[static_cast<size_t>(n.out[3])] = rm.to(at::kFloat).contiguous();
@@ -604,8 +606,9 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
   } else if (base == "batch_norm_bwd") {
     syn::BatchNormParams p{};
     read_params(n, &p);
-    auto [dx, dw, db] = at::native_batch_norm_backward(in(1).permute({0, 3, 1, 2}), in(0).permute({0, 3, 1, 2}), in(4),
-                                                       {}, {}, in(2), in(3), true, p.epsilon, {true, true, true});
+    auto [dx, dw, db] = at::native_batch_norm_backward(in(1).permute({0, 3, 1, 2}).contiguous(),
+                                                       in(0).permute({0, 3, 1, 2}).contiguous(), in(4), {}, {}, in(2),
+                                                       in(3), true, p.epsilon, {true, true, true});
     env[static_cast<size_t>(n.out[1])] = db.to(at::kFloat).contiguous();
     env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
     o = dx.permute({0, 2, 3, 1});
