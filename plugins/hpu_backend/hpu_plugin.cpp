@@ -225,9 +225,9 @@ class HpuGroup : public Executable {
         int64_t x;
         std::memcpy(&x, src + off * 8, 8);
         if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
-          throw Error(KILN_ERROR_INVALID_ARGUMENT, "hpu_backend: input " + std::to_string(t.index) + " of " +
-                                                       recipe_->name() + " holds " + std::to_string(x) +
-                                                       ", beyond the int32 the device reads targets and indices as");
+          throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                      "hpu_backend: input " + std::to_string(t.index) + " of " + recipe_->name() + " holds " +
+                          std::to_string(x) + ", beyond the int32 the device reads targets, indices and counters as");
         const int32_t y = static_cast<int32_t>(x);
         std::memcpy(dst + i * 4, &y, 4);
       });

@@ -152,6 +152,21 @@ struct LayerNormParams {
   float eps;
 };
 
+// batch_norm_fwd / batch_norm_bwd: per channel (the fastest dim of NHWC tensors), over the others;
+// in training the forward normalizes with the batch's statistics and updates the running ones
+// with momentum. threshold is read by the integer kernels only.
+struct BatchNormParams {
+  FloatOrInt threshold;
+  float momentum;
+  float epsilon;
+  bool is_training;
+};
+
+// gelu_fwd / gelu_bwd: the tanh approximation when set, else the exact (erf) form.
+struct GeluParams {
+  bool approximation;
+};
+
 // gather_fwd: rows of the table along one dim (fastest-first numbering) picked by int32 indices.
 struct GatherParams {
   int32_t axis;

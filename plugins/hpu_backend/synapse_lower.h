@@ -7,13 +7,15 @@
 // What it lowers, float32 and bfloat16: mm, addmm and bmm (MME gemm / batch_gemm, a transpose of
 // an operand folded into the GEMM's transpose flag), t, permute, transpose, view, reshape;
 // element-wise add, sub, mul, div of tensors or Scalars with alpha, neg, exp, log, sqrt, rsqrt,
-// tanh, sigmoid, relu and exact gelu with their backward; sum and mean over dims; softmax and
-// log_softmax and their backward; nll_loss and its backward over [N, C] (mean or sum, no class
-// weight); the optimizers' addcmul and addcdiv with run-time scalars (a persistent one-element
-// tensor each, written at every launch); clone, alias, detach; embedding (gather) and its dense
-// backward; 2-d convolution and its backward (spatial_convolution, dedx, dedw on NHWC tensors). In float32 only: layer
-// norm over the last dim and its backward. int64 targets and indices are int32 tensors on the device (narrowed on the
-// way in). Everything else stays eager, with the reason.
+// tanh, sigmoid, relu and gelu (exact or tanh) with their backward; sum and mean over dims;
+// softmax and log_softmax and their backward; nll_loss and its backward over [N, C] (mean, sum or
+// none, no class weight); the optimizers' addcmul and addcdiv with run-time scalars (a persistent
+// one-element tensor each, written at every launch); clone, alias, detach; embedding (gather) and
+// its dense backward; 2-d convolution and its backward (spatial_convolution, dedx, dedw on NHWC
+// tensors); layer norm over the last dim and training batch norm (NHWC), with their backward,
+// their weights and statistics float32 in the kernels. int64 targets and indices are int32
+// tensors on the device (narrowed on the way in), and so is a one-element int64 counter stepped by
+// a constant (batch norm's num_batches_tracked). Everything else stays eager, with the reason.
 #pragma once
 
 #include <cstdint>

@@ -219,8 +219,8 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (sfx == "i32") return syn::kTypeInt32;
     return syn::kTypeInt8;
   };
-  static const std::set<std::string> unary = {"neg_fwd",  "exp_fwd",     "log_fwd",  "sqrt_fwd", "rsqrt_fwd",
-                                              "tanh_fwd", "sigmoid_fwd", "relu_fwd", "gelu_fwd"};
+  static const std::set<std::string> unary = {"neg_fwd",   "exp_fwd",  "log_fwd",     "sqrt_fwd",
+                                              "rsqrt_fwd", "tanh_fwd", "sigmoid_fwd", "relu_fwd"};
   static const std::set<std::string> binary = {"add_fwd", "sub_fwd", "mult_fwd", "div_fwd"};
   std::string e;
   if (base == "gemm" || base == "batch_gemm") {
@@ -327,9 +327,11 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (T(n.in[0]).shape != T(n.out[0]).shape) return "input and output sizes differ";
     return same_dtype(dt);
   }
-  if (base == "gelu_bwd") {
-    if (!(e = count(2, 1)).empty()) return e;
-    if (!n.params.empty()) return "takes no parameters";
+  if (base == "gelu_fwd" || base == "gelu_bwd") {
+    // fwd (x) -> y; bwd (grad, x) -> grad_x; the parameter picks the tanh approximation.
+    if (!(e = count(base == "gelu_bwd" ? 2 : 1, 1)).empty()) return e;
+    syn::GeluParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_GeluKernel::Params";
     for (int i : n.in)
       if (T(i).shape != T(n.out[0]).shape) return "operand sizes differ";
     return same_dtype(dt);
@@ -385,6 +387,8 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     return "";
   }
   if (base == "nll_loss_fwd" || base == "nll_loss_bwd") {
+    // fwd (x, target) -> loss; bwd (x, target, grad of the loss) -> grad_x. The loss (and its
+    // grad) is one element, or one per row in none mode.
     const bool bwd = base == "nll_loss_bwd";
     if (!(e = count(bwd ? 3 : 2, 1)).empty()) return e;
     syn::NllLossParams p{};
@@ -395,17 +399,24 @@ std::string check_node(const FRecipe& r, const RNode& n) {
       return "takes " + sfx + " log-probabilities and int32 targets";
     if (x.shape.size() != 2 || t.shape != std::vector<int64_t>{x.shape[0]})
       return "log-probabilities " + shape_text(x.shape) + " and targets " + shape_text(t.shape) + " do not match";
-    if (p.mode != syn::kNllMean && p.mode != syn::kNllSum) return "unknown mode";
+    if (p.mode != syn::kNllMean && p.mode != syn::kNllSum && p.mode != syn::kNllNone) return "unknown mode";
     if (bwd && (T(n.out[0]).shape != x.shape || T(n.in[2]).dtype != dt)) return "grad_input must match the input";
-    if (!bwd && T(n.out[0]).shape != std::vector<int64_t>{1}) return "the loss is one element";
+    const std::vector<int64_t> loss = p.mode == syn::kNllNone ? t.shape : std::vector<int64_t>{1};
+    if (T(bwd ? n.in[2] : n.out[0]).shape != loss) return "the loss is not " + shape_text(loss);
     return "";
   }
   if (base == "layer_norm_fwd" || base == "layer_norm_bwd") {
-    // fwd (x, gamma, beta) -> (y, mean, rstd); bwd (x, grad_y, mean, rstd, gamma) -> (grad_x,
-    // grad_gamma, grad_beta): over the fastest dim, mean and rstd of the input's rank with it 1.
+    // fwd (x, beta, gamma) -> (y, mean, rstd); bwd (x, grad_y, mean, rstd, gamma) -> (grad_x,
+    // grad_beta, grad_gamma): over the fastest dim, mean and rstd of the input's rank with it 1.
+    // x, y and their grads are of the kernel's dtype; gamma, beta, mean, rstd and their grads float32.
     const bool bwd = base == "layer_norm_bwd";
     if (!(e = count(bwd ? 5 : 3, 3)).empty()) return e;
-    if (!(e = same_dtype(dt)).empty()) return e;
+    for (size_t i = 0; i < n.in.size(); ++i)
+      if (T(n.in[i]).dtype != (i < (bwd ? 2u : 1u) ? dt : syn::kTypeFloat))
+        return "input " + std::to_string(i) + " is " + suffix_of(T(n.in[i]).dtype);
+    for (size_t i = 0; i < n.out.size(); ++i)
+      if (T(n.out[i]).dtype != (i == 0 ? dt : syn::kTypeFloat))
+        return "output " + std::to_string(i) + " is " + suffix_of(T(n.out[i]).dtype);
     syn::LayerNormParams p{};
     if (!read_params(n, &p)) return "parameters are not ns_LayerNormKernel::Params";
     const auto& x = T(n.in[0]).shape;
@@ -421,6 +432,30 @@ std::string check_node(const FRecipe& r, const RNode& n) {
       if (T(n.in[i]).shape != ins[i]) return "input " + std::to_string(i) + " is not " + shape_text(ins[i]);
     for (size_t i = 0; i < outs.size(); ++i)
       if (T(n.out[i]).shape != outs[i]) return "output " + std::to_string(i) + " is not " + shape_text(outs[i]);
+    return "";
+  }
+  if (base == "batch_norm_fwd" || base == "batch_norm_bwd") {
+    // On NHWC tensors ([N, H, W, C], C fastest), per channel. fwd (x, beta, gamma, running_mean,
+    // running_var) -> (y, mean, istd, running_mean', running_var'); bwd (x, grad_y, mean, istd,
+    // gamma) -> (grad_x, grad_beta, grad_gamma). x, y and their grads are of the kernel's dtype,
+    // every per-channel tensor float32 of [C].
+    const bool bwd = base == "batch_norm_bwd";
+    if (!(e = count(5, bwd ? 3 : 5)).empty()) return e;
+    syn::BatchNormParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_BatchNormKernel::ParamsV2";
+    if (!p.is_training) return "the stand-in runs training batch norm only";
+    const auto& x = T(n.in[0]).shape;
+    if (x.size() != 4) return "an input of other than 4 dims";
+    const std::vector<int64_t> c = {x[3]};
+    for (size_t i = 0; i < n.in.size(); ++i) {
+      const bool big = i == 0 || (bwd && i == 1);
+      if (T(n.in[i]).dtype != (big ? dt : syn::kTypeFloat) || T(n.in[i]).shape != (big ? x : c))
+        return "input " + std::to_string(i) + " is " + suffix_of(T(n.in[i]).dtype) + shape_text(T(n.in[i]).shape);
+    }
+    for (size_t i = 0; i < n.out.size(); ++i) {
+      if (T(n.out[i]).dtype != (i == 0 ? dt : syn::kTypeFloat) || T(n.out[i]).shape != (i == 0 ? x : c))
+        return "output " + std::to_string(i) + " is " + suffix_of(T(n.out[i]).dtype) + shape_text(T(n.out[i]).shape);
+    }
     return "";
   }
   if (base == "gather_fwd" || base == "embedding_dense_pt_bwd") {
@@ -527,10 +562,11 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
                                                {0, 0}, 1, {false, true, false}))
               .permute({2, 3, 1, 0});
     }
-  } else if (base == "gelu_fwd") {
-    o = at::gelu(in(0));
-  } else if (base == "gelu_bwd") {
-    o = at::gelu_backward(in(0), in(1));
+  } else if (base == "gelu_fwd" || base == "gelu_bwd") {
+    syn::GeluParams p{};
+    read_params(n, &p);
+    const char* approximate = p.approximation ? "tanh" : "none";
+    o = base == "gelu_fwd" ? at::gelu(in(0), approximate) : at::gelu_backward(in(0), in(1), approximate);
   } else if (base == "relu_bwd") {
     o = at::where(in(1) > 0, in(0), at::zeros({}, in(0).options()));
   } else if (base == "not_equal_fwd") {
@@ -557,34 +593,58 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
   } else if (base == "nll_loss_fwd") {
     syn::NllLossParams p{};
     read_params(n, &p);
-    const int64_t reduction = p.mode == syn::kNllMean ? 1 : 2;
+    const int64_t reduction = p.mode == syn::kNllMean ? 1 : p.mode == syn::kNllSum ? 2 : 0;
     o = std::get<0>(at::nll_loss_forward(in(0), in(1).to(at::kLong), {}, reduction, p.ignore_index)).reshape(shape);
   } else if (base == "nll_loss_bwd") {
     // (input, target, grad of the loss); a mean divides by the rows whose target is not ignored.
     syn::NllLossParams p{};
     read_params(n, &p);
-    const int64_t reduction = p.mode == syn::kNllMean ? 1 : 2;
+    const int64_t reduction = p.mode == syn::kNllMean ? 1 : p.mode == syn::kNllSum ? 2 : 0;
     const at::Tensor target = in(1).to(at::kLong);
     const at::Tensor total = at::ne(target, p.ignore_index).sum().to(in(0).scalar_type());
-    o = at::nll_loss_backward(in(2).reshape({}), in(0), target, {}, reduction, p.ignore_index, total);
+    const at::Tensor grad = reduction == 0 ? in(2) : in(2).reshape({});
+    o = at::nll_loss_backward(grad, in(0), target, {}, reduction, p.ignore_index, total);
   } else if (base == "layer_norm_fwd") {
     syn::LayerNormParams p{};
     read_params(n, &p);
-    auto [y, mean, rstd] = at::native_layer_norm(in(0), {in(0).size(-1)}, in(1), in(2), p.eps);
+    auto [y, mean, rstd] = at::native_layer_norm(in(0), {in(0).size(-1)}, in(2), in(1), p.eps);
     // Statistics keep the normalized dim with size 1.
     std::vector<int64_t> stat(in(0).sizes().begin(), in(0).sizes().end());
     stat.back() = 1;
-    env[static_cast<size_t>(n.out[1])] = mean.reshape(stat).contiguous();
-    env[static_cast<size_t>(n.out[2])] = rstd.reshape(stat).contiguous();
+    for (size_t k : {1u, 2u})
+      env[static_cast<size_t>(n.out[k])] = (k == 1 ? mean : rstd).reshape(stat).to(at::kFloat).contiguous();
     o = y;
   } else if (base == "layer_norm_bwd") {
     // ATen shapes the bias's gradient after the bias, which the kernel does not take (its value
     // does not enter any gradient).
     auto [dx, dw, db] = at::native_layer_norm_backward(in(1), in(0), {in(0).size(-1)}, in(2), in(3), in(4),
                                                        at::zeros_like(in(4)), {true, true, true});
-    env[static_cast<size_t>(n.out[1])] = dw.contiguous();
-    env[static_cast<size_t>(n.out[2])] = db.contiguous();
+    env[static_cast<size_t>(n.out[1])] = db.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
     o = dx;
+  } else if (base == "batch_norm_fwd") {
+    // Training: ATen's functional batch norm on the input as a dense NCHW tensor (the running
+    // statistics updated with momentum, the variance unbiased), the result back to NHWC. Dense, as
+    // eager has it: ATen's channels-last kernels sum in another order, and a channel's sum of
+    // gradients that nearly cancels then differs far beyond float32's rounding.
+    syn::BatchNormParams p{};
+    read_params(n, &p);
+    auto [y, mean, istd, rm, rv] = at::_native_batch_norm_legit_functional(
+        in(0).permute({0, 3, 1, 2}).contiguous(), in(2), in(1), in(3), in(4), true, p.momentum, p.epsilon);
+    env[static_cast<size_t>(n.out[1])] = mean.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = istd.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[3])] = rm.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[4])] = rv.to(at::kFloat).contiguous();
+    o = y.permute({0, 2, 3, 1});
+  } else if (base == "batch_norm_bwd") {
+    syn::BatchNormParams p{};
+    read_params(n, &p);
+    auto [dx, dw, db] = at::native_batch_norm_backward(in(1).permute({0, 3, 1, 2}).contiguous(),
+                                                       in(0).permute({0, 3, 1, 2}).contiguous(), in(4), {}, {}, in(2),
+                                                       in(3), true, p.epsilon, {true, true, true});
+    env[static_cast<size_t>(n.out[1])] = db.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
+    o = dx.permute({0, 2, 3, 1});
   } else if (base == "gather_fwd") {
     o = at::embedding(in(0), in(1).to(at::kLong));
   } else if (base == "embedding_dense_pt_bwd") {

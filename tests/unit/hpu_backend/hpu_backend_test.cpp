@@ -343,7 +343,79 @@ std::vector<OpCase> op_cases() {
        [=](at::ScalarType t) {
          return std::vector<at::Tensor>{rn({2, 5, 12}, t), rn({12}, t), rn({12}, t), rn({2, 5, 12}, t)};
        },
-       2, false},
+       2},
+      {"layer norm with float32 weight and bias, and its backward", R"(graph {
+  input %0 : DT[3,4,10]{40,10,1} input "x"
+  input %1 : f32[10]{1} param "w"
+  input %2 : f32[10]{1} param "b"
+  input %3 : DT[3,4,10]{40,10,1} input "g"
+  %4 : DT[3,4,10]{40,10,1}, %5 : f32[3,4,1]{4,1,1}, %6 : f32[3,4,1]{4,1,1} = aten::native_layer_norm(%0, i[10], %1, %2, 1e-05)
+  %7 : DT[3,4,10]{40,10,1}, %8 : f32[10]{1}, %9 : f32[10]{1} = aten::native_layer_norm_backward(%3, %0, i[10], %5, %6, %1, %2, b[true, true, true])
+  output %4 result "y"
+  output %5 result "mean"
+  output %6 result "rstd"
+  output %7 result "dx"
+  output %8 result "dw"
+  output %9 result "db"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({3, 4, 10}, t), rn({10}, at::kFloat), rn({10}, at::kFloat),
+                                        rn({3, 4, 10}, t)};
+       },
+       2},
+      {"training batch norm, its backward and its counter", R"(graph {
+  input %0 : DT[4,6,5,7]{210,35,7,1} input "x"
+  input %1 : f32[6]{1} param "w"
+  input %2 : f32[6]{1} param "b"
+  input %3 : f32[6]{1} buffer "running_mean"
+  input %4 : f32[6]{1} buffer "running_var"
+  input %5 : DT[4,6,5,7]{210,35,7,1} input "g"
+  input %6 : i64[]{} buffer "num_batches_tracked"
+  %7 : DT[4,6,5,7]{210,35,7,1}, %8 : f32[6]{1}, %9 : f32[6]{1}, %10 : f32[6]{1}, %11 : f32[6]{1} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %12 : DT[4,6,5,7]{210,35,7,1}, %13 : f32[6]{1}, %14 : f32[6]{1} = aten::native_batch_norm_backward(%5, %0, %1, %10, %11, %8, %9, true, 1e-05, b[true, true, true])
+  %15 : i64[]{} = aten::add.Scalar(%6, scalar(1), scalar(1))
+  output %7 result "y"
+  output %8 result "save_mean"
+  output %9 result "save_invstd"
+  output %10 result "new_running_mean"
+  output %11 result "new_running_var"
+  output %12 result "dx"
+  output %13 result "dw"
+  output %14 result "db"
+  output %15 result "num_batches_tracked"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({4, 6, 5, 7}, t),       rn({6}, at::kFloat),  rn({6}, at::kFloat),
+                                        rn({6}, at::kFloat),       pos({6}, at::kFloat), rn({4, 6, 5, 7}, t),
+                                        at::full({}, 7, at::kLong)};
+       },
+       3},
+      {"gelu with the tanh approximation and its backward", R"(graph {
+  input %0 : DT[6,5]{5,1} input "x"
+  input %1 : DT[6,5]{5,1} input "g"
+  %2 : DT[6,5]{5,1} = aten::gelu(%0, "tanh")
+  %3 : DT[6,5]{5,1} = aten::gelu_backward(%1, %0, "tanh")
+  output %2 result "y"
+  output %3 result "dx"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({6, 5}, t) * 3, rn({6, 5}, t)};
+       },
+       2},
+      {"nll_loss with reduction none and its backward", R"(graph {
+  input %0 : DT[8,10]{10,1} input "x"
+  input %1 : i64[8]{1} input "t"
+  input %2 : DT[8]{1} input "go"
+  %3 : DT[8]{1}, %4 : DT[]{} = aten::nll_loss_forward(%0, %1, None, 0, 3)
+  %5 : DT[8,10]{10,1} = aten::nll_loss_backward(%2, %0, %1, None, 0, 3, %4)
+  output %3 result "loss"
+  output %4 result "total_weight"
+  output %5 result "dx"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({8, 10}, t), at::randint(0, 10, {8}, at::kLong), rn({8}, t)};
+       },
+       2},
       {"embedding and its backward, repeated indices", R"(graph {
   input %0 : DT[7,12]{12,1} param "table"
   input %1 : i64[2,5]{5,1} input "idx"
@@ -421,14 +493,24 @@ TEST(HpuLowering, SaysWhyANodeIsNotLowered) {
   input %1 : f64[4]{1} input "d"
   input %2 : f32[4,4]{4,1} input "g"
   input %3 : bf16[4,4]{4,1} input "h"
-  %4 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
-  %5 : f64[4]{1} = aten::neg(%1)
-  %6 : f32[4,4]{4,1} = aten::threshold_backward(%2, %0, 0.5)
-  %7 : f32[4,4]{4,1} = aten::add.Tensor(%0, %3, scalar(1))
-  output %4 result "y"
-  output %5 result "z"
-  output %6 result "dx"
-  output %7 result "mixed"
+  input %4 : bf16[2,3,4,4]{48,16,4,1} input "img"
+  input %5 : f32[3]{1} param "gamma"
+  input %6 : bf16[3]{1} param "gamma16"
+  input %7 : i64[4]{1} input "counts"
+  %8 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
+  %9 : f64[4]{1} = aten::neg(%1)
+  %10 : f32[4,4]{4,1} = aten::threshold_backward(%2, %0, 0.5)
+  %11 : f32[4,4]{4,1} = aten::add.Tensor(%0, %3, scalar(1))
+  %12 : bf16[2,3,4,4]{48,16,4,1}, %13 : f32[3]{1}, %14 : f32[3]{1}, %15 : f32[3]{1}, %16 : f32[3]{1} = aten::_native_batch_norm_legit_functional(%4, %5, %5, %5, %5, false, 0.1, 1e-05)
+  %17 : bf16[2,3,4,4]{48,16,4,1}, %18 : bf16[3]{1}, %19 : bf16[3]{1}, %20 : bf16[3]{1}, %21 : bf16[3]{1} = aten::_native_batch_norm_legit_functional(%4, %6, %6, %6, %6, true, 0.1, 1e-05)
+  %22 : i64[4]{1} = aten::add.Scalar(%7, scalar(1), scalar(1))
+  output %8 result "y"
+  output %9 result "z"
+  output %10 result "dx"
+  output %11 result "mixed"
+  output %12 result "bn_eval"
+  output %17 result "bn_bf16_stats"
+  output %22 result "counts1"
 }
 )");
   View v(g);
@@ -437,6 +519,10 @@ TEST(HpuLowering, SaysWhyANodeIsNotLowered) {
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(1)), "a float64 tensor");
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(2)), "a threshold other than 0 (relu's backward is lowered)");
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(3)), "float32 and bfloat16 tensors in one node");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(4)), "batch norm in eval mode (training is lowered)");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(5)),
+            "batch norm with bfloat16 weights or statistics (float32 ones are lowered)");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(6)), "an int64 add of more than one element");
   EXPECT_THROW(hpu::lower(pg), plugin::Unimplemented);
   // Through the plugin: those nodes stay eager, and the group is empty.
   auto plugin = load();
