@@ -594,7 +594,8 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     syn::NllLossParams p{};
     read_params(n, &p);
     const int64_t reduction = p.mode == syn::kNllMean ? 1 : p.mode == syn::kNllSum ? 2 : 0;
-    o = std::get<0>(at::nll_loss_forward(in(0), in(1).to(at::kLong), {}, reduction, p.ignore_index)).reshape(shape);
+    o = std::get<0>(at::nll_loss_forward(in(0), in(1).to(at::kLong), {}, reduction, p.ignore_index));
+    if (!ot.dynamic()) o = o.reshape(shape);  // a reduced loss of one element
   } else if (base == "nll_loss_bwd") {
     // (input, target, grad of the loss); a mean divides by the rows whose target is not ignored.
     syn::NllLossParams p{};
