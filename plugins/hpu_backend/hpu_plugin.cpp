@@ -82,16 +82,25 @@ void for_each_element(const std::vector<int64_t>& shape, const std::vector<int64
   }
 }
 
-// The group's one executable: its recipe, a device buffer and a mapped host buffer per persistent
-// tensor, and the workspace. Each execute copies inputs and run-time scalars in, launches, copies
-// the outputs out and waits for the stream.
+// A group's executable for one recipe: a device buffer and a mapped host buffer per persistent
+// tensor that holds data (of its largest sizes), and the workspace. Each launch copies inputs,
+// run-time scalars and size scalars in, launches, copies the outputs out and waits for the stream.
+// A recipe for a range of sizes (kiln::hpu::dynamic_graph) is launched with the lowering at the
+// call's own sizes, which gives each persistent tensor's actual sizes and each size scalar's value.
 class HpuGroup : public Executable {
  public:
   HpuGroup(std::shared_ptr<Recipe> recipe, SynGraph g, std::shared_ptr<Device> device)
       : recipe_(std::move(recipe)), g_(std::move(g)), device_(std::move(device)) {
     persistent_ = kiln::hpu::persistent_tensors(g_);
+    for (const SynTensor& t : g_.tensors) needs_sizes_ = needs_sizes_ || t.dynamic();
+    needs_sizes_ = needs_sizes_ || !g_.size_scalars.empty();
     for (size_t k = 0; k < persistent_.size(); ++k) {
       const SynTensor& t = g_.tensors[static_cast<size_t>(persistent_[k])];
+      if (t.kind == SynTensor::Kind::kShape) {  // no data: its sizes are all a launch gives
+        device_buffers_.push_back(nullptr);
+        host_buffers_.push_back(nullptr);
+        continue;
+      }
       const uint64_t bytes = kiln::hpu::device_bytes(t.shape, t.dtype);
       const std::string what = "tensor \"" + t.name + "\" of " + recipe_->name();
       device_buffers_.push_back(std::make_unique<DeviceBuffer>(device_, bytes, what));
@@ -109,6 +118,18 @@ class HpuGroup : public Executable {
 
   void execute_with_scalars(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                             const Scalars& scalars, void*) override {
+    launch(inputs, num_inputs, outputs, num_outputs, scalars, nullptr);
+  }
+
+  // Whether a launch needs the lowering at its own sizes (a recipe for a range of sizes).
+  bool needs_sizes() const { return needs_sizes_; }
+
+  // `actual`: the lowering at this call's sizes, for a recipe compiled for a range of them.
+  void launch(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, const Scalars& scalars,
+              const SynGraph* actual) {
+    if (needs_sizes_ && !actual)
+      throw Error(KILN_ERROR_INTERNAL, "hpu_backend: " + recipe_->name() +
+                                           " serves a range of sizes and was launched without the call's own");
     if (num_inputs != g_.inputs.size() || num_outputs != g_.outputs.size())
       throw Error(KILN_ERROR_INTERNAL, "hpu_backend: " + recipe_->name() + " was compiled for " +
                                            std::to_string(g_.inputs.size()) + " inputs and " +
@@ -117,33 +138,40 @@ class HpuGroup : public Executable {
     const SynapseLibrary& lib = device_->lib();
     std::lock_guard<std::mutex> lock(device_->mutex());
     std::vector<syn::LaunchTensorInfo> launch(persistent_.size());
+    std::vector<std::vector<int64_t>> shapes(persistent_.size());
     try {
       for (size_t k = 0; k < persistent_.size(); ++k) {
         const SynTensor& t = g_.tensors[static_cast<size_t>(persistent_[k])];
-        char* host = host_buffers_[k]->data();
-        if (t.kind == SynTensor::Kind::kInput) {
-          pack(inputs[static_cast<size_t>(t.index)], t, host);
-        } else if (t.kind == SynTensor::Kind::kScalar) {
-          const float v = static_cast<float>(scalars.number(static_cast<int32_t>(t.index)));
-          if (t.dtype == syn::kTypeBf16) {
-            const uint16_t b = to_bf16(v);
-            std::memcpy(host, &b, 2);
-          } else {
-            std::memcpy(host, &v, 4);
+        const bool shape_tensor = t.kind == SynTensor::Kind::kShape;
+        // The sizes at this call: those compiled for, or those of the lowering at its sizes.
+        shapes[k] = !actual        ? t.shape
+                    : shape_tensor ? actual->tensors.at(static_cast<size_t>(t.index)).shape
+                                   : actual->tensors.at(static_cast<size_t>(persistent_[k])).shape;
+        if (!shape_tensor) {
+          char* host = host_buffers_[k]->data();
+          if (t.kind == SynTensor::Kind::kInput) {
+            pack(inputs[static_cast<size_t>(t.index)], t, shapes[k], host);
+          } else if (t.kind == SynTensor::Kind::kScalar) {
+            write_number(scalars.number(static_cast<int32_t>(t.index)), t.dtype, host);
+          } else if (t.kind == SynTensor::Kind::kSizeScalar) {
+            const auto& node = actual->nodes.at(static_cast<size_t>(t.index));
+            write_number(kiln::hpu::constant_value(*actual, node), t.dtype, host);
           }
+          if (t.kind != SynTensor::Kind::kOutput)
+            lib.check(lib.mem_copy_async(device_->stream(), reinterpret_cast<uint64_t>(host),
+                                         kiln::hpu::device_bytes(shapes[k], t.dtype), device_buffers_[k]->address(),
+                                         syn::kHostToDram),
+                      "synMemCopyAsync", "copying \"" + t.name + "\" in for " + recipe_->name());
         }
-        if (t.kind != SynTensor::Kind::kOutput)
-          lib.check(lib.mem_copy_async(device_->stream(), reinterpret_cast<uint64_t>(host), host_buffers_[k]->bytes(),
-                                       device_buffers_[k]->address(), syn::kHostToDram),
-                    "synMemCopyAsync", "copying \"" + t.name + "\" in for " + recipe_->name());
         syn::LaunchTensorInfo& info = launch[k];
         info = syn::LaunchTensorInfo{};
         info.tensor_name = t.name.c_str();
-        info.device_address = device_buffers_[k]->address();
-        info.tensor_type = syn::kDataTensor;
-        for (size_t d = 0; d < t.shape.size(); ++d)
-          info.tensor_size[d] = static_cast<uint64_t>(t.shape[t.shape.size() - 1 - d]);
-        if (t.shape.empty()) info.tensor_size[0] = 1;
+        info.device_address = shape_tensor ? 0 : device_buffers_[k]->address();
+        info.tensor_type = shape_tensor ? syn::kShapeTensor : syn::kDataTensor;
+        const auto& shape = shapes[k];
+        for (size_t d = 0; d < shape.size(); ++d)
+          info.tensor_size[d] = static_cast<uint64_t>(shape[shape.size() - 1 - d]);
+        if (shape.empty()) info.tensor_size[0] = 1;
         info.tensor_id = recipe_->ids()[k];
       }
       lib.check(lib.launch(device_->stream(), launch.data(), static_cast<uint32_t>(launch.size()),
@@ -152,7 +180,8 @@ class HpuGroup : public Executable {
       for (size_t k = 0; k < persistent_.size(); ++k) {
         const SynTensor& t = g_.tensors[static_cast<size_t>(persistent_[k])];
         if (t.kind != SynTensor::Kind::kOutput) continue;
-        lib.check(lib.mem_copy_async(device_->stream(), device_buffers_[k]->address(), host_buffers_[k]->bytes(),
+        lib.check(lib.mem_copy_async(device_->stream(), device_buffers_[k]->address(),
+                                     kiln::hpu::device_bytes(shapes[k], t.dtype),
                                      reinterpret_cast<uint64_t>(host_buffers_[k]->data()), syn::kDramToHost),
                   "synMemCopyAsync", "copying \"" + t.name + "\" out of " + recipe_->name());
       }
@@ -165,15 +194,29 @@ class HpuGroup : public Executable {
     for (size_t k = 0; k < persistent_.size(); ++k) {
       const SynTensor& t = g_.tensors[static_cast<size_t>(persistent_[k])];
       if (t.kind == SynTensor::Kind::kOutput)
-        unpack(host_buffers_[k]->data(), t, outputs[static_cast<size_t>(t.index)]);
+        unpack(host_buffers_[k]->data(), t, shapes[k], outputs[static_cast<size_t>(t.index)]);
     }
   }
 
  private:
+  // A number as the one element of a tensor of `dtype`.
+  static void write_number(double x, syn::DataType dtype, char* dst) {
+    if (dtype == syn::kTypeInt32) {
+      const int32_t v = static_cast<int32_t>(x);
+      std::memcpy(dst, &v, 4);
+    } else if (dtype == syn::kTypeBf16) {
+      const uint16_t b = to_bf16(static_cast<float>(x));
+      std::memcpy(dst, &b, 2);
+    } else {
+      const float v = static_cast<float>(x);
+      std::memcpy(dst, &v, 4);
+    }
+  }
+
   // The tensor kiln hands in, dense in row-major order (Synapse's layout with its dims reversed);
   // int64 targets narrowed to the device's int32.
-  void pack(const DLTensor& in, const SynTensor& t, char* dst) const {
-    check_shape(in, t, "input");
+  void pack(const DLTensor& in, const SynTensor& t, const std::vector<int64_t>& want, char* dst) const {
+    check_shape(in, t, want, "input");
     const Tensor v(&in);
     const char* src = v.data<char>();
     const auto shape = v.shape(), strides = v.strides();
@@ -182,9 +225,9 @@ class HpuGroup : public Executable {
         int64_t x;
         std::memcpy(&x, src + off * 8, 8);
         if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
-          throw Error(KILN_ERROR_INVALID_ARGUMENT, "hpu_backend: input " + std::to_string(t.index) + " of " +
-                                                       recipe_->name() + " holds " + std::to_string(x) +
-                                                       ", beyond the int32 the device reads targets and indices as");
+          throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                      "hpu_backend: input " + std::to_string(t.index) + " of " + recipe_->name() + " holds " +
+                          std::to_string(x) + ", beyond the int32 the device reads targets, indices and counters as");
         const int32_t y = static_cast<int32_t>(x);
         std::memcpy(dst + i * 4, &y, 4);
       });
@@ -200,8 +243,8 @@ class HpuGroup : public Executable {
     });
   }
 
-  void unpack(const char* src, const SynTensor& t, DLTensor& out) const {
-    check_shape(out, t, "output");
+  void unpack(const char* src, const SynTensor& t, const std::vector<int64_t>& want, DLTensor& out) const {
+    check_shape(out, t, want, "output");
     const Tensor v(&out);
     char* dst = v.data<char>();
     const auto shape = v.shape(), strides = v.strides();
@@ -224,9 +267,10 @@ class HpuGroup : public Executable {
     });
   }
 
-  // The tensor kiln hands in must be what the recipe was compiled for: packing another dtype or
-  // shape would read or write past the staging buffers.
-  void check_shape(const DLTensor& d, const SynTensor& t, const char* what) const {
+  // The tensor kiln hands in must be what the recipe was compiled for (at these sizes): packing
+  // another dtype or shape would read or write past the staging buffers.
+  void check_shape(const DLTensor& d, const SynTensor& t, const std::vector<int64_t>& want_shape,
+                   const char* what) const {
     const std::vector<int64_t> shape(d.shape, d.shape + d.ndim);
     const std::string which =
         std::string("hpu_backend: ") + what + " " + std::to_string(t.index) + " of " + recipe_->name();
@@ -240,9 +284,9 @@ class HpuGroup : public Executable {
     if (!same_dtype(d.dtype, want))
       throw Error(KILN_ERROR_INVALID_ARGUMENT,
                   which + " is " + dtype_name(d.dtype) + ", and it was compiled for " + dtype_name(want));
-    if (shape != t.shape)
+    if (shape != want_shape)
       throw Error(KILN_ERROR_INVALID_ARGUMENT,
-                  which + " has shape " + dims(shape) + ", and it was compiled for " + dims(t.shape));
+                  which + " has shape " + dims(shape) + ", and it was compiled for " + dims(want_shape));
   }
 
   static std::string dims(const std::vector<int64_t>& s) {
@@ -258,6 +302,134 @@ class HpuGroup : public Executable {
   std::vector<std::unique_ptr<DeviceBuffer>> device_buffers_;
   std::vector<std::unique_ptr<HostBuffer>> host_buffers_;
   std::unique_ptr<DeviceBuffer> workspace_;
+  bool needs_sizes_ = false;
+};
+
+// A group whose sizes change (a symbolic view): one recipe per range of sizes (a bucket under
+// `[plugin.hpu_backend] buckets`, "pow2" by default), compiled from the lowerings at the range's
+// smallest and largest sizes with Synapse's dynamic shapes (kiln::hpu::dynamic_graph), and
+// launched at each call with the lowering at the call's own sizes (the last 64 kept). A range whose
+// two lowerings differ other than in sizes is compiled per size instead, with a warning once.
+class HpuSymbolicGroup : public Executable {
+ public:
+  using CompileFn = std::function<std::unique_ptr<HpuGroup>(SynGraph)>;
+  using LogFn = std::function<void(const std::string&)>;
+
+  HpuSymbolicGroup(const Graph& symbolic, std::string policy, CompileFn compile, LogFn debug, LogFn warn)
+      : graph_(std::make_unique<SymbolicGraphCopy>(symbolic)),
+        policy_(std::move(policy)),
+        compile_(std::move(compile)),
+        debug_(std::move(debug)),
+        warn_(std::move(warn)),
+        relations_(kiln::hpu::symbol_relations(symbolic)) {
+    serves_all_sizes = true;
+    at(symbolic.symbol_hints());  // the view's own sizes now, so that a recipe that fails fails the compile
+  }
+
+  void execute(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, void* stream) override {
+    execute_sized(in, n_in, out, n_out, Scalars(), sizes_of(in, n_in), stream);
+  }
+  void execute_with_scalars(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, const Scalars& scalars,
+                            void* stream) override {
+    execute_sized(in, n_in, out, n_out, scalars, sizes_of(in, n_in), stream);
+  }
+  void execute_sized(const DLTensor* in, size_t n_in, DLTensor* out, size_t n_out, const Scalars& scalars,
+                     const std::vector<int64_t>& sizes, void*) override {
+    const auto [exe, actual] = at(sizes);
+    exe->launch(in, n_in, out, n_out, scalars, actual.get());
+  }
+
+ private:
+  Graph symbolic() const { return graph_->graph(); }
+
+  std::vector<int64_t> sizes_of(const DLTensor* in, size_t n_in) const {
+    std::vector<int64_t> v;
+    for (const KilnSizeSymbol& s : graph_->symbols()) {
+      if (s.input < 0 || static_cast<size_t>(s.input) >= n_in || s.dim < 0 || s.dim >= in[s.input].ndim)
+        throw Error(KILN_ERROR_INTERNAL, "hpu_backend: a size symbol on input " + std::to_string(s.input) + " dim " +
+                                             std::to_string(s.dim) + " the call does not have");
+      v.push_back(in[s.input].shape[s.dim]);
+    }
+    return v;
+  }
+
+  static std::string sizes_text(const std::vector<int64_t>& v) {
+    std::string t = "[";
+    for (size_t i = 0; i < v.size(); ++i) t += (i ? ", " : "") + std::to_string(v[i]);
+    return t + "]";
+  }
+
+  template <class V>
+  static void keep_recent(V& list, size_t i) {
+    std::rotate(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(i),
+                list.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  }
+
+  // The executable for `sizes`, and the lowering at them where it serves a range.
+  std::pair<std::shared_ptr<HpuGroup>, std::shared_ptr<const SynGraph>> at(const std::vector<int64_t>& sizes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string nodes = std::to_string(symbolic().num_nodes()) + " nodes";
+    const std::optional<SizeBucket> b = kiln::hpu::size_range(relations_, policy_, sizes);
+    auto range = b ? ranges_.find(b->high) : ranges_.end();
+    if (b && range == ranges_.end()) {
+      std::string why;
+      std::optional<SynGraph> dyn;
+      try {
+        ConcreteGraph low(symbolic(), &b->low), high(symbolic(), &b->high);
+        dyn = kiln::hpu::dynamic_graph(kiln::hpu::lower(low.graph()), kiln::hpu::lower(high.graph()), &why);
+      } catch (const Error& e) {
+        why = std::string("its lowering at the range's ends: ") + e.what();
+      }
+      std::shared_ptr<HpuGroup> exe;
+      if (dyn) {
+        exe = compile_(std::move(*dyn));
+        debug_("hpu_backend: a group of " + nodes + " compiled for the sizes " + sizes_text(b->low) + " to " +
+               sizes_text(b->high) + " (first met at " + sizes_text(sizes) + ")");
+      } else if (!warned_) {
+        warn_("hpu_backend: a group of " + nodes + " is compiled for each size it meets, not once per range: " + why);
+        warned_ = true;
+      }
+      range = ranges_.emplace(b->high, exe).first;
+    } else if (!b && !warned_) {
+      warn_("hpu_backend: a group of " + nodes + " is compiled for each size it meets, not once per range: its sizes " +
+            sizes_text(sizes) + " do not follow the relations its reshapes set between them");
+      warned_ = true;
+    }
+    if (b && range->second) {
+      if (!range->second->needs_sizes()) return {range->second, nullptr};
+      for (size_t i = 0; i < lowered_.size(); ++i)
+        if (lowered_[i].first == sizes) {
+          keep_recent(lowered_, i);
+          return {range->second, lowered_.front().second};
+        }
+      ConcreteGraph concrete(symbolic(), &sizes);
+      auto g = std::make_shared<const SynGraph>(kiln::hpu::lower(concrete.graph()));
+      lowered_.insert(lowered_.begin(), {sizes, g});
+      if (lowered_.size() > 64) lowered_.pop_back();
+      return {range->second, g};
+    }
+    for (size_t i = 0; i < exact_.size(); ++i)
+      if (exact_[i].first == sizes) {
+        keep_recent(exact_, i);
+        return {exact_.front().second, nullptr};
+      }
+    ConcreteGraph concrete(symbolic(), &sizes);
+    std::shared_ptr<HpuGroup> exe = compile_(kiln::hpu::lower(concrete.graph()));
+    exact_.insert(exact_.begin(), {sizes, exe});
+    if (exact_.size() > 64) exact_.pop_back();
+    return {exe, nullptr};
+  }
+
+  std::unique_ptr<SymbolicGraphCopy> graph_;
+  std::string policy_;
+  CompileFn compile_;
+  LogFn debug_, warn_;
+  std::mutex mu_;
+  std::map<std::vector<int64_t>, std::shared_ptr<HpuGroup>> ranges_;  // by the range's largest sizes; null: per size
+  std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const SynGraph>>> lowered_;  // most recent first
+  std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<HpuGroup>>> exact_;          // most recent first
+  bool warned_ = false;
+  std::vector<kiln::hpu::SymbolRelation> relations_;
 };
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
@@ -292,7 +464,7 @@ class HpuPlugin : public Plugin {
   static Descriptor describe() {
     Descriptor d;
     d.name = "hpu_backend";
-    d.version = "0.2.0";
+    d.version = "0.3.0";
     d.vendor = "kiln";
     d.description = "Intel Gaudi through the Synapse runtime (libSynapse.so, or [plugin.hpu_backend] synapse_library)";
     // CPU: LibTorch CPU tensors copied to the Gaudi and back; with synapse_library set on a machine
@@ -301,6 +473,7 @@ class HpuPlugin : public Plugin {
     d.modes = KILN_MODE_BIT(KILN_MODE_DEFAULT);
     d.concurrent_execution_safe = false;
     d.runtime_scalars = true;  // the optimizers' changing values are persistent tensors of the recipe
+    d.symbolic_shapes = true;  // a recipe per range of sizes (Synapse's dynamic shapes)
     return d;
   }
 
@@ -359,12 +532,25 @@ class HpuPlugin : public Plugin {
 
   std::unique_ptr<Executable> compile(const Graph& g, const CompileOptions& options) override {
     for (const auto& [key, value] : options.options)
-      if (key != "synapse_library")
+      if (key != "synapse_library" && key != "buckets")
         throw Error(KILN_ERROR_INVALID_ARGUMENT,
-                    "unknown option '" + key + "' in [plugin.hpu_backend] (it takes: synapse_library)");
+                    "unknown option '" + key + "' in [plugin.hpu_backend] (it takes: synapse_library, buckets)");
     auto it = options.options.find("synapse_library");
     const std::string path = it != options.options.end() ? it->second : kRuntime;
+    auto b = options.options.find("buckets");
+    const std::string policy = b != options.options.end() ? b->second : "pow2";
+    check_size_bucket_policy(policy, "[plugin.hpu_backend] buckets");
+    const std::string dir = options.cache_dir.empty() ? host().cache_dir() : options.cache_dir;
     SynGraph sg = kiln::hpu::lower(g);  // Unimplemented: these nodes run eagerly
+    if (!g.symbolic()) return compile_group(std::move(sg), path, dir);
+    return std::make_unique<HpuSymbolicGroup>(
+        g, policy, [this, path, dir](SynGraph s) { return compile_group(std::move(s), path, dir); },
+        [this](const std::string& m) { host().debug(m); }, [this](const std::string& m) { host().warn(m); });
+  }
+
+ private:
+  // A recipe for `sg` (from the caches in memory or on disk, or compiled) and its executable.
+  std::unique_ptr<HpuGroup> compile_group(SynGraph sg, const std::string& path, const std::string& dir) {
     const std::string text = sg.dump();
     std::shared_ptr<SynapseLibrary> lib;
     std::shared_ptr<Device> device;
@@ -387,7 +573,6 @@ class HpuPlugin : public Plugin {
     std::shared_ptr<Recipe> recipe = cached_recipe(key);
     // The disk cache: <cache_dir>/hpu_backend/<hash>.recipe, as synRecipeSerialize wrote it, beside
     // the graph's text (a hash collision reads as a miss).
-    const std::string dir = options.cache_dir.empty() ? host().cache_dir() : options.cache_dir;
     const std::string file = dir.empty() ? "" : dir + "/hpu_backend/" + hex(h) + ".recipe";
     try {
       if (!recipe && !file.empty() && read_text(file + ".graph") == text) {
@@ -416,7 +601,6 @@ class HpuPlugin : public Plugin {
     }
   }
 
- private:
   static std::string read_text(const std::string& file) {
     std::FILE* f = std::fopen(file.c_str(), "rb");
     if (!f) return "";

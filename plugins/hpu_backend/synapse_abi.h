@@ -68,14 +68,17 @@ enum DataType : int32_t {
   kTypeInt32 = 1 << 4,
 };
 
-// synTensorType: every tensor the backend makes holds data.
-enum TensorType : int32_t { kDataTensor = 0 };
+// synTensorType: data tensors, and shape tensors, which hold no data: their sizes, given at each
+// launch, tell a node of a recipe compiled for a range of sizes (a reshape) the sizes it outputs.
+enum TensorType : int32_t { kDataTensor = 0, kShapeTensor = 1 };
 
 // synDmaDir.
 enum DmaDir : int32_t { kHostToDram = 0, kDramToHost = 1, kDramToDram = 2 };
 
-// synGeometryType: a static shape sets the (maximum) sizes only.
-enum GeometryType : int32_t { kGeometrySizes = 1 };
+// synGeometryType: a static shape sets the sizes only (the same as the maximum sizes); a tensor
+// whose sizes change between launches of one recipe sets its minimum sizes too, and each launch
+// gives its actual sizes (LaunchTensorInfo::tensor_size) within the two.
+enum GeometryType : int32_t { kGeometryMinSizes = 0, kGeometryMaxSizes = 1, kGeometrySizes = kGeometryMaxSizes };
 
 constexpr int kDimMax = 25;  // HABANA_DIM_MAX
 
@@ -147,6 +150,21 @@ struct NllLossParams {
 struct LayerNormParams {
   bool eps_valid;
   float eps;
+};
+
+// batch_norm_fwd / batch_norm_bwd: per channel (the fastest dim of NHWC tensors), over the others;
+// in training the forward normalizes with the batch's statistics and updates the running ones
+// with momentum. threshold is read by the integer kernels only.
+struct BatchNormParams {
+  FloatOrInt threshold;
+  float momentum;
+  float epsilon;
+  bool is_training;
+};
+
+// gelu_fwd / gelu_bwd: the tanh approximation when set, else the exact (erf) form.
+struct GeluParams {
+  bool approximation;
 };
 
 // gather_fwd: rows of the table along one dim (fastest-first numbering) picked by int32 indices.

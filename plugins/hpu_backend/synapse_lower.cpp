@@ -1,9 +1,12 @@
 #include "synapse_lower.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -28,7 +31,7 @@ const std::map<std::string, std::string>& unary_kernels() {
   static const std::map<std::string, std::string> m = {
       {"aten::neg", "neg_fwd"},         {"aten::exp", "exp_fwd"},     {"aten::log", "log_fwd"},
       {"aten::sqrt", "sqrt_fwd"},       {"aten::rsqrt", "rsqrt_fwd"}, {"aten::tanh", "tanh_fwd"},
-      {"aten::sigmoid", "sigmoid_fwd"}, {"aten::relu", "relu_fwd"},   {"aten::gelu", "gelu_fwd"},
+      {"aten::sigmoid", "sigmoid_fwd"}, {"aten::relu", "relu_fwd"},
   };
   return m;
 }
@@ -57,6 +60,7 @@ const std::set<std::string>& structural_ops() {
                                           "aten::alias",
                                           "aten::detach",
                                           "aten::threshold_backward",
+                                          "aten::gelu",
                                           "aten::gelu_backward",
                                           "aten::sum",
                                           "aten::sum.dim_IntList",
@@ -71,6 +75,8 @@ const std::set<std::string>& structural_ops() {
                                           "aten::addcdiv",
                                           "aten::native_layer_norm",
                                           "aten::native_layer_norm_backward",
+                                          "aten::_native_batch_norm_legit_functional",
+                                          "aten::native_batch_norm_backward",
                                           "aten::embedding",
                                           "aten::embedding_dense_backward",
                                           "aten::convolution",
@@ -335,6 +341,10 @@ class Lowering {
     return o;
   }
 
+  // `t` as `to`: itself, or cast.
+  int32_t as_dtype(int32_t t, syn::DataType to) { return tensor(t).dtype == to ? t : cast(t, to); }
+  int32_t f32(int32_t t) { return as_dtype(t, syn::kTypeFloat); }
+
   int32_t gemm(const std::string& guid, int64_t a, int64_t b, const std::vector<int64_t>& shape, syn::DataType dtype) {
     // An operand that is aten::t of a tensor is read through the GEMM's transpose flag instead of
     // a transpose kernel.
@@ -427,10 +437,16 @@ class Lowering {
     } else if (auto u = unary_kernels().find(o); u != unary_kernels().end()) {
       r = workspace(shape, dt);
       emit(kernel(u->second, dt), name_, {operand(n, 0)}, {r});
-    } else if (o == "aten::gelu_backward") {
-      // (grad_output, self, approximate): the kernel takes the grad, then the forward's input.
+    } else if (o == "aten::gelu" || o == "aten::gelu_backward") {
+      // (self, approximate) and (grad_output, self, approximate): the backward takes the grad,
+      // then the forward's input; the parameter chooses the tanh approximation or the exact form.
+      const bool bwd = o == "aten::gelu_backward";
+      syn::GeluParams p{n.arg(bwd ? 2 : 1).as_string() == "tanh"};
+      std::vector<int32_t> in = {operand(n, 0)};
+      if (bwd) in.push_back(operand(n, 1));
       r = workspace(shape, dt);
-      emit(kernel("gelu_bwd", dt), name_, {operand(n, 0), operand(n, 1)}, {r});
+      emit(kernel(bwd ? "gelu_bwd" : "gelu_fwd", dt), name_, in, {r}, bytes_of(p),
+           std::string("approximation=") + (p.approximation ? "1" : "0"));
     } else if (o == "aten::threshold_backward") {
       // grad where self > 0: relu's backward (only a threshold of 0 is claimed).
       r = workspace(shape, dt);
@@ -477,27 +493,38 @@ class Lowering {
       nll_loss_forward(n, dt);
       return;
     } else if (o == "aten::native_layer_norm") {
-      // (input, normalized_shape, weight, bias, eps) -> (out, mean, rstd): over the last dim.
+      // (input, normalized_shape, weight, bias, eps) -> (out, mean, rstd): over the last dim. The
+      // kernel takes the bias before the weight, and its weight, bias, mean and rstd are float32
+      // whatever the input's type: bfloat16 ones are cast on the way in and out.
       syn::LayerNormParams p{true, static_cast<float>(n.arg(4).as_double())};
-      std::vector<int32_t> outs;
-      for (int64_t v : n.outputs()) outs.push_back(workspace(g_.value(v).shape(), dt));
-      emit(kernel("layer_norm_fwd", dt), name_, {operand(n, 0), operand(n, 2), operand(n, 3)}, outs, bytes_of(p),
-           "eps=" + float_text(p.eps));
-      for (size_t k = 0; k < outs.size(); ++k) tensor_of_[n.outputs()[k]] = outs[k];
+      const auto outs = n.outputs();
+      std::vector<int32_t> res = {workspace(shape, dt)};
+      for (size_t k = 1; k < 3; ++k) res.push_back(workspace(g_.value(outs[k]).shape(), syn::kTypeFloat));
+      emit(kernel("layer_norm_fwd", dt), name_, {operand(n, 0), f32(operand(n, 3)), f32(operand(n, 2))}, res,
+           bytes_of(p), "eps=" + float_text(p.eps));
+      for (size_t k = 0; k < 3; ++k) tensor_of_[outs[k]] = as_dtype(res[k], dtype_of(g_.value(outs[k]).dtype()));
       return;
     } else if (o == "aten::native_layer_norm_backward") {
       // (grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask) ->
-      // (grad_input, grad_weight, grad_bias); a result not asked for is computed into the workspace.
+      // (grad_input, grad_weight, grad_bias); the kernel gives the bias's gradient before the
+      // weight's, both float32; a result not asked for is computed into the workspace.
       const int32_t x = operand(n, 1);
       const int64_t C = tensor(x).shape.back();
-      const std::vector<std::vector<int64_t>> shapes = {tensor(x).shape, {C}, {C}};
-      std::vector<int32_t> outs;
-      for (size_t k = 0; k < 3; ++k) outs.push_back(workspace(shapes[k], dt));
+      const std::vector<int32_t> res = {workspace(tensor(x).shape, dt), workspace({C}, syn::kTypeFloat),
+                                        workspace({C}, syn::kTypeFloat)};
       syn::LayerNormParams p{false, 0.0f};
-      emit(kernel("layer_norm_bwd", dt), name_, {x, operand(n, 0), operand(n, 3), operand(n, 4), operand(n, 5)}, outs,
-           bytes_of(p));
+      emit(kernel("layer_norm_bwd", dt), name_,
+           {x, operand(n, 0), f32(operand(n, 3)), f32(operand(n, 4)), f32(operand(n, 5))}, res, bytes_of(p));
+      const auto outs = n.outputs();
+      const int32_t order[3] = {res[0], res[2], res[1]};
       for (size_t k = 0; k < 3; ++k)
-        if (n.outputs()[k] >= 0) tensor_of_[n.outputs()[k]] = outs[k];
+        if (outs[k] >= 0) tensor_of_[outs[k]] = as_dtype(order[k], dtype_of(g_.value(outs[k]).dtype()));
+      return;
+    } else if (o == "aten::_native_batch_norm_legit_functional") {
+      batch_norm(n, dt);
+      return;
+    } else if (o == "aten::native_batch_norm_backward") {
+      batch_norm_backward(n, dt);
       return;
     } else if (o == "aten::convolution") {
       // (input, weight, bias, stride, padding, dilation, transposed, output_padding, groups): the
@@ -551,9 +578,11 @@ class Lowering {
            "num_weights=" + std::to_string(p.num_weights) + " padding_idx=" + std::to_string(p.padding_idx));
     } else if (o == "aten::nll_loss_backward") {
       // (grad_output, self, target, weight, reduction, ignore_index, total_weight). The kernel in
-      // sum mode, and for a mean a division by the total_weight given, as ATen divides (a
-      // total_weight from elsewhere than this step's forward included).
-      syn::NllLossParams p{syn::kNllSum, static_cast<int32_t>(n.arg(5).as_int())};
+      // sum mode (none mode, a grad per row, for reduction none), and for a mean a division by the
+      // total_weight given, as ATen divides (a total_weight from elsewhere than this step's forward
+      // included).
+      syn::NllLossParams p{n.arg(4).as_int() == 0 ? syn::kNllNone : syn::kNllSum,
+                           static_cast<int32_t>(n.arg(5).as_int())};
       r = workspace(shape, dt);
       emit(kernel("nll_loss_bwd", dt), name_, {operand(n, 1), operand(n, 2), operand(n, 0)}, {r}, bytes_of(p),
            nll_text(p));
@@ -589,6 +618,11 @@ class Lowering {
            std::to_string(p.dilation_h) + " groups=" + std::to_string(p.groups);
   }
 
+  // ATen's reduction (0 none, 1 mean, 2 sum) as the kernel's mode.
+  static int32_t nll_mode(int64_t reduction) {
+    return reduction == 0 ? syn::kNllNone : reduction == 1 ? syn::kNllMean : syn::kNllSum;
+  }
+
   static std::string nll_text(const syn::NllLossParams& p) {
     return std::string("mode=") +
            (p.mode == syn::kNllMean  ? "mean"
@@ -597,18 +631,72 @@ class Lowering {
            " ignore_index=" + std::to_string(p.ignore_index);
   }
 
+  static std::string batch_norm_text(const syn::BatchNormParams& p) {
+    return "momentum=" + float_text(p.momentum) + " eps=" + float_text(p.epsilon) +
+           " training=" + (p.is_training ? "1" : "0");
+  }
+
+  // (input, weight, bias, running_mean, running_var, training, momentum, eps) -> (out, save_mean,
+  // save_invstd, running_mean_out, running_var_out), in training: batch_norm_fwd on the input as
+  // NHWC (kiln's NCHW transposed in and the result out, as for the convolutions), the bias before
+  // the weight, its four per-channel results float32 as ATen's are. The kernel normalizes with the
+  // batch's mean and biased variance (save_invstd = 1 / sqrt(var + eps)) and updates the running
+  // statistics as ATen does: (1 - momentum) * running + momentum * batch, the variance unbiased.
+  void batch_norm(const Node& n, syn::DataType dt) {
+    const int32_t x = transpose(operand(n, 0), {0, 2, 3, 1});
+    const auto xs = tensor(x).shape;
+    std::vector<int32_t> res = {workspace(xs, dt)};
+    for (int k = 0; k < 4; ++k) res.push_back(workspace({xs[3]}, syn::kTypeFloat));
+    syn::BatchNormParams p;
+    std::memset(&p, 0, sizeof p);
+    p.momentum = static_cast<float>(n.arg(6).as_double());
+    p.epsilon = static_cast<float>(n.arg(7).as_double());
+    p.is_training = true;
+    emit(kernel("batch_norm_fwd", dt), name_, {x, operand(n, 2), operand(n, 1), operand(n, 3), operand(n, 4)}, res,
+         bytes_of(p), batch_norm_text(p));
+    const auto outs = n.outputs();
+    tensor_of_[outs[0]] = transpose(res[0], {0, 3, 1, 2});
+    for (size_t k = 1; k < 5; ++k) tensor_of_[outs[k]] = res[k];
+  }
+
+  // (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+  // output_mask) -> (grad_input, grad_weight, grad_bias), in training: batch_norm_bwd on NHWC
+  // tensors from the saved mean and invstd (the running statistics do not enter); the kernel gives
+  // the bias's gradient before the weight's. A result not asked for is computed into the workspace.
+  void batch_norm_backward(const Node& n, syn::DataType dt) {
+    const int32_t x = transpose(operand(n, 1), {0, 2, 3, 1});
+    const int32_t g = transpose(operand(n, 0), {0, 2, 3, 1});
+    const auto xs = tensor(x).shape;
+    const std::vector<int32_t> res = {workspace(xs, dt), workspace({xs[3]}, syn::kTypeFloat),
+                                      workspace({xs[3]}, syn::kTypeFloat)};
+    syn::BatchNormParams p;
+    std::memset(&p, 0, sizeof p);
+    p.epsilon = static_cast<float>(n.arg(8).as_double());
+    p.is_training = true;
+    emit(kernel("batch_norm_bwd", dt), name_, {x, g, operand(n, 5), operand(n, 6), operand(n, 2)}, res, bytes_of(p),
+         batch_norm_text(p));
+    const auto outs = n.outputs();
+    if (outs[0] >= 0) tensor_of_[outs[0]] = transpose(res[0], {0, 3, 1, 2});
+    if (outs[1] >= 0) tensor_of_[outs[1]] = res[2];
+    if (outs[2] >= 0) tensor_of_[outs[2]] = res[1];
+  }
+
   // (self, target, weight, reduction, ignore_index) -> (output, total_weight). The kernel gives the
-  // loss; total_weight, without a class weight, is the count of rows whose target is not
-  // ignore_index: not_equal, cast to the float type, summed.
+  // loss (one per row for reduction none); total_weight, without a class weight, is the count of
+  // rows whose target is not ignore_index: not_equal, cast to the float type, summed (0 for
+  // reduction none, as ATen leaves it).
   void nll_loss_forward(const Node& n, syn::DataType dt) {
     const int32_t x = operand(n, 0), target = operand(n, 1);
-    syn::NllLossParams p{static_cast<int32_t>(n.arg(3).as_int() == 1 ? syn::kNllMean : syn::kNllSum),
-                         static_cast<int32_t>(n.arg(4).as_int())};
+    syn::NllLossParams p{nll_mode(n.arg(3).as_int()), static_cast<int32_t>(n.arg(4).as_int())};
     const auto outs = n.outputs();
     const int32_t loss = workspace(g_.value(outs[0]).shape(), dt);
     emit(kernel("nll_loss_fwd", dt), name_, {x, target}, {loss}, bytes_of(p), nll_text(p));
     tensor_of_[outs[0]] = loss;
     if (outs.size() < 2 || outs[1] < 0) return;
+    if (p.mode == syn::kNllNone) {
+      tensor_of_[outs[1]] = constant(0.0, g_.value(outs[1]).shape(), dt);
+      return;
+    }
     const int64_t rows = tensor(target).shape.at(0);
     const int32_t ignore = constant(static_cast<double>(p.ignore_index), {1}, syn::kTypeInt32);
     const int32_t kept = workspace({rows}, syn::kTypeInt8);
@@ -631,9 +719,9 @@ std::string why_not_nll_loss(const Graph& g, const Node& n, bool backward) {
   const auto t = g.value(n.arg(first + 1).tensor_index());
   if (x.ndim() != 2) return "log-probabilities of " + std::to_string(x.ndim()) + " dims (only [N, C] is lowered)";
   if (!is_int64(t.dtype()) || t.ndim() != 1) return "targets that are not int64 of one dim";
-  if (!n.arg(first + 2).is_none()) return "a class weight (the kernel is lowered without one)";
+  if (!n.arg(first + 2).is_none()) return "a class weight (the weighted kernels are not lowered)";
   const int64_t reduction = n.arg(first + 3).as_int();
-  if (reduction != 1 && reduction != 2) return "reduction none (mean and sum are lowered)";
+  if (reduction < 0 || reduction > 2) return "an unknown reduction";
   if (backward && !is_float(g.value(n.arg(0).tensor_index()).dtype())) return "a grad that is not a float";
   return "";
 }
@@ -646,35 +734,66 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
     return "no Synapse lowering for " + o + " yet";
   for (int64_t v : n.outputs())
     if (v < 0 && o != "aten::nll_loss_forward" && o != "aten::native_layer_norm_backward" &&
-        o != "aten::convolution_backward")
+        o != "aten::convolution_backward" && o != "aten::native_batch_norm_backward")
       return "an undefined result";
   for (size_t i = 0; i < n.num_args(); ++i) {
     const auto a = n.arg(i);
     if (a.runtime_scalar() >= 0 && !runtime_scalar_allowed(o, i, a)) return "a run-time scalar argument";
   }
-  const bool several = o == "aten::nll_loss_forward" || o == "aten::native_layer_norm" ||
-                       o == "aten::native_layer_norm_backward" || o == "aten::convolution_backward";
+  const bool layer_norm = o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward";
+  const bool batch_norm = o == "aten::_native_batch_norm_legit_functional" || o == "aten::native_batch_norm_backward";
+  const bool several = o == "aten::nll_loss_forward" || layer_norm || batch_norm || o == "aten::convolution_backward";
   if (!several && n.outputs().size() != 1) return "more than one result";
-  // One float type per node (targets aside): the kernels are chosen by it.
+  // One float type per node (targets aside): the kernels are chosen by it. A norm's weight, bias
+  // and statistics (`stats`) are float32 in the kernels whatever the input's type.
   DLDataType first{};
   bool seen = false;
   const bool indexed = o == "aten::nll_loss_forward" || o == "aten::nll_loss_backward" || o == "aten::embedding" ||
                        o == "aten::embedding_dense_backward";
   const bool view = o == "aten::view" || o == "aten::_unsafe_view" || o == "aten::reshape" || o == "aten::clone" ||
                     o == "aten::alias" || o == "aten::detach";
+  const bool counter = (o == "aten::add.Scalar" || o == "aten::add.Tensor") && n.arg(0).is_tensor() &&
+                       is_int64(g.value(n.arg(0).tensor_index()).dtype());
   std::vector<int64_t> values = n.inputs();
   for (int64_t v : n.outputs())
     if (v >= 0) values.push_back(v);
+  std::set<int64_t> stats;
+  if (layer_norm || batch_norm) {
+    const bool bwd = o == "aten::native_layer_norm_backward" || o == "aten::native_batch_norm_backward";
+    std::set<int64_t> main = {n.arg(0).tensor_index(), n.outputs()[0]};
+    if (bwd) main.insert(n.arg(1).tensor_index());
+    for (int64_t v : values)
+      if (!main.count(v)) stats.insert(v);
+  }
   for (int64_t v : values) {
     const auto val = g.value(v);
     if (val.ndim() > kMaxRank)
       return "a tensor of " + std::to_string(val.ndim()) + " dims (the kernels take " + std::to_string(kMaxRank) + ")";
     if (val.numel() == 0) return "a tensor without elements (Synapse's sizes are at least 1)";
-    if (is_int64(val.dtype()) && (indexed || view)) continue;  // targets, and views of them
+    if (is_int64(val.dtype()) && (indexed || view || counter)) continue;  // targets, views of them, counters
     if (!is_float(val.dtype())) return "a " + kiln::plugin::dtype_name(val.dtype()) + " tensor";
+    if (stats.count(v)) continue;
     if (seen && !kiln::plugin::same_dtype(first, val.dtype())) return "float32 and bfloat16 tensors in one node";
     first = val.dtype();
     seen = true;
+  }
+  for (int64_t v : stats) {
+    const auto t = g.value(v).dtype();
+    if (batch_norm && !kiln::plugin::is_float32(t))
+      return "batch norm with " + kiln::plugin::dtype_name(t) + " weights or statistics (float32 ones are lowered)";
+    if (!kiln::plugin::is_float32(t) && !kiln::plugin::same_dtype(first, t))
+      return "float32 and bfloat16 tensors in one node";
+  }
+  if (counter) {
+    // A counter's step (batch norm's num_batches_tracked): an int32 add on the device, the value
+    // narrowed on the way in and widened on the way out.
+    if (g.value(n.arg(0).tensor_index()).numel() != 1) return "an int64 add of more than one element";
+    if (n.arg(1).is_tensor() || n.arg(1).runtime_scalar() >= 0) return "an int64 add of other than a constant";
+    const double step = n.arg(1).as_double();
+    if (step != std::floor(step) || std::fabs(step) > 1e6) return "an int64 add of other than a small integer";
+    if (auto alpha = n.find_arg("alpha"); alpha && (alpha->runtime_scalar() >= 0 || alpha->as_double() != 1.0))
+      return "an int64 add with alpha";
+    if (!is_int64(g.value(n.outputs()[0]).dtype())) return "an int64 add into another dtype";
   }
   if (view && !values.empty()) {
     const bool in64 = is_int64(g.value(n.arg(0).tensor_index()).dtype());
@@ -704,14 +823,21 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
   if (o == "aten::native_layer_norm" || o == "aten::native_layer_norm_backward") {
     const bool bwd = o == "aten::native_layer_norm_backward";
     const auto x = g.value(n.arg(bwd ? 1 : 0).tensor_index());
-    if (!kiln::plugin::is_float32(x.dtype())) return "layer norm in " + kiln::plugin::dtype_name(x.dtype());
     if (n.arg(bwd ? 2 : 1).as_ints().size() != 1) return "a layer norm over other than the last dim";
     if (x.ndim() < 2) return "a layer norm of fewer than two dims";
     if (n.arg(bwd ? 5 : 2).is_none() || n.arg(bwd ? 6 : 3).is_none()) return "a layer norm without weight and bias";
   }
   if (o == "aten::gelu" || o == "aten::gelu_backward") {
     const std::string a = n.arg(o == "aten::gelu" ? 1 : 2).as_string();
-    if (a != "none") return "gelu with approximate '" + a + "' (the exact one is lowered)";
+    if (a != "none" && a != "tanh") return "gelu with approximate '" + a + "'";
+  }
+  if (batch_norm) {
+    const bool bwd = o == "aten::native_batch_norm_backward";
+    if (g.value(n.arg(bwd ? 1 : 0).tensor_index()).ndim() != 4) return "a batch norm of other than [N, C, H, W]";
+    if (!n.arg(bwd ? 7 : 5).as_bool()) return "batch norm in eval mode (training is lowered)";
+    if (n.arg(2).is_none() || (!bwd && n.arg(1).is_none()))
+      return "a batch norm without weight and bias (the affine one is lowered)";
+    if (bwd && (n.arg(5).is_none() || n.arg(6).is_none())) return "a batch norm backward without the saved statistics";
   }
   if (o == "aten::threshold_backward" && n.arg(2).as_double() != 0.0)
     return "a threshold other than 0 (relu's backward is lowered)";
@@ -734,6 +860,246 @@ std::string why_not_lowered(const Graph& g, const Node& n) {
 
 SynGraph lower(const Graph& g) { return Lowering(g).run(); }
 
+double constant_value(const SynGraph& g, const SynNode& n) {
+  syn::ConstantParams p{};
+  std::memcpy(&p, n.params.data(), std::min(n.params.size(), sizeof p));
+  return g.tensors[static_cast<size_t>(n.outputs.at(0))].dtype == syn::kTypeInt32 ? p.constant.i : p.constant.f;
+}
+
+std::optional<SynGraph> dynamic_graph(const SynGraph& low, const SynGraph& high, std::string* why) {
+  auto refuse = [&](const std::string& m) -> std::optional<SynGraph> {
+    *why = m;
+    return std::nullopt;
+  };
+  if (low.tensors.size() != high.tensors.size() || low.nodes.size() != high.nodes.size() || low.inputs != high.inputs ||
+      low.outputs != high.outputs || low.scalars != high.scalars)
+    return refuse("its lowerings at the smallest and largest sizes differ in their tensors or nodes");
+  SynGraph g = high;
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    SynTensor& t = g.tensors[i];
+    const SynTensor& l = low.tensors[i];
+    if (l.shape.size() != t.shape.size() || l.dtype != t.dtype || l.kind != t.kind || l.name != t.name)
+      return refuse(
+          "tensor "
+          " + t.name + "
+          " has another rank or dtype at the smallest sizes");
+    for (size_t d = 0; d < t.shape.size(); ++d)
+      if (l.shape[d] > t.shape[d])
+        return refuse(
+            "tensor "
+            " + t.name + "
+            " is smaller at the largest sizes");
+    if (l.shape != t.shape) {
+      if (t.kind == SynTensor::Kind::kScalar) return refuse("a run-time scalar whose sizes change");
+      t.min_shape = l.shape;
+    }
+  }
+  // Constants whose value follows the sizes become persistent size scalars (a launch writes the
+  // value the lowering at its sizes gives); their node leaves the graph.
+  std::vector<SynNode> nodes;
+  for (size_t k = 0; k < g.nodes.size(); ++k) {
+    const SynNode& n = g.nodes[k];
+    const SynNode& l = low.nodes[k];
+    if (n.guid != l.guid || n.inputs != l.inputs || n.outputs != l.outputs)
+      return refuse("node " + n.name + " (" + n.guid + ") differs between its smallest and largest sizes");
+    if (n.params == l.params) {
+      nodes.push_back(n);
+      continue;
+    }
+    SynTensor& out = g.tensors[static_cast<size_t>(n.outputs.at(0))];
+    if (n.guid.rfind("constant_", 0) != 0 || out.kind != SynTensor::Kind::kWorkspace || out.dynamic())
+      return refuse("node " + n.name + " (" + n.guid + ") has parameters that follow the sizes (" + l.params_text +
+                    " at the smallest, " + n.params_text + " at the largest)");
+    out.kind = SynTensor::Kind::kSizeScalar;
+    out.index = static_cast<int64_t>(k);
+    out.name = "size_scalar" + std::to_string(g.size_scalars.size());
+    g.size_scalars.push_back(n.outputs[0]);
+  }
+  g.nodes = std::move(nodes);
+  // A reshape whose output changes size reads its actual sizes from a shape tensor.
+  for (SynNode& n : g.nodes) {
+    if (n.guid != "reshape") continue;
+    const int32_t o = n.outputs.at(0);
+    if (!g.tensors[static_cast<size_t>(o)].dynamic()) continue;
+    SynTensor st;
+    st.name = "shape" + std::to_string(g.shape_tensors.size());
+    st.shape = g.tensors[static_cast<size_t>(o)].shape;
+    st.min_shape = g.tensors[static_cast<size_t>(o)].min_shape;
+    st.dtype = syn::kTypeInt32;
+    st.kind = SynTensor::Kind::kShape;
+    st.index = o;
+    g.tensors.push_back(st);
+    const int32_t id = static_cast<int32_t>(g.tensors.size() - 1);
+    g.shape_tensors.push_back(id);
+    n.inputs.push_back(id);
+  }
+  return g;
+}
+
+namespace {
+
+// c * (the product of free symbols), c = num / den: a tensor's element count over the symbols.
+struct Monomial {
+  int64_t num = 1, den = 1;
+  std::vector<int32_t> symbols;  // sorted, with repeats
+  void times(int64_t n, int64_t d) {
+    num *= n;
+    den *= d;
+    const int64_t g = std::gcd(num, den);
+    if (g > 1) num /= g, den /= g;
+  }
+};
+
+}  // namespace
+
+std::vector<SymbolRelation> symbol_relations(const Graph& symbolic) {
+  const auto symbols = symbolic.symbols();
+  std::vector<SymbolRelation> rel(symbols.size());
+  std::map<std::pair<int64_t, int64_t>, KilnSizeSite> shape_site;
+  for (const KilnSizeSite& s : symbolic.size_sites())
+    if (s.kind == KILN_SIZE_SITE_SHAPE) shape_site[{s.at, s.elem}] = s;
+  // The element count of value v with derived symbols written out; empty where a dim is not a
+  // monomial (a site with a constant term).
+  auto count = [&](int64_t v) -> std::optional<Monomial> {
+    Monomial m;
+    const auto shape = symbolic.value(v).shape();
+    for (size_t d = 0; d < shape.size(); ++d) {
+      auto it = shape_site.find({v, static_cast<int64_t>(d)});
+      if (it == shape_site.end()) {
+        m.times(shape[d], 1);
+        continue;
+      }
+      const KilnSizeSite& s = it->second;
+      if (s.constant != 0 || s.reciprocal || s.num <= 0) return std::nullopt;
+      m.times(s.num, s.den);
+      for (int32_t k = 0; k < s.num_factors; ++k) {
+        const int32_t f = s.factors[k];
+        if (f < 0 || static_cast<size_t>(f) >= rel.size()) return std::nullopt;
+        const SymbolRelation& r = rel[static_cast<size_t>(f)];
+        if (!r.derived) {
+          m.symbols.push_back(f);
+          continue;
+        }
+        m.times(r.num, r.den);
+        m.symbols.insert(m.symbols.end(), r.factors.begin(), r.factors.end());
+      }
+    }
+    std::sort(m.symbols.begin(), m.symbols.end());
+    return m;
+  };
+  // A reshape keeps the element count: where, the common symbols cancelled, one side has a single
+  // symbol the other lacks, that symbol is the other side over the rest. Until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < symbolic.num_nodes(); ++i) {
+      const Node n = symbolic.node(static_cast<int64_t>(i));
+      const std::string o = n.op();
+      if (o != "aten::view" && o != "aten::_unsafe_view" && o != "aten::reshape") continue;
+      auto a = count(n.arg(0).tensor_index()), b = count(n.outputs().at(0));
+      if (!a || !b) continue;
+      std::vector<int32_t> only_a, only_b;
+      std::set_difference(a->symbols.begin(), a->symbols.end(), b->symbols.begin(), b->symbols.end(),
+                          std::back_inserter(only_a));
+      std::set_difference(b->symbols.begin(), b->symbols.end(), a->symbols.begin(), a->symbols.end(),
+                          std::back_inserter(only_b));
+      // Where either side could be the derived one ([8, T] viewed as [8T]: T = 8T / 8 or 8T = 8 * T),
+      // the one that is a whole multiple of the rest (8T), so the free symbols stay the smaller.
+      auto whole = [](const Monomial& x, const Monomial& y) { return (y.num * x.den) % (y.den * x.num) == 0; };
+      if (only_a.size() != 1 || (only_b.size() == 1 && !whole(*a, *b) && whole(*b, *a)))
+        std::swap(a, b), std::swap(only_a, only_b);
+      if (only_a.size() != 1 || std::count(only_b.begin(), only_b.end(), only_a[0])) continue;
+      // a.c * x = b.c * rest, so x = (b.c / a.c) * rest.
+      const int32_t x = only_a[0];
+      SymbolRelation r;
+      r.derived = true;
+      Monomial c;
+      c.times(b->num * a->den, b->den * a->num);
+      r.num = c.num, r.den = c.den;
+      r.factors = only_b;
+      rel[static_cast<size_t>(x)] = r;
+      // Relations written with x before are written without it now.
+      for (auto& other : rel) {
+        if (!other.derived || !std::count(other.factors.begin(), other.factors.end(), x)) continue;
+        std::vector<int32_t> f;
+        Monomial m;
+        m.times(other.num, other.den);
+        for (int32_t k : other.factors) {
+          if (k != x) {
+            f.push_back(k);
+            continue;
+          }
+          m.times(r.num, r.den);
+          f.insert(f.end(), r.factors.begin(), r.factors.end());
+        }
+        std::sort(f.begin(), f.end());
+        other.num = m.num, other.den = m.den, other.factors = f;
+      }
+      changed = true;
+    }
+  }
+  // Steps: a site that is c * s for one free symbol s with c = num / den needs s a multiple of den.
+  for (const KilnSizeSite& s : symbolic.size_sites()) {
+    if (s.num_factors < 1 || s.num_factors > 2 || s.num == 0) continue;
+    Monomial m;
+    m.times(s.num < 0 ? -s.num : s.num, s.den);
+    bool ok = true;
+    for (int32_t k = 0; k < s.num_factors && ok; ++k) {
+      const int32_t f = s.factors[k];
+      ok = f >= 0 && static_cast<size_t>(f) < rel.size();
+      if (!ok) break;
+      const SymbolRelation& r = rel[static_cast<size_t>(f)];
+      if (!r.derived) {
+        m.symbols.push_back(f);
+      } else {
+        m.times(r.num, r.den);
+        m.symbols.insert(m.symbols.end(), r.factors.begin(), r.factors.end());
+      }
+    }
+    if (!ok || m.symbols.size() != 1 || m.den == 1) continue;
+    int64_t& step = rel[static_cast<size_t>(m.symbols[0])].step;
+    step = std::lcm(step, m.den);
+  }
+  return rel;
+}
+
+std::optional<kiln::plugin::SizeBucket> size_range(const std::vector<SymbolRelation>& relations,
+                                                   const std::string& policy, const std::vector<int64_t>& sizes) {
+  if (relations.size() != sizes.size()) return std::nullopt;
+  std::vector<int64_t> free;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) free.push_back(sizes[i]);
+  auto fb = kiln::plugin::size_bucket(policy, free, "[plugin.hpu_backend] buckets");
+  // Both ends on a multiple of the symbol's step (the call's own size is one).
+  for (size_t i = 0, k = 0; i < sizes.size(); ++i) {
+    if (relations[i].derived) continue;
+    const int64_t st = relations[i].step;
+    if (sizes[i] % st != 0) return std::nullopt;
+    fb.low[k] = (fb.low[k] + st - 1) / st * st;
+    fb.high[k] = (fb.high[k] + st - 1) / st * st;
+    ++k;
+  }
+  kiln::plugin::SizeBucket b{sizes, sizes};
+  // Each derived symbol at the free ones' values `at`; nullopt where it is not an integer >= 2.
+  auto value = [&](const SymbolRelation& r, const std::vector<int64_t>& at) -> std::optional<int64_t> {
+    int64_t p = r.num;
+    for (int32_t f : r.factors) p *= at[static_cast<size_t>(f)];
+    if (p % r.den != 0 || p / r.den < 2) return std::nullopt;
+    return p / r.den;
+  };
+  std::vector<int64_t> low = sizes, high = sizes;
+  for (size_t i = 0, k = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) low[i] = fb.low[k], high[i] = fb.high[k++];
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (!relations[i].derived) continue;
+    const auto at = value(relations[i], sizes), lo = value(relations[i], low), hi = value(relations[i], high);
+    if (!at || *at != sizes[i] || !lo || !hi) return std::nullopt;
+    b.low[i] = *lo, b.high[i] = *hi;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (!relations[i].derived) b.low[i] = low[i], b.high[i] = high[i];
+  return b;
+}
+
 std::string SynGraph::dump() const {
   std::ostringstream s;
   s << "synapse graph {\n";
@@ -742,13 +1108,15 @@ std::string SynGraph::dump() const {
       case SynTensor::Kind::kInput: return " input " + std::to_string(t.index);
       case SynTensor::Kind::kOutput: return " output " + std::to_string(t.index);
       case SynTensor::Kind::kScalar: return " runtime_scalar " + std::to_string(t.index);
+      case SynTensor::Kind::kSizeScalar: return " size_scalar of node " + std::to_string(t.index);
+      case SynTensor::Kind::kShape: return " shape_of " + std::to_string(t.index);
       default: return "";
     }
   };
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
-    s << "  tensor " << i << " \"" << t.name << "\" " << dtype_suffix(t.dtype) << ints_text(t.shape) << kind(t)
-      << (t.widened ? " int64_on_host" : "") << "\n";
+    s << "  tensor " << i << " \"" << t.name << "\" " << dtype_suffix(t.dtype) << ints_text(t.shape)
+      << (t.dynamic() ? " min" + ints_text(t.min_shape) : "") << kind(t) << (t.widened ? " int64_on_host" : "") << "\n";
   }
   for (const auto& n : nodes) {
     s << "  node " << n.guid << " \"" << n.name << "\" (";

@@ -157,6 +157,8 @@ std::vector<int32_t> persistent_tensors(const SynGraph& g) {
   for (int32_t t : g.inputs)
     if (t >= 0 && std::find(p.begin(), p.end(), t) == p.end()) p.push_back(t);
   for (int32_t t : g.scalars) p.push_back(t);
+  for (int32_t t : g.size_scalars) p.push_back(t);
+  for (int32_t t : g.shape_tensors) p.push_back(t);
   for (int32_t t : g.outputs) p.push_back(t);
   return p;
 }
@@ -199,16 +201,29 @@ std::shared_ptr<Recipe> compile_graph(const std::shared_ptr<Device>& device, con
     const SynTensor& t = g.tensors[i];
     const std::string what =
         "tensor " + std::to_string(i) + " \"" + t.name + "\" " + dims_text(t.shape) + " of graph " + name;
-    lib.check(lib.tensor_create(&s.tensors[i], s.graph, syn::kDataTensor, t.name.c_str()), "synTensorHandleCreate",
-              what);
+    const bool shape_tensor = t.kind == SynTensor::Kind::kShape;
+    lib.check(
+        lib.tensor_create(&s.tensors[i], s.graph, shape_tensor ? syn::kShapeTensor : syn::kDataTensor, t.name.c_str()),
+        "synTensorHandleCreate", what);
     lib.check(lib.tensor_set_device_data_type(s.tensors[i], t.dtype), "synTensorSetDeviceDataType", what);
-    syn::TensorGeometry geo{};
-    // Sizes fastest first; a rank-0 value is a tensor of one element.
-    geo.dims = t.shape.empty() ? 1 : static_cast<uint32_t>(t.shape.size());
-    geo.sizes[0] = 1;
-    for (size_t d = 0; d < t.shape.size(); ++d) geo.sizes[d] = static_cast<uint64_t>(t.shape[t.shape.size() - 1 - d]);
-    lib.check(lib.tensor_set_geometry(s.tensors[i], &geo, syn::kGeometrySizes), "synTensorSetGeometry", what);
-    if (std::find(persistent.begin(), persistent.end(), static_cast<int32_t>(i)) != persistent.end()) {
+    // Sizes fastest first; a rank-0 value is a tensor of one element. A tensor whose sizes change
+    // has its largest sizes and its smallest.
+    auto geometry = [](const std::vector<int64_t>& shape) {
+      syn::TensorGeometry geo{};
+      geo.dims = shape.empty() ? 1 : static_cast<uint32_t>(shape.size());
+      geo.sizes[0] = 1;
+      for (size_t d = 0; d < shape.size(); ++d) geo.sizes[d] = static_cast<uint64_t>(shape[shape.size() - 1 - d]);
+      return geo;
+    };
+    const syn::TensorGeometry max = geometry(t.shape);
+    lib.check(lib.tensor_set_geometry(s.tensors[i], &max, t.dynamic() ? syn::kGeometryMaxSizes : syn::kGeometrySizes),
+              "synTensorSetGeometry", what);
+    if (t.dynamic()) {
+      const syn::TensorGeometry min = geometry(t.min_shape);
+      lib.check(lib.tensor_set_geometry(s.tensors[i], &min, syn::kGeometryMinSizes), "synTensorSetGeometry",
+                what + " (its smallest sizes " + dims_text(t.min_shape) + ")");
+    }
+    if (!shape_tensor && std::find(persistent.begin(), persistent.end(), static_cast<int32_t>(i)) != persistent.end()) {
       // Each persistent tensor in a section of its own: its device buffer is given at launch.
       syn::SectionHandle sec = nullptr;
       lib.check(lib.section_create(&sec, 0, s.graph), "synSectionCreate", what);

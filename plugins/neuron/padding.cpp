@@ -89,31 +89,11 @@ bool is_padded(const PaddedDim& d) {
 }
 
 void check_bucket_policy(const std::string& policy) {
-  if (policy == "pow2" || policy == "exact") return;
-  char* end = nullptr;
-  const long long n = std::strtoll(policy.c_str(), &end, 10);
-  if (policy.empty() || *end != '\0' || n < 1 || n > (int64_t{1} << 30))
-    throw kiln::plugin::Error(KILN_ERROR_INVALID_ARGUMENT,
-                              "[plugin.neuron] buckets = '" + policy +
-                                  "': expected \"pow2\" (sizes rounded up to a power of two), a positive integer N "
-                                  "(rounded up to a multiple of N) or \"exact\" (one compile per size, no padding)");
+  kiln::plugin::check_size_bucket_policy(policy, "[plugin.neuron] buckets");
 }
 
 std::vector<int64_t> bucket_sizes(const std::string& policy, const std::vector<int64_t>& sizes) {
-  check_bucket_policy(policy);
-  std::vector<int64_t> b = sizes;
-  if (policy == "exact") return b;
-  const int64_t n = policy == "pow2" ? 0 : std::stoll(policy);
-  for (int64_t& s : b) {
-    if (n) {
-      s = (s + n - 1) / n * n;
-    } else {
-      int64_t p = 1;
-      while (p < s) p *= 2;
-      s = p;
-    }
-  }
-  return b;
+  return kiln::plugin::size_bucket(policy, sizes, "[plugin.neuron] buckets").high;
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 #include <cstdarg>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <algorithm>
@@ -871,6 +872,43 @@ class SymbolicGraphCopy {
   std::vector<KilnSizeSite> sites_;
   KilnGraphView view_;
 };
+
+// A range of sizes that one compile serves, for a plugin that compiles a symbolic view once per
+// range ("bucket") rather than once per size: each symbol's value lies in [low, high]. The policy
+// is what its user names in the plugin's options: "pow2" (each value in (2^(k-1), 2^k]), a
+// positive integer N (in (N(k-1), Nk]) or "exact" (the value alone); never below 2, a symbol's
+// least value. `option` names the option in the error a policy gets that is none of these.
+struct SizeBucket {
+  std::vector<int64_t> low, high;
+};
+inline void check_size_bucket_policy(const std::string& policy, const std::string& option) {
+  if (policy == "pow2" || policy == "exact") return;
+  char* end = nullptr;
+  const long long n = std::strtoll(policy.c_str(), &end, 10);
+  if (policy.empty() || *end != '\0' || n < 1 || n > (1ll << 30))
+    throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                option + " = '" + policy +
+                    "': expected \"pow2\" (sizes rounded up to a power of two), a positive integer N (rounded up "
+                    "to a multiple of N) or \"exact\" (one compile per size)");
+}
+inline SizeBucket size_bucket(const std::string& policy, const std::vector<int64_t>& sizes, const std::string& option) {
+  check_size_bucket_policy(policy, option);
+  SizeBucket b{sizes, sizes};
+  if (policy == "exact") return b;
+  const int64_t n = policy == "pow2" ? 0 : std::stoll(policy);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    int64_t hi = 1;
+    if (n) {
+      hi = (sizes[i] + n - 1) / n * n;
+      b.low[i] = std::max<int64_t>(2, hi - n + 1);
+    } else {
+      while (hi < sizes[i]) hi *= 2;
+      b.low[i] = std::max<int64_t>(2, hi / 2 + 1);
+    }
+    b.high[i] = hi;
+  }
+  return b;
+}
 
 // An executable that serves every size of a symbolic view by compiling the concrete graph of each
 // size it meets (ConcreteGraph) with `compile` and keeping the last `keep` of them: for a plugin

@@ -39,8 +39,10 @@ struct FSection {
 struct FTensor {
   std::string name;
   int32_t dtype = 0;
-  std::vector<int64_t> sizes;  // fastest first, as set
+  std::vector<int64_t> sizes;      // fastest first, as set (the largest sizes)
+  std::vector<int64_t> min_sizes;  // the smallest, where set
   bool has_geometry = false;
+  bool shape_tensor = false;  // holds no data: a launch gives its sizes
   FSection* section = nullptr;
   bool destroyed = false;
 };
@@ -62,8 +64,11 @@ struct FGraph {
 struct RTensor {
   std::string name;
   int32_t dtype = 0;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;      // the largest sizes
+  std::vector<int64_t> min_shape;  // the smallest (the same for a static tensor)
   bool persistent = false;
+  bool shape_tensor = false;
+  bool dynamic() const { return min_shape != shape; }
 };
 struct RNode {
   std::string guid, name;
@@ -214,8 +219,8 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (sfx == "i32") return syn::kTypeInt32;
     return syn::kTypeInt8;
   };
-  static const std::set<std::string> unary = {"neg_fwd",  "exp_fwd",     "log_fwd",  "sqrt_fwd", "rsqrt_fwd",
-                                              "tanh_fwd", "sigmoid_fwd", "relu_fwd", "gelu_fwd"};
+  static const std::set<std::string> unary = {"neg_fwd",   "exp_fwd",  "log_fwd",     "sqrt_fwd",
+                                              "rsqrt_fwd", "tanh_fwd", "sigmoid_fwd", "relu_fwd"};
   static const std::set<std::string> binary = {"add_fwd", "sub_fwd", "mult_fwd", "div_fwd"};
   std::string e;
   if (base == "gemm" || base == "batch_gemm") {
@@ -263,16 +268,40 @@ std::string check_node(const FRecipe& r, const RNode& n) {
       return "output " + shape_text(y) + " is not the convolution of " + shape_text(x) + " by " + shape_text(w);
     return "";
   }
-  if (base == "reshape" || base == "memcpy" || base == "transpose") {
+  if (base == "reshape") {
+    // A reshape whose output changes size reads its actual sizes from a shape tensor (input 1) of
+    // the output's geometry.
+    const bool dynamic = T(n.out[0]).dynamic();
+    if (!(e = count(dynamic ? 2 : 1, 1)).empty())
+      return e + (dynamic ? " (an output that changes size takes a shape tensor)" : "");
+    if (dynamic) {
+      const RTensor& s = T(n.in[1]);
+      if (!s.shape_tensor) return "input \"" + s.name + "\" is not a shape tensor";
+      if (s.shape != T(n.out[0]).shape || s.min_shape != T(n.out[0]).min_shape)
+        return "shape tensor \"" + s.name + "\" has another geometry than the output";
+    }
+    if (T(n.in[0]).dtype != T(n.out[0]).dtype) return "input and output dtypes differ";
+    if (!sfx.empty()) return "has a dtype suffix";
+    const auto& in = T(n.in[0]);
+    const auto& out = T(n.out[0]);
+    auto elements = [](const std::vector<int64_t>& v) {
+      int64_t k = 1;
+      for (int64_t d : v) k *= d;
+      return k;
+    };
+    if (elements(in.shape) != elements(out.shape) || elements(in.min_shape) != elements(out.min_shape))
+      return "reshapes " + shape_text(in.shape) + " (at least " + shape_text(in.min_shape) + ") to " +
+             shape_text(out.shape) + " (at least " + shape_text(out.min_shape) + ")";
+    return "";
+  }
+  for (int i : n.in)
+    if (T(i).shape_tensor) return "reads shape tensor \"" + T(i).name + "\", which only a reshape takes";
+  if (base == "memcpy" || base == "transpose") {
     if (!(e = count(1, 1)).empty()) return e;
     if (!(e = same_dtype(T(n.in[0]).dtype)).empty()) return e;
     if (!sfx.empty()) return "has a dtype suffix";
     const auto& in = T(n.in[0]).shape;
     const auto& out = T(n.out[0]).shape;
-    if (base == "reshape") {
-      if (bytes_of(T(n.in[0])) != bytes_of(T(n.out[0]))) return "reshapes " + shape_text(in) + " to " + shape_text(out);
-      return "";
-    }
     if (base == "memcpy") return in == out ? "" : "copies " + shape_text(in) + " to " + shape_text(out);
     syn::TransposeParams p{};
     if (!read_params(n, &p)) return "parameters are not a synTransposeParams";
@@ -298,9 +327,11 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     if (T(n.in[0]).shape != T(n.out[0]).shape) return "input and output sizes differ";
     return same_dtype(dt);
   }
-  if (base == "gelu_bwd") {
-    if (!(e = count(2, 1)).empty()) return e;
-    if (!n.params.empty()) return "takes no parameters";
+  if (base == "gelu_fwd" || base == "gelu_bwd") {
+    // fwd (x) -> y; bwd (grad, x) -> grad_x; the parameter picks the tanh approximation.
+    if (!(e = count(base == "gelu_bwd" ? 2 : 1, 1)).empty()) return e;
+    syn::GeluParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_GeluKernel::Params";
     for (int i : n.in)
       if (T(i).shape != T(n.out[0]).shape) return "operand sizes differ";
     return same_dtype(dt);
@@ -356,6 +387,8 @@ std::string check_node(const FRecipe& r, const RNode& n) {
     return "";
   }
   if (base == "nll_loss_fwd" || base == "nll_loss_bwd") {
+    // fwd (x, target) -> loss; bwd (x, target, grad of the loss) -> grad_x. The loss (and its
+    // grad) is one element, or one per row in none mode.
     const bool bwd = base == "nll_loss_bwd";
     if (!(e = count(bwd ? 3 : 2, 1)).empty()) return e;
     syn::NllLossParams p{};
@@ -366,17 +399,24 @@ std::string check_node(const FRecipe& r, const RNode& n) {
       return "takes " + sfx + " log-probabilities and int32 targets";
     if (x.shape.size() != 2 || t.shape != std::vector<int64_t>{x.shape[0]})
       return "log-probabilities " + shape_text(x.shape) + " and targets " + shape_text(t.shape) + " do not match";
-    if (p.mode != syn::kNllMean && p.mode != syn::kNllSum) return "unknown mode";
+    if (p.mode != syn::kNllMean && p.mode != syn::kNllSum && p.mode != syn::kNllNone) return "unknown mode";
     if (bwd && (T(n.out[0]).shape != x.shape || T(n.in[2]).dtype != dt)) return "grad_input must match the input";
-    if (!bwd && T(n.out[0]).shape != std::vector<int64_t>{1}) return "the loss is one element";
+    const std::vector<int64_t> loss = p.mode == syn::kNllNone ? t.shape : std::vector<int64_t>{1};
+    if (T(bwd ? n.in[2] : n.out[0]).shape != loss) return "the loss is not " + shape_text(loss);
     return "";
   }
   if (base == "layer_norm_fwd" || base == "layer_norm_bwd") {
-    // fwd (x, gamma, beta) -> (y, mean, rstd); bwd (x, grad_y, mean, rstd, gamma) -> (grad_x,
-    // grad_gamma, grad_beta): over the fastest dim, mean and rstd of the input's rank with it 1.
+    // fwd (x, beta, gamma) -> (y, mean, rstd); bwd (x, grad_y, mean, rstd, gamma) -> (grad_x,
+    // grad_beta, grad_gamma): over the fastest dim, mean and rstd of the input's rank with it 1.
+    // x, y and their grads are of the kernel's dtype; gamma, beta, mean, rstd and their grads float32.
     const bool bwd = base == "layer_norm_bwd";
     if (!(e = count(bwd ? 5 : 3, 3)).empty()) return e;
-    if (!(e = same_dtype(dt)).empty()) return e;
+    for (size_t i = 0; i < n.in.size(); ++i)
+      if (T(n.in[i]).dtype != (i < (bwd ? 2u : 1u) ? dt : syn::kTypeFloat))
+        return "input " + std::to_string(i) + " is " + suffix_of(T(n.in[i]).dtype);
+    for (size_t i = 0; i < n.out.size(); ++i)
+      if (T(n.out[i]).dtype != (i == 0 ? dt : syn::kTypeFloat))
+        return "output " + std::to_string(i) + " is " + suffix_of(T(n.out[i]).dtype);
     syn::LayerNormParams p{};
     if (!read_params(n, &p)) return "parameters are not ns_LayerNormKernel::Params";
     const auto& x = T(n.in[0]).shape;
@@ -392,6 +432,30 @@ std::string check_node(const FRecipe& r, const RNode& n) {
       if (T(n.in[i]).shape != ins[i]) return "input " + std::to_string(i) + " is not " + shape_text(ins[i]);
     for (size_t i = 0; i < outs.size(); ++i)
       if (T(n.out[i]).shape != outs[i]) return "output " + std::to_string(i) + " is not " + shape_text(outs[i]);
+    return "";
+  }
+  if (base == "batch_norm_fwd" || base == "batch_norm_bwd") {
+    // On NHWC tensors ([N, H, W, C], C fastest), per channel. fwd (x, beta, gamma, running_mean,
+    // running_var) -> (y, mean, istd, running_mean', running_var'); bwd (x, grad_y, mean, istd,
+    // gamma) -> (grad_x, grad_beta, grad_gamma). x, y and their grads are of the kernel's dtype,
+    // every per-channel tensor float32 of [C].
+    const bool bwd = base == "batch_norm_bwd";
+    if (!(e = count(5, bwd ? 3 : 5)).empty()) return e;
+    syn::BatchNormParams p{};
+    if (!read_params(n, &p)) return "parameters are not ns_BatchNormKernel::ParamsV2";
+    if (!p.is_training) return "the stand-in runs training batch norm only";
+    const auto& x = T(n.in[0]).shape;
+    if (x.size() != 4) return "an input of other than 4 dims";
+    const std::vector<int64_t> c = {x[3]};
+    for (size_t i = 0; i < n.in.size(); ++i) {
+      const bool big = i == 0 || (bwd && i == 1);
+      if (T(n.in[i]).dtype != (big ? dt : syn::kTypeFloat) || T(n.in[i]).shape != (big ? x : c))
+        return "input " + std::to_string(i) + " is " + suffix_of(T(n.in[i]).dtype) + shape_text(T(n.in[i]).shape);
+    }
+    for (size_t i = 0; i < n.out.size(); ++i) {
+      if (T(n.out[i]).dtype != (i == 0 ? dt : syn::kTypeFloat) || T(n.out[i]).shape != (i == 0 ? x : c))
+        return "output " + std::to_string(i) + " is " + suffix_of(T(n.out[i]).dtype) + shape_text(T(n.out[i]).shape);
+    }
     return "";
   }
   if (base == "gather_fwd" || base == "embedding_dense_pt_bwd") {
@@ -435,7 +499,7 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     if (p.transpose_b) b = b.transpose(-1, -2);
     o = base == "gemm" ? at::mm(a, b) : at::matmul(a, b);
   } else if (base == "reshape") {
-    o = in(0).reshape(shape);
+    o = in(0).reshape(n.in.size() > 1 ? in(1).sizes() : at::IntArrayRef(shape));
   } else if (base == "memcpy") {
     o = in(0).clone();
   } else if (base == "transpose") {
@@ -446,6 +510,7 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
       perm.push_back(aten_dim(p.permutation[aten_dim(static_cast<int64_t>(j), shape.size())], shape.size()));
     o = in(0).permute(perm).contiguous();
   } else if (base == "constant") {
+    if (ot.dynamic()) throw std::runtime_error("a constant whose sizes change");
     syn::ConstantParams p{};
     read_params(n, &p);
     o = ot.dtype == syn::kTypeInt32 ? at::full(shape, p.constant.i, at::TensorOptions().dtype(dtype))
@@ -484,7 +549,8 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     if (base == "spatial_convolution") {
       o = at::convolution(nchw(in(0)), kcrs(in(1)), {}, stride, pad, dil, false, {0, 0}, 1).permute({0, 2, 3, 1});
     } else if (base == "dedx") {
-      const auto& xs = shape;  // [N, H, W, C]
+      auto xs = shape;  // [N, H, W, C]; N as the gradient's where the batch changes
+      xs[0] = in(0).size(0);
       const at::Tensor x = at::empty({xs[0], xs[3], xs[1], xs[2]}, in(0).options());
       o = std::get<0>(at::convolution_backward(nchw(in(0)), x, kcrs(in(1)), std::nullopt, stride, pad, dil, false,
                                                {0, 0}, 1, {true, false, false}))
@@ -496,10 +562,11 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
                                                {0, 0}, 1, {false, true, false}))
               .permute({2, 3, 1, 0});
     }
-  } else if (base == "gelu_fwd") {
-    o = at::gelu(in(0));
-  } else if (base == "gelu_bwd") {
-    o = at::gelu_backward(in(0), in(1));
+  } else if (base == "gelu_fwd" || base == "gelu_bwd") {
+    syn::GeluParams p{};
+    read_params(n, &p);
+    const char* approximate = p.approximation ? "tanh" : "none";
+    o = base == "gelu_fwd" ? at::gelu(in(0), approximate) : at::gelu_backward(in(0), in(1), approximate);
   } else if (base == "relu_bwd") {
     o = at::where(in(1) > 0, in(0), at::zeros({}, in(0).options()));
   } else if (base == "not_equal_fwd") {
@@ -526,31 +593,59 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
   } else if (base == "nll_loss_fwd") {
     syn::NllLossParams p{};
     read_params(n, &p);
-    const int64_t reduction = p.mode == syn::kNllMean ? 1 : 2;
-    o = std::get<0>(at::nll_loss_forward(in(0), in(1).to(at::kLong), {}, reduction, p.ignore_index)).reshape(shape);
+    const int64_t reduction = p.mode == syn::kNllMean ? 1 : p.mode == syn::kNllSum ? 2 : 0;
+    o = std::get<0>(at::nll_loss_forward(in(0), in(1).to(at::kLong), {}, reduction, p.ignore_index));
+    if (!ot.dynamic()) o = o.reshape(shape);  // a reduced loss of one element
   } else if (base == "nll_loss_bwd") {
     // (input, target, grad of the loss); a mean divides by the rows whose target is not ignored.
     syn::NllLossParams p{};
     read_params(n, &p);
-    const int64_t reduction = p.mode == syn::kNllMean ? 1 : 2;
+    const int64_t reduction = p.mode == syn::kNllMean ? 1 : p.mode == syn::kNllSum ? 2 : 0;
     const at::Tensor target = in(1).to(at::kLong);
     const at::Tensor total = at::ne(target, p.ignore_index).sum().to(in(0).scalar_type());
-    o = at::nll_loss_backward(in(2).reshape({}), in(0), target, {}, reduction, p.ignore_index, total);
+    const at::Tensor grad = reduction == 0 ? in(2) : in(2).reshape({});
+    o = at::nll_loss_backward(grad, in(0), target, {}, reduction, p.ignore_index, total);
   } else if (base == "layer_norm_fwd") {
     syn::LayerNormParams p{};
     read_params(n, &p);
-    auto [y, mean, rstd] = at::native_layer_norm(in(0), {in(0).size(-1)}, in(1), in(2), p.eps);
-    env[static_cast<size_t>(n.out[1])] = mean.reshape(r.tensors[static_cast<size_t>(n.out[1])].shape).contiguous();
-    env[static_cast<size_t>(n.out[2])] = rstd.reshape(r.tensors[static_cast<size_t>(n.out[2])].shape).contiguous();
+    auto [y, mean, rstd] = at::native_layer_norm(in(0), {in(0).size(-1)}, in(2), in(1), p.eps);
+    // Statistics keep the normalized dim with size 1.
+    std::vector<int64_t> stat(in(0).sizes().begin(), in(0).sizes().end());
+    stat.back() = 1;
+    for (size_t k : {1u, 2u})
+      env[static_cast<size_t>(n.out[k])] = (k == 1 ? mean : rstd).reshape(stat).to(at::kFloat).contiguous();
     o = y;
   } else if (base == "layer_norm_bwd") {
     // ATen shapes the bias's gradient after the bias, which the kernel does not take (its value
     // does not enter any gradient).
     auto [dx, dw, db] = at::native_layer_norm_backward(in(1), in(0), {in(0).size(-1)}, in(2), in(3), in(4),
                                                        at::zeros_like(in(4)), {true, true, true});
-    env[static_cast<size_t>(n.out[1])] = dw.contiguous();
-    env[static_cast<size_t>(n.out[2])] = db.contiguous();
+    env[static_cast<size_t>(n.out[1])] = db.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
     o = dx;
+  } else if (base == "batch_norm_fwd") {
+    // Training: ATen's functional batch norm on the input as a dense NCHW tensor (the running
+    // statistics updated with momentum, the variance unbiased), the result back to NHWC. Dense, as
+    // eager has it: ATen's channels-last kernels sum in another order, and a channel's sum of
+    // gradients that nearly cancels then differs far beyond float32's rounding.
+    syn::BatchNormParams p{};
+    read_params(n, &p);
+    auto [y, mean, istd, rm, rv] = at::_native_batch_norm_legit_functional(
+        in(0).permute({0, 3, 1, 2}).contiguous(), in(2), in(1), in(3), in(4), true, p.momentum, p.epsilon);
+    env[static_cast<size_t>(n.out[1])] = mean.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = istd.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[3])] = rm.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[4])] = rv.to(at::kFloat).contiguous();
+    o = y.permute({0, 2, 3, 1});
+  } else if (base == "batch_norm_bwd") {
+    syn::BatchNormParams p{};
+    read_params(n, &p);
+    auto [dx, dw, db] = at::native_batch_norm_backward(in(1).permute({0, 3, 1, 2}).contiguous(),
+                                                       in(0).permute({0, 3, 1, 2}).contiguous(), in(4), {}, {}, in(2),
+                                                       in(3), true, p.epsilon, {true, true, true});
+    env[static_cast<size_t>(n.out[1])] = db.to(at::kFloat).contiguous();
+    env[static_cast<size_t>(n.out[2])] = dw.to(at::kFloat).contiguous();
+    o = dx.permute({0, 2, 3, 1});
   } else if (base == "gather_fwd") {
     o = at::embedding(in(0), in(1).to(at::kLong));
   } else if (base == "embedding_dense_pt_bwd") {
@@ -559,6 +654,11 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
     o = at::embedding_dense_backward(in(0), in(1).to(at::kLong), p.num_weights, p.padding_idx, p.scale_grad_by_freq);
   }
   if (!o.defined()) throw std::runtime_error("no reference for " + n.guid);
+  // The element-wise kernels broadcast their operands to the output's sizes, which may be larger
+  // than the operands' own broadcast (a static output only: one that changes size takes theirs).
+  if ((base == "add_fwd" || base == "sub_fwd" || base == "mult_fwd" || base == "div_fwd") && !ot.dynamic() &&
+      o.sizes() != at::IntArrayRef(shape))
+    o = o.expand(shape);
   env[static_cast<size_t>(n.out[0])] = o.to(dtype).contiguous();
   st().guids_run[n.guid]++;
   st().nodes_run++;
@@ -567,12 +667,13 @@ void run_node(const FRecipe& r, const RNode& n, std::vector<at::Tensor>& env) {
 // The recipe as text, for synRecipeSerialize: one line per tensor and per node (params in hex).
 std::string recipe_text(const FRecipe& r) {
   std::ostringstream s;
-  s << "fake-synapse-recipe 1\n"
+  s << "fake-synapse-recipe 2\n"
     << r.name << "\n"
     << r.workspace << " " << r.tensors.size() << " " << r.nodes.size() << "\n";
   for (const auto& t : r.tensors) {
-    s << t.name << " " << t.dtype << " " << t.persistent << " " << t.shape.size();
+    s << t.name << " " << t.dtype << " " << t.persistent << " " << t.shape_tensor << " " << t.shape.size();
     for (int64_t d : t.shape) s << " " << d;
+    for (int64_t d : t.min_shape) s << " " << d;
     s << "\n";
   }
   for (const auto& n : r.nodes) {
@@ -592,14 +693,17 @@ bool parse_recipe(const std::string& text, FRecipe* r) {
   std::string magic;
   int version = 0;
   size_t nt = 0, nn = 0;
-  if (!(s >> magic >> version) || magic != "fake-synapse-recipe" || version != 1) return false;
+  if (!(s >> magic >> version) || magic != "fake-synapse-recipe" || version != 2) return false;
   if (!(s >> r->name >> r->workspace >> nt >> nn) || nt > 1000000 || nn > 1000000) return false;
   for (size_t i = 0; i < nt; ++i) {
     RTensor t;
     size_t rank = 0;
-    if (!(s >> t.name >> t.dtype >> t.persistent >> rank) || rank > 25) return false;
+    if (!(s >> t.name >> t.dtype >> t.persistent >> t.shape_tensor >> rank) || rank > 25) return false;
     t.shape.resize(rank);
+    t.min_shape.resize(rank);
     for (auto& d : t.shape)
+      if (!(s >> d)) return false;
+    for (auto& d : t.min_shape)
       if (!(s >> d)) return false;
     r->tensors.push_back(t);
   }
@@ -786,7 +890,8 @@ __attribute__((visibility("default"))) syn::Status synTensorHandleCreate(syn::Te
   FAKE_LOCK;
   NEED_INIT("synTensorHandleCreate");
   if (!t || !live_graph(g)) return violation("synTensorHandleCreate: null tensor pointer or not a live graph");
-  if (type != syn::kDataTensor) return violation("synTensorHandleCreate: tensor type " + std::to_string(type));
+  if (type != syn::kDataTensor && type != syn::kShapeTensor)
+    return violation("synTensorHandleCreate: tensor type " + std::to_string(type));
   if (!name || !*name) return violation("synTensorHandleCreate: a tensor without a name");
   auto* f = reinterpret_cast<FGraph*>(g);
   for (auto& x : f->tensors)
@@ -794,6 +899,7 @@ __attribute__((visibility("default"))) syn::Status synTensorHandleCreate(syn::Te
       return violation(std::string("synTensorHandleCreate: name \"") + name + "\" used twice", syn::kNameIsAlreadyUsed);
   f->tensors.push_back(std::make_unique<FTensor>());
   f->tensors.back()->name = name;
+  f->tensors.back()->shape_tensor = type == syn::kShapeTensor;
   *t = reinterpret_cast<syn::TensorHandle>(f->tensors.back().get());
   return syn::kSuccess;
 }
@@ -805,6 +911,7 @@ __attribute__((visibility("default"))) syn::Status synTensorAssignToSection(syn:
   FTensor* f = find_tensor(t);
   if (!f) return violation("synTensorAssignToSection: not a live tensor");
   if (offset != 0) return violation("synTensorAssignToSection: the stand-in takes one tensor per section, offset 0");
+  if (f->shape_tensor) return violation("synTensorAssignToSection: \"" + f->name + "\" is a shape tensor (no data)");
   f->section = reinterpret_cast<FSection*>(s);
   return syn::kSuccess;
 }
@@ -815,14 +922,16 @@ __attribute__((visibility("default"))) syn::Status synTensorSetGeometry(syn::Ten
   NEED_INIT("synTensorSetGeometry");
   FTensor* f = find_tensor(t);
   if (!f || !geo) return violation("synTensorSetGeometry: not a live tensor, or null geometry");
-  if (type != syn::kGeometrySizes) return violation("synTensorSetGeometry: geometry type " + std::to_string(type));
+  if (type != syn::kGeometryMaxSizes && type != syn::kGeometryMinSizes)
+    return violation("synTensorSetGeometry: geometry type " + std::to_string(type));
   if (geo->dims < 1 || geo->dims > 5)
     return violation("synTensorSetGeometry: " + std::to_string(geo->dims) + " dims for \"" + f->name + "\"",
                      syn::kInvalidTensorDimensions);
-  f->sizes.assign(geo->sizes, geo->sizes + geo->dims);
-  for (int64_t s : f->sizes)
+  std::vector<int64_t>& sizes = type == syn::kGeometryMinSizes ? f->min_sizes : f->sizes;
+  sizes.assign(geo->sizes, geo->sizes + geo->dims);
+  for (int64_t s : sizes)
     if (s < 1) return violation("synTensorSetGeometry: a size below 1 for \"" + f->name + "\"");
-  f->has_geometry = true;
+  if (type == syn::kGeometryMaxSizes) f->has_geometry = true;
   return syn::kSuccess;
 }
 
@@ -900,8 +1009,21 @@ __attribute__((visibility("default"))) syn::Status synGraphCompile(syn::RecipeHa
     RTensor rt;
     rt.name = t->name;
     rt.dtype = t->dtype;
-    rt.persistent = t->section && !t->section->destroyed;
+    rt.shape_tensor = t->shape_tensor;
+    rt.persistent = (t->section && !t->section->destroyed) || t->shape_tensor;
     for (size_t d = t->sizes.size(); d-- > 0;) rt.shape.push_back(t->sizes[d]);
+    // Without smallest sizes a tensor's sizes are fixed; with them, each is at most the largest.
+    rt.min_shape = rt.shape;
+    if (!t->min_sizes.empty()) {
+      if (t->min_sizes.size() != t->sizes.size())
+        return violation("synGraphCompile: tensor \"" + t->name + "\" has smallest and largest sizes of other ranks");
+      rt.min_shape.clear();
+      for (size_t d = t->min_sizes.size(); d-- > 0;) rt.min_shape.push_back(t->min_sizes[d]);
+      for (size_t d = 0; d < rt.shape.size(); ++d)
+        if (rt.min_shape[d] > rt.shape[d])
+          return violation("synGraphCompile: tensor \"" + t->name + "\" has smallest sizes " +
+                           shape_text(rt.min_shape) + " above its largest " + shape_text(rt.shape));
+    }
     index[t.get()] = static_cast<int>(r->tensors.size());
     r->tensors.push_back(rt);
   }
@@ -915,12 +1037,14 @@ __attribute__((visibility("default"))) syn::Status synGraphCompile(syn::RecipeHa
     rn.params = n.params;
     for (FTensor* t : n.in) {
       if (!index.count(t)) return violation("synGraphCompile: node \"" + n.name + "\" reads a destroyed tensor");
-      if (!written.count(t) && !(t->section && !t->section->destroyed))
+      if (!written.count(t) && !(t->section && !t->section->destroyed) && !t->shape_tensor)
         return violation("synGraphCompile: node \"" + n.name + "\" (" + n.guid + ") reads \"" + t->name +
                          "\", which no earlier node writes and which is not persistent");
       rn.in.push_back(index[t]);
     }
     for (FTensor* t : n.out) {
+      if (t->shape_tensor)
+        return violation("synGraphCompile: node \"" + n.name + "\" writes shape tensor \"" + t->name + "\"");
       written.insert(t);
       rn.out.push_back(index[t]);
     }
@@ -1073,32 +1197,56 @@ __attribute__((visibility("default"))) syn::Status synLaunchExt(syn::StreamHandl
     return violation("synLaunchExt: recipe " + r->name + " needs a workspace of " + std::to_string(r->workspace) +
                      " bytes in device memory");
   if (env("KILN_FAKE_SYNAPSE_FAIL_LAUNCH") == "1") return injected("synLaunchExt of " + r->name, syn::kFail);
+  // Each persistent tensor once, at sizes between its smallest and largest (the compiled sizes for
+  // a static one); a data tensor inside a device allocation big enough for them.
   std::vector<uint64_t> where(r->tensors.size(), 0);
+  std::vector<bool> given(r->tensors.size(), false);
+  std::vector<std::vector<int64_t>> launched(r->tensors.size());
+  auto within = [&](const RTensor& t, const std::vector<int64_t>& v) {
+    if (v.size() != t.shape.size()) return false;
+    for (size_t d = 0; d < v.size(); ++d)
+      if (v[d] < t.min_shape[d] || v[d] > t.shape[d]) return false;
+    return true;
+  };
+  auto range_text = [&](const RTensor& t) {
+    return t.dynamic() ? shape_text(t.min_shape) + " to " + shape_text(t.shape) : shape_text(t.shape);
+  };
   for (uint32_t i = 0; i < count; ++i) {
     const auto& info = tensors[i];
     if (info.tensor_id >= r->tensors.size() || !r->tensors[info.tensor_id].persistent)
       return violation("synLaunchExt: tensor id " + std::to_string(info.tensor_id) + " is not a persistent tensor of " +
                        r->name);
     const RTensor& t = r->tensors[info.tensor_id];
-    if (where[info.tensor_id]) return violation("synLaunchExt: tensor \"" + t.name + "\" given twice");
-    for (size_t d = 0; d < t.shape.size(); ++d)
-      if (info.tensor_size[d] != static_cast<uint64_t>(t.shape[t.shape.size() - 1 - d]))
-        return violation("synLaunchExt: tensor \"" + t.name + "\" launched with other sizes than compiled");
-    if (!in_allocation(info.device_address, bytes_of(t)))
+    if (given[info.tensor_id]) return violation("synLaunchExt: tensor \"" + t.name + "\" given twice");
+    if (info.tensor_type != (t.shape_tensor ? syn::kShapeTensor : syn::kDataTensor))
+      return violation("synLaunchExt: tensor \"" + t.name + "\" given as tensor type " +
+                       std::to_string(info.tensor_type));
+    std::vector<int64_t> sizes;
+    for (size_t d = t.shape.size(); d-- > 0;) sizes.push_back(static_cast<int64_t>(info.tensor_size[d]));
+    if (!within(t, sizes))
+      return violation("synLaunchExt: tensor \"" + t.name + "\" launched with sizes " + shape_text(sizes) +
+                       ", and it was compiled for " + range_text(t));
+    RTensor actual = t;
+    actual.shape = sizes;
+    if (!t.shape_tensor && !in_allocation(info.device_address, bytes_of(actual)))
       return violation("synLaunchExt: tensor \"" + t.name + "\" is not inside a device allocation of " +
-                       std::to_string(bytes_of(t)) + " bytes");
+                       std::to_string(bytes_of(actual)) + " bytes");
+    given[info.tensor_id] = true;
     where[info.tensor_id] = info.device_address;
+    launched[info.tensor_id] = sizes;
   }
   for (size_t k = 0; k < r->tensors.size(); ++k)
-    if (r->tensors[k].persistent && !where[k])
+    if (r->tensors[k].persistent && !given[k])
       return violation("synLaunchExt: persistent tensor \"" + r->tensors[k].name + "\" of " + r->name +
-                       " has no address");
+                       " is not given");
   std::vector<at::Tensor> env(r->tensors.size());
-  for (size_t k = 0; k < r->tensors.size(); ++k)
-    if (where[k])
-      env[k] = at::from_blob(reinterpret_cast<void*>(where[k]), r->tensors[k].shape,
-                             at::TensorOptions().dtype(scalar_type(r->tensors[k].dtype)))
-                   .clone();
+  for (size_t k = 0; k < r->tensors.size(); ++k) {
+    if (!given[k]) continue;
+    const auto opts = at::TensorOptions().dtype(scalar_type(r->tensors[k].dtype));
+    // A shape tensor holds no data: its sizes are what a reshape reads.
+    env[k] = r->tensors[k].shape_tensor ? at::empty(launched[k], opts)
+                                        : at::from_blob(reinterpret_cast<void*>(where[k]), launched[k], opts).clone();
+  }
   for (const RNode& n : r->nodes) {
     try {
       run_node(*r, n, env);
@@ -1107,12 +1255,30 @@ __attribute__((visibility("default"))) syn::Status synLaunchExt(syn::StreamHandl
       return violation("synLaunchExt: node \"" + n.name + "\" (" + n.guid + "): " + what.substr(0, what.find('\n')),
                        syn::kFail);
     }
+    // What the node wrote must fit the geometry its outputs were compiled with: the sizes of one
+    // that changes size, the element count of a static one.
+    for (int o : n.out) {
+      const RTensor& t = r->tensors[static_cast<size_t>(o)];
+      if (!env[static_cast<size_t>(o)].defined())
+        return violation("synLaunchExt: node \"" + n.name + "\" (" + n.guid + ") wrote nothing to \"" + t.name + "\"",
+                         syn::kFail);
+      const auto v = env[static_cast<size_t>(o)].sizes().vec();
+      if (t.dynamic() ? !within(t, v)
+                      : env[static_cast<size_t>(o)].numel() !=
+                            static_cast<int64_t>(bytes_of(t) / at::elementSize(scalar_type(t.dtype))))
+        return violation("synLaunchExt: node \"" + n.name + "\" (" + n.guid + ") wrote \"" + t.name + "\" at sizes " +
+                         shape_text(v) + ", outside " + range_text(t) + " it was compiled for");
+    }
   }
   for (const RNode& n : r->nodes)
     for (int o : n.out)
-      if (where[static_cast<size_t>(o)]) {
+      if (given[static_cast<size_t>(o)]) {
         const at::Tensor& v = env[static_cast<size_t>(o)];
-        std::memcpy(reinterpret_cast<void*>(where[static_cast<size_t>(o)]), v.data_ptr(), bytes_of(r->tensors[o]));
+        const auto sizes = v.sizes().vec();
+        if (r->tensors[o].dynamic() ? sizes != launched[static_cast<size_t>(o)] : v.nbytes() != bytes_of(r->tensors[o]))
+          return violation("synLaunchExt: output \"" + r->tensors[o].name + "\" was launched with sizes " +
+                           shape_text(launched[static_cast<size_t>(o)]) + " and has " + shape_text(sizes));
+        std::memcpy(reinterpret_cast<void*>(where[static_cast<size_t>(o)]), v.data_ptr(), v.nbytes());
       }
   st().launches++;
   return syn::kSuccess;

@@ -16,13 +16,16 @@
 
 #include <ATen/ATen.h>
 
+#include "kiln/compile.h"
 #include "kiln/config.h"
 #include "kiln/internal/executor.h"
 #include "kiln/internal/host_services.h"
 #include "kiln/internal/ir_text.h"
 #include "kiln/internal/partitioned_executor.h"
 #include "kiln/internal/plugin_registry.h"
+#include "kiln/workloads.h"
 #include "../cli_run.h"
+#include "../trainer/log_capture.h"
 #include "../hardware_probe/fake_machine.h"
 #include "synapse_lower.h"
 
@@ -340,7 +343,79 @@ std::vector<OpCase> op_cases() {
        [=](at::ScalarType t) {
          return std::vector<at::Tensor>{rn({2, 5, 12}, t), rn({12}, t), rn({12}, t), rn({2, 5, 12}, t)};
        },
-       2, false},
+       2},
+      {"layer norm with float32 weight and bias, and its backward", R"(graph {
+  input %0 : DT[3,4,10]{40,10,1} input "x"
+  input %1 : f32[10]{1} param "w"
+  input %2 : f32[10]{1} param "b"
+  input %3 : DT[3,4,10]{40,10,1} input "g"
+  %4 : DT[3,4,10]{40,10,1}, %5 : f32[3,4,1]{4,1,1}, %6 : f32[3,4,1]{4,1,1} = aten::native_layer_norm(%0, i[10], %1, %2, 1e-05)
+  %7 : DT[3,4,10]{40,10,1}, %8 : f32[10]{1}, %9 : f32[10]{1} = aten::native_layer_norm_backward(%3, %0, i[10], %5, %6, %1, %2, b[true, true, true])
+  output %4 result "y"
+  output %5 result "mean"
+  output %6 result "rstd"
+  output %7 result "dx"
+  output %8 result "dw"
+  output %9 result "db"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({3, 4, 10}, t), rn({10}, at::kFloat), rn({10}, at::kFloat),
+                                        rn({3, 4, 10}, t)};
+       },
+       2},
+      {"training batch norm, its backward and its counter", R"(graph {
+  input %0 : DT[4,6,5,7]{210,35,7,1} input "x"
+  input %1 : f32[6]{1} param "w"
+  input %2 : f32[6]{1} param "b"
+  input %3 : f32[6]{1} buffer "running_mean"
+  input %4 : f32[6]{1} buffer "running_var"
+  input %5 : DT[4,6,5,7]{210,35,7,1} input "g"
+  input %6 : i64[]{} buffer "num_batches_tracked"
+  %7 : DT[4,6,5,7]{210,35,7,1}, %8 : f32[6]{1}, %9 : f32[6]{1}, %10 : f32[6]{1}, %11 : f32[6]{1} = aten::_native_batch_norm_legit_functional(%0, %1, %2, %3, %4, true, 0.1, 1e-05)
+  %12 : DT[4,6,5,7]{210,35,7,1}, %13 : f32[6]{1}, %14 : f32[6]{1} = aten::native_batch_norm_backward(%5, %0, %1, %10, %11, %8, %9, true, 1e-05, b[true, true, true])
+  %15 : i64[]{} = aten::add.Scalar(%6, scalar(1), scalar(1))
+  output %7 result "y"
+  output %8 result "save_mean"
+  output %9 result "save_invstd"
+  output %10 result "new_running_mean"
+  output %11 result "new_running_var"
+  output %12 result "dx"
+  output %13 result "dw"
+  output %14 result "db"
+  output %15 result "num_batches_tracked"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({4, 6, 5, 7}, t),       rn({6}, at::kFloat),  rn({6}, at::kFloat),
+                                        rn({6}, at::kFloat),       pos({6}, at::kFloat), rn({4, 6, 5, 7}, t),
+                                        at::full({}, 7, at::kLong)};
+       },
+       3},
+      {"gelu with the tanh approximation and its backward", R"(graph {
+  input %0 : DT[6,5]{5,1} input "x"
+  input %1 : DT[6,5]{5,1} input "g"
+  %2 : DT[6,5]{5,1} = aten::gelu(%0, "tanh")
+  %3 : DT[6,5]{5,1} = aten::gelu_backward(%1, %0, "tanh")
+  output %2 result "y"
+  output %3 result "dx"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({6, 5}, t) * 3, rn({6, 5}, t)};
+       },
+       2},
+      {"nll_loss with reduction none and its backward", R"(graph {
+  input %0 : DT[8,10]{10,1} input "x"
+  input %1 : i64[8]{1} input "t"
+  input %2 : DT[8]{1} input "go"
+  %3 : DT[8]{1}, %4 : DT[]{} = aten::nll_loss_forward(%0, %1, None, 0, 3)
+  %5 : DT[8,10]{10,1} = aten::nll_loss_backward(%2, %0, %1, None, 0, 3, %4)
+  output %3 result "loss"
+  output %4 result "total_weight"
+  output %5 result "dx"
+})",
+       [=](at::ScalarType t) {
+         return std::vector<at::Tensor>{rn({8, 10}, t), at::randint(0, 10, {8}, at::kLong), rn({8}, t)};
+       },
+       2},
       {"embedding and its backward, repeated indices", R"(graph {
   input %0 : DT[7,12]{12,1} param "table"
   input %1 : i64[2,5]{5,1} input "idx"
@@ -418,14 +493,24 @@ TEST(HpuLowering, SaysWhyANodeIsNotLowered) {
   input %1 : f64[4]{1} input "d"
   input %2 : f32[4,4]{4,1} input "g"
   input %3 : bf16[4,4]{4,1} input "h"
-  %4 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
-  %5 : f64[4]{1} = aten::neg(%1)
-  %6 : f32[4,4]{4,1} = aten::threshold_backward(%2, %0, 0.5)
-  %7 : f32[4,4]{4,1} = aten::add.Tensor(%0, %3, scalar(1))
-  output %4 result "y"
-  output %5 result "z"
-  output %6 result "dx"
-  output %7 result "mixed"
+  input %4 : bf16[2,3,4,4]{48,16,4,1} input "img"
+  input %5 : f32[3]{1} param "gamma"
+  input %6 : bf16[3]{1} param "gamma16"
+  input %7 : i64[4]{1} input "counts"
+  %8 : f32[4,4]{4,1} = aten::cumsum(%0, 1, None)
+  %9 : f64[4]{1} = aten::neg(%1)
+  %10 : f32[4,4]{4,1} = aten::threshold_backward(%2, %0, 0.5)
+  %11 : f32[4,4]{4,1} = aten::add.Tensor(%0, %3, scalar(1))
+  %12 : bf16[2,3,4,4]{48,16,4,1}, %13 : f32[3]{1}, %14 : f32[3]{1}, %15 : f32[3]{1}, %16 : f32[3]{1} = aten::_native_batch_norm_legit_functional(%4, %5, %5, %5, %5, false, 0.1, 1e-05)
+  %17 : bf16[2,3,4,4]{48,16,4,1}, %18 : bf16[3]{1}, %19 : bf16[3]{1}, %20 : bf16[3]{1}, %21 : bf16[3]{1} = aten::_native_batch_norm_legit_functional(%4, %6, %6, %6, %6, true, 0.1, 1e-05)
+  %22 : i64[4]{1} = aten::add.Scalar(%7, scalar(1), scalar(1))
+  output %8 result "y"
+  output %9 result "z"
+  output %10 result "dx"
+  output %11 result "mixed"
+  output %12 result "bn_eval"
+  output %17 result "bn_bf16_stats"
+  output %22 result "counts1"
 }
 )");
   View v(g);
@@ -434,6 +519,10 @@ TEST(HpuLowering, SaysWhyANodeIsNotLowered) {
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(1)), "a float64 tensor");
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(2)), "a threshold other than 0 (relu's backward is lowered)");
   EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(3)), "float32 and bfloat16 tensors in one node");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(4)), "batch norm in eval mode (training is lowered)");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(5)),
+            "batch norm with bfloat16 weights or statistics (float32 ones are lowered)");
+  EXPECT_EQ(hpu::why_not_lowered(pg, pg.node(6)), "an int64 add of more than one element");
   EXPECT_THROW(hpu::lower(pg), plugin::Unimplemented);
   // Through the plugin: those nodes stay eager, and the group is empty.
   auto plugin = load();
@@ -765,4 +854,199 @@ TEST(HpuPlugin, AutoPicksItOnAGaudiMachineAndMlpMatchesEager) {
       << r.out;
   EXPECT_NE(r.out.find("runs on: hpu_backend"), std::string::npos) << r.out << r.err;
   EXPECT_NE(r.out.find("check: PASS"), std::string::npos) << r.out;
+}
+
+// Sizes that change: the lowerings of one graph at the smallest and largest sizes of a range make
+// one graph for the range (golden text): tensors whose sizes change carry their smallest sizes, a
+// reshape of a changing size reads a shape tensor, and a constant that follows the sizes (a mean's
+// 1/n, here a multiplication by it) becomes a persistent size scalar.
+TEST(HpuDynamic, TheGraphForARangeOfSizes) {
+  auto graph_at = [](int64_t b) {
+    const std::string B = std::to_string(b), BK = std::to_string(b * 4);
+    return ir::parse(R"(graph {
+  input %0 : f32[)" + B +
+                     R"(,4]{4,1} input "x"
+  input %1 : f32[4,4]{4,1} param "w"
+  %2 : f32[)" + B + R"(,4]{4,1} = aten::mm(%0, %1)
+  %3 : f32[)" + BK + R"(]{1} = aten::view(%2, i[)" +
+                     BK + R"(])
+  %4 : f32[]{} = aten::sum(%3, None)
+  %5 : f32[]{} = aten::mul.Scalar(%4, scalar()" +
+                     std::to_string(1.0 / static_cast<double>(b)) + R"())
+  output %5 result "loss"
+  output %3 result "flat"
+})");
+  };
+  const ir::Graph low = graph_at(3), high = graph_at(4);
+  std::string why;
+  const auto g = hpu::dynamic_graph(hpu::lower(View(low).pg()), hpu::lower(View(high).pg()), &why);
+  ASSERT_TRUE(g) << why;
+  // The constant 1/B (node 4 of each lowering) is a size scalar; the flattening reshape reads the
+  // shape tensor of its output.
+  EXPECT_EQ(g->dump(),
+            "synapse graph {\n"
+            "  tensor 0 \"in0\" f32[4,4] min[3,4] input 0\n"
+            "  tensor 1 \"in1\" f32[4,4] input 1\n"
+            "  tensor 2 \"t2\" f32[4,4] min[3,4]\n"
+            "  tensor 3 \"out1\" f32[16] min[12] output 1\n"
+            "  tensor 4 \"t4\" f32[1]\n"
+            "  tensor 5 \"t5\" f32[]\n"
+            "  tensor 6 \"size_scalar0\" f32[] size_scalar of node 4\n"
+            "  tensor 7 \"out0\" f32[] output 0\n"
+            "  tensor 8 \"shape0\" i32[16] min[12] shape_of 3\n"
+            "  node gemm \"n0\" (0, 1) -> (2) {transpose_a=0 transpose_b=0}\n"
+            "  node reshape \"n1.reshape\" (2, 8) -> (3)\n"
+            "  node reduce_sum_fwd_f32 \"n2.dim0\" (3) -> (4) {reduction_dimension=0}\n"
+            "  node reshape \"n2.reshape\" (4) -> (5)\n"
+            "  node mult_fwd_f32 \"n3\" (5, 6) -> (7)\n"
+            "}\n");
+  EXPECT_EQ(g->size_scalars, std::vector<int32_t>{6});
+  EXPECT_EQ(g->shape_tensors, std::vector<int32_t>{8});
+  // The lowering at a size inside the range gives the launch its numbers: 1/3 at B = 3.
+  const hpu::SynGraph at3 = hpu::lower(View(low).pg());
+  EXPECT_NEAR(hpu::constant_value(at3, at3.nodes[4]), 1.0 / 3, 1e-6);
+  // Lowerings that differ in more than sizes make no range: here a GEMM's transpose flag.
+  hpu::SynGraph flipped = hpu::lower(View(high).pg());
+  flipped.nodes[0].params[0] = 1;
+  EXPECT_FALSE(hpu::dynamic_graph(hpu::lower(View(low).pg()), flipped, &why));
+  EXPECT_NE(why.find("node n0 (gemm) has parameters that follow the sizes"), std::string::npos) << why;
+}
+
+namespace {
+
+double rel_norm(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor g = got.detach().to(at::kDouble), w = want.detach().to(at::kDouble);
+  const double diff = (g - w).norm().item<double>(), scale = w.norm().item<double>();
+  if (std::isnan(diff)) return INFINITY;
+  return scale > 0 ? diff / scale : diff;
+}
+
+std::string file_text(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// A workload trained through the hpu_backend (the stand-in) under dynamic shapes, and in LibTorch
+// eager on the same fresh batches: `sizes[s]` is the sequence length at step s (the batch size with
+// `vary_batch`). What the recipe cache on disk holds after the step that made the symbolic plan
+// and at the end: recipes for a range of sizes (their graph has tensors with smallest sizes) and
+// the rest.
+struct HpuDynamicRun {
+  kiln::StepStats stats;
+  size_t ranged_at_symbolic = 0, ranged = 0, fixed_at_symbolic = 0, fixed = 0;
+  std::vector<std::string> warnings;
+  std::string report;
+};
+
+HpuDynamicRun hpu_dynamic(const std::string& name, const std::vector<int64_t>& sizes, bool vary_batch, double tol,
+                          const std::string& optimizer = "") {
+  const std::string dir = ::testing::TempDir() + "/kiln_hpu_dynamic_" + name + "_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  TrainingArguments args;
+  args.torch_compile = true;
+  args.torch_compile_backend = "hpu_backend";
+  args.runtime.plugin_dirs = {KILN_INTREE_PLUGIN_DIR};
+  args.runtime.cache_dir = dir;
+  args.plugin_options["hpu_backend"]["synapse_library"] = KILN_FAKE_SYNAPSE;
+  const uint64_t seed = static_cast<uint64_t>(at::randint(1, 1 << 30, {1}).item<int64_t>());
+  const int64_t full_batch = vary_batch ? *std::max_element(sizes.begin(), sizes.end()) : 0;
+  auto ref = kiln::make_workload(name, {"cpu", seed, full_batch, optimizer});
+  auto w = kiln::make_workload(name, {"cpu", seed, full_batch, optimizer});
+  auto ref_step = kiln::workload_step(ref);
+  LogCapture log;
+  const int64_t violations_before = counter(fake_report(), "violations");
+  auto step = kiln::compile_step(kiln::workload_step(w), {{w.model}, {w.optimizer.get()}}, args);
+  auto recipes = [&](bool ranged) {
+    size_t n = 0;
+    if (std::filesystem::exists(dir + "/hpu_backend"))
+      for (const auto& e : std::filesystem::directory_iterator(dir + "/hpu_backend"))
+        if (e.path().extension() == ".graph") n += (file_text(e.path()).find(" min[") != std::string::npos) == ranged;
+    return n;
+  };
+  HpuDynamicRun r;
+  for (size_t s = 0; s < sizes.size(); ++s) {
+    const at::Tensor x = vary_batch ? ref.input.narrow(0, 0, sizes[s]) : ref.input.narrow(1, 0, sizes[s]);
+    const at::Tensor y = vary_batch ? ref.target.narrow(0, 0, sizes[s]) : ref.target.narrow(1, 0, sizes[s]);
+    const at::Tensor xi = x.is_floating_point() ? at::randn_like(x) : at::randint_like(x, 0, 64);
+    const at::Tensor yi =
+        y.is_floating_point() ? at::randn_like(y) : (name == "gpt" ? at::randint_like(y, 0, 64) : y.clone());
+    const at::Tensor want = ref_step({xi, yi})[0];
+    const at::Tensor got = step({xi.clone(), yi.clone()})[0];
+    EXPECT_LE(rel_norm(got, want), tol) << name << " loss at step " << s << " (size " << sizes[s] << ")";
+    if (step.stats().compiles == 2 && r.ranged_at_symbolic == 0 && r.fixed_at_symbolic == 0)
+      r.ranged_at_symbolic = recipes(true), r.fixed_at_symbolic = recipes(false);
+  }
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters();
+  for (size_t i = 0; i < pr.size(); ++i)
+    EXPECT_LE(rel_norm(pw[i].value(), pr[i].value()), 10 * tol) << name << " parameter " << pr[i].key();
+  r.stats = step.stats();
+  r.ranged = recipes(true), r.fixed = recipes(false);
+  r.warnings = log.warnings();
+  r.report = fake_report();
+  EXPECT_EQ(counter(r.report, "violations"), violations_before) << r.report;
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace
+
+// A language model whose sequence length changes every step: each group of the symbolic plan is
+// compiled once per range of lengths (17-32, 33-64 and 9-16 here) into one recipe with Synapse's
+// dynamic shapes, launched at each length with its actual sizes, and every step matches eager.
+TEST(HpuDynamic, GptOverManyLengthsCompilesOneRecipePerRangeAndMatchesEager) {
+  const std::vector<int64_t> lengths = {24, 24, 40, 17, 33, 64, 29, 40, 9, 50, 32, 16, 61};
+  const auto r = hpu_dynamic("gpt", lengths, false, 1e-4);
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  EXPECT_EQ(r.stats.dynamic_dims, std::vector<std::string>{"input 0 dim 1"});
+  for (const auto& w : r.warnings) EXPECT_EQ(w.find("compiled for each size"), std::string::npos) << w;
+  // The symbolic plan's groups compiled at 40's range (33-64) when it was made; one recipe each per
+  // range met after: 17-32 and 9-16.
+  ASSERT_GT(r.ranged_at_symbolic, 0u);
+  EXPECT_EQ(r.ranged, r.ranged_at_symbolic * 3);
+  EXPECT_EQ(r.fixed, r.fixed_at_symbolic);  // the static first plan's, and nothing per length
+  EXPECT_GT(counter(r.report, "launches"), 0) << r.report;
+}
+
+// A classifier whose last batch is short: the batch dim changes (5 in the range 5-8, 11 and 16 in
+// 9-16), two recipes per group, and the steps match eager.
+TEST(HpuDynamic, AShortLastBatchRunsInTheRecipeOfItsRangeAndMatchesEager) {
+  const std::vector<int64_t> batches = {16, 16, 16, 5, 16, 16, 16, 5, 11};
+  const auto r = hpu_dynamic("mlp", batches, true, 1e-5);
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  for (const auto& w : r.warnings) EXPECT_EQ(w.find("compiled for each size"), std::string::npos) << w;
+  ASSERT_GT(r.ranged_at_symbolic, 0u);
+  EXPECT_EQ(r.ranged, r.ranged_at_symbolic * 2);
+}
+
+// A convolutional net whose batch changes: the convolutions and their gradients run at the batch
+// of each call inside the recipe of its range, matching eager; the batch of 5 (range 5-8) adds
+// recipes, none per size. With SGD: under Adam the batch norms' biases, which start at zero, move
+// by rounding noise made as large as a real update.
+TEST(HpuDynamic, ConvolutionsOverAChangingBatchRunInOneRecipePerRange) {
+  const auto r = hpu_dynamic("cnn", {8, 8, 12, 5, 12}, true, 1e-4, "sgd");
+  EXPECT_EQ(r.stats.compiles, 2) << r.stats.last_fallback;
+  for (const auto& w : r.warnings) EXPECT_EQ(w.find("compiled for each size"), std::string::npos) << w;
+  ASSERT_GT(r.ranged_at_symbolic, 0u);
+  EXPECT_GT(r.ranged, r.ranged_at_symbolic);
+}
+
+// Policies: "exact" compiles each size's own static recipe (no smallest sizes anywhere); another
+// policy than pow2, N or exact is refused at compile, naming the option.
+TEST(HpuDynamic, BucketPolicies) {
+  const auto pow2 = plugin::size_bucket("pow2", {2, 3, 17, 64, 65}, "x");
+  EXPECT_EQ(pow2.high, (std::vector<int64_t>{2, 4, 32, 64, 128}));
+  EXPECT_EQ(pow2.low, (std::vector<int64_t>{2, 3, 17, 33, 65}));
+  const auto n16 = plugin::size_bucket("16", {2, 16, 17}, "x");
+  EXPECT_EQ(n16.high, (std::vector<int64_t>{16, 16, 32}));
+  EXPECT_EQ(n16.low, (std::vector<int64_t>{2, 2, 17}));
+  const auto exact = plugin::size_bucket("exact", {3, 17}, "x");
+  EXPECT_EQ(exact.low, exact.high);
+  for (const char* bad : {"", "0", "-4", "pow3", "8x"}) {
+    try {
+      plugin::check_size_bucket_policy(bad, "[plugin.hpu_backend] buckets");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const plugin::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("[plugin.hpu_backend] buckets = '"), std::string::npos) << e.what();
+    }
+  }
 }
