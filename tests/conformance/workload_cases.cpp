@@ -66,6 +66,20 @@ TrainingArguments workload_args() {
 // Device graphs of the step that the plugin's own code recorded: kiln records the whole step with
 // the chosen backend when it asks for that (KILN_CAPABILITY_WHOLE_STEP_GRAPH) and can record
 // (KILN_CAPABILITY_DEVICE_GRAPHS), as the cudagraphs backend does without claiming any node.
+// LibTorch's float32 convolutions on CUDA run in TF32 by default (cuDNN's allow_tf32), so eager is
+// a TF32 reference there; this turns TF32 off (cuDNN and cuBLAS) for a full-float32 eager run.
+struct FullFloat32 {
+  FullFloat32() {
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
+  ~FullFloat32() {
+    at::globalContext().setAllowTF32CuDNN(cudnn);
+    at::globalContext().setAllowTF32CuBLAS(cublas);
+  }
+  const bool cudnn = at::globalContext().allowTF32CuDNN(), cublas = at::globalContext().allowTF32CuBLAS();
+};
+
 int graphs_recorded_by_plugin(const CompiledStep& step) {
   return loaded_plugin()->provides_device_graphs() ? step.stats().graphs_recorded : 0;
 }
@@ -91,9 +105,17 @@ void check_workload(const std::string& name) {
       if (at::isFloatingType(p.scalar_type())) p.mul_(1 + std::ldexp(1.0, -23) * (2 * at::rand_like(p) - 1));
   }
 
+  // Where eager's float32 is TF32 (convolutions on CUDA), a plugin computing them in full float32
+  // (XLA at HIGHEST precision) is as right as one computing them in TF32 (ATen's kernels): eager
+  // again in full float32 gives that spread, allowed ten times as the one-ulp floor is.
+  const bool tf32 = dev == "cuda" && !ref.autocast_bf16 &&
+                    (at::globalContext().allowTF32CuDNN() || at::globalContext().allowTF32CuBLAS());
+  auto full = make_workload(name, {dev, seed, batch});
+
   progress("compile_step for " + name + " with backend " + plugin->name());
   auto ref_step = workload_step(ref);
   auto noisy_step = workload_step(noisy);
+  auto full_step = workload_step(full);
   auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, workload_args());
   EXPECT_EQ(step.backend(), plugin->name())
       << "kiln chose another backend: " << (step.backend_reasons().empty() ? "" : step.backend_reasons().back());
@@ -106,28 +128,44 @@ void check_workload(const std::string& name) {
     progress(name + " step " + std::to_string(s + 1) + " of " + std::to_string(steps));
     auto want = ref_step({ref.input, ref.target})[0];
     auto floor = noisy_step({noisy.input, noisy.target})[0];
+    double spread = rel_err(floor, want);
+    if (tf32) {
+      FullFloat32 no_tf32;
+      spread = std::max(spread, rel_err(full_step({full.input, full.target})[0], want));
+    }
     auto got = step({w.input, w.target})[0];
     ASSERT_TRUE(got.defined()) << "step " << s << " returned no loss";
     const double err = rel_err(got, want);
-    EXPECT_LE(err, std::max(tol, 10 * rel_err(floor, want)))
+    EXPECT_LE(err, std::max(tol, 10 * spread))
         << name << " loss at step " << s + 1 << ": " << got.item<double>() << " vs eager " << want.item<double>();
   }
   EXPECT_EQ(step.stats().compiled_steps, steps - 2) << "steps ran eagerly instead: " << step.stats().last_fallback;
-  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters(), pn = noisy.model->named_parameters();
+  auto pr = ref.model->named_parameters(), pw = w.model->named_parameters(), pn = noisy.model->named_parameters(),
+       pf = full.model->named_parameters();
   ASSERT_EQ(pr.size(), pw.size());
+  // Eager's spread for one tensor: from weights one ulp away, and in full float32 where eager is TF32.
+  auto spread_of = [&](const at::Tensor& noisy_t, const at::Tensor& full_t, const at::Tensor& ref_t) {
+    double e = noisy_t.defined() ? rel_err(noisy_t, ref_t) : 0.0;
+    if (tf32 && full_t.defined()) e = std::max(e, rel_err(full_t, ref_t));
+    return e;
+  };
+  const std::string spread_what = tf32 ? "eager from weights one ulp away, or in full float32 instead of TF32: "
+                                       : "eager from weights one ulp away: ";
   for (size_t i = 0; i < pr.size(); ++i) {
-    const double floor = rel_err(pn[i].value(), pr[i].value());
+    const double floor = spread_of(pn[i].value(), pf[i].value(), pr[i].value());
     EXPECT_LE(rel_err(pw[i].value(), pr[i].value()), std::max(tol, 10 * floor))
-        << name << " parameter " << pr[i].key() << " (eager from weights one ulp away: " << floor << ")";
+        << name << " parameter " << pr[i].key() << " (" << spread_what << floor << ")";
     if (pr[i].value().grad().defined()) {
-      const double gfloor = pn[i].value().grad().defined() ? rel_err(pn[i].value().grad(), pr[i].value().grad()) : 0.0;
+      const double gfloor = spread_of(pn[i].value().grad(), pf[i].value().grad(), pr[i].value().grad());
       EXPECT_LE(rel_err(pw[i].value().grad(), pr[i].value().grad()), std::max(tol * 10, 10 * gfloor))
-          << name << " gradient " << pr[i].key() << " (eager from weights one ulp away: " << gfloor << ")";
+          << name << " gradient " << pr[i].key() << " (" << spread_what << gfloor << ")";
     }
   }
-  auto br = ref.model->named_buffers(), bw = w.model->named_buffers(), bn = noisy.model->named_buffers();
+  auto br = ref.model->named_buffers(), bw = w.model->named_buffers(), bn = noisy.model->named_buffers(),
+       bf = full.model->named_buffers();
   for (size_t i = 0; i < br.size() && i < bw.size(); ++i) {
-    const double floor = i < bn.size() ? rel_err(bn[i].value(), br[i].value()) : 0.0;
+    const double floor = spread_of(i < bn.size() ? bn[i].value() : at::Tensor(),
+                                   i < bf.size() ? bf[i].value() : at::Tensor(), br[i].value());
     EXPECT_LE(rel_err(bw[i].value(), br[i].value()), std::max(tol, 10 * floor)) << name << " buffer " << br[i].key();
   }
 
