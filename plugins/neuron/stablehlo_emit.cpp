@@ -748,8 +748,8 @@ class Emitter {
     }
   }
 
-  // GELU as ATen's CPU kernel computes it, with erf (CHLO's, which XLA and every StableHLO consumer
-  // built on it lowers): x * 0.5 * (1 + erf(x / sqrt(2))); its backward
+  // GELU as ATen's CPU kernel computes it, with erf (CHLO's erfc, which XLA and every StableHLO
+  // consumer built on it lowers): x * 0.5 * (1 + erf(x / sqrt(2))); its backward
   // dy * (0.5 * (1 + erf(x / sqrt(2))) + x * exp(-x^2 / 2) / sqrt(2 pi)). "tanh": the forward's
   // 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))).
   std::string gelu(const Node& n, const std::vector<int64_t>& shape, bool backward) {
@@ -765,8 +765,10 @@ class Emitter {
       return bin("stablehlo.multiply", half_x,
                  bin("stablehlo.add", splat(1.0, shape), un("stablehlo.tanh", inner, shape), shape), shape);
     }
-    const std::string e = un("chlo.erf", bin("stablehlo.multiply", x, splat(M_SQRT1_2, shape), shape), shape);
-    const std::string one_plus = bin("stablehlo.add", splat(1.0, shape), e, shape);
+    // 1 + erf(x / sqrt(2)) as erfc(-x / sqrt(2)): the same value, without the cancellation that
+    // costs 1 + erf(...) its accuracy for negative x (at x = -4 XLA's erf leaves about 1e-5 of the
+    // result wrong; erfc keeps its relative accuracy there).
+    const std::string one_plus = un("chlo.erfc", bin("stablehlo.multiply", x, splat(-M_SQRT1_2, shape), shape), shape);
     if (!backward)
       return bin("stablehlo.multiply", bin("stablehlo.multiply", x, splat(0.5, shape), shape), one_plus, shape);
     const std::string cdf = bin("stablehlo.multiply", splat(0.5, shape), one_plus, shape);
