@@ -29,6 +29,8 @@
 
 #include "codegen.h"
 #include "codegen_cuda.h"
+#include "gemm_fold.h"
+#include "cublaslt.h"
 #include "cuda_driver.h"
 #include "cuda_nvrtc.h"
 #include "lowering.h"
@@ -52,6 +54,9 @@ struct Settings {
   bool cuda = true;                // generate CUDA kernels; false leaves the nodes on CUDA to ATen
   bool horizontal_fusion = true;   // small independent CUDA launches become one (fuse_small_launches)
   bool sibling_reductions = true;  // CUDA column reductions over the same rows share a kernel
+  // CUDA matmuls through cuBLASLt (else ATen's, through call_eager), and their neighbours folded
+  // into the GEMMs' epilogues (gemm_fold.h).
+  std::string gemm = "epilogues";  // epilogues | cublaslt | aten
   // Kernels whose numbers are arguments (CPU: hoist_literals; CUDA: resolve_sizes): "auto" from
   // the second shape of the same kernels on (the first is compiled with its sizes as constants),
   // "always", "never".
@@ -148,6 +153,11 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       s.horizontal_fusion = parse_bool(key, value);
     } else if (key == "sibling_reductions") {
       s.sibling_reductions = parse_bool(key, value);
+    } else if (key == "gemm") {
+      if (value != "epilogues" && value != "cublaslt" && value != "aten")
+        throw Error(KILN_ERROR_INVALID_ARGUMENT,
+                    "[plugin.inductor] gemm = '" + value + "' is not one of epilogues, cublaslt, aten");
+      s.gemm = value;
     } else if (key == "size_args") {
       if (value != "auto" && value != "always" && value != "never")
         throw Error(KILN_ERROR_INVALID_ARGUMENT,
@@ -160,7 +170,7 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, "
                                                    "extern_kernels, profile, cuda, nvrtc, horizontal_fusion, "
-                                                   "sibling_reductions, size_args)");
+                                                   "sibling_reductions, size_args, gemm)");
     }
   }
   if (s.threads == 0) {
@@ -300,7 +310,13 @@ class GroupBase : public Executable {
   Profile* profile = nullptr;           // the `profile` option
   std::vector<std::string> step_names;  // for the profile
   std::map<int, ExternCall> externs;    // by node
-  std::vector<Placement> place;         // by value
+  // The matmuls a CUDA group runs through cuBLASLt (by node), with what folded into them.
+  struct GemmCall {
+    std::shared_ptr<CublasLt::Gemm> gemm;
+    GemmFold fold;
+  };
+  std::map<int, GemmCall> gemms;
+  std::vector<Placement> place;  // by value
   std::vector<ScalarParam> params;
   size_t n_in = 0, n_out = 0;
   std::vector<Placement> in_meta, out_meta;
@@ -608,6 +624,15 @@ class CudaGroup : public GroupBase {
     }
   };
 
+  void run_gemm(const GemmCall& c, const std::vector<void*>& B, Blocks& mem, void* stream) {
+    auto ptr = [&](int64_t v) -> void* { return v < 0 ? nullptr : dl_of(static_cast<int>(v), B).data; };
+    CublasLt::Gemm::Ptrs p;
+    p.x = ptr(c.fold.x), p.y = ptr(c.fold.y), p.bias = ptr(c.fold.bias), p.c = ptr(c.fold.c);
+    p.d = ptr(c.fold.d), p.bias_grad = ptr(c.fold.bias_grad);
+    p.aux = c.fold.aux_in >= 0 ? ptr(c.fold.aux_in) : ptr(c.fold.aux_out);
+    c.gemm->run(p, stream, [&](size_t bytes) { return mem.get(bytes, stream); });
+  }
+
   void launch(size_t i, const std::vector<void*>& B, void* stream) {
     const CudaLaunch& l = launches[i];
     std::vector<void*> vals;
@@ -708,6 +733,7 @@ class CudaGroup : public GroupBase {
     if (!table_entries.empty()) write_scalars(scalars, stream);
     for (const CudaStep& st : steps) {
       if (st.launch >= 0) launch(static_cast<size_t>(st.launch), B, stream);
+      else if (auto g = gemms.find(st.extern_node); g != gemms.end()) run_gemm(g->second, B, mem, stream);
       else call_extern(externs.at(st.extern_node), B);
     }
     for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false, stream);
@@ -1089,6 +1115,12 @@ class InductorPlugin : public Plugin {
     const int arch = rt.driver->compute_capability(device);
     LoweringOptions lo = lowering_options(Target::Cuda);
     lo.extern_kernels = lo.extern_kernels && s.extern_kernels;
+    // Matmuls through cuBLASLt, with what folds into their epilogues (gemm_fold.h). The GEMMs
+    // the heuristics were asked about are kept, by their description, for the group to run.
+    GemmPlan gemm_plan;
+    std::map<std::string, std::shared_ptr<CublasLt::Gemm>> gemm_objects;
+    if (lo.extern_kernels && s.gemm != "aten") gemm_plan = plan_cuda_gemms(g, s, device, &gemm_objects);
+    if (!gemm_plan.empty()) lo.gemms = &gemm_plan;
     std::unique_ptr<LoweredGraph> L = lower(g, lo);
     Program P = schedule(*L);
     if (s.sibling_reductions) join_sibling_columns(*L, P);
@@ -1139,6 +1171,7 @@ class InductorPlugin : public Plugin {
       }
       if (tuned) prog = generate_cuda(*L, P, co);
     }
+    if (tuning && !gemm_plan.empty()) tune_gemms(gemm_plan, gemm_objects, rt, device, arch, co.multiprocessors, root);
     // What each extern step reads (its arguments' buffers, through the views they are) and writes
     // (its results'); -1 where a value has no buffer to name.
     auto buffer_of = [&](int64_t v) {
@@ -1151,13 +1184,15 @@ class InductorPlugin : public Plugin {
     for (size_t k = 0; k < prog.steps.size(); ++k) {
       if (prog.steps[k].extern_node < 0) continue;
       const Node n = g.node(prog.steps[k].extern_node);
-      for (int64_t v : n.inputs()) {
+      auto fold = gemm_plan.gemms.find(n.index());
+      const bool folded = fold != gemm_plan.gemms.end();
+      for (int64_t v : folded ? fold->second.inputs() : n.inputs()) {
         if (v < 0) continue;
         extern_reads[k].insert(buffer_of(v));
         extern_touches[k].insert(buffer_of(v));
       }
-      for (int64_t v : n.outputs())
-        if (v >= 0) extern_touches[k].insert(buffer_of(v));
+      for (int64_t v : folded ? fold->second.outputs() : n.outputs())
+        if (v >= 0 && !L->values[static_cast<size_t>(v)].dead) extern_touches[k].insert(buffer_of(v));
     }
     std::vector<int64_t> inplace;
     if (!wanted.empty()) inplace = inplace_outputs(prog, g.inputs().size(), wanted, extern_reads);
@@ -1216,6 +1251,15 @@ class InductorPlugin : public Plugin {
         exe->table = rt.driver->alloc(static_cast<size_t>(prog.scalar_table) * sizeof(double), "run-time scalars");
     }
     prepare(*exe, g, *L, P);
+    for (const auto& [node, fold] : gemm_plan.gemms) {
+      for (int64_t v : fold.inputs())
+        if (exe->place.at(static_cast<size_t>(v)).slot < 0)
+          throw Error(KILN_ERROR_INTERNAL, "a matmul's operand without a buffer (" + fold.spec.describe() + ")");
+      for (int64_t v : fold.outputs())
+        if (exe->place.at(static_cast<size_t>(v)).slot < 0)
+          throw Error(KILN_ERROR_INTERNAL, "a matmul's result without a buffer (" + fold.spec.describe() + ")");
+      exe->gemms[static_cast<int>(node)] = GroupBase::GemmCall{gemm_objects.at(gemm_key(fold.spec)), fold};
+    }
     if (!wanted.empty()) exe->inplace_outputs = inplace;
     exe->launches = prog.launches;
     exe->steps = prog.steps;
@@ -1230,6 +1274,158 @@ class InductorPlugin : public Plugin {
       exe->table_defaults.push_back(p.value);
     }
     return exe;
+  }
+
+  static std::string gemm_key(const GemmSpec& t) {
+    return t.describe() + " " + std::to_string(t.x_rs) + "," + std::to_string(t.x_cs) + "," + std::to_string(t.y_rs) +
+           "," + std::to_string(t.y_cs) + "," + std::to_string(t.d_ld) + "," + std::to_string(t.c_ld) + "," +
+           std::to_string(t.aux_ld);
+  }
+
+  // Which of the group's matmuls cuBLASLt runs, and what folds into them (gemm_fold.h), asking
+  // cuBLASLt's heuristics about each candidate on `device`. Empty without cuBLASLt (the matmuls
+  // then go to ATen through call_eager, as `gemm = "aten"` does).
+  GemmPlan plan_cuda_gemms(const Graph& g, const Settings& s, int device,
+                           std::map<std::string, std::shared_ptr<CublasLt::Gemm>>* objects) const {
+    std::string why;
+    std::shared_ptr<CublasLt> lt = cublaslt(&why);
+    if (!lt) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) host().info("matmuls on CUDA run through ATen: " + why);
+      return {};
+    }
+    const CudaRuntime& rt = cuda_runtime(s.nvrtc);
+    CudaDriver::Scope scope(*rt.driver, device);
+    auto supported = [&](const GemmSpec& t) -> std::string {
+      const std::string key = gemm_key(t);
+      auto it = objects->find(key);
+      if (it == objects->end()) {
+        try {
+          auto gemm = std::make_shared<CublasLt::Gemm>(lt, t, "cuBLASLt " + t.describe());
+          if (std::string no = gemm->why_unsupported(); !no.empty()) return no;
+          it = objects->emplace(key, std::move(gemm)).first;
+        } catch (const Error& e) {
+          return e.what();
+        }
+      }
+      return "";
+    };
+    GemmPlan plan = plan_gemms(g, s.gemm == "epilogues", supported);
+    size_t folded = 0;
+    std::map<std::string, int> kinds;
+    for (const auto& [node, f] : plan.gemms) {
+      folded += f.folded.size();
+      const std::string d = f.spec.describe();
+      kinds[d.substr(d.find("] ") + 2)]++;
+    }
+    std::string summary;
+    for (const auto& [k, n] : kinds) summary += (summary.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    if (!plan.gemms.empty())
+      host().debug("cuBLASLt " + lt->version() + ": " + std::to_string(plan.gemms.size()) + " matmuls (" + summary +
+                   "), " + std::to_string(folded) + " nodes folded into their epilogues");
+    return plan;
+  }
+
+  // max-autotune for the group's GEMMs: each distinct GEMM times the first algorithms cuBLASLt's
+  // heuristics give (at most 8) on buffers of its sizes and keeps the fastest, unless the
+  // heuristics' own first is within 3% of it. The winner goes into the compile cache (by the GEMM,
+  // cuBLASLt's version and the GPU), so a later compile reads it instead of timing again.
+  void tune_gemms(const GemmPlan& plan, const std::map<std::string, std::shared_ptr<CublasLt::Gemm>>& objects,
+                  const CudaRuntime& rt, int device, int arch, int multiprocessors, const std::string& root) {
+    std::shared_ptr<CublasLt> lt = cublaslt(nullptr);
+    if (!lt) return;
+    std::vector<std::pair<std::string, CublasLt::Gemm*>> todo;
+    for (const auto& [node, f] : plan.gemms) {
+      const std::string key = gemm_key(f.spec);
+      bool seen = false;
+      for (const auto& t : todo) seen = seen || t.first == key;
+      if (!seen) todo.push_back({key, objects.at(key).get()});
+    }
+    static std::mutex gpu;  // one group times at a time, as for the kernels
+    std::lock_guard<std::mutex> one_at_a_time(gpu);
+    const CudaDriver& drv = *rt.driver;
+    CudaDriver::Scope scope(drv, device);
+    constexpr int kCandidates = 8;
+    size_t from_cache = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t t = 0; t < todo.size(); ++t) {
+      CublasLt::Gemm& gemm = *todo[t].second;
+      const GemmSpec& sp = gemm.spec();
+      const std::string path = root + "/" +
+                               hash_hex(todo[t].first + "\ncublaslt " + lt->version() + " sm_" + std::to_string(arch) +
+                                        " " + std::to_string(multiprocessors)) +
+                               ".gemmtune";
+      const size_t n = gemm.candidates(kCandidates);
+      if (n == 0) continue;
+      std::vector<std::pair<int, int>> cached;
+      if (read_tune(path, &cached, 1) && cached[0].second == static_cast<int>(n) && cached[0].first >= 0 &&
+          static_cast<size_t>(cached[0].first) < n) {
+        gemm.choose(static_cast<size_t>(cached[0].first));
+        ++from_cache;
+        continue;
+      }
+      struct Owned {
+        const CudaDriver& d;
+        std::vector<CudaDriver::CUdeviceptr> ptrs;
+        ~Owned() {
+          try {
+            d.synchronize();
+          } catch (...) {
+          }
+          for (auto p : ptrs) d.free(p);
+        }
+      } own{drv, {}};
+      const size_t elem = sp.bf16 ? 2 : 4;
+      auto buffer = [&](int64_t elements) -> void* {
+        const size_t words = (static_cast<size_t>(std::max<int64_t>(elements, 1)) * elem + 3) / 4;
+        own.ptrs.push_back(drv.alloc(words * 4, "max-autotune GEMM buffers"));
+        drv.fill32(own.ptrs.back(), sp.bf16 ? 0x3f003f00u : 0x3f000000u, words);
+        return reinterpret_cast<void*>(own.ptrs.back());
+      };
+      CublasLt::Gemm::Ptrs p;
+      p.x = buffer((sp.m - 1) * sp.x_rs + (sp.k - 1) * sp.x_cs + 1);
+      p.y = buffer((sp.k - 1) * sp.y_rs + (sp.n - 1) * sp.y_cs + 1);
+      p.d = buffer((sp.m - 1) * sp.d_ld + sp.n);
+      if (sp.c) p.c = buffer((sp.m - 1) * sp.c_ld + sp.n);
+      if (sp.bias) p.bias = buffer(sp.n);
+      if (sp.aux) p.aux = buffer((sp.m - 1) * sp.aux_ld + sp.n);
+      if (sp.bias_grad != GemmBiasGrad::None) p.bias_grad = buffer(std::max(sp.m, sp.n));
+      size_t ws_bytes = 0;
+      for (size_t i = 0; i < n; ++i) ws_bytes = std::max(ws_bytes, gemm.candidate_workspace(i));
+      void* ws = nullptr;
+      if (ws_bytes) {
+        own.ptrs.push_back(drv.alloc(ws_bytes, "max-autotune GEMM workspace"));
+        ws = reinterpret_cast<void*>(own.ptrs.back());
+      }
+      std::vector<double> cost(n, 1e30);
+      for (size_t i = 0; i < n; ++i) {
+        try {
+          auto run = [&](int times) {
+            for (int r = 0; r < times; ++r) gemm.run_candidate(i, p, nullptr, ws);
+          };
+          const double first = drv.time_ms([&] { run(1); }, nullptr);
+          const int reps = static_cast<int>(std::clamp(0.5 / std::max(first, 1e-4), 2.0, 100.0));
+          for (int b = 0; b < 3; ++b) cost[i] = std::min(cost[i], drv.time_ms([&] { run(reps); }, nullptr) / reps);
+        } catch (const Error& e) {
+          host().debug("max-autotune: " + sp.describe() + " algorithm " + std::to_string(i + 1) +
+                       " does not run: " + e.what());
+        }
+      }
+      size_t best = 0;
+      for (size_t i = 1; i < n; ++i)
+        if (cost[i] < cost[best] && cost[i] < 0.97 * cost[0]) best = i;
+      gemm.choose(best);
+      write_tune(path, {{static_cast<int>(best), static_cast<int>(n)}});
+      auto us = [](double ms) { return ms >= 1e29 ? std::string("cannot run") : std::to_string(ms * 1e3) + " us"; };
+      host().info("max-autotune: gemm " + std::to_string(t + 1) + "/" + std::to_string(todo.size()) + " " +
+                  sp.describe() + ": algorithm " + std::to_string(best + 1) + " of " + std::to_string(n) + ", " +
+                  us(cost[best]) + (best ? " (the heuristics' first " + us(cost[0]) + ")" : ""));
+    }
+    if (from_cache)
+      host().info("max-autotune: " + std::to_string(from_cache) + " of " + std::to_string(todo.size()) +
+                  " GEMMs' algorithms from the cache");
+    host().debug("max-autotune: " + std::to_string(todo.size()) + " GEMMs in " +
+                 std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s");
   }
 
   // NVRTC on each part (from the cache when it is there), the parts at once in threads (at most

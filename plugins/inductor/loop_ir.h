@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -125,7 +126,8 @@ struct ValueInfo {
   int alias_of = -1;  // an output whose buffer the extern or computed result `alias_of` is
                       // written into directly (the views between are the same memory): no stage
   int users = 0;
-  int order = 0;                                   // topological position of the producing node
+  bool dead = false;  // nothing reads it any more (a matmul's result whose reader folded into it)
+  int order = 0;      // topological position of the producing node
   std::function<int(ExprPool&, const Idx&)> body;  // Pointwise, View: the value at an index
   Reduction red;
   Extern ext;
@@ -146,6 +148,9 @@ struct LoweredGraph {
   std::vector<ScalarParam> params;
   size_t num_inputs = 0, num_outputs = 0;
   std::vector<int64_t> scratch_bytes;  // per scratch slot (slots after inputs and outputs)
+  // The values an extern node reads, where it reads more than its own arguments (a matmul with
+  // neighbours folded into its epilogue: gemm_fold.h).
+  std::map<int, std::vector<int64_t>> extern_inputs;
   // Loads `v` at `idx`: from its buffer when materialized, else recomputed.
   int load(ExprPool& pool, int v, const Idx& idx) const;
   // Computes `v` at `idx` from its definition (never from its own buffer).

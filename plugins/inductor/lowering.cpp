@@ -1,5 +1,6 @@
 #include "lowering.h"
 
+#include "gemm_fold.h"
 #include "lowerer.h"
 #include "materialize.h"
 #include "op_registry.h"
@@ -129,8 +130,31 @@ std::unique_ptr<LoweredGraph> lower(const Graph& g, const LoweringOptions& opts)
     if (!why.empty()) throw Unimplemented(n.op() + ": " + why);
     for (int64_t v : n.inputs()) L->values[static_cast<size_t>(v)].users++;
     const OpEntry& op = *find_op(n.op());
-    (generated_on_cuda(op, g, n, opts.target) ? op.cuda_lower : op.lower)(lowerer, n);
+    int64_t into = -1;  // the matmul this node folded into
+    if (opts.gemms) {
+      auto f = opts.gemms->folded_into.find(n.index());
+      if (f != opts.gemms->folded_into.end()) into = f->second;
+    }
+    if (into >= 0) {
+      // Computed by the matmul it folded into: its results are that matmul's.
+      for (int64_t v : n.outputs()) {
+        ValueInfo& info = L->values[static_cast<size_t>(v)];
+        info.kind = ValueInfo::Kind::Extern;
+        info.ext.node = static_cast<int>(into);
+        info.materialized = true;
+      }
+    } else {
+      (generated_on_cuda(op, g, n, opts.target) ? op.cuda_lower : op.lower)(lowerer, n);
+    }
     for (int64_t v : n.outputs()) L->values[static_cast<size_t>(v)].order = lowerer.next_order();
+  }
+  if (opts.gemms) {
+    for (const auto& [node, f] : opts.gemms->gemms) L->extern_inputs[static_cast<int>(node)] = f.inputs();
+    for (int64_t v : opts.gemms->dead) {
+      ValueInfo& info = L->values[static_cast<size_t>(v)];
+      info.dead = true;
+      info.materialized = false;
+    }
   }
   materialize(g, L);
   return out;

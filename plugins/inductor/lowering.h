@@ -22,6 +22,9 @@ struct LoweringOptions {
   Target target = Target::Cpu;   // the nodes' values must all be on this kind of device
   bool extern_kernels = true;    // take matmul/convolution/attention and run them through call_eager
   bool runtime_scalars = false;  // execute is given run-time scalars (KILN_CAPABILITY_RUNTIME_SCALARS)
+  // CUDA: matmuls run through cuBLASLt and the nodes folded into them (gemm_fold.h); the folded
+  // nodes' results become the matmul's extern results. Not owned.
+  const struct GemmPlan* gemms = nullptr;
 };
 
 // The target of a node from the device of its values (empty when they are on no device the

@@ -102,7 +102,10 @@ void materialize(const Graph& g, LoweredGraph* L) {
     Node n = g.node(static_cast<int64_t>(i));
     // Lowered as an extern kernel (an extern op the CUDA kernels compute is not one).
     if (n.outputs().empty() || n.outputs()[0] < 0 || val(n.outputs()[0]).kind != ValueInfo::Kind::Extern) continue;
-    for (int64_t v : n.inputs()) {
+    // A node folded into a matmul reads nothing itself: the matmul reads what it needs.
+    if (val(n.outputs()[0]).ext.node != static_cast<int>(i)) continue;
+    auto ins_it = L->extern_inputs.find(static_cast<int>(i));
+    for (int64_t v : ins_it != L->extern_inputs.end() ? ins_it->second : n.inputs()) {
       int root = static_cast<int>(v);
       while (!val(root).materialized &&
              (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
@@ -111,7 +114,8 @@ void materialize(const Graph& g, LoweredGraph* L) {
     }
   }
   for (auto& info : L->values) {
-    if (info.kind == ValueInfo::Kind::Reduction || info.kind == ValueInfo::Kind::Extern) info.materialized = true;
+    if ((info.kind == ValueInfo::Kind::Reduction || info.kind == ValueInfo::Kind::Extern) && !info.dead)
+      info.materialized = true;
   }
   for (size_t v = 0; v < L->values.size(); ++v) {
     ValueInfo& info = L->values[v];
@@ -145,7 +149,8 @@ void materialize(const Graph& g, LoweredGraph* L) {
     const ValueInfo& info = L->values[static_cast<size_t>(v)];
     std::vector<int>& d = deps[v];
     if (info.kind == ValueInfo::Kind::Extern) {
-      for (int64_t in : g.node(info.ext.node).inputs()) {
+      auto ins_it = L->extern_inputs.find(info.ext.node);
+      for (int64_t in : ins_it != L->extern_inputs.end() ? ins_it->second : g.node(info.ext.node).inputs()) {
         int root = static_cast<int>(in);
         while (!val(root).materialized &&
                (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))

@@ -32,6 +32,48 @@ inline std::string instantiate(std::string text, const std::string& dtype, const
   return text;
 }
 
+// Shared with the tests of the matmul folds (inductor_cuda_test.cpp).
+inline const char* mlp_block_tanh_text() {
+  return R"(graph {
+  input %0 : {T}[2,8,16]{128,16,1} {D} input "x"
+  input %1 : {T}[64,16]{16,1} {D} input "w1"
+  input %2 : {T}[64]{1} {D} input "b1"
+  input %3 : {T}[16,64]{64,1} {D} input "w2"
+  input %4 : {T}[16]{1} {D} input "b2"
+  input %5 : {T}[2,8,16]{128,16,1} {D} input "gy"
+  %6 : {T}[16,16]{16,1} {D} = aten::view(%0, i[16, 16])
+  %7 : {T}[16,64]{1,16} {D} = aten::t(%1)
+  %8 : {T}[16,64]{64,1} {D} = aten::addmm(%2, %6, %7, scalar(1), scalar(1))
+  %9 : {T}[2,8,64]{512,64,1} {D} = aten::view(%8, i[2, 8, 64])
+  %10 : {T}[2,8,64]{512,64,1} {D} = aten::gelu(%9, "tanh")
+  %11 : {T}[16,64]{64,1} {D} = aten::view(%10, i[16, 64])
+  %12 : {T}[64,16]{1,64} {D} = aten::t(%3)
+  %13 : {T}[16,16]{16,1} {D} = aten::addmm(%4, %11, %12, scalar(1), scalar(1))
+  %14 : {T}[2,8,16]{128,16,1} {D} = aten::view(%13, i[2, 8, 16])
+  %15 : {T}[2,8,16]{128,16,1} {D} = aten::add.Tensor(%0, %14, scalar(1))
+  %16 : {T}[16,16]{16,1} {D} = aten::view(%5, i[16, 16])
+  %17 : {T}[16,64]{64,1} {D} = aten::mm(%16, %3)
+  %18 : {T}[2,8,64]{512,64,1} {D} = aten::view(%17, i[2, 8, 64])
+  %19 : {T}[2,8,64]{512,64,1} {D} = aten::gelu_backward(%18, %9, "tanh")
+  %20 : {T}[64,16]{1,64} {D} = aten::t(%11)
+  %21 : {T}[64,16]{16,1} {D} = aten::mm(%20, %16)
+  %22 : {T}[16,64]{1,16} {D} = aten::t(%21)
+  %23 : {T}[1,16]{16,1} {D} = aten::sum.dim_IntList(%16, i[0], true, None)
+  %24 : {T}[16,64]{64,1} {D} = aten::view(%19, i[16, 64])
+  %25 : {T}[1,64]{64,1} {D} = aten::sum.dim_IntList(%24, i[0], true, None)
+  %26 : {T}[64,16]{1,64} {D} = aten::t(%24)
+  %27 : {T}[64,16]{16,1} {D} = aten::mm(%26, %6)
+  %28 : {T}[16,16]{16,1} {D} = aten::mm(%24, %1)
+  output %15 result "y"
+  output %22 result "dw2"
+  output %23 result "db2"
+  output %25 result "db1"
+  output %27 result "dw1"
+  output %28 result "dx"
+}
+)";
+}
+
 inline const std::vector<CorpusGraph>& cuda_corpus() {
   static const std::vector<CorpusGraph> graphs = {
       {"unary_ops", R"(graph {
@@ -564,6 +606,10 @@ inline const std::vector<CorpusGraph>& cuda_corpus() {
 }
 )",
        1},
+      // A GPT-2 MLP block (tanh GELU) with its residual, forward and backward: on CUDA the
+      // matmuls run through cuBLASLt with the GELU, its backward, the residual add and the bias
+      // gradients folded into their epilogues (gemm_fold.h); the generated kernels elsewhere.
+      {"mlp_block_tanh", mlp_block_tanh_text(), -1},
   };
   return graphs;
 }

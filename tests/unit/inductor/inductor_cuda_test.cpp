@@ -47,6 +47,7 @@
 // The plugin's own code (kiln_inductor_impl), for the generation steps.
 #include "codegen_cuda.h"
 #include "cuda_nvrtc.h"
+#include "gemm_fold.h"
 #include "lowering.h"
 #include "ops.h"
 #include "schedule.h"
@@ -1818,4 +1819,226 @@ TEST(InductorStepCuda, GptBf16AutocastReduceOverheadMatchesEager) {
 TEST(InductorStepCuda, Cnn20StepsMatchEager) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
   expect_step_parity("cnn", "default", 1e-4);
+}
+
+// ---- Matmuls through cuBLASLt, their neighbours folded into the epilogues (gemm_fold.h) ----
+
+namespace {
+
+// The node whose (first) result is value `id` of a whole-graph view.
+int64_t node_making(const plugin::Graph& g, int64_t id) {
+  for (size_t i = 0; i < g.num_nodes(); ++i)
+    if (g.node(static_cast<int64_t>(i)).outputs()[0] == id) return static_cast<int64_t>(i);
+  ADD_FAILURE() << "no node makes %" << id;
+  return -1;
+}
+
+std::string fold_text(const inductor::GemmPlan& plan) {
+  std::string s;
+  for (const auto& [node, f] : plan.gemms) {
+    s += "node " + std::to_string(node) + ": " + f.spec.describe() + " folds";
+    for (int64_t u : f.folded) s += " " + std::to_string(u);
+    s += "\n";
+  }
+  return s;
+}
+
+inductor::GemmPlan plan_of(const plugin::Graph& pg, bool epilogues = true,
+                           std::function<std::string(const inductor::GemmSpec&)> supported = nullptr) {
+  if (!supported) supported = [](const inductor::GemmSpec&) { return std::string(); };
+  return inductor::plan_gemms(pg, epilogues, supported);
+}
+
+}  // namespace
+
+// A GPT-2 MLP block, forward and backward, in bfloat16: every matmul is a cuBLASLt GEMM, and the
+// tanh GELU (whose input the backward reads: written as aux), the residual add, GELU's backward
+// and both bias gradients are computed by GEMMs instead of generated kernels.
+TEST(InductorGemmPlan, AnMlpBlockFoldsItsGeluResidualAndBiasGradientsIntoTheGemms) {
+  const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
+  GraphView view(g);
+  plugin::Graph pg(&view.view());
+  const inductor::GemmPlan plan = plan_of(pg);
+  const std::string text = fold_text(plan);
+  ASSERT_EQ(plan.gemms.size(), 6u) << text;
+  auto fold = [&](int64_t id) -> const inductor::GemmFold& { return plan.gemms.at(node_making(pg, id)); };
+  EXPECT_NE(fold(8).spec.describe().find("GELU_AUX_BIAS"), std::string::npos) << text;
+  EXPECT_EQ(fold(8).d, 10);
+  EXPECT_EQ(fold(8).aux_out, 8);  // the backward reads the GELU's input through %9
+  EXPECT_NE(fold(13).spec.describe().find("BIAS + C"), std::string::npos) << text;
+  EXPECT_EQ(fold(13).c, 0);  // the residual: the block's input
+  EXPECT_EQ(fold(13).d, 15);
+  EXPECT_NE(fold(17).spec.describe().find("DGELU_BGRAD"), std::string::npos) << text;
+  EXPECT_EQ(fold(17).aux_in, 9);
+  EXPECT_EQ(fold(17).bias_grad, 25);
+  EXPECT_NE(fold(21).spec.describe().find("BGRADA"), std::string::npos) << text;
+  EXPECT_EQ(fold(21).bias_grad, 23);
+  EXPECT_NE(fold(27).spec.describe().find("DEFAULT"), std::string::npos) << text;
+  EXPECT_NE(fold(28).spec.describe().find("DEFAULT"), std::string::npos) << text;
+  EXPECT_EQ(plan.folded_into.size(), 5u) << text;
+  // The second matmul's result and its view feed only the folded add: nothing keeps them.
+  EXPECT_TRUE(plan.dead.count(13) && plan.dead.count(14));
+  EXPECT_FALSE(plan.dead.count(8)) << "the GELU's input is read by the backward";
+
+  // Lowered with the plan: the folded nodes' results are the GEMMs' extern results, the dead
+  // values get no buffer, and no generated kernel computes what a GEMM does.
+  inductor::LoweringOptions opts;
+  opts.target = inductor::Target::Cuda;
+  opts.runtime_scalars = true;
+  opts.gemms = &plan;
+  auto L = inductor::lower(pg, opts);
+  const inductor::Program P = inductor::schedule(*L);
+  for (int64_t id : {10, 15, 19, 23, 25}) {
+    EXPECT_EQ(L->values[static_cast<size_t>(id)].kind, inductor::ValueInfo::Kind::Extern) << "%" << id;
+    EXPECT_EQ(L->values[static_cast<size_t>(id)].ext.node, plan.folded_into.at(node_making(pg, id))) << "%" << id;
+    EXPECT_GE(L->values[static_cast<size_t>(id)].buffer, 0) << "%" << id;
+  }
+  EXPECT_LT(L->values[13].buffer, 0) << "a dead matmul result got a buffer";
+  size_t extern_steps = 0;
+  for (const auto& st : P.steps) extern_steps += st.extern_node >= 0;
+  EXPECT_EQ(extern_steps, 6u);
+  EXPECT_TRUE(P.kernels.empty()) << P.kernels.size() << " kernels for a block the GEMMs compute whole";
+  // The GELU's input (the first GEMM's aux) is computed before the GEMM that reads it.
+  std::vector<int> step_of_node(pg.num_nodes(), -1);
+  for (size_t k = 0; k < P.steps.size(); ++k)
+    if (P.steps[k].extern_node >= 0) step_of_node[static_cast<size_t>(P.steps[k].extern_node)] = static_cast<int>(k);
+  EXPECT_LT(step_of_node[static_cast<size_t>(node_making(pg, 8))],
+            step_of_node[static_cast<size_t>(node_making(pg, 17))]);
+  // Generated for CUDA all the same (the kernels that remain: none here).
+  const inductor::CudaProgram prog = inductor::generate_cuda(*L, P, {});
+  EXPECT_TRUE(prog.launches.empty());
+}
+
+// In float32 the GELU and its backward stay generated (cuBLASLt's GELU is not ATen's to float32
+// precision); the bias gradient of GELU's backward then folds as the row sums of the transposed
+// gradient that the weight's GEMM reads (BGRADB). An erf GELU, an add of two dtypes and anything
+// the heuristics refuse are never folded.
+TEST(InductorGemmPlan, WhatIsNotTheSameComputationIsNotFolded) {
+  {
+    const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "f32"));
+    GraphView view(g);
+    plugin::Graph pg(&view.view());
+    const inductor::GemmPlan plan = plan_of(pg);
+    const std::string text = fold_text(plan);
+    ASSERT_EQ(plan.gemms.size(), 6u) << text;
+    EXPECT_EQ(plan.gemms.at(node_making(pg, 8)).spec.describe().find("GELU"), std::string::npos) << text;
+    EXPECT_EQ(plan.gemms.at(node_making(pg, 17)).spec.describe().find("GELU"), std::string::npos) << text;
+    EXPECT_NE(plan.gemms.at(node_making(pg, 13)).spec.describe().find("BIAS + C"), std::string::npos) << text;
+    EXPECT_NE(plan.gemms.at(node_making(pg, 27)).spec.describe().find("BGRADB"), std::string::npos) << text;
+    EXPECT_EQ(plan.gemms.at(node_making(pg, 27)).bias_grad, 25) << text;
+  }
+  {
+    std::string erf = kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16");
+    for (size_t at = erf.find("\"tanh\""); at != std::string::npos; at = erf.find("\"tanh\"", at))
+      erf.replace(at, 6, "\"none\"");
+    const ir::Graph g = ir::parse(erf);
+    GraphView view(g);
+    plugin::Graph pg(&view.view());
+    const inductor::GemmPlan plan = plan_of(pg);
+    for (const auto& [node, f] : plan.gemms)
+      EXPECT_EQ(f.spec.describe().find("GELU"), std::string::npos) << fold_text(plan);
+  }
+  {
+    const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[16,16]{16,1} on cuda:0 input "r"
+  input %1 : bf16[16,16]{16,1} on cuda:0 input "a"
+  input %2 : bf16[16,16]{16,1} on cuda:0 input "b"
+  %3 : bf16[16,16]{16,1} on cuda:0 = aten::mm(%1, %2)
+  %4 : f32[16,16]{16,1} on cuda:0 = aten::add.Tensor(%0, %3, scalar(1))
+  output %4 result "y"
+}
+)");
+    GraphView view(g);
+    plugin::Graph pg(&view.view());
+    const inductor::GemmPlan plan = plan_of(pg);
+    EXPECT_EQ(plan.gemms.size(), 1u);
+    EXPECT_TRUE(plan.folded_into.empty()) << fold_text(plan);
+  }
+  {
+    // The heuristics refuse every epilogue but the plain one: the matmuls run alone, addmm's with
+    // a bias stays ATen's, and nothing folds.
+    const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
+    GraphView view(g);
+    plugin::Graph pg(&view.view());
+    const inductor::GemmPlan plan = plan_of(pg, true, [](const inductor::GemmSpec& s) {
+      return s.describe().find("DEFAULT") == std::string::npos ? std::string("no algorithm") : std::string();
+    });
+    EXPECT_EQ(plan.gemms.size(), 4u) << fold_text(plan);
+    EXPECT_TRUE(plan.folded_into.empty()) << fold_text(plan);
+    const inductor::GemmPlan alone = plan_of(pg, false);
+    EXPECT_EQ(alone.gemms.size(), 6u);
+    EXPECT_TRUE(alone.folded_into.empty()) << fold_text(alone);
+  }
+}
+
+// The same block on a GPU: cuBLASLt's GEMMs with the folds against eager (bfloat16 within 1e-2,
+// float32 within 1e-5), and the log counts the folds; `gemm = "aten"` gives the same results
+// through ATen's matmuls.
+TEST(InductorGemmCuda, FoldedEpiloguesMatchEager) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  for (const char* dtype : {"bf16", "f32"}) {
+    for (const char* gemm : {"epilogues", "aten"}) {
+      const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), dtype));
+      TrainingArguments args;
+      args.runtime.cache_dir = fresh_dir("gemm");
+      args.plugin_options["inductor"]["cuda"] = "true";
+      args.plugin_options["inductor"]["gemm"] = gemm;
+      auto plugin = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
+      kiln::test::start_log_capture();
+      PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+      ASSERT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
+      const std::string log = kiln::test::captured_log();
+      const std::string what = std::string(dtype) + " gemm=" + gemm;
+      if (std::string(gemm) == "epilogues") {
+        const std::string want = std::string(dtype) == "bf16" ? "5 nodes folded" : "3 nodes folded";
+        EXPECT_NE(log.find(want), std::string::npos) << what << ": " << log;
+      } else {
+        EXPECT_EQ(log.find("cuBLASLt"), std::string::npos) << what << ": " << log;
+      }
+      double worst = 0;
+      for (int trial = 0; trial < 2; ++trial) {
+        const auto inputs = make_inputs(g);
+        const std::vector<c10::IValue> scalars;
+        const auto ref = run_eager(g, inputs, scalars);
+        std::vector<at::Tensor> env(g.values.size());
+        for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+        exec.run(env, &scalars);
+        worst = std::max(worst, expect_close(g, inputs, scalars, outputs_of(g, env), ref,
+                                             std::string(dtype) == "f32" ? 1e-5 : 1e-2, what));
+      }
+      std::printf("mlp_block_tanh %s: worst rel err %.2e\n", what.c_str(), worst);
+    }
+  }
+}
+
+// max-autotune times the heuristics' first algorithms of every GEMM once, saying so line by line,
+// and keeps the winners in the compile cache: a second compile reads them and times nothing.
+TEST(InductorGemmCuda, MaxAutotuneTimesEachGemmOnceAndKeepsTheWinners) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << kNoCuda;
+  const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
+  const std::string cache = fresh_dir("gemm_tune");
+  TrainingArguments args;
+  args.runtime.cache_dir = cache;
+  args.plugin_options["inductor"]["cuda"] = "true";
+  auto plugin = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
+  for (int round = 0; round < 2; ++round) {
+    kiln::test::start_log_capture();
+    PartitionedExecutor exec(g, plugin, KILN_MODE_MAX_AUTOTUNE_NO_CUDAGRAPHS);
+    ASSERT_TRUE(exec.stats().compile_errors.empty()) << exec.stats().compile_errors[0];
+    const std::string log = kiln::test::captured_log();
+    if (round == 0) {
+      EXPECT_NE(log.find("max-autotune: gemm 1/"), std::string::npos) << log;
+      EXPECT_EQ(log.find("algorithms from the cache"), std::string::npos) << log;
+    } else {
+      EXPECT_EQ(log.find("max-autotune: gemm 1/"), std::string::npos) << "timed again: " << log;
+      EXPECT_NE(log.find("algorithms from the cache"), std::string::npos) << log;
+    }
+    const auto inputs = make_inputs(g);
+    const std::vector<c10::IValue> scalars;
+    const auto ref = run_eager(g, inputs, scalars);
+    std::vector<at::Tensor> env(g.values.size());
+    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+    exec.run(env, &scalars);
+    expect_close(g, inputs, scalars, outputs_of(g, env), ref, 1e-2, "max-autotune round " + std::to_string(round));
+  }
 }
