@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""PyTorch's side of the side-by-side benchmark: the three reference workloads of
-docs/workloads.md (mlp, cnn, gpt) with PyTorch eager, torch.compile and PyTorch's best
-whole-step configurations, from the same torch==2.11.0 that scripts/setup installs. kiln's own
-side is `kiln bench`; scripts/bench runs both and prints one table.
+"""PyTorch's side of the side-by-side benchmark: the reference workloads of docs/workloads.md
+(mlp, cnn, gpt, gpt-medium; mlp, cnn and gpt when none is named) with PyTorch eager,
+torch.compile and PyTorch's best whole-step configurations, from the same torch==2.11.0 that
+scripts/setup installs. kiln's own side is `kiln bench`; scripts/bench runs both and prints one
+table.
 
-A step is zero_grad, forward, loss, backward and optimizer.step() (gpt on CUDA under bf16
-autocast), as in kiln's workloads. The configurations (--configs):
+A step is zero_grad, forward, loss, backward and optimizer.step() (gpt and gpt-medium on CUDA under
+bf16 autocast), as in kiln's workloads. The configurations (--configs):
   eager                         PyTorch eager
   default, max-autotune, max-autotune-no-cudagraphs
                                 the model compiled with torch.compile(model, mode=M); the loss,
@@ -32,18 +33,22 @@ graphs: the warm-up, the capture and the first replay), then a few untimed steps
 blocks of steps, each ending in one device synchronisation; ms_per_step is the median block's.
 Prints one JSON object per configuration on stdout:
   {"workload", "device", "config", "ms_per_step", "first_step_s", "steps", "threads",
-   "peak_mem_bytes", "peak_mem_above_start_bytes", "final_loss"}
+   "peak_mem_bytes", "peak_mem_above_start_bytes", "final_loss", "model_flops_per_step",
+   "tflops_per_s"}
 peak_mem_bytes is torch.cuda.max_memory_allocated() (parameters and batch included);
 peak_mem_above_start_bytes leaves out what was allocated before the first step or warm-up (the
 model and the batch), as kiln bench reports its peaks. Both include compilation and, for the
 whole-step graphs, the warm-up and the graph's memory pool. A configuration that cannot run
 prints {"workload", "device", "config", "error"}.
+model_flops_per_step (gpt and gpt-medium; null for mlp and cnn) is the step's matrix-multiply work
+by the usual count for transformers (train_flops below: 6 N B T + 12 L B T^2 C), and tflops_per_s
+that over ms_per_step: the achieved TFLOP/s, whatever the configuration actually ran.
 
---dynamic MIN:MAX (gpt only; `kiln bench gpt --dynamic MIN:MAX` is kiln's side) trains gpt at a
-sequence length that changes every step, drawn uniformly from [MIN, MAX] with splitmix64 from
---dynamic-seed (1234), exactly as kiln's dynamic_lengths draws it; a step at length T trains the
-first T tokens of every row of the batch, built from kiln bench's seed (1234), so that PyTorch
-eager and LibTorch eager train the same numbers. Its configurations:
+--dynamic MIN:MAX (gpt or gpt-medium; `kiln bench W --dynamic MIN:MAX` is kiln's side) trains the
+model at a sequence length that changes every step, drawn uniformly from [MIN, MAX] with
+splitmix64 from --dynamic-seed (1234), exactly as kiln's dynamic_lengths draws it; a step at length
+T trains the first T tokens of every row of the batch, built from kiln bench's seed (1234), so that
+PyTorch eager and LibTorch eager train the same numbers. Its configurations:
   eager                         PyTorch eager
   default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs
                                 torch.compile(model, mode=M) with its default dynamic shapes
@@ -58,7 +63,10 @@ steady otherwise. One JSON object per configuration:
   {"workload", "device", "config", "dynamic", "length_seed", "steps", "batch", "distinct_lengths",
    "mean_length", "lengths" (the drawn ones), "static_length" (static-mean's, else null), "tokens", "tokens_per_s", "steady_tokens_per_s", "warmup_s",
    "warmup_steps", "steady_s", "steady_steps", "unique_graphs", "recompiles", "compile_s",
-   "hit_recompile_limit", "first_step_s", "threads", "final_loss"}
+   "hit_recompile_limit", "first_step_s", "threads", "final_loss", "tflops_per_s",
+   "steady_tflops_per_s"}
+tflops_per_s and steady_tflops_per_s are train_flops at each step's length, summed over the steps
+(all of them, or the steady ones), over their time.
 tokens is batch x length summed over the steps; unique_graphs is torch._dynamo's
 counters["stats"]["unique_graphs"]; recompiles the graphs compiled after the first step's;
 compile_s torch._dynamo.utils.calculate_time_spent()'s total_wall_time (Dynamo, AOTAutograd and
@@ -99,9 +107,45 @@ DEFAULT_CONFIGS = {
 }
 
 
-def gpt_block_size(device):
-    """gpt's context: the longest sequence its position embedding holds (kiln's workload_block_size)."""
-    return 256 if device == "cuda" else 64
+# The sequence workloads, as kiln's make_workload builds them: gpt, a character GPT, and gpt-medium,
+# GPT-2 small's shape (GPT-2's vocabulary 50257 padded to 50304, a multiple of 64, and GPT-2's tanh
+# GELU). block: the context (the position embedding's rows, the batch's length; kiln's
+# workload_block_size), batch: the batch size, each per device; gelu: F.gelu's `approximate`.
+GPT_SHAPES = {
+    "gpt": dict(block={"cpu": 64, "cuda": 256}, batch={"cpu": 8, "cuda": 64}, layers=6, heads=6, width=384,
+                vocab=65, gelu="none"),
+    "gpt-medium": dict(block={"cpu": 128, "cuda": 1024}, batch={"cpu": 1, "cuda": 8}, layers=12, heads=12,
+                       width=768, vocab=50304, gelu="tanh"),
+}
+WORKLOADS = ["mlp", "cnn", "gpt", "gpt-medium"]
+DEFAULT_WORKLOADS = ["mlp", "cnn", "gpt"]  # gpt-medium runs when named
+
+
+def block_size(workload, device):
+    """The workload's context: the longest sequence its position embedding holds (kiln's
+    workload_block_size); 0 for mlp and cnn."""
+    return GPT_SHAPES[workload]["block"][device] if workload in GPT_SHAPES else 0
+
+
+def train_flops(workload, batch, length):
+    """A training step's model FLOPs for gpt and gpt-medium at `batch` sequences of `length` tokens
+    (None for mlp and cnn), counted as nanoGPT's estimate_mfu and PaLM's appendix B count them:
+
+        6 * N * B * T + 12 * L * B * T^2 * C,    N = 12 * L * C^2 + C * V
+
+    N is the weights of the matrix multiplies: per block qkv (3 C^2), proj (C^2), fc (4 C^2) and out
+    (4 C^2), and the head (C V). Each weight costs 2 FLOPs a token forward (a multiply and an add)
+    and 4 backward (the input's gradient and the weight's): 6 N per token. Attention's two products,
+    Q K^T and A V, cost 2 * 2 * T^2 * C a sequence a layer forward, three times that for the step:
+    12 L T^2 C a sequence; the half the causal mask leaves out is counted, as that formula does.
+    Biases, embeddings (lookups), LayerNorms, GELU, softmax, the loss and the optimizer are left out.
+    gpt-medium on CUDA (B 8, T 1024): N = 123,568,128, 6.07e12 + 0.93e12 = 7.00e12 FLOPs a step."""
+    if workload not in GPT_SHAPES:
+        return None
+    g = GPT_SHAPES[workload]
+    L, C, V = g["layers"], g["width"], g["vocab"]
+    n = 12 * L * C * C + C * V
+    return 6 * n * batch * length + 12 * L * batch * length * length * C
 
 
 def parse_dynamic(text):
@@ -160,9 +204,11 @@ def build(workload, device, seed=0):
         y = torch.randint(0, 10, (128,))
         loss_fn = F.cross_entropy
         autocast = False
-    elif workload == "gpt":
+    elif workload in GPT_SHAPES:
         gpu = device == "cuda"
-        B, T, C, H, L, V = (64, 256, 384, 6, 6, 65) if gpu else (8, 64, 384, 6, 6, 65)
+        g = GPT_SHAPES[workload]
+        B, T, C, H, L, V = g["batch"][device], g["block"][device], g["width"], g["heads"], g["layers"], g["vocab"]
+        gelu = g["gelu"]  # "none" (erf) for gpt, "tanh" for gpt-medium, as at::gelu in kiln's Block
 
         class Attn(nn.Module):
             def __init__(self):
@@ -185,7 +231,7 @@ def build(workload, device, seed=0):
 
             def forward(self, x):
                 x = x + self.attn(self.ln1(x))
-                return x + self.out(F.gelu(self.fc(self.ln2(x))))
+                return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate=gelu))
 
         class GPT(nn.Module):
             def __init__(self):
@@ -207,7 +253,7 @@ def build(workload, device, seed=0):
         loss_fn = lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
         autocast = gpu
     else:
-        raise SystemExit(f"unknown workload {workload!r}; use mlp, cnn or gpt")
+        raise SystemExit(f"unknown workload {workload!r}; use {', '.join(WORKLOADS)}")
     model.to(dev)  # moves parameters in place: the optimizer keeps the same Parameter objects
     return model, opt, x.to(dev), y.to(dev), loss_fn, autocast
 
@@ -300,18 +346,21 @@ def run_one(workload, device, config, steps, warmup):
             loss = step()
         sync()
         blocks.append((time.perf_counter() - t) * 1000 / per_block)
+    ms = statistics.median(blocks)
+    flops = train_flops(workload, x.shape[0], x.shape[1]) if workload in GPT_SHAPES else None
     return {
         "workload": workload, "device": device, "config": config,
-        "ms_per_step": statistics.median(blocks), "first_step_s": first, "steps": per_block * 5,
+        "ms_per_step": ms, "first_step_s": first, "steps": per_block * 5,
         "threads": torch.get_num_threads(),
         "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "peak_mem_above_start_bytes": torch.cuda.max_memory_allocated() - start_bytes if cuda else None,
         "final_loss": float(loss.detach().float().item()),
+        "model_flops_per_step": flops, "tflops_per_s": flops / (ms * 1e-3) / 1e12 if flops else None,
     }
 
 
-def run_dynamic(device, config, lengths, spec, seed):
-    """gpt at a changing sequence length (the module's docstring, --dynamic)."""
+def run_dynamic(workload, device, config, lengths, spec, seed):
+    """gpt or gpt-medium at a changing sequence length (the module's docstring, --dynamic)."""
     import torch
     import torch._dynamo.utils as dynamo_utils
     cuda = device == "cuda"
@@ -321,7 +370,7 @@ def run_dynamic(device, config, lengths, spec, seed):
         raise SystemExit(f"{config} {CUDA_ONLY[config]}: it needs --device cuda")
     # kiln bench's seed (1234), so that both sides start from the same weights and batch and train
     # the same numbers at the same lengths (the final losses can be compared).
-    model, opt, x, y, loss_fn, autocast = build("gpt", device, seed=KILN_BENCH_SEED)
+    model, opt, x, y, loss_fn, autocast = build(workload, device, seed=KILN_BENCH_SEED)
     drawn = lengths
     if config == "eager":
         fwd = model
@@ -345,7 +394,7 @@ def run_dynamic(device, config, lengths, spec, seed):
 
     dynamo_utils.counters.clear()
     c_start = compile_seconds()
-    tokens = steady_tokens = warm_steps = steady_steps = 0
+    tokens = steady_tokens = warm_steps = steady_steps = flops = steady_flops = 0
     warm_s = steady_s = 0.0
     graphs_after_first = 0
     first = 0.0
@@ -368,6 +417,7 @@ def run_dynamic(device, config, lengths, spec, seed):
             graphs_after_first = graphs()
         warm = i == 0 or graphs() != g0 or compile_seconds() != c0
         tokens += batch * t
+        flops += train_flops(workload, batch, t)
         if warm:
             warm_s += dt
             warm_steps += 1
@@ -375,9 +425,10 @@ def run_dynamic(device, config, lengths, spec, seed):
             steady_s += dt
             steady_steps += 1
             steady_tokens += batch * t
+            steady_flops += train_flops(workload, batch, t)
     unimplemented = dynamo_utils.counters.get("unimplemented", {})
     return {
-        "workload": "gpt", "device": device, "config": config, "dynamic": spec,
+        "workload": workload, "device": device, "config": config, "dynamic": spec,
         "length_seed": seed, "steps": len(lengths), "batch": batch,
         "distinct_lengths": len(set(drawn)), "mean_length": sum(drawn) / len(drawn), "lengths": drawn,
         "static_length": lengths[0] if config == "static-mean" else None,
@@ -388,12 +439,15 @@ def run_dynamic(device, config, lengths, spec, seed):
         "compile_s": compile_seconds() - c_start,
         "hit_recompile_limit": any("recompile limit" in k.lower() or "recompile_limit" in k for k in unimplemented),
         "first_step_s": first, "threads": torch.get_num_threads(), "final_loss": loss_value,
+        "tflops_per_s": flops / (warm_s + steady_s) / 1e12,
+        "steady_tflops_per_s": steady_flops / steady_s / 1e12 if steady_s > 0 else None,
     }
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workloads", nargs="*", default=["mlp", "cnn", "gpt"])
+    ap.add_argument("workloads", nargs="*", default=DEFAULT_WORKLOADS,
+                    help=f"of: {', '.join(WORKLOADS)} (default: {' '.join(DEFAULT_WORKLOADS)})")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=None, help="comma-separated, of: " + ", ".join(CONFIGS) + "; default: "
                     + ",".join(DEFAULT_CONFIGS["cpu"]) + " on CPU, " + ",".join(DEFAULT_CONFIGS["cuda"]) + " on CUDA")
@@ -403,21 +457,25 @@ def main():
     ap.add_argument("--timeout", type=int, default=None, help="seconds per configuration (default 300; with "
                     "--dynamic 1800: every new shape may compile)")
     ap.add_argument("--dynamic", default=None, metavar="MIN:MAX",
-                    help="gpt at a sequence length drawn per step from [MIN, MAX] (see above); --steps is then "
-                    "every step of the run (default 120)")
+                    help="gpt or gpt-medium at a sequence length drawn per step from [MIN, MAX] (see above); "
+                    "--steps is then every step of the run (default 120)")
     ap.add_argument("--dynamic-seed", type=int, default=1234, help="with --dynamic: the lengths' seed")
     ap.add_argument("--lengths", action="store_true", help="with --dynamic: print the lengths as JSON and exit")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode
     a = ap.parse_args()
+    for w in a.workloads:
+        if w not in WORKLOADS:
+            raise SystemExit(f"unknown workload {w!r}; use {', '.join(WORKLOADS)}")
     if a.dynamic is not None:
         lo, hi = parse_dynamic(a.dynamic)
-        if a.workloads == ["mlp", "cnn", "gpt"]:
+        if a.workloads == DEFAULT_WORKLOADS:
             a.workloads = ["gpt"]
-        if a.workloads != ["gpt"]:
-            raise SystemExit(f"--dynamic {a.dynamic!r}: only gpt has a sequence length")
-        if hi > gpt_block_size(a.device):
-            raise SystemExit(f"--dynamic {a.dynamic!r}: MAX ({hi}) is above gpt's block size on {a.device} "
-                             f"({gpt_block_size(a.device)})")
+        if len(a.workloads) != 1 or a.workloads[0] not in GPT_SHAPES:
+            raise SystemExit(f"--dynamic {a.dynamic!r}: one workload with a sequence length: gpt or gpt-medium")
+        workload = a.workloads[0]
+        if hi > block_size(workload, a.device):
+            raise SystemExit(f"--dynamic {a.dynamic!r}: MAX ({hi}) is above {workload}'s block size on {a.device} "
+                             f"({block_size(workload, a.device)})")
         if a.steps is None:
             a.steps = 120
         if a.timeout is None:
@@ -432,12 +490,13 @@ def main():
             if c not in DYNAMIC_CONFIGS:
                 raise SystemExit(f"unknown config {c!r} with --dynamic; use {', '.join(DYNAMIC_CONFIGS)}")
         if a.one:
-            print(json.dumps(run_dynamic(a.device, configs[0], lengths, a.dynamic, a.dynamic_seed)), flush=True)
+            print(json.dumps(run_dynamic(workload, a.device, configs[0], lengths, a.dynamic, a.dynamic_seed)),
+                  flush=True)
             return
         for c in configs:
-            cmd = [sys.executable, os.path.abspath(__file__), "gpt", "--device", a.device, "--configs", c,
+            cmd = [sys.executable, os.path.abspath(__file__), workload, "--device", a.device, "--configs", c,
                    "--steps", str(a.steps), "--dynamic", a.dynamic, "--dynamic-seed", str(a.dynamic_seed), "--one"]
-            run_child(cmd, "gpt", a.device, c, a.timeout)
+            run_child(cmd, workload, a.device, c, a.timeout)
         return
     if a.steps is None:
         a.steps = 50

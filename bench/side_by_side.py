@@ -4,11 +4,15 @@
 compile cache) and every PyTorch configuration of bench/reference.py, each with its speed-up over
 its own side's eager and kiln's speed-up over it. All numbers come from this run.
 
-With --dynamic MIN:MAX, gpt at a sequence length drawn per step from [MIN, MAX] instead (the same
-lengths on both sides, from --dynamic-seed): `kiln bench gpt --dynamic` (LibTorch eager, kiln with
-the configuration's dynamic setting, kiln with dynamic = false, kiln at the mean length) and
-`bench/reference.py gpt --dynamic` (PyTorch eager, torch.compile with its default dynamic shapes;
---configs for more), one table in tokens per second, warm-up and steady state apart."""
+For gpt and gpt-medium it also prints each side's achieved TFLOP/s: the step's model FLOPs
+(bench/reference.py's train_flops, at the workload's default batch and block size) over its time.
+
+With --dynamic MIN:MAX, gpt (or gpt-medium, when it is the one workload named) at a sequence length
+drawn per step from [MIN, MAX] instead (the same lengths on both sides, from --dynamic-seed):
+`kiln bench W --dynamic` (LibTorch eager, kiln with the configuration's dynamic setting, kiln with
+dynamic = false, kiln at the mean length) and `bench/reference.py W --dynamic` (PyTorch eager,
+torch.compile with its default dynamic shapes; --configs for more), one table in tokens per second,
+warm-up and steady state apart."""
 import argparse
 import json
 import os
@@ -127,9 +131,10 @@ def main_dynamic(a):
     cache = tempfile.mkdtemp(prefix="kiln-bench-cache-")
     env = dict(os.environ, KILN_CACHE_DIR=cache)
     steps = ["--steps", str(a.steps)] if a.steps_given else []
-    kiln = run_json([a.kiln, "bench", "gpt", "--device", a.device, "--backend", a.backend, "--mode", a.mode,
+    w = a.workloads[0]
+    kiln = run_json([a.kiln, "bench", w, "--device", a.device, "--backend", a.backend, "--mode", a.mode,
                      "--dynamic", a.dynamic, "--dynamic-seed", str(a.dynamic_seed), "--json"] + steps, env)
-    ref_cmd = [sys.executable, os.path.join(HERE, "reference.py"), "gpt", "--device", a.device, "--dynamic", a.dynamic,
+    ref_cmd = [sys.executable, os.path.join(HERE, "reference.py"), w, "--device", a.device, "--dynamic", a.dynamic,
                "--dynamic-seed", str(a.dynamic_seed)] + steps
     if a.configs:
         ref_cmd += ["--configs", a.configs]
@@ -140,7 +145,7 @@ def main_dynamic(a):
     d = k.get("dynamic", {})
     same = all(t.get("lengths") == d.get("lengths") for t in ref if "lengths" in t)
     threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
-    print(f"\ngpt at sequence lengths {a.dynamic} on {a.device} ({threads} threads), seed {a.dynamic_seed}: "
+    print(f"\n{w} at sequence lengths {a.dynamic} on {a.device} ({threads} threads), seed {a.dynamic_seed}: "
           f"{k.get('steps', '?')} steps, {d.get('distinct_lengths', '?')} distinct lengths, mean "
           f"{fmt(d.get('mean_length'))}, batch {k.get('batch', '?')}; the same lengths on both sides: "
           f"{'yes' if same and d else 'NO'}. kiln backend {k.get('backend_selected', a.backend)}, mode {a.mode}, "
@@ -172,8 +177,8 @@ def main():
     ap.add_argument("--mode", default="default")
     ap.add_argument("--steps", type=int, default=None, help="steps (default 30; with --dynamic kiln bench's and "
                     "reference.py's default, 120)")
-    ap.add_argument("--dynamic", default=None, metavar="MIN:MAX", help="gpt at a sequence length drawn per step "
-                    "from [MIN, MAX], both sides on the same lengths")
+    ap.add_argument("--dynamic", default=None, metavar="MIN:MAX", help="gpt (or gpt-medium, named alone) at a "
+                    "sequence length drawn per step from [MIN, MAX], both sides on the same lengths")
     ap.add_argument("--dynamic-seed", type=int, default=1234, help="with --dynamic: the lengths' seed")
     ap.add_argument("--configs", default=None, help="PyTorch configurations for bench/reference.py (comma-separated; "
                     "default: reference.py's for the device)")
@@ -185,8 +190,10 @@ def main():
     a = ap.parse_args()
     a.steps_given = a.steps is not None
     if a.dynamic is not None:
-        if a.workloads not in (["mlp", "cnn", "gpt"], ["gpt"]):
-            raise SystemExit(f"--dynamic {a.dynamic!r}: only gpt has a sequence length")
+        if a.workloads == ["mlp", "cnn", "gpt"]:
+            a.workloads = ["gpt"]
+        if a.workloads not in (["gpt"], ["gpt-medium"]):
+            raise SystemExit(f"--dynamic {a.dynamic!r}: one workload with a sequence length: gpt or gpt-medium")
         main_dynamic(a)
         return
     if a.steps is None:
@@ -234,6 +241,15 @@ def main():
             best = min(compiled, key=lambda t: t["ms_per_step"])
             print(f"{r['workload']}: ratio kiln vs PyTorch's fastest here ({best['config']}, "
                   f"{best['ms_per_step']:.3f} ms/step): {best['ms_per_step'] / kiln_ms:.2f}x (kiln {kiln_ms:.3f} ms/step)")
+    for r in rows:
+        flops = next((t.get("model_flops_per_step") for t in r["torch"] if t.get("model_flops_per_step")), None)
+        kw = r["kiln_warm"] or r["kiln_cold"] or {}
+        if flops:
+            tf = lambda ms: fmt(flops / (ms * 1e-3) / 1e12 if ms else None, "{:.3g}")
+            sides = [f"LibTorch eager {tf(kw.get('eager_ms'))}", f"kiln {tf(kw.get('kiln_ms'))}"]
+            sides += [f"PyTorch {t['config']} {tf(t['ms_per_step'])}" for t in r["torch"] if "ms_per_step" in t]
+            print(f"{r['workload']}: achieved TFLOP/s ({flops / 1e12:.3f} TFLOP a step, bench/reference.py's "
+                  f"train_flops): " + ", ".join(sides))
     lines = [line for r in rows for line in kernel_lines(r)]
     if lines:
         print("\nkiln bench --kernels (profiled steps, slower than the timed ones):")

@@ -74,7 +74,7 @@ Side train_side(const DdpBenchOptions& o, bool compile, const std::string& devic
   a.apply_env();
   if (!compile) a.torch_compile = false;  // the eager side stays eager whatever the environment names
   a.validate();
-  // The workload's precision: the forward and the loss under bf16 autocast on its device (gpt on CUDA).
+  // The workload's precision: the forward and the loss under bf16 autocast on its device (gpt and gpt-medium on CUDA).
   const at::DeviceType dev = w.input.is_cuda() ? at::kCUDA : at::kCPU;
   Workload* wp = &w;
   ForwardFn forward = [wp, dev](const at::Tensor& x) {

@@ -1,7 +1,7 @@
-// `kiln bench gpt --dynamic MIN:MAX`: the gpt workload trained at a sequence length that changes
-// every step, drawn uniformly from [MIN, MAX] by dynamic_lengths (kiln/workloads.h) from a fixed
-// seed, so that bench/reference.py --dynamic trains PyTorch on exactly the same lengths. In one
-// process, one after the other and each from the same initial weights, four modes:
+// `kiln bench gpt --dynamic MIN:MAX`: the gpt workload (or gpt-medium, the same model at GPT-2 small's
+// size) trained at a sequence length that changes every step, drawn uniformly from [MIN, MAX] by dynamic_lengths
+// (kiln/workloads.h) from a fixed seed, so that bench/reference.py --dynamic trains PyTorch on exactly the same
+// lengths. In one process, one after the other and each from the same initial weights, four modes:
 //
 //   LibTorch eager            the workload's step as it is
 //   kiln dynamic=<config>     kiln::compile_step with the configuration's [runtime] dynamic

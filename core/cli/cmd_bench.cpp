@@ -14,9 +14,9 @@
 // --kernels then profiles a few more steady-state steps of each side with LibTorch's profiler
 // (bench_kernels.h): on CUDA the kernels a step runs, their GPU time and the generated kernels'
 // share; on the CPU the ATen operator calls a step makes.
-// --dynamic MIN:MAX (bench_dynamic.h) trains gpt at a sequence length drawn per step instead: LibTorch
-// eager, kiln with the configuration's dynamic setting, kiln one plan per shape and kiln at the mean
-// length, in tokens per second, warm-up and steady state apart.
+// --dynamic MIN:MAX (bench_dynamic.h) trains gpt or gpt-medium at a sequence length drawn per step
+// instead: LibTorch eager, kiln with the configuration's dynamic setting, kiln one plan per shape and
+// kiln at the mean length, in tokens per second, warm-up and steady state apart.
 //
 // One pass per stage: parse the flags, run both sides, compare them, print the report.
 #include <dlfcn.h>
@@ -88,10 +88,11 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       "[--trace] [--interleave] [--kernels] [--nproc N [--ddp-backend B]] [--dynamic MIN:MAX [--dynamic-seed S] "
       "[--same-length-rounds N]] "
       "[--json]",
-      "Runs a reference workload (mlp, cnn, gpt; docs/workloads.md in the kiln sources) with LibTorch\n"
-      "eager and with kiln in this process and prints ms per step for both, the ratio, kiln's first-step\n"
-      "time, and which nodes and groups the backend's own code ran and which fell back to eager, and why.");
-  app.add_option("workload", o.workload, "mlp, cnn or gpt")->type_name("WORKLOAD");
+      "Runs a reference workload (mlp, cnn, gpt, gpt-medium; docs/workloads.md in the kiln sources) with\n"
+      "LibTorch eager and with kiln in this process and prints ms per step for both, the ratio, kiln's\n"
+      "first-step time, and which nodes and groups the backend's own code ran and which fell back to eager,\n"
+      "and why.");
+  app.add_option("workload", o.workload, "mlp, cnn, gpt or gpt-medium")->type_name("WORKLOAD");
   app.add_option("--backend", o.backend,
                  "backend to ask for (default: auto; KILN_BACKEND, when set, wins as everywhere in kiln)")
       ->type_name("B");
@@ -116,7 +117,7 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       ->type_name("O");
   app.add_option("--dtype", o.dtype,
                  "f32 (no autocast) or bf16 (bf16 autocast on the device; parameters and optimizer\n"
-                 "stay float32) instead of the workload's own (gpt on CUDA: bf16; else f32)")
+                 "stay float32) instead of the workload's own (gpt and gpt-medium on CUDA: bf16; else f32)")
       ->type_name("D");
   app.add_flag("--check", o.check,
                "also compare losses and final parameters; exit 1 beyond tolerance (and beyond ten\n"
@@ -165,12 +166,13 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       ->type_name("B");
   app.add_flag("--ddp-child", o.ddp_child)->group("");  // a process of a --nproc run (the launcher passes it)
   app.add_option("--dynamic", o.dynamic,
-                 "gpt at a sequence length drawn per step, uniformly from [MIN, MAX] (MAX at most the\n"
-                 "block size: 64 on the CPU, 256 on CUDA) from a fixed seed that bench/reference.py\n"
-                 "--dynamic draws alike. Compares, in tokens per second with warm-up and steady state\n"
-                 "apart: LibTorch eager, kiln with the configuration's dynamic setting (KILN_DYNAMIC),\n"
-                 "kiln with dynamic = false (one plan per shape), and kiln at the mean length every\n"
-                 "step. Not with --interleave, --kernels, --profiler-range or --nproc")
+                 "gpt or gpt-medium at a sequence length drawn per step, uniformly from [MIN, MAX] (MAX at\n"
+                 "most the block size: gpt 64 on the CPU, 256 on CUDA; gpt-medium 128 and 1024) from a\n"
+                 "fixed seed that bench/reference.py --dynamic draws alike. Compares, in tokens per\n"
+                 "second with warm-up and steady state apart: LibTorch eager, kiln with the\n"
+                 "configuration's dynamic setting (KILN_DYNAMIC), kiln with dynamic = false (one plan per\n"
+                 "shape), and kiln at the mean length every step. Not with --interleave, --kernels,\n"
+                 "--profiler-range or --nproc")
       ->type_name("MIN:MAX");
   app.add_option("--dynamic-seed", o.dynamic_seed, "with --dynamic: the seed of the lengths (default 1234)")
       ->type_name("S")
@@ -183,10 +185,12 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
   app.add_flag("--json", o.json, "one JSON object on stdout");
   if (auto status = parse_command_line(app, argc, argv)) return status;
   o.check = o.check || o.check_grads;
-  if (o.workload.empty()) return usage_error(app, "which workload? (mlp, cnn, gpt)");
   const auto& names = workload_names();
+  std::string valid;  // "mlp, cnn, gpt, gpt-medium"
+  for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+  if (o.workload.empty()) return usage_error(app, "which workload? (" + valid + ")");
   if (std::find(names.begin(), names.end(), o.workload) == names.end())
-    return usage_error(app, "unknown workload '" + o.workload + "'; valid workloads: mlp, cnn, gpt");
+    return usage_error(app, "unknown workload '" + o.workload + "'; valid workloads: " + valid);
   if (o.device != "cpu" && o.device != "cuda") return usage_error(app, "--device '" + o.device + "': use cpu or cuda");
   if (!o.optimizer.empty() && o.optimizer != "sgd" && o.optimizer != "adamw")
     return usage_error(app, "--optimizer '" + o.optimizer + "': use sgd or adamw");
@@ -211,11 +215,11 @@ std::optional<int> parse(int argc, char** argv, BenchOptions& o) {
       return usage_error(app, bad);
     const int64_t block = workload_block_size(o.workload, o.device);
     if (block == 0)
-      return usage_error(
-          app, "--dynamic '" + o.dynamic + "': " + o.workload + " has no sequence length; --dynamic is for gpt");
+      return usage_error(app, "--dynamic '" + o.dynamic + "': " + o.workload +
+                                  " has no sequence length; --dynamic is for gpt and gpt-medium");
     if (o.max_length > block)
-      return usage_error(app, "--dynamic '" + o.dynamic + "': MAX (" + std::to_string(o.max_length) +
-                                  ") is above gpt's block size on " + o.device + " (" + std::to_string(block) + ")");
+      return usage_error(app, "--dynamic '" + o.dynamic + "': MAX (" + std::to_string(o.max_length) + ") is above " +
+                                  o.workload + "'s block size on " + o.device + " (" + std::to_string(block) + ")");
     if (o.nproc > 0 || o.interleave || o.kernels || o.profiler_range)
       return usage_error(app, "--dynamic: not with --interleave, --kernels, --profiler-range or --nproc");
     if (steps->count() == 0) o.steps = 120;

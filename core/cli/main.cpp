@@ -22,7 +22,7 @@ const Command kCommands[] = {
      "show the devices found and the default backend (--json, --explain, --sysfs-root DIR)"},
     {"plugins", kiln::cli::cmd_plugins, "list the backend plugins found, with availability (--json, --plugin-dir DIR)"},
     {"conformance", kiln::cli::cmd_conformance, "run the plugin conformance suite on PLUGIN.so"},
-    {"bench", kiln::cli::cmd_bench, "benchmark a reference workload: eager vs kiln (mlp, cnn, gpt)"},
+    {"bench", kiln::cli::cmd_bench, "benchmark a reference workload: eager vs kiln (mlp, cnn, gpt, gpt-medium)"},
     {"cache", kiln::cli::cmd_cache, "show or empty the compile cache (ls, clear)"},
 };
 

@@ -283,6 +283,10 @@ TEST(Workload, PluginRunsInSomeReferenceStep) {
   auto plugin = loaded_plugin();
   std::string none, names;  // "mlp: none of 61 nodes, ..." and "mlp, cnn, gpt", for the failure
   for (const auto& name : workload_names()) {
+    // gpt-medium is gpt's model and ops at GPT-2 small's size (GELU's tanh form aside): a benchmark
+    // of large matrix multiplies, whose 163 million parameters would make this case cost minutes on
+    // the CPU and tell nothing gpt does not.
+    if (name == "gpt-medium") continue;
     auto w = make_workload(name, {settings().device, 1, case_batch(name)});
     progress("compile_step for " + name + " with backend " + plugin->name());
     auto step = compile_step(workload_step(w), {{w.model}, {w.optimizer.get()}}, workload_args());

@@ -1,5 +1,5 @@
-// The three reference workloads (mlp, cnn, gpt; docs/workloads.md), defined once so that kiln bench,
-// the tests and the samples run exactly the same work, and bench/reference.py its PyTorch twin.
+// The reference workloads (mlp, cnn, gpt, gpt-medium; docs/workloads.md), defined once so that kiln
+// bench, the tests and the samples run exactly the same work, and bench/reference.py its PyTorch twin.
 // A library of its own (kiln_workloads): models and data that no user program needs from libkiln.
 #pragma once
 
@@ -21,11 +21,11 @@ struct Workload {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   at::Tensor input;
   at::Tensor target;
-  // The forward and loss run under bf16 autocast on the workload's device: gpt on CUDA by default,
-  // any workload with WorkloadOptions::dtype "bf16".
+  // The forward and loss run under bf16 autocast on the workload's device: gpt and gpt-medium on CUDA
+  // by default, any workload with WorkloadOptions::dtype "bf16".
   bool autocast_bf16 = false;
-  // gpt: its block size, the longest sequence it takes (its position embedding's rows; the length
-  // of `input`); 0 for workloads without a sequence.
+  // gpt, gpt-medium: the block size, the longest sequence it takes (its position embedding's rows;
+  // the length of `input`); 0 for workloads without a sequence.
   int64_t block_size = 0;
 };
 
@@ -37,9 +37,9 @@ struct WorkloadOptions {
   // "" = the workload's own optimizer; "sgd" (lr 0.01, momentum 0.9) or "adamw"
   // (lr 1e-3) swaps it, to tell a model's effect from an optimizer's.
   std::string optimizer = "";
-  // "" = the workload's own precision (gpt on CUDA under bf16 autocast, everything else float32);
-  // "f32" = no autocast; "bf16" = bf16 autocast on the workload's device (CUDA or CPU). The
-  // parameters and the optimizer stay float32 either way, as under LibTorch's autocast.
+  // "" = the workload's own precision (gpt and gpt-medium on CUDA under bf16 autocast, everything
+  // else float32); "f32" = no autocast; "bf16" = bf16 autocast on the workload's device (CUDA or
+  // CPU). The parameters and the optimizer stay float32 either way, as under LibTorch's autocast.
   std::string dtype = "";
 };
 
@@ -53,12 +53,14 @@ WorkloadStep workload_step(Workload& w, bool cpu_autocast = false);
 // The gpt workload's model at any size, for programs of their own (the character-GPT sample): token
 // and position embeddings, `layers` pre-norm blocks (causal self-attention through
 // scaled_dot_product_attention, a GELU MLP), a final LayerNorm and a bias-free head.
-// forward(token ids [B, T <= context], int64) returns logits [B, T, vocab].
+// forward(token ids [B, T <= context], int64) returns logits [B, T, vocab]. gelu_approximate is
+// at::gelu's: "none" (the erf form, gpt's) or "tanh" (GPT-2's, gpt-medium's).
 struct CharGptModel {
   std::shared_ptr<torch::nn::Module> module;
   std::function<at::Tensor(const at::Tensor&)> forward;
 };
-CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width);
+CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width,
+                           const std::string& gelu_approximate = "none");
 
 const std::vector<std::string>& workload_names();
 
@@ -66,19 +68,20 @@ const std::vector<std::string>& workload_names();
 Workload make_workload(const std::string& name, const WorkloadOptions& opts = {});
 
 // The block size of a workload on a device ("cpu", "cuda", "cuda:N"): gpt's context (64 on the CPU,
-// 256 on CUDA), 0 for workloads without a sequence (mlp, cnn) or an unknown name.
+// 256 on CUDA), gpt-medium's (128 on the CPU, 1024 on CUDA), 0 for workloads without a sequence
+// (mlp, cnn) or an unknown name.
 int64_t workload_block_size(const std::string& name, const std::string& device);
 
-// gpt's batch at sequence length `length` (1 <= length <= w.block_size): the first `length` tokens
-// of every row of its input and target, each contiguous (the whole batch at the block size). The model
-// sizes its positions and its causal mask from the length it is given, so every length is the same
-// model on a shorter context; bench/reference.py slices its batch the same way. Throws
+// gpt's (or gpt-medium's) batch at sequence length `length` (1 <= length <= w.block_size): the first
+// `length` tokens of every row of its input and target, each contiguous (the whole batch at the block
+// size). The model sizes its positions and its causal mask from the length it is given, so every
+// length is the same model on a shorter context; bench/reference.py slices its batch the same way. Throws
 // std::invalid_argument for a workload without a sequence or a length out of range.
 std::vector<at::Tensor> workload_batch(const Workload& w, int64_t length);
 
 // `steps` sequence lengths drawn uniformly from [min, max] (1 <= min <= max) from `seed`, with
 // splitmix64 (each length min + z mod (max - min + 1) of the next 64-bit output z), so that
-// bench/reference.py draws exactly the same sequence: `kiln bench gpt --dynamic MIN:MAX`.
+// bench/reference.py draws exactly the same sequence: `kiln bench gpt --dynamic MIN:MAX` (or gpt-medium).
 std::vector<int64_t> dynamic_lengths(int64_t min, int64_t max, int steps, uint64_t seed);
 
 }  // namespace kiln

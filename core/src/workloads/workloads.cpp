@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -43,8 +45,11 @@ struct CausalSelfAttentionImpl : nn::Module {
 };
 TORCH_MODULE(CausalSelfAttention);
 
+// gelu_approximate is at::gelu's `approximate`: "none" (the erf form, gpt's) or "tanh" (GPT-2's
+// gelu_new, gpt-medium's).
 struct BlockImpl : nn::Module {
-  BlockImpl(int64_t width, int64_t heads) {
+  BlockImpl(int64_t width, int64_t heads, std::string gelu_approximate = "none")
+      : gelu_approximate(std::move(gelu_approximate)) {
     ln1 = register_module("ln1", nn::LayerNorm(nn::LayerNormOptions({width})));
     attn = register_module("attn", CausalSelfAttention(width, heads));
     ln2 = register_module("ln2", nn::LayerNorm(nn::LayerNormOptions({width})));
@@ -53,8 +58,9 @@ struct BlockImpl : nn::Module {
   }
   at::Tensor forward(at::Tensor x) {
     x = x + attn->forward(ln1->forward(x));
-    return x + out->forward(at::gelu(fc->forward(ln2->forward(x))));
+    return x + out->forward(at::gelu(fc->forward(ln2->forward(x)), gelu_approximate));
   }
+  std::string gelu_approximate;
   nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
   nn::Linear fc{nullptr}, out{nullptr};
@@ -62,11 +68,12 @@ struct BlockImpl : nn::Module {
 TORCH_MODULE(Block);
 
 struct CharGptImpl : nn::Module {
-  CharGptImpl(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width) {
+  CharGptImpl(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width,
+              const std::string& gelu_approximate = "none") {
     tok = register_module("tok", nn::Embedding(vocab, width));
     pos = register_module("pos", nn::Embedding(context, width));
     for (int64_t i = 0; i < layers; ++i)
-      blocks.push_back(register_module("block" + std::to_string(i), Block(width, heads)));
+      blocks.push_back(register_module("block" + std::to_string(i), Block(width, heads, gelu_approximate)));
     ln_f = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({width})));
     head = register_module("head", nn::Linear(nn::LinearOptions(width, vocab).bias(false)));
   }
@@ -90,11 +97,14 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& target) {
 
 }  // namespace
 
-CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width) {
+CharGptModel make_char_gpt(int64_t vocab, int64_t context, int64_t layers, int64_t heads, int64_t width,
+                           const std::string& gelu_approximate) {
   if (vocab < 1 || context < 1 || layers < 1 || heads < 1 || width % heads != 0)
     throw std::invalid_argument("make_char_gpt: vocab, context, layers and heads must be positive and width (" +
                                 std::to_string(width) + ") a multiple of heads (" + std::to_string(heads) + ")");
-  CharGpt net(vocab, context, layers, heads, width);
+  if (gelu_approximate != "none" && gelu_approximate != "tanh")
+    throw std::invalid_argument("make_char_gpt: gelu_approximate '" + gelu_approximate + "': use none or tanh");
+  CharGpt net(vocab, context, layers, heads, width, gelu_approximate);
   return {net.ptr(), [net](const at::Tensor& idx) mutable { return net->forward(idx); }};
 }
 
@@ -119,13 +129,17 @@ WorkloadStep workload_step(Workload& w, bool cpu_autocast) {
 }
 
 const std::vector<std::string>& workload_names() {
-  static const std::vector<std::string> names = {"mlp", "cnn", "gpt"};
+  static const std::vector<std::string> names = {"mlp", "cnn", "gpt", "gpt-medium"};
   return names;
 }
 
 int64_t workload_block_size(const std::string& name, const std::string& device) {
-  if (name != "gpt") return 0;
-  return device == "cuda" || device.rfind("cuda:", 0) == 0 ? 256 : 64;
+  const bool cuda = device == "cuda" || device.rfind("cuda:", 0) == 0;
+  if (name == "gpt") return cuda ? 256 : 64;
+  // GPT-2's context on CUDA. On the CPU a step at GPT-2's context would take minutes: 128 tokens keep
+  // every weight matrix at its full size (the step's cost is mostly theirs) for seconds a step.
+  if (name == "gpt-medium") return cuda ? 1024 : 128;
+  return 0;
 }
 
 std::vector<at::Tensor> workload_batch(const Workload& w, int64_t length) {
@@ -199,10 +213,15 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
     w.optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
     w.input = at::randn({B, 3, 32, 32}, at::TensorOptions(device));
     w.target = at::randint(0, 10, {B}, at::TensorOptions(device).dtype(at::kLong));
-  } else if (name == "gpt") {
-    const int64_t B = opts.batch ? opts.batch : (cuda ? 64 : 8);
-    const int64_t T = workload_block_size("gpt", opts.device);
-    CharGpt net(65, T, 6, 6, 384);
+  } else if (name == "gpt" || name == "gpt-medium") {
+    // gpt: a character GPT. gpt-medium: GPT-2 small's shape (12 layers, width 768, 12 heads, GPT-2's
+    // vocabulary 50257 padded to 50304, a multiple of 64, tanh GELU), where the matrix multiplies
+    // are most of the step. bench/reference.py builds both the same way.
+    const bool medium = name == "gpt-medium";
+    const int64_t B = opts.batch ? opts.batch : medium ? (cuda ? 8 : 1) : (cuda ? 64 : 8);
+    const int64_t T = workload_block_size(name, opts.device);
+    const int64_t V = medium ? 50304 : 65;
+    CharGpt net = medium ? CharGpt(V, T, 12, 12, 768, "tanh") : CharGpt(V, T, 6, 6, 384);
     net->to(device);
     w.model = net.ptr();
     w.forward = [net](const at::Tensor& x) mutable { return net->forward(x); };
@@ -210,12 +229,14 @@ Workload make_workload(const std::string& name, const WorkloadOptions& opts) {
       return cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
     };
     w.optimizer = std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-3));
-    w.input = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
-    w.target = at::randint(0, 65, {B, T}, at::TensorOptions(device).dtype(at::kLong));
+    w.input = at::randint(0, V, {B, T}, at::TensorOptions(device).dtype(at::kLong));
+    w.target = at::randint(0, V, {B, T}, at::TensorOptions(device).dtype(at::kLong));
     w.autocast_bf16 = cuda;
     w.block_size = T;
   } else {
-    throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: mlp, cnn, gpt");
+    std::string valid;
+    for (const auto& n : workload_names()) valid += (valid.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("unknown workload '" + name + "'; valid workloads: " + valid);
   }
   if (opts.dtype == "f32") {
     w.autocast_bf16 = false;

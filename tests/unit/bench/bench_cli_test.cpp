@@ -429,6 +429,8 @@ TEST(BenchCli, ABadDynamicRangeIsAUsageErrorNamingTheFlag) {
       {"bench gpt --dynamic 0:8", "--dynamic '0:8': MIN must be at least 1"},
       {"bench gpt --dynamic 8:", "--dynamic '8:': use MIN:MAX"},
       {"bench gpt --dynamic 16:100", "--dynamic '16:100': MAX (100) is above gpt's block size on cpu (64)"},
+      {"bench gpt-medium --dynamic 16:200",
+       "--dynamic '16:200': MAX (200) is above gpt-medium's block size on cpu (128)"},
       {"bench mlp --dynamic 8:24", "--dynamic '8:24': mlp has no sequence length"},
       {"bench gpt --dynamic 8:24 --kernels", "--dynamic: not with --interleave, --kernels"},
       {"bench gpt --dynamic-seed 7", "--dynamic-seed needs --dynamic"},

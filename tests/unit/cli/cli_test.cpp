@@ -117,8 +117,8 @@ TEST(Cli, AMisspeltOptionGetsTheNearestOne) {
 
 TEST(Cli, ArgumentsACommandDoesNotTakeAreUsageErrors) {
   expect_usage_error("bench mlp cnn", {"kiln bench: unexpected argument 'cnn'"});
-  expect_usage_error("bench", {"kiln bench: which workload? (mlp, cnn, gpt)"});
-  expect_usage_error("bench mlpp", {"unknown workload 'mlpp'; valid workloads: mlp, cnn, gpt"});
+  expect_usage_error("bench", {"kiln bench: which workload? (mlp, cnn, gpt, gpt-medium)"});
+  expect_usage_error("bench mlpp", {"unknown workload 'mlpp'; valid workloads: mlp, cnn, gpt, gpt-medium"});
   expect_usage_error("bench mlp --device tpu", {"--device 'tpu': use cpu or cuda"});
   expect_usage_error("probe extra", {"kiln probe: unexpected argument 'extra'"});
   expect_usage_error("probe --plugin-dir a b", {"kiln probe: unexpected argument 'b'"});  // one DIR per flag
