@@ -283,6 +283,7 @@ bool CublasLt::Gemm::heuristic(uint32_t alignment, int count, std::vector<Algo>*
     lt_->check(f.PrefSet(pref, attr, &alignment, sizeof alignment), "cublasLtMatmulPreferenceSetAttribute", ctx);
   std::vector<HeuristicResult> r(static_cast<size_t>(std::max(count, 1)));
   int got = 0;
+  std::unique_lock<std::mutex> one_call(lt_->calls_);
   const Status st = f.Heuristic(lt_->handle_, desc_, a_, b_, c_, d_, pref, static_cast<int>(r.size()), r.data(), &got);
   out->clear();
   for (int i = 0; st == kSuccess && i < got; ++i) {
@@ -349,6 +350,7 @@ void CublasLt::Gemm::enqueue(const Algo& a, const Ptrs& p, void* stream, void* w
   if (spec_.aux)
     lt_->check(f.DescSet(desc_, kDescAuxPointer, &p.aux, sizeof p.aux), "cublasLtMatmulDescSetAttribute(AUX)", ctx);
   const float one = 1.0f, zero = 0.0f;
+  std::lock_guard<std::mutex> one_call(lt_->calls_);
   lt_->check(f.Matmul(lt_->handle_, desc_, &one, p.y, a_, p.x, b_, spec_.c ? &one : &zero, spec_.c ? p.c : p.d, c_, p.d,
                       d_, a.data, workspace, a.workspace, stream),
              "cublasLtMatmul", ctx);

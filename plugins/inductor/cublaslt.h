@@ -124,6 +124,9 @@ class CublasLt {
 
   void* lib_ = nullptr;
   void* handle_ = nullptr;
+  // One handle serves every group; its calls are made one at a time (groups may compile on
+  // several threads). A GEMM's enqueue takes microseconds.
+  std::mutex calls_;
   std::string path_;
   std::unique_ptr<Fns> f_;
 };
