@@ -56,7 +56,8 @@ struct Settings {
   bool sibling_reductions = true;  // CUDA column reductions over the same rows share a kernel
   // CUDA matmuls through cuBLASLt (else ATen's, through call_eager), and their neighbours folded
   // into the GEMMs' epilogues (gemm_fold.h).
-  std::string gemm = "epilogues";  // epilogues | cublaslt | aten
+  // Off by default until the folds have run on a GPU (docs/backends/inductor.md).
+  std::string gemm = "aten";  // epilogues | cublaslt | aten
   // Kernels whose numbers are arguments (CPU: hoist_literals; CUDA: resolve_sizes): "auto" from
   // the second shape of the same kernels on (the first is compiled with its sizes as constants),
   // "always", "never".

@@ -2020,6 +2020,7 @@ TEST(InductorGemmCuda, MaxAutotuneTimesEachGemmOnceAndKeepsTheWinners) {
   TrainingArguments args;
   args.runtime.cache_dir = cache;
   args.plugin_options["inductor"]["cuda"] = "true";
+  args.plugin_options["inductor"]["gemm"] = "epilogues";
   auto plugin = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, torch_host_services(args));
   for (int round = 0; round < 2; ++round) {
     kiln::test::start_log_capture();
