@@ -214,12 +214,12 @@ std::string GemmSpec::why_not() const {
   return "";
 }
 
-CublasLt::Gemm::Gemm(std::shared_ptr<CublasLt> lt, const GemmSpec& spec, std::string what)
-    : lt_(std::move(lt)), spec_(spec), what_(std::move(what)) {
+CublasLt::Gemm::Gemm(std::shared_ptr<CublasLt> lt, const GemmSpec& spec)
+    : lt_(std::move(lt)), spec_(spec), what_("cuBLASLt " + spec.describe()) {
   if (const std::string why = spec.why_not(); !why.empty())
-    throw Error(KILN_ERROR_INVALID_ARGUMENT, what_ + " (" + spec.describe() + "): " + why);
+    throw Error(KILN_ERROR_INVALID_ARGUMENT, what_ + ": " + why);
   const Fns& f = *lt_->f_;
-  const std::string ctx = what_ + " (" + spec.describe() + ")";
+  const std::string& ctx = what_;
   const int dt = spec.bf16 ? kR16BF : kR32F;
   lt_->check(f.DescCreate(&desc_, kComputeF32, kR32F), "cublasLtMatmulDescCreate", ctx);
   const ColMajor A = col_major(spec.k, spec.n, spec.y_rs, spec.y_cs);  // Y
@@ -263,7 +263,7 @@ uint32_t CublasLt::Gemm::alignment_of(const Ptrs& p) const {
 
 bool CublasLt::Gemm::heuristic(uint32_t alignment, int count, std::vector<Algo>* out, std::string* why) {
   const Fns& f = *lt_->f_;
-  const std::string ctx = what_ + " (" + spec_.describe() + ")";
+  const std::string& ctx = what_;
   // The descriptors' pointers only tell the heuristics their alignment here.
   void* probe = reinterpret_cast<void*>(uintptr_t{alignment});
   if (spec_.bias || spec_.bias_grad != GemmBiasGrad::None)
@@ -318,8 +318,7 @@ CublasLt::Gemm::Algo CublasLt::Gemm::algo_for(uint32_t alignment) {
   if (it != algos_.end()) return it->second;
   std::vector<Algo> a;
   std::string why;
-  if (!heuristic(alignment, 1, &a, &why))
-    throw Error(KILN_ERROR_UNKNOWN, what_ + " (" + spec_.describe() + "): " + why);
+  if (!heuristic(alignment, 1, &a, &why)) throw Error(KILN_ERROR_UNKNOWN, what_ + ": " + why);
   return algos_.emplace(alignment, a[0]).first->second;
 }
 
@@ -341,7 +340,7 @@ void CublasLt::Gemm::choose(size_t i) {
 
 void CublasLt::Gemm::enqueue(const Algo& a, const Ptrs& p, void* stream, void* workspace) {
   const Fns& f = *lt_->f_;
-  const std::string ctx = what_ + " (" + spec_.describe() + ")";
+  const std::string& ctx = what_;
   std::lock_guard<std::mutex> lock(m_);  // the descriptor's pointers are set per call
   if (spec_.bias || spec_.bias_grad != GemmBiasGrad::None) {
     const void* bias = spec_.bias ? p.bias : p.bias_grad;

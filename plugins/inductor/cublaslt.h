@@ -66,12 +66,13 @@ class CublasLt {
   // a whole one).
   class Gemm {
    public:
-    Gemm(std::shared_ptr<CublasLt> lt, const GemmSpec& spec, std::string what);
+    // Errors name it "cuBLASLt <spec.describe()>".
+    Gemm(std::shared_ptr<CublasLt> lt, const GemmSpec& spec);
     ~Gemm();
     Gemm(const Gemm&) = delete;
     Gemm& operator=(const Gemm&) = delete;
     const GemmSpec& spec() const { return spec_; }
-    const std::string& what() const { return what_; }
+    const std::string& what() const { return what_; }  // "cuBLASLt gemm [m=..., n=..., k=...] bf16 BIAS"
     // Whether the heuristics have an algorithm for this GEMM at 256-byte aligned pointers, and if
     // not, cuBLASLt's reason ("no algorithm", a status name).
     std::string why_unsupported();

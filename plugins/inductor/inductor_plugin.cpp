@@ -741,6 +741,22 @@ class CudaGroup : public GroupBase {
   }
 };
 
+// Device memory and modules a max-autotune run owns: freed, once the device has finished with
+// them, when the run ends (also on an error).
+struct TuningScratch {
+  const CudaDriver& d;
+  std::vector<CudaDriver::CUdeviceptr> ptrs;
+  std::vector<CudaDriver::CUmodule> modules;
+  ~TuningScratch() {
+    try {
+      d.synchronize();
+    } catch (...) {
+    }
+    for (auto m : modules) d.unload_module(m);
+    for (auto p : ptrs) d.free(p);
+  }
+};
+
 DLDataType dl_of_ty(Ty t) {
   switch (t) {
     case Ty::f32: return {kDLFloat, 32, 1};
@@ -1302,7 +1318,7 @@ class InductorPlugin : public Plugin {
       auto it = objects->find(key);
       if (it == objects->end()) {
         try {
-          auto gemm = std::make_shared<CublasLt::Gemm>(lt, t, "cuBLASLt " + t.describe());
+          auto gemm = std::make_shared<CublasLt::Gemm>(lt, t);
           if (std::string no = gemm->why_unsupported(); !no.empty()) return no;
           it = objects->emplace(key, std::move(gemm)).first;
         } catch (const Error& e) {
@@ -1365,17 +1381,7 @@ class InductorPlugin : public Plugin {
         ++from_cache;
         continue;
       }
-      struct Owned {
-        const CudaDriver& d;
-        std::vector<CudaDriver::CUdeviceptr> ptrs;
-        ~Owned() {
-          try {
-            d.synchronize();
-          } catch (...) {
-          }
-          for (auto p : ptrs) d.free(p);
-        }
-      } own{drv, {}};
+      TuningScratch own{drv, {}, {}};
       const size_t elem = sp.bf16 ? 2 : 4;
       auto buffer = [&](int64_t elements) -> void* {
         const size_t words = (static_cast<size_t>(std::max<int64_t>(elements, 1)) * elem + 3) / 4;
@@ -1518,19 +1524,7 @@ class InductorPlugin : public Plugin {
     std::lock_guard<std::mutex> one_at_a_time(gpu);
     const CudaDriver& drv = *rt.driver;
     CudaDriver::Scope scope(drv, device);
-    struct Owned {
-      const CudaDriver& d;
-      std::vector<CudaDriver::CUdeviceptr> ptrs;
-      std::vector<CudaDriver::CUmodule> modules;
-      ~Owned() {
-        try {
-          d.synchronize();
-        } catch (...) {
-        }
-        for (auto m : modules) d.unload_module(m);
-        for (auto p : ptrs) d.free(p);
-      }
-    } own{drv, {}, {}};
+    TuningScratch own{drv, {}, {}};
     // The group's inputs and outputs, filled with 0.5 (floats) or 0 (integers, booleans: valid
     // indices), and its scratch.
     const size_t n_io = L.num_inputs + L.num_outputs;

@@ -75,6 +75,12 @@ void alias_computed_output(LoweredGraph* L, int64_t out) {
   o.alias_of = root;
 }
 
+// What extern node `node` reads: its arguments, or more where neighbours folded into it.
+std::vector<int64_t> extern_reads(const Graph& g, const LoweredGraph& L, int node) {
+  auto it = L.extern_inputs.find(node);
+  return it != L.extern_inputs.end() ? it->second : g.node(node).inputs();
+}
+
 }  // namespace
 
 // Buffers: inputs and outputs are the execute() tensors; every other materialized value gets a
@@ -104,8 +110,7 @@ void materialize(const Graph& g, LoweredGraph* L) {
     if (n.outputs().empty() || n.outputs()[0] < 0 || val(n.outputs()[0]).kind != ValueInfo::Kind::Extern) continue;
     // A node folded into a matmul reads nothing itself: the matmul reads what it needs.
     if (val(n.outputs()[0]).ext.node != static_cast<int>(i)) continue;
-    auto ins_it = L->extern_inputs.find(static_cast<int>(i));
-    for (int64_t v : ins_it != L->extern_inputs.end() ? ins_it->second : n.inputs()) {
+    for (int64_t v : extern_reads(g, *L, static_cast<int>(i))) {
       int root = static_cast<int>(v);
       while (!val(root).materialized &&
              (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))
@@ -149,8 +154,7 @@ void materialize(const Graph& g, LoweredGraph* L) {
     const ValueInfo& info = L->values[static_cast<size_t>(v)];
     std::vector<int>& d = deps[v];
     if (info.kind == ValueInfo::Kind::Extern) {
-      auto ins_it = L->extern_inputs.find(info.ext.node);
-      for (int64_t in : ins_it != L->extern_inputs.end() ? ins_it->second : g.node(info.ext.node).inputs()) {
+      for (int64_t in : extern_reads(g, *L, info.ext.node)) {
         int root = static_cast<int>(in);
         while (!val(root).materialized &&
                (val(root).kind == ValueInfo::Kind::View || val(root).kind == ValueInfo::Kind::Reshape))

@@ -1843,6 +1843,26 @@ std::string fold_text(const inductor::GemmPlan& plan) {
   return s;
 }
 
+// A parsed graph and its whole-graph view as the plugin sees it (neither moves: the view points
+// into the graph).
+struct ViewedGraph {
+  explicit ViewedGraph(const std::string& text) : g(ir::parse(text)), view(g), pg(&view.view()) {}
+  ir::Graph g;
+  GraphView view;
+  plugin::Graph pg;
+};
+
+// One run of `exec` on fresh inputs (no run-time scalars) against eager; the worst error.
+double run_against_eager(const ir::Graph& g, PartitionedExecutor& exec, double tol, const std::string& what) {
+  const auto inputs = make_inputs(g);
+  const std::vector<c10::IValue> scalars;
+  const auto ref = run_eager(g, inputs, scalars);
+  std::vector<at::Tensor> env(g.values.size());
+  for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
+  exec.run(env, &scalars);
+  return expect_close(g, inputs, scalars, outputs_of(g, env), ref, tol, what);
+}
+
 inductor::GemmPlan plan_of(const plugin::Graph& pg, bool epilogues = true,
                            std::function<std::string(const inductor::GemmSpec&)> supported = nullptr) {
   if (!supported) supported = [](const inductor::GemmSpec&) { return std::string(); };
@@ -1855,9 +1875,8 @@ inductor::GemmPlan plan_of(const plugin::Graph& pg, bool epilogues = true,
 // tanh GELU (whose input the backward reads: written as aux), the residual add, GELU's backward
 // and both bias gradients are computed by GEMMs instead of generated kernels.
 TEST(InductorGemmPlan, AnMlpBlockFoldsItsGeluResidualAndBiasGradientsIntoTheGemms) {
-  const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
-  GraphView view(g);
-  plugin::Graph pg(&view.view());
+  const ViewedGraph vg(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
+  const plugin::Graph& pg = vg.pg;
   const inductor::GemmPlan plan = plan_of(pg);
   const std::string text = fold_text(plan);
   ASSERT_EQ(plan.gemms.size(), 6u) << text;
@@ -1915,9 +1934,8 @@ TEST(InductorGemmPlan, AnMlpBlockFoldsItsGeluResidualAndBiasGradientsIntoTheGemm
 // the heuristics refuse are never folded.
 TEST(InductorGemmPlan, WhatIsNotTheSameComputationIsNotFolded) {
   {
-    const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "f32"));
-    GraphView view(g);
-    plugin::Graph pg(&view.view());
+    const ViewedGraph vg(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "f32"));
+    const plugin::Graph& pg = vg.pg;
     const inductor::GemmPlan plan = plan_of(pg);
     const std::string text = fold_text(plan);
     ASSERT_EQ(plan.gemms.size(), 6u) << text;
@@ -1931,15 +1949,13 @@ TEST(InductorGemmPlan, WhatIsNotTheSameComputationIsNotFolded) {
     std::string erf = kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16");
     for (size_t at = erf.find("\"tanh\""); at != std::string::npos; at = erf.find("\"tanh\"", at))
       erf.replace(at, 6, "\"none\"");
-    const ir::Graph g = ir::parse(erf);
-    GraphView view(g);
-    plugin::Graph pg(&view.view());
-    const inductor::GemmPlan plan = plan_of(pg);
+    const ViewedGraph vg(erf);
+    const inductor::GemmPlan plan = plan_of(vg.pg);
     for (const auto& [node, f] : plan.gemms)
       EXPECT_EQ(f.spec.describe().find("GELU"), std::string::npos) << fold_text(plan);
   }
   {
-    const ir::Graph g = ir::parse(R"(graph {
+    const ViewedGraph vg(R"(graph {
   input %0 : f32[16,16]{16,1} on cuda:0 input "r"
   input %1 : bf16[16,16]{16,1} on cuda:0 input "a"
   input %2 : bf16[16,16]{16,1} on cuda:0 input "b"
@@ -1948,18 +1964,15 @@ TEST(InductorGemmPlan, WhatIsNotTheSameComputationIsNotFolded) {
   output %4 result "y"
 }
 )");
-    GraphView view(g);
-    plugin::Graph pg(&view.view());
-    const inductor::GemmPlan plan = plan_of(pg);
+    const inductor::GemmPlan plan = plan_of(vg.pg);
     EXPECT_EQ(plan.gemms.size(), 1u);
     EXPECT_TRUE(plan.folded_into.empty()) << fold_text(plan);
   }
   {
     // The heuristics refuse every epilogue but the plain one: the matmuls run alone, addmm's with
     // a bias stays ATen's, and nothing folds.
-    const ir::Graph g = ir::parse(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
-    GraphView view(g);
-    plugin::Graph pg(&view.view());
+    const ViewedGraph vg(kiln::test::instantiate(kiln::test::mlp_block_tanh_text(), "bf16"));
+    const plugin::Graph& pg = vg.pg;
     const inductor::GemmPlan plan = plan_of(pg, true, [](const inductor::GemmSpec& s) {
       return s.describe().find("DEFAULT") == std::string::npos ? std::string("no algorithm") : std::string();
     });
@@ -1996,16 +2009,8 @@ TEST(InductorGemmCuda, FoldedEpiloguesMatchEager) {
         EXPECT_EQ(log.find("cuBLASLt"), std::string::npos) << what << ": " << log;
       }
       double worst = 0;
-      for (int trial = 0; trial < 2; ++trial) {
-        const auto inputs = make_inputs(g);
-        const std::vector<c10::IValue> scalars;
-        const auto ref = run_eager(g, inputs, scalars);
-        std::vector<at::Tensor> env(g.values.size());
-        for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-        exec.run(env, &scalars);
-        worst = std::max(worst, expect_close(g, inputs, scalars, outputs_of(g, env), ref,
-                                             std::string(dtype) == "f32" ? 1e-5 : 1e-2, what));
-      }
+      for (int trial = 0; trial < 2; ++trial)
+        worst = std::max(worst, run_against_eager(g, exec, std::string(dtype) == "f32" ? 1e-5 : 1e-2, what));
       std::printf("mlp_block_tanh %s: worst rel err %.2e\n", what.c_str(), worst);
     }
   }
@@ -2034,12 +2039,6 @@ TEST(InductorGemmCuda, MaxAutotuneTimesEachGemmOnceAndKeepsTheWinners) {
       EXPECT_EQ(log.find("max-autotune: gemm 1/"), std::string::npos) << "timed again: " << log;
       EXPECT_NE(log.find("algorithms from the cache"), std::string::npos) << log;
     }
-    const auto inputs = make_inputs(g);
-    const std::vector<c10::IValue> scalars;
-    const auto ref = run_eager(g, inputs, scalars);
-    std::vector<at::Tensor> env(g.values.size());
-    for (size_t i = 0; i < inputs.size(); ++i) env[g.inputs[i].value] = inputs[i];
-    exec.run(env, &scalars);
-    expect_close(g, inputs, scalars, outputs_of(g, env), ref, 1e-2, "max-autotune round " + std::to_string(round));
+    run_against_eager(g, exec, 1e-2, "max-autotune round " + std::to_string(round));
   }
 }
