@@ -38,7 +38,12 @@ Prints one JSON object per configuration on stdout:
 peak_mem_bytes is torch.cuda.max_memory_allocated() (parameters and batch included);
 peak_mem_above_start_bytes leaves out what was allocated before the first step or warm-up (the
 model and the batch), as kiln bench reports its peaks. Both include compilation and, for the
-whole-step graphs, the warm-up and the graph's memory pool. A configuration that cannot run
+whole-step graphs, the warm-up and the graph's memory pool. On the CPU, where LibTorch keeps no
+allocator statistics, peak_mem_above_start_bytes is counted from torch.profiler's memory events
+(profile_memory=True: every CPU allocation and release with its size) over the first step and the
+warm-up steps, where the peak falls (gradients and optimizer state are made, the compile runs);
+peak_mem_bytes is null. The profiler's bookkeeping then slows first_step_s a little: --no-memory
+leaves it out. A configuration that cannot run
 prints {"workload", "device", "config", "error"}.
 model_flops_per_step (gpt and gpt-medium; null for mlp and cnn) is the step's matrix-multiply work
 by the usual count for transformers (train_flops below: 6 N B T + 12 L B T^2 C), and tflops_per_s
@@ -258,7 +263,30 @@ def build(workload, device, seed=0):
     return model, opt, x.to(dev), y.to(dev), loss_fn, autocast
 
 
-def run_one(workload, device, config, steps, warmup):
+def cpu_peak_above_start(prof):
+    """The most CPU memory allocated at once in a torch.profiler run with profile_memory=True,
+    above what was allocated when it began: the running sum of its allocations and releases."""
+    import json
+    import os
+    import tempfile
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    finally:
+        os.unlink(path)
+    mem = sorted((e for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type") == 0),
+                 key=lambda e: e["ts"])
+    now = peak = 0
+    for e in mem:
+        now += e["args"]["Bytes"]
+        peak = max(peak, now)
+    return peak
+
+
+def run_one(workload, device, config, steps, warmup, memory=True):
     import torch
     cuda = device == "cuda"
     if config in CUDA_ONLY and not cuda:
@@ -310,6 +338,11 @@ def run_one(workload, device, config, steps, warmup):
         sync()
         torch.cuda.reset_peak_memory_stats()
         start_bytes = torch.cuda.memory_allocated()
+    mem_prof = None
+    if not cuda and memory:
+        from torch.profiler import ProfilerActivity, profile
+        mem_prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        mem_prof.__enter__()
     t0 = time.perf_counter()
     if graphed:
         # The whole step by hand in one torch.cuda.graph: warm-up steps on a side stream (they
@@ -338,6 +371,10 @@ def run_one(workload, device, config, steps, warmup):
     for _ in range(warmup):
         loss = step()
     sync()
+    cpu_peak = None
+    if mem_prof is not None:
+        mem_prof.__exit__(None, None, None)
+        cpu_peak = cpu_peak_above_start(mem_prof)
     blocks = []
     per_block = max(1, steps // 5)
     for _ in range(5):
@@ -353,7 +390,7 @@ def run_one(workload, device, config, steps, warmup):
         "ms_per_step": ms, "first_step_s": first, "steps": per_block * 5,
         "threads": torch.get_num_threads(),
         "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,
-        "peak_mem_above_start_bytes": torch.cuda.max_memory_allocated() - start_bytes if cuda else None,
+        "peak_mem_above_start_bytes": torch.cuda.max_memory_allocated() - start_bytes if cuda else cpu_peak,
         "final_loss": float(loss.detach().float().item()),
         "model_flops_per_step": flops, "tflops_per_s": flops / (ms * 1e-3) / 1e12 if flops else None,
     }
@@ -454,6 +491,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="timed steps (default 50); with --dynamic every step "
                     "of the run (default 120)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--no-memory", dest="memory", action="store_false",
+                    help="on the CPU: leave out the memory profiling of the first steps (peak_mem_above_start_bytes)")
     ap.add_argument("--timeout", type=int, default=None, help="seconds per configuration (default 300; with "
                     "--dynamic 1800: every new shape may compile)")
     ap.add_argument("--dynamic", default=None, metavar="MIN:MAX",
@@ -507,12 +546,12 @@ def main():
         if c not in CONFIGS:
             raise SystemExit(f"unknown config {c!r}; use {', '.join(CONFIGS)}")
     if a.one:
-        print(json.dumps(run_one(a.workloads[0], a.device, configs[0], a.steps, a.warmup)), flush=True)
+        print(json.dumps(run_one(a.workloads[0], a.device, configs[0], a.steps, a.warmup, a.memory)), flush=True)
         return
     for w in a.workloads:
         for c in configs:
             cmd = [sys.executable, os.path.abspath(__file__), w, "--device", a.device, "--configs", c,
-                   "--steps", str(a.steps), "--warmup", str(a.warmup), "--one"]
+                   "--steps", str(a.steps), "--warmup", str(a.warmup), "--one"] + ([] if a.memory else ["--no-memory"])
             run_child(cmd, w, a.device, c, a.timeout)
 
 

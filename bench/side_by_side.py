@@ -225,7 +225,9 @@ def main():
     print(f"\nside by side on {a.device} ({threads} threads), kiln backend {a.backend}, mode {a.mode}, {a.steps} steps; "
           f"ms/step is the median of five timed blocks; \"vs its eager\" = that side's eager ms / its ms "
           f"(LibTorch eager for kiln, PyTorch eager for PyTorch); \"kiln vs it\" = its ms / kiln's ms (above 1: "
-          f"kiln is faster); peak = allocated above the start (CUDA)\n")
+          f"kiln is faster); peak = allocated above the start (CUDA: the caching allocator's statistics; CPU: "
+          f"kiln's counting allocator for kiln bench, torch.profiler's memory events over the first steps for "
+          f"PyTorch)\n")
     head = ["workload", "configuration", "ms/step", "vs its eager", "kiln vs it", "first step", "peak"]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")

@@ -55,7 +55,7 @@ install(TARGETS kiln EXPORT kilnLibraryTargets LIBRARY DESTINATION ${CMAKE_INSTA
 install(EXPORT kilnLibraryTargets NAMESPACE kiln:: DESTINATION ${KILN_INSTALL_CMAKEDIR} COMPONENT tool)
 # What a program using kiln includes; never core/src/include (kiln/internal/), never
 # kiln/workloads.h (kiln_workloads is the tool's and the tests', not installed).
-set(KILN_PUBLIC_HEADERS compile.h config.h data.h distributed.h group_outcome.h ir.h kiln.h log.h precision.h
+set(KILN_PUBLIC_HEADERS compile.h config.h data.h distributed.h group_outcome.h ir.h kiln.h log.h memory.h precision.h
   trainer.h)
 list(TRANSFORM KILN_PUBLIC_HEADERS PREPEND ${PROJECT_SOURCE_DIR}/core/include/kiln/)
 install(FILES ${KILN_PUBLIC_HEADERS} ${PROJECT_BINARY_DIR}/core/include/kiln/version.h

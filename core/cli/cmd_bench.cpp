@@ -43,6 +43,7 @@
 #include "commands.h"
 #include "kiln/compile.h"
 #include "kiln/config.h"
+#include "kiln/memory.h"
 #include "kiln/internal/backend.h"
 #include "kiln/internal/command_line.h"
 #include "kiln/workloads.h"
@@ -233,7 +234,10 @@ struct Run {
   std::vector<double> ms;      // the first kFirstSteps steps, each synchronised, then one entry per block
   std::vector<float> losses;   // every step's
   double faults_per_step = 0;  // minor page faults of the process per steady-state step
-  double peak_mb = 0;          // CUDA: peak allocated above what was allocated when the side started
+  double peak_mb = 0;          // peak allocated above what was allocated when the side started
+  double retained_mb = 0;      // allocated after its last step, above the same start (held between steps)
+  double first_peak_mb = 0;    // the peak during the first steps (warm-up, capture, compile), above the start
+  double steady_peak_mb = 0;   // the peak during the steps after them, above the start
   double host_ms = 0;          // CUDA: the host's time per step within a block, before its sync (median block)
 };
 
@@ -243,6 +247,42 @@ long minor_faults() {
   return u.ru_minflt;
 }
 
+// Peak allocated memory of one side's run, above what was allocated when it started, and what it
+// still holds after its last step: CUDA's caching allocator's statistics, or on the CPU kiln's
+// counting (cpu_block_cache.h: the bench runs under a ScopedCpuMemoryMeter, so that both sides'
+// tensors, the model and optimizer state included, are counted the same way).
+struct PeakMemory {
+  bool cuda;
+  int64_t base = 0;
+  int64_t allocated() const { return cuda ? cuda_allocated_bytes(0) : cpu_allocated_bytes(); }
+  void start() {
+    if (cuda) {
+      torch::cuda::synchronize();
+      cuda_reset_peak_allocated(0);
+    } else {
+      cpu_reset_peak_allocated();
+    }
+    base = allocated();
+  }
+  // The peak since start() or the last steady(), above the start, in MiB.
+  double peak_mb() const {
+    if (cuda) torch::cuda::synchronize();
+    const int64_t peak = cuda ? cuda_peak_allocated_bytes(0) : cpu_peak_allocated_bytes();
+    return static_cast<double>(peak - base) / (1 << 20);
+  }
+  // After the first steps (warm-up, capture, compile): the peak from here on is the steady state's.
+  void steady(Run& r) const {
+    r.first_peak_mb = peak_mb();
+    if (cuda) cuda_reset_peak_allocated(0);
+    else cpu_reset_peak_allocated();
+  }
+  void finish(Run& r) const {
+    r.steady_peak_mb = peak_mb();
+    r.peak_mb = std::max(r.first_peak_mb, r.steady_peak_mb);
+    r.retained_mb = static_cast<double>(allocated() - base) / (1 << 20);
+  }
+};
+
 // Steps timed one by one (the eager warm-up, the capture and compile, a CUDA graph's recording).
 constexpr int kFirstSteps = 3;
 
@@ -251,7 +291,7 @@ constexpr int kFirstSteps = 3;
 // may run ahead of the device within a block as it does in a training loop. The losses are read
 // after each block (kiln's results are copies, an eager step's loss is a new tensor).
 template <class F>
-Run run_steps(F&& step, Workload& w, int steps) {
+Run run_steps(F&& step, Workload& w, int steps, const PeakMemory* mem = nullptr) {
   Run r;
   int s = 0;
   for (; s < std::min(steps, kFirstSteps); ++s) {
@@ -260,6 +300,7 @@ Run run_steps(F&& step, Workload& w, int steps) {
     r.losses.push_back(loss.template item<float>());
     r.ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
   }
+  if (mem) mem->steady(r);
   const int rest = steps - s, blocks = std::min(5, rest);
   const long f0 = minor_faults();
   std::vector<double> host;
@@ -307,28 +348,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Peak allocated device memory of one side's run, above what was allocated when it started.
-struct PeakMemory {
-  bool cuda;
-  int64_t base = 0;
-  void start() {
-    if (!cuda) return;
-    torch::cuda::synchronize();
-    cuda_reset_peak_allocated(0);
-    base = cuda_allocated_bytes(0);
-  }
-  double peak_mb() const {
-    if (!cuda) return 0;
-    torch::cuda::synchronize();
-    return static_cast<double>(cuda_peak_allocated_bytes(0) - base) / (1 << 20);
-  }
-};
-
 struct BenchRun {
   std::string requested;  // the backend asked for, after the environment
   std::string chosen;     // the backend the selection chose ("eager" when none)
   std::string why;        // the selection's reasons
   // The workloads stay alive for compare(): the final parameters and gradients of both sides.
+  std::unique_ptr<ScopedCpuMemoryMeter> cpu_meter;  // first, so that it outlives the workloads
   std::unique_ptr<Workload> eager_w, kiln_w;
   // --check: LibTorch eager again from weights one unit in the last place away, the trajectory's
   // own conditioning (the noise floor compare() judges against).
@@ -369,6 +394,9 @@ BenchRun run(const BenchOptions& o) {
   args.validate();
 
   BenchRun r;
+  // On the CPU, every tensor of the run (both sides' models, optimizer states and steps) is
+  // allocated through kiln's counting allocator, so that the peaks below are measured alike.
+  r.cpu_meter = std::make_unique<ScopedCpuMemoryMeter>();
   r.requested = args.torch_compile_backend;
   const uint64_t seed = 1234;
   r.eager_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
@@ -386,11 +414,11 @@ BenchRun run(const BenchOptions& o) {
   } else {
     PeakMemory mem{o.device == "cuda"};
     mem.start();
-    r.eager = run_steps(eager_step, *r.eager_w, o.steps);
-    r.eager.peak_mb = mem.peak_mb();
+    r.eager = run_steps(eager_step, *r.eager_w, o.steps, &mem);
+    mem.finish(r.eager);
     mem.start();
-    r.kiln = run_steps(compiled, *r.kiln_w, o.steps);
-    r.kiln.peak_mb = mem.peak_mb();
+    r.kiln = run_steps(compiled, *r.kiln_w, o.steps, &mem);
+    mem.finish(r.kiln);
   }
   if (o.check) {
     r.noisy_w = std::make_unique<Workload>(make_workload(o.workload, {o.device, seed, o.batch, o.optimizer, o.dtype}));
@@ -689,6 +717,12 @@ void print_json(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   j["graph_skip"] = st.last_graph_skip;
   j["eager_peak_mb"] = rounded(r.eager.peak_mb, 1);
   j["kiln_peak_mb"] = rounded(r.kiln.peak_mb, 1);
+  j["eager_steady_peak_mb"] = rounded(r.eager.steady_peak_mb, 1);
+  j["kiln_steady_peak_mb"] = rounded(r.kiln.steady_peak_mb, 1);
+  j["eager_first_steps_peak_mb"] = rounded(r.eager.first_peak_mb, 1);
+  j["kiln_first_steps_peak_mb"] = rounded(r.kiln.first_peak_mb, 1);
+  j["eager_retained_mb"] = rounded(r.eager.retained_mb, 1);
+  j["kiln_retained_mb"] = rounded(r.kiln.retained_mb, 1);
   j["eager_host_ms_per_step"] = rounded(r.eager.host_ms, 4);
   j["kiln_host_ms_per_step"] = rounded(r.kiln.host_ms, 4);
   j["probe_ms_per_step"] = rounded(t.probe_ms, 4);
@@ -800,9 +834,21 @@ void print_text(const BenchOptions& o, const BenchRun& r, const BackendUse& u, c
   if (st.graphs_recorded > 0)
     std::printf("  CUDA graphs: %d recorded, %d steps replayed (first step above includes the recording)\n",
                 st.graphs_recorded, st.graph_replays);
+  if (!o.interleave) {
+    auto x = [](double k, double e) { return e > 0 ? k / e : 0.0; };
+    std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB (%.2fx eager's)\n",
+                r.eager.peak_mb, r.kiln.peak_mb, x(r.kiln.peak_mb, r.eager.peak_mb));
+    std::printf(
+        "    first %d steps (warm-up, capture, compile): eager %.1f MiB, kiln %.1f MiB; the steps after them: "
+        "eager %.1f MiB, kiln %.1f MiB (%.2fx eager's)\n",
+        kFirstSteps, r.eager.first_peak_mb, r.kiln.first_peak_mb, r.eager.steady_peak_mb, r.kiln.steady_peak_mb,
+        x(r.kiln.steady_peak_mb, r.eager.steady_peak_mb));
+    std::printf(
+        "  held between steps (gradients, optimizer state, the compiled step's own buffers): eager %.1f MiB, "
+        "kiln %.1f MiB\n",
+        r.eager.retained_mb, r.kiln.retained_mb);
+  }
   if (o.device == "cuda") {
-    std::printf("  peak allocated (above each side's start): eager %.1f MiB, kiln %.1f MiB\n", r.eager.peak_mb,
-                r.kiln.peak_mb);
     if (!o.interleave)
       std::printf("  host time issuing a step (near the step time: bound by the host): eager %.3f ms, kiln %.3f ms\n",
                   r.eager.host_ms, r.kiln.host_ms);

@@ -59,8 +59,9 @@ std::string fmt_const(double c, Ty ty) {
 
 class KernelEmitter {
  public:
-  KernelEmitter(const LoweredGraph& L, const KernelPlan& K, const Variant& var, std::ostringstream& os)
-      : L_(L), K_(K), var_(var), os_(os) {}
+  KernelEmitter(const LoweredGraph& L, const KernelPlan& K, const Variant& var, std::ostringstream& os,
+                const std::set<int>& may_alias)
+      : L_(L), K_(K), var_(var), os_(os), may_alias_(may_alias) {}
 
   void emit(const std::string& fname) {
     for (int v : K_.stages) in_kernel_.insert(v);
@@ -80,7 +81,7 @@ class KernelEmitter {
     // Buffer pointers used by the body, declared first.
     for (int b : bufs_) {
       const char* t = c_type(buf_ty_.at(b));
-      os_ << "  " << t << "* __restrict b" << b << " = (" << t << "*)B[" << b << "];\n";
+      os_ << "  " << t << (may_alias_.count(b) ? "* b" : "* __restrict b") << b << " = (" << t << "*)B[" << b << "];\n";
     }
     os_ << body_.str() << "}\n\n";
   }
@@ -466,6 +467,7 @@ class KernelEmitter {
   const KernelPlan& K_;
   Variant var_;
   std::ostringstream& os_;
+  const std::set<int>& may_alias_;
   std::ostringstream body_;
   ExprPool pool_;
   std::set<int> in_kernel_;
@@ -480,13 +482,14 @@ class KernelEmitter {
 
 }  // namespace
 
-std::string generate_source(const LoweredGraph& L, const Program& P,
-                            const std::vector<std::vector<Variant>>& variants) {
+std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants,
+                            const std::set<int>& may_alias) {
   std::ostringstream os;
   os << kernel_prelude() << "\n";
   for (size_t k = 0; k < P.kernels.size(); ++k)
     for (size_t v = 0; v < variants[k].size(); ++v)
-      KernelEmitter(L, P.kernels[k], variants[k][v], os).emit("kiln_k" + std::to_string(k) + "_v" + std::to_string(v));
+      KernelEmitter(L, P.kernels[k], variants[k][v], os, may_alias)
+          .emit("kiln_k" + std::to_string(k) + "_v" + std::to_string(v));
   return os.str();
 }
 

@@ -2,6 +2,7 @@
 // kernel prelude (kernel_prelude.h), with OpenMP pragmas for threads and vectors.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@ struct Variant {
 std::vector<Variant> variants_for(const KernelPlan& k, bool autotune);
 
 // The whole source of a compile: every kernel, every listed variant, as
-// extern "C" void kiln_k<K>_v<V>(void** B, const double* P, int nt).
-std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants);
+// extern "C" void kiln_k<K>_v<V>(void** B, const double* P, int nt). Buffer pointers are
+// __restrict but for the buffers in `may_alias` (an output computed over an input's memory).
+std::string generate_source(const LoweredGraph& L, const Program& P, const std::vector<std::vector<Variant>>& variants,
+                            const std::set<int>& may_alias = {});
 
 // A generated source whose numbers are read at run time: every integer constant of the kernels
 // (written "<digits>LL": loop bounds, strides, index coefficients) other than 0 and 1, and every

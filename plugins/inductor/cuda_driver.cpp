@@ -42,6 +42,7 @@ struct CudaDriver::Fns {
   CUresult (*MemAlloc)(CUdeviceptr*, size_t) = nullptr;
   CUresult (*MemFree)(CUdeviceptr) = nullptr;
   CUresult (*MemsetD32)(CUdeviceptr, unsigned, size_t) = nullptr;
+  CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream) = nullptr;
   CUresult (*ModuleGetGlobal)(CUdeviceptr*, size_t*, CUmodule, const char*) = nullptr;
   CUresult (*MemcpyHtoD)(CUdeviceptr, const void*, size_t) = nullptr;
   CUresult (*CtxSynchronize)() = nullptr;
@@ -90,6 +91,7 @@ std::shared_ptr<CudaDriver> CudaDriver::load() {
   sym(f.MemAlloc, "cuMemAlloc_v2");
   sym(f.MemFree, "cuMemFree_v2");
   sym(f.MemsetD32, "cuMemsetD32_v2");
+  sym(f.MemsetD8Async, "cuMemsetD8Async");
   sym(f.ModuleGetGlobal, "cuModuleGetGlobal_v2");
   sym(f.MemcpyHtoD, "cuMemcpyHtoD_v2");
   sym(f.CtxSynchronize, "cuCtxSynchronize");
@@ -225,6 +227,12 @@ void CudaDriver::free(CUdeviceptr p) const noexcept {
 
 void CudaDriver::fill32(CUdeviceptr p, unsigned value, size_t words) const {
   if (words) check(fn_->MemsetD32(p, value, words), "cuMemsetD32(" + std::to_string(words) + " words)");
+}
+
+void CudaDriver::memset_async(CUdeviceptr p, unsigned char value, size_t bytes, void* stream) const {
+  if (bytes)
+    check(fn_->MemsetD8Async(p, value, bytes, static_cast<CUstream>(stream)),
+          "cuMemsetD8Async(" + std::to_string(bytes) + " bytes)");
 }
 
 bool CudaDriver::write_global(CUmodule m, const std::string& name, const void* data, size_t bytes,

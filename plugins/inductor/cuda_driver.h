@@ -71,6 +71,8 @@ class CudaDriver {
   void free(CUdeviceptr p) const noexcept;
   // `words` 32-bit words of `value` from p (synchronous).
   void fill32(CUdeviceptr p, unsigned value, size_t words) const;
+  // `bytes` bytes of `value` from p, enqueued on `stream`.
+  void memset_async(CUdeviceptr p, unsigned char value, size_t bytes, void* stream) const;
   // Writes `bytes` from `data` into the module's global variable `name` (a __constant__ table) and
   // waits for the copy to land. False when the module has no such global (the compiler leaves out
   // one that nothing reads); throws when its size differs.

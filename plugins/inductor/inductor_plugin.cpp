@@ -34,6 +34,7 @@
 #include "cuda_driver.h"
 #include "cuda_nvrtc.h"
 #include "lowering.h"
+#include "scratch_plan.h"
 #include "toolchain.h"
 
 namespace {
@@ -62,6 +63,10 @@ struct Settings {
   // the second shape of the same kernels on (the first is compiled with its sizes as constants),
   // "always", "never".
   std::string size_args = "auto";
+  // Debugging the scratch plan (scratch_plan.h): after each step, the scratch slots whose last
+  // step it was are filled with 0xFF bytes (NaN in every float type), so that a slot read after
+  // it is dead, or two live slots planned onto the same bytes, give NaN instead of a quiet error.
+  bool poison_scratch = false;
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -132,7 +137,9 @@ std::vector<bool> cuda_size_hoist(const CudaProgram& prog, const std::string& mo
 Settings parse_settings(const std::map<std::string, std::string>& options) {
   Settings s;
   for (const auto& [key, value] : options) {
-    if (key == "threads") {
+    if (key == "poison_scratch") {
+      s.poison_scratch = parse_bool(key, value);
+    } else if (key == "threads") {
       char* end = nullptr;
       long n = std::strtol(value.c_str(), &end, 10);
       if (value.empty() || *end || n < 0 || n > 4096)
@@ -171,7 +178,7 @@ Settings parse_settings(const std::map<std::string, std::string>& options) {
       throw Error(KILN_ERROR_INVALID_ARGUMENT, "unknown option '" + key +
                                                    "' in [plugin.inductor] (known: threads, cxx, cflags, "
                                                    "extern_kernels, profile, cuda, nvrtc, horizontal_fusion, "
-                                                   "sibling_reductions, size_args, gemm)");
+                                                   "sibling_reductions, size_args, gemm, poison_scratch)");
     }
   }
   if (s.threads == 0) {
@@ -423,6 +430,18 @@ class GroupBase : public Executable {
   }
 };
 
+// The block a CPU scratch arena asks the host for: its size rounded up to a quarter of the power of
+// two below it (at most 25% more), so that the arenas of a step whose sizes keep changing a little
+// (a batch that grows by one example) ask for the same few sizes, which the host's block cache
+// hands out again, instead of a new size each step that it keeps alongside the old ones.
+size_t arena_request(size_t bytes) {
+  if (bytes <= 4096) return 4096;
+  size_t top = 1;
+  while (top <= bytes / 2) top <<= 1;  // the power of two at or below bytes
+  const size_t quarter = top / 4;
+  return (bytes + quarter - 1) / quarter * quarter;
+}
+
 // A group on the CPU: the C++ kernels of one shared library.
 class CompiledGroup : public GroupBase {
  public:
@@ -435,7 +454,14 @@ class CompiledGroup : public GroupBase {
   std::vector<Step> steps;
   std::vector<double> param_values;  // the scalars, then the kernels' numbers when they are arguments
   std::vector<double> literals;      // the kernels' numbers (hoist_literals); empty when compiled in
-  std::vector<AlignedBuf> scratch;   // one per scratch slot
+  // Scratch: one arena per execute, each slot at its planned offset (scratch_plan.h), from the
+  // host's memory (kiln's block cache, so between steps it serves other groups), or this group's
+  // own block where the host offers none.
+  ScratchPlan scratch;
+  std::vector<int64_t> scratch_bytes;  // per slot
+  AlignedBuf own_scratch;
+  bool poison_scratch = false;
+  std::unique_ptr<Host> host;
   std::vector<AlignedBuf> relayout;  // inputs/outputs whose strides are not the expected ones
 
   void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs, void*) override {
@@ -452,7 +478,7 @@ class CompiledGroup : public GroupBase {
     check_counts(inputs, num_inputs, outputs, num_outputs);
     Profile* prof = profile;
     const auto t_start = std::chrono::steady_clock::now();
-    std::vector<void*> B(n_in + n_out + scratch.size());
+    std::vector<void*> B(n_in + n_out + scratch_bytes.size());
     std::vector<std::pair<size_t, void*>> copy_back;  // outputs computed in a relayout buffer
     for (size_t i = 0; i < n_in; ++i) check_tensor(inputs[i], in_meta[i], "input", i);
     for (size_t j = 0; j < n_out; ++j) check_tensor(outputs[j], out_meta[j], "output", j);
@@ -463,7 +489,24 @@ class CompiledGroup : public GroupBase {
       if (B[n_in + j] != data_of(outputs[j])) copy_back.push_back({j, B[n_in + j]});
     }
     if (prof) prof->add("relayout", "", ms_since(t_start));
-    for (size_t s = 0; s < scratch.size(); ++s) B[n_in + n_out + s] = scratch[s].data();
+    const Host& h = *host;
+    const bool from_host = scratch.bytes > 0 && h.has_device_memory();
+    char* arena = nullptr;
+    if (from_host) {
+      arena = static_cast<char*>(h.alloc(device, arena_request(static_cast<size_t>(scratch.bytes))));
+    } else if (scratch.bytes > 0) {
+      own_scratch.resize(static_cast<size_t>(scratch.bytes));
+      arena = own_scratch.p.get();
+    }
+    struct Release {
+      const Host& h;
+      DLDevice device;
+      void* p;
+      ~Release() {
+        if (p) h.free(device, p);
+      }
+    } release{h, device, from_host ? arena : nullptr};
+    for (size_t s = 0; s < scratch_bytes.size(); ++s) B[n_in + n_out + s] = arena + scratch.offset[s];
     for (size_t i = 0; i < steps.size(); ++i) {
       const Step& st = steps[i];
       const auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -474,6 +517,10 @@ class CompiledGroup : public GroupBase {
       } else {
         call_extern(externs.at(st.extern_node), B);
       }
+      if (poison_scratch && i < scratch.last_use.size())
+        for (int slot : scratch.last_use[i])
+          std::memset(B[n_in + n_out + static_cast<size_t>(slot)], 0xFF,
+                      static_cast<size_t>(scratch_bytes[static_cast<size_t>(slot)]));
       if (prof)
         prof->add(st.kernel >= 0 ? "kernels" : "externs", step_names.size() > i ? step_names[i] : "", ms_since(t0));
     }
@@ -568,6 +615,8 @@ class CudaGroup : public GroupBase {
   CudaDriver::CUfunction set_scalars = nullptr, copy = nullptr;
   std::vector<CudaStep> steps;
   std::vector<int64_t> scratch_bytes;  // per scratch slot
+  ScratchPlan scratch;                 // their places in each execute's one block (scratch_plan.h)
+  bool poison_scratch = false;
   // The run-time scalar table: P[k] is run-time scalar k, in device memory for the life of the
   // group. Each execute writes the scalars' current values into it with a kernel launch that
   // carries them as arguments (kiln_set_scalars): ordered before the group's kernels on the same
@@ -721,21 +770,22 @@ class CudaGroup : public GroupBase {
       if (B[n_in + j] != data_of(outputs[j])) copy_back.push_back({j, B[n_in + j]});
     }
     if (!scratch_bytes.empty()) {
-      // One block for every scratch buffer, each 256-byte aligned.
-      std::vector<size_t> at;
-      size_t total = 0;
-      for (int64_t bytes : scratch_bytes) {
-        at.push_back(total);
-        total += (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 255) / 256 * 256;
-      }
-      char* base = static_cast<char*>(mem.get(total, stream));
-      for (size_t k = 0; k < scratch_bytes.size(); ++k) B[n_in + n_out + k] = base + at[k];
+      // One block for every scratch buffer, each at its planned offset (256-byte aligned).
+      char* base = static_cast<char*>(mem.get(static_cast<size_t>(std::max<int64_t>(scratch.bytes, 1)), stream));
+      for (size_t k = 0; k < scratch_bytes.size(); ++k) B[n_in + n_out + k] = base + scratch.offset[k];
     }
     if (!table_entries.empty()) write_scalars(scalars, stream);
-    for (const CudaStep& st : steps) {
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const CudaStep& st = steps[i];
       if (st.launch >= 0) launch(static_cast<size_t>(st.launch), B, stream);
       else if (auto g = gemms.find(st.extern_node); g != gemms.end()) run_gemm(g->second, B, mem, stream);
       else call_extern(externs.at(st.extern_node), B);
+      if (poison_scratch && i < scratch.last_use.size())
+        for (int slot : scratch.last_use[i]) {
+          const auto k = static_cast<size_t>(slot);
+          driver->memset_async(static_cast<CudaDriver::CUdeviceptr>(reinterpret_cast<uintptr_t>(B[n_in + n_out + k])),
+                               0xFF, static_cast<size_t>(scratch_bytes[k]), stream);
+        }
     }
     for (const auto& [j, buf] : copy_back) strided_copy(buf, out_meta[j], outputs[j], false, stream);
   }
@@ -1022,10 +1072,27 @@ class InductorPlugin : public Plugin {
 
     std::vector<std::vector<Variant>> variants;
     for (const auto& k : P.kernels) variants.push_back(variants_for(k, autotune));
+    // In-place outputs the host offers (a write-back's new value over the input it replaces) that
+    // the kernels compute correctly over the input's memory; those buffers lose __restrict.
+    std::vector<int64_t> inplace;
+    std::set<int> may_alias;
+    if (!options.inplace_inputs.empty()) {
+      inplace = cpu_inplace_outputs(*L, P, options.inplace_inputs, cpu_touches(g, *L, P));
+      for (size_t k = 0; k < inplace.size(); ++k)
+        if (inplace[k] >= 0) {
+          may_alias.insert(static_cast<int>(inplace[k]));
+          may_alias.insert(static_cast<int>(L->num_inputs + k));
+        }
+    }
     auto exe = std::make_unique<CompiledGroup>();
+    exe->inplace_outputs = inplace;
+    // Only kernels run after the first write into an input, and they cannot fail (cpu_inplace_outputs).
+    exe->inplace_atomic = !may_alias.empty();
     exe->host_api = host().raw();
+    exe->host = std::make_unique<Host>(host());
+    exe->poison_scratch = s.poison_scratch;
     if (!P.kernels.empty()) {
-      const std::string source = generate_source(*L, P, variants);
+      const std::string source = generate_source(*L, P, variants, may_alias);
       const Toolchain tc = make_toolchain(s.cxx, s.cflags);
       const std::string root = usable_cache_root(
           inductor_cache_dir(options.cache_dir.empty() ? host().cache_dir() : options.cache_dir), host());
@@ -1283,6 +1350,36 @@ class InductorPlugin : public Plugin {
     exe->scratch_bytes = L->scratch_bytes;
     exe->scratch_bytes.insert(exe->scratch_bytes.end(), prog.extra_scratch_bytes.begin(),
                               prog.extra_scratch_bytes.end());
+    {
+      // The scratch slots' places from their lifetimes over the final steps (after horizontal
+      // fusion moved launches): a launch touches every buffer it is passed, an extern step its
+      // arguments' and results' buffers.
+      std::vector<std::set<int>> touches(prog.steps.size());
+      for (size_t k = 0; k < prog.steps.size(); ++k) {
+        const CudaStep& st = prog.steps[k];
+        if (st.launch >= 0) {
+          const CudaLaunch& l = prog.launches[static_cast<size_t>(st.launch)];
+          touches[k].insert(l.buffers.begin(), l.buffers.end());
+          touches[k].insert(l.reads.begin(), l.reads.end());
+          touches[k].insert(l.writes.begin(), l.writes.end());
+          continue;
+        }
+        const Node n = g.node(st.extern_node);
+        auto fold = gemm_plan.gemms.find(n.index());
+        const bool folded = fold != gemm_plan.gemms.end();
+        for (int64_t v : folded ? fold->second.inputs() : n.inputs())
+          if (v >= 0) touches[k].insert(buffer_of(v));
+        for (int64_t v : folded ? fold->second.outputs() : n.outputs())
+          if (v >= 0 && !L->values[static_cast<size_t>(v)].dead) touches[k].insert(buffer_of(v));
+      }
+      exe->scratch = plan_scratch(exe->scratch_bytes, L->num_inputs + L->num_outputs, touches, /*align=*/256,
+                                  /*slack=*/0);
+      exe->poison_scratch = s.poison_scratch;
+      host().debug("scratch of " + std::to_string(exe->scratch_bytes.size()) +
+                   " buffers: " + std::to_string(exe->scratch.bytes >> 10) + " KiB planned from their lifetimes (" +
+                   std::to_string(exe->scratch.unplanned >> 10) + " KiB one place each)" +
+                   (exe->scratch.planned ? "" : "; not planned: a step touches a buffer that has no name"));
+    }
     for (const ScalarParam& p : L->params) {
       if (p.runtime_scalar < 0 || p.runtime_scalar >= prog.scalar_table) continue;
       if (std::find(exe->table_entries.begin(), exe->table_entries.end(), p.runtime_scalar) != exe->table_entries.end())
@@ -1608,14 +1705,36 @@ class InductorPlugin : public Plugin {
     return winners;
   }
 
+  // The buffers each step of a CPU program reads or writes (scratch_plan.h).
+  static std::vector<std::set<int>> cpu_touches(const Graph& g, const LoweredGraph& L, const Program& P) {
+    std::vector<std::vector<int64_t>> reads(g.num_nodes()), writes(g.num_nodes());
+    for (const Step& st : P.steps) {
+      if (st.kernel >= 0) continue;
+      const Node n = g.node(st.extern_node);
+      auto folded = L.extern_inputs.find(st.extern_node);
+      reads[static_cast<size_t>(st.extern_node)] = folded != L.extern_inputs.end() ? folded->second : n.inputs();
+      writes[static_cast<size_t>(st.extern_node)] = n.outputs();
+    }
+    return cpu_step_touches(L, P, reads, writes);
+  }
+
   // The CPU's buffers and parameters, then everything else but the kernels (prepare).
   void prepare_cpu(CompiledGroup& exe, const Graph& g, const LoweredGraph& L, const Program& P) {
     exe.param_values.clear();
     for (const auto& p : L.params) exe.param_values.push_back(p.value);
     // Kernels with their numbers as arguments read them after the scalars (hoist_literals).
     exe.param_values.insert(exe.param_values.end(), exe.literals.begin(), exe.literals.end());
-    exe.scratch.clear();
-    for (auto bytes : L.scratch_bytes) exe.scratch.emplace_back(static_cast<size_t>(bytes) + 64);
+    // Each slot 64 bytes longer than its value (vector code may read past a row's end), 64-byte
+    // aligned, as the blocks of AlignedBuf.
+    exe.scratch_bytes = L.scratch_bytes;
+    exe.scratch = plan_scratch(L.scratch_bytes, L.num_inputs + L.num_outputs, cpu_touches(g, L, P),
+                               /*align=*/64, /*slack=*/64);
+    exe.own_scratch = AlignedBuf();
+    if (!exe.scratch_bytes.empty())
+      host().debug("scratch of " + std::to_string(exe.scratch_bytes.size()) +
+                   " buffers: " + std::to_string(exe.scratch.bytes >> 10) + " KiB planned from their lifetimes (" +
+                   std::to_string(exe.scratch.unplanned >> 10) + " KiB one place each)" +
+                   (exe.scratch.planned ? "" : "; not planned: a step touches a buffer that has no name"));
     prepare(exe, g, L, P);
   }
 
@@ -1690,7 +1809,7 @@ class InductorPlugin : public Plugin {
   std::vector<std::pair<int, int>> tune(CompiledGroup& exe, const LoweredGraph& L, const Program& P,
                                         const std::vector<std::vector<Variant>>& variants, int threads) {
     std::vector<std::vector<char>> bufs;
-    std::vector<void*> B(L.num_inputs + L.num_outputs + exe.scratch.size());
+    std::vector<void*> B(L.num_inputs + L.num_outputs + exe.scratch_bytes.size());
     for (size_t v = 0; v < L.values.size(); ++v) {
       const ValueInfo& info = L.values[v];
       if (info.buffer < 0 || static_cast<size_t>(info.buffer) >= L.num_inputs + L.num_outputs) continue;
@@ -1701,7 +1820,10 @@ class InductorPlugin : public Plugin {
       }
       B[static_cast<size_t>(info.buffer)] = bufs.back().data();
     }
-    for (size_t s = 0; s < exe.scratch.size(); ++s) B[L.num_inputs + L.num_outputs + s] = exe.scratch[s].data();
+    // The planned arena (slots one kernel touches never share bytes), zeroed.
+    AlignedBuf arena(static_cast<size_t>(std::max<int64_t>(exe.scratch.bytes, 1)));
+    for (size_t s = 0; s < exe.scratch_bytes.size(); ++s)
+      B[L.num_inputs + L.num_outputs + s] = arena.p.get() + exe.scratch.offset[s];
     for (auto& p : B)
       if (!p) {
         bufs.emplace_back(64, 0);

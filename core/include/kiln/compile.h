@@ -77,6 +77,8 @@ struct StepStats {
                                     // loaded, parameters or modules replaced, calls of an optimizer changed)
   double last_compile_seconds = 0;  // capture step + compile, for the last signature compiled
   std::string last_fallback;        // why the last eager fallback happened ("" when none)
+  int failed_groups = 0;            // compiled groups that failed in a step without writing anything: their
+                                    // nodes ran eagerly in their place from then on (last_fallback says why)
   // Whole-step CUDA graphs (reduce-overhead, max-autotune, the cudagraphs backend on CUDA).
   int graphs_recorded = 0;           // CUDA graphs recorded (one per signature, again after a re-plan)
   int graph_replays = 0;             // compiled steps that were one graph launch

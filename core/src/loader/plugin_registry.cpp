@@ -444,7 +444,13 @@ std::unique_ptr<PluginExecutable> LoadedPlugin::compile(const KilnGraphView& sub
       reject("compile", "accepted input " + std::to_string(accepted[k]) + " in place of output " + std::to_string(k) +
                             ", where kiln offered " + std::to_string(inplace_inputs[k]) +
                             " (inplace_accepted may only repeat inplace_inputs or keep -1)");
-  if (std::any_of(accepted.begin(), accepted.end(), [](int64_t j) { return j >= 0; })) exe->inplace_ = accepted;
+  if (std::any_of(accepted.begin(), accepted.end(), [](int64_t j) { return j >= 0; })) {
+    exe->inplace_ = accepted;
+    // 2.5: a failed execute wrote into none of them (reserved, so 0, in an older plugin).
+    if (a.inplace_atomic != 0 && a.inplace_atomic != 1)
+      reject("compile", "set inplace_atomic to " + std::to_string(a.inplace_atomic) + " (0 or 1)");
+    exe->inplace_atomic_ = a.inplace_atomic == 1;
+  }
   const bool symbolic = KILN_HAS_FIELD(&subgraph, KilnGraphView, size_sites) && subgraph.num_symbols > 0;
   if (a.symbolic_accepted != 0 && a.symbolic_accepted != 1)
     reject("compile", "set symbolic_accepted to " + std::to_string(a.symbolic_accepted) + " (0 or 1)");

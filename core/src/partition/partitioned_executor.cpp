@@ -34,6 +34,12 @@ bool node_can_be_claimed(const ir::Node& node, bool plugin_takes_runtime_scalars
 
 namespace {
 
+// A compiled group with in-place outputs whose executable promised that a failed execute wrote
+// none of their inputs (ABI 2.5).
+bool in_place_atomic(const CompiledGroup& g) {
+  return g.exe && !g.exe->inplace_outputs().empty() && g.exe->failure_leaves_inputs();
+}
+
 // In-place outputs to offer the plugin (ABI 2.2), by group and output: the group input whose
 // memory the output may be computed into, or -1. Output v of group G is offered input j when v is
 // written back into the graph input whose value G reads as input j (the step's new parameter or
@@ -334,6 +340,13 @@ std::string print_compiled_partition(const ir::Graph& g, const CompiledPartition
   return text;
 }
 
+struct PartitionedExecutor::Failures {
+  mutable std::mutex mu;
+  std::vector<char> eager;  // by group
+  size_t count = 0;
+  std::string last;
+};
+
 PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<const CompiledPartition> partition,
                                          bool verify_groups, std::vector<ir::ValueId> keep)
     : partition_(std::move(partition)), verify_groups_(verify_groups) {
@@ -351,15 +364,18 @@ PartitionedExecutor::PartitionedExecutor(const ir::Graph& g, std::shared_ptr<con
 void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId> keep) {
   const auto& part = partition_->partition;
   const auto& groups = partition_->groups;
+  failures_ = std::make_unique<Failures>();
+  failures_->eager.assign(groups.size(), 0);
   for (const auto& p : partition_->plugins) pass_scalars_ = pass_scalars_ || p->accepts_runtime_scalars();
   // Units in partition order; a group that did not compile becomes its nodes, in order. Each
   // unit's reads, for liveness: eager units from their node, groups from their inputs.
-  std::vector<std::vector<ir::ValueId>> reads;
+  std::vector<std::vector<ir::ValueId>> reads, writes;
   auto eager_unit = [&](int32_t ni) {
     Unit unit;
     unit.node = std::make_unique<PreparedNode>(planned.nodes[ni]);
     units_.push_back(std::move(unit));
     reads.push_back(ir::Graph::node_inputs(planned.nodes[ni]));
+    writes.push_back(planned.nodes[ni].outputs);
   };
   for (auto u : part.order) {
     if (u >= 0) {
@@ -369,6 +385,7 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
       unit.group = -u - 1;
       units_.push_back(std::move(unit));
       reads.push_back(part.groups[-u - 1].inputs);
+      writes.push_back(part.groups[-u - 1].outputs);
     } else {
       for (auto ni : part.groups[-u - 1].nodes) eager_unit(ni);
     }
@@ -387,9 +404,11 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
   }
   // A compiled group at or after the first write can fail after something was written: then every
   // tensor written from there on is copied first, once a run, so that a failure can be undone.
+  // A group whose failed execute leaves its in-place inputs untouched (ABI 2.5) runs eagerly in
+  // its place instead (run): it needs no copy.
   save_at_ = units_.size();
   for (size_t ui = first_writing_unit_; ui < units_.size(); ++ui)
-    if (!units_[ui].node) save_at_ = first_writing_unit_;
+    if (!units_[ui].node && !in_place_atomic(groups[units_[ui].group])) save_at_ = first_writing_unit_;
   if (save_at_ < units_.size()) {
     std::set<ir::ValueId> seen;
     for (size_t ui = save_at_; ui < units_.size(); ++ui) {
@@ -422,11 +441,27 @@ void PartitionedExecutor::init(const ir::Graph& planned, std::vector<ir::ValueId
   std::vector<int32_t> last(planned.values.size(), -1);
   for (size_t ui = 0; ui < units_.size(); ++ui)
     for (auto v : reads[ui]) last[v] = static_cast<int32_t>(ui);
+  // A result nothing reads (a multi-result op's unused one) goes right after the unit that made it:
+  // a view among them would otherwise keep its base alive to the end of the run.
+  for (size_t ui = 0; ui < units_.size(); ++ui)
+    for (auto v : writes[ui])
+      if (v != ir::kNoValue && last[static_cast<size_t>(v)] < 0)
+        last[static_cast<size_t>(v)] = static_cast<int32_t>(ui);
   for (size_t v = 0; v < last.size(); ++v)
     if (last[v] >= 0 && !kept[v]) units_[last[v]].free_after.push_back(static_cast<ir::ValueId>(v));
 }
 
 PartitionedExecutor::~PartitionedExecutor() = default;
+
+size_t PartitionedExecutor::groups_failed_in_run() const {
+  std::lock_guard<std::mutex> lock(failures_->mu);
+  return failures_->count;
+}
+
+std::string PartitionedExecutor::last_group_failure() const {
+  std::lock_guard<std::mutex> lock(failures_->mu);
+  return failures_->last;
+}
 
 void PartitionedExecutor::Saved::take(const std::vector<at::Tensor>& written) {
   bool same = copies.size() == written.size();
@@ -483,6 +518,8 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
     }
     if (unit.node) {
       unit.node->run(env, scalars);
+    } else if (group_runs_eagerly(unit.group)) {
+      run_group_eagerly(partition_->groups[unit.group], env, scalars);
     } else {
       const CompiledGroup& grp = partition_->groups[unit.group];
       in.clear();
@@ -507,21 +544,53 @@ void PartitionedExecutor::run(std::vector<at::Tensor>& env, const std::vector<c1
       }
       // (a plugin that does not take run-time scalars is called with none: PluginExecutable::execute)
       const PluginGroupScope in_group(unit.group);
-      if (!grp.symbols.empty()) {
-        // An executable serving every size: this run's sizes, read off the group's inputs.
-        int64_t sizes[16];
-        const size_t n = std::min<size_t>(grp.symbols.size(), 16);
-        for (size_t k = 0; k < n; ++k)
-          sizes[k] = in[static_cast<size_t>(grp.symbols[k].input)].shape[grp.symbols[k].dim];
-        grp.exe->execute_sized(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(),
-                               sizes, n, stream);
-      } else {
-        grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(), stream);
+      try {
+        if (!grp.symbols.empty()) {
+          // An executable serving every size: this run's sizes, read off the group's inputs.
+          int64_t sizes[16];
+          const size_t n = std::min<size_t>(grp.symbols.size(), 16);
+          for (size_t k = 0; k < n; ++k)
+            sizes[k] = in[static_cast<size_t>(grp.symbols[k].input)].shape[grp.symbols[k].dim];
+          grp.exe->execute_sized(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(),
+                                 sizes, n, stream);
+        } else {
+          grp.exe->execute(in.data(), in.size(), out.data(), out.size(), scalar_ptrs.data(), scalar_ptrs.size(),
+                           stream);
+        }
+      } catch (const PluginError& ex) {
+        if (!in_place_atomic(grp) || verify_groups_) throw;
+        // Its in-place inputs are as they were (the plugin's promise): its nodes compute the same
+        // results eagerly, and the run goes on. Later runs skip the executable.
+        {
+          std::lock_guard<std::mutex> lock(failures_->mu);
+          failures_->eager[static_cast<size_t>(unit.group)] = 1;
+          ++failures_->count;
+          failures_->last = c10::str("compiled group ", unit.group, " (", grp.nodes.size(), " nodes, first ",
+                                     grp.nodes.front().op, ") of '", grp.exe->plugin().name(), "' failed: ", ex.what(),
+                                     "; it had written nothing (its executable computes outputs over its inputs and "
+                                     "says a failure leaves them as they were), so its nodes ran eagerly in its "
+                                     "place and the step went on; they run eagerly in later steps too");
+          log_warn(failures_->last);
+        }
+        run_group_eagerly(grp, env, scalars);
       }
       if (verify_groups_) verify_group(grp, unit.group, env, scalars);
     }
     for (auto v : unit.free_after) env[v] = at::Tensor();
   }
+}
+
+bool PartitionedExecutor::group_runs_eagerly(int32_t group) const {
+  std::lock_guard<std::mutex> lock(failures_->mu);
+  return failures_->eager[static_cast<size_t>(group)] != 0;
+}
+
+void PartitionedExecutor::run_group_eagerly(const CompiledGroup& grp, std::vector<at::Tensor>& env,
+                                            const std::vector<c10::IValue>* scalars) const {
+  // Fresh results: an output that was to be computed over an input's memory is that input until
+  // now, and must not be written through.
+  for (auto v : grp.group.outputs) env[v] = at::Tensor();
+  for (const auto& n : grp.nodes) EagerExecutor::run_node(n, env, scalars);
 }
 
 void PartitionedExecutor::verify_group(const CompiledGroup& grp, int32_t index, const std::vector<at::Tensor>& env,

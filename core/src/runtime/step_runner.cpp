@@ -162,6 +162,14 @@ void StepRunner::bind(const std::vector<at::Tensor>& inputs, const std::vector<a
 // The step's device work: the executor and the write-back copies (recorded into the graph).
 void StepRunner::run_body(const std::vector<c10::IValue>& scalars, void* stream, bool undoable) {
   exec_->run(env_, scalars, stream, undoable);
+  if (exec_->partitioned) {
+    const auto failed = static_cast<int>(exec_->partitioned->groups_failed_in_run());
+    if (failed > counted_failed_groups_) {
+      stats_.failed_groups += failed - counted_failed_groups_;
+      counted_failed_groups_ = failed;
+      stats_.last_fallback = "kiln: " + exec_->partitioned->last_group_failure();
+    }
+  }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   for (const auto& o : plan_->outputs) {
     if (o.role != ir::OutputRole::WriteBack) continue;
@@ -215,6 +223,16 @@ std::vector<at::Tensor> StepRunner::run(const std::vector<at::Tensor>& inputs,
   }
   fill_scalars(scalars);
   bind(inputs);
+  // A gradient the step makes anew (its zero_grad set the old one to None, and the graph does not
+  // read it) is released now, as the eager step's zero_grad releases it, rather than when the new
+  // one replaces it at the end: otherwise the old and the new gradients are alive together. Not
+  // for a recorded graph, whose gradients are its own buffers.
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (const auto& o : plan_->outputs)
+      if (o.role == ir::OutputRole::Gradient && o.target.grad().defined())
+        const_cast<at::Tensor&>(o.target).mutable_grad() = at::Tensor();
+  }
   {
     // CPU memory of the step from kiln's block cache (cpu_block_cache.h).
     std::optional<ScopedCpuBlockCache> cache;

@@ -97,6 +97,7 @@ class StepRunner {
   std::shared_ptr<const LoadedPlugin> graph_plugin_;
   RunOptions options_;
   StepStats& stats_;
+  int counted_failed_groups_ = 0;  // the executor's in-run group failures already in stats_
   Warn warn_once_;
   std::unique_ptr<Executor> exec_;
   std::vector<at::Tensor> env_;

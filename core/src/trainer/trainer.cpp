@@ -41,6 +41,7 @@
 #include "kiln/compile.h"
 #include "kiln/internal/json_text.h"
 #include "kiln/log.h"
+#include "kiln/memory.h"
 #include "kiln/precision.h"
 #include "progress.h"
 
@@ -1336,6 +1337,38 @@ void Trainer::Impl::prepare_compiled_steps(const Dataset& dataset, const checkpo
   restore();
 }
 
+namespace {
+// The training device's peak allocated memory for the logs' peak_memory_mb: on CUDA LibTorch's
+// caching allocator (as torch.cuda.max_memory_allocated: every tensor on the device), on the CPU
+// kiln's counting allocator, which train() puts in place (kiln/compile.h): CPU tensors allocated
+// since train() began (activations, gradients, the optimizer's state, new parameter storage), not
+// those that existed before it. Each log line gives the peak since the previous one.
+class PeakMemoryWatch {
+ public:
+  explicit PeakMemoryWatch(c10::Device device)
+      : cuda_(device.is_cuda()), index_(device.has_index() ? device.index() : 0) {
+    if (!cuda_) meter_ = std::make_unique<ScopedCpuMemoryMeter>();
+    reset();
+  }
+  // The peak since the last call (or the start), in MiB; then starts a new interval.
+  double interval_peak_mb() {
+    const int64_t bytes = cuda_ ? cuda_peak_allocated_bytes(index_) : cpu_peak_allocated_bytes();
+    const double mb = static_cast<double>(bytes) / (1 << 20);
+    run_peak_mb_ = std::max(run_peak_mb_, mb);
+    reset();
+    return mb;
+  }
+  double run_peak_mb() { return std::max(run_peak_mb_, interval_peak_mb()); }
+
+ private:
+  void reset() { cuda_ ? cuda_reset_peak_allocated(index_) : cpu_reset_peak_allocated(); }
+  bool cuda_;
+  int index_;
+  std::unique_ptr<ScopedCpuMemoryMeter> meter_;
+  double run_peak_mb_ = 0;
+};
+}  // namespace
+
 TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   using Clock = std::chrono::steady_clock;
   const TrainingArguments& a = args();
@@ -1742,6 +1775,8 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
   fire([&](TrainerCallback& cb) { cb.on_train_begin(a, state, control); });
   TrainOutput result;
   const int64_t first_step = loop.global_step;
+  const auto model_params = im->model->parameters();
+  PeakMemoryWatch memory(model_params.empty() ? c10::Device(c10::kCPU) : model_params.front().device());
   const auto start = Clock::now();
   auto interval_start = start;
   for (int64_t epoch = start_epoch; epoch < epochs; ++epoch) {
@@ -1829,6 +1864,7 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
         }
         fields.emplace_back("learning_rate", lr_at(loop.global_step - im->skipped_steps));
         fields.emplace_back("steps_per_second", steps_per_second);
+        fields.emplace_back("peak_memory_mb", memory.interval_peak_mb());
         log_line(json_line(fields));
         loop.interval_loss = at::Tensor();
         loop.interval_steps = 0;
@@ -1896,9 +1932,11 @@ TrainOutput Trainer::run(const Dataset& dataset, const Dataset* eval_dataset) {
                     {"train_samples_per_second", samples / runtime},
                     {"train_steps_per_second", static_cast<double>(steps_run) / runtime},
                     {"train_loss", result.training_loss},
-                    {"epoch", loop.epoch_progress}};
+                    {"epoch", loop.epoch_progress},
+                    {"peak_memory_mb", memory.run_peak_mb()}};
   std::vector<std::pair<std::string, double>> last{{"step", static_cast<double>(result.global_step)}};
-  for (const char* k : {"epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"})
+  for (const char* k :
+       {"epoch", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "peak_memory_mb"})
     last.emplace_back(k, result.metrics.at(k));
   log_line(json_line(last));
   progress.line(c10::str("done: step ", loop.global_step, "/", total_steps, " in ", seconds_text(runtime),

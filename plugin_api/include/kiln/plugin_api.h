@@ -1,4 +1,4 @@
-/* kiln plugin ABI, version 2.4: the whole contract between the kiln host and a backend plugin.
+/* kiln plugin ABI, version 2.5: the whole contract between the kiln host and a backend plugin.
  *
  * A plugin is a shared library that exports exactly one symbol, kiln_plugin_init. Through it the
  * host and the plugin exchange two function tables: KilnHostApi (services the host offers: logging,
@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define KILN_ABI_VERSION_MAJOR 2
-#define KILN_ABI_VERSION_MINOR 4
+#define KILN_ABI_VERSION_MINOR 5
 
 /* The one exported symbol. */
 #define KILN_PLUGIN_INIT_SYMBOL "kiln_plugin_init"
@@ -555,9 +555,15 @@ typedef struct KilnPluginCompileArgs {
    * view's own sizes only, and the host compiles each later size's graph separately, as for a
    * plugin without the capability. In-place pairs accepted hold at every size. */
   int32_t symbolic_accepted;
-  int32_t reserved1; /* 0 */
+  /* 2.5: out, preset to 0 by the host (a 2.4 plugin leaves it 0: it was reserved). 1 says that an
+   * execute of this executable that returns an error has written into none of the inputs it
+   * accepted in place (inplace_accepted): it fails before its first such write, or not at all. The
+   * host then keeps no copy of what the step writes for this group: should it fail, the host runs
+   * the group's nodes eagerly in its place and goes on with the step. Meaningless, and ignored,
+   * without accepted pairs (an executable that writes no input leaves every input as it was). */
+  int32_t inplace_atomic;
 } KilnPluginCompileArgs;
-#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, reserved1)
+#define KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE KILN_STRUCT_SIZE(KilnPluginCompileArgs, inplace_atomic)
 KILN_CHECK_STRUCT_SIZE(KilnPluginCompileArgs, KILN_PLUGIN_COMPILE_ARGS_STRUCT_SIZE);
 
 /* Ends a context: called once, after the last executable and graph are destroyed and before the

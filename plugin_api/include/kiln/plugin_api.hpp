@@ -827,6 +827,9 @@ class Executable {
   // In-place outputs the executable computes correctly (ABI 2.2): empty, or one entry per output,
   // -1 or CompileOptions::inplace_inputs[k] for an output that may share memory with that input.
   std::vector<int64_t> inplace_outputs;
+  // ABI 2.5: an execute that throws has written into none of the inputs of inplace_outputs (it
+  // throws before its first such write, or not at all); the host then keeps no undo copy for it.
+  bool inplace_atomic = false;
   // outputs are preallocated by the host; write into them.
   virtual void execute(const DLTensor* inputs, size_t num_inputs, DLTensor* outputs, size_t num_outputs,
                        void* stream) = 0;
@@ -951,6 +954,13 @@ class ExecutableForEverySize : public Executable {
     ConcreteGraph concrete(graph_->graph(), &sizes);
     std::shared_ptr<Executable> exe = compile_(concrete.graph());
     if (!exe) throw Error(KILN_ERROR_INTERNAL, "compile returned no executable");
+    // The host passes one tensor for an in-place pair the first size accepted: every size must.
+    for (size_t k = 0; k < inplace_outputs.size(); ++k)
+      if (inplace_outputs[k] >= 0 &&
+          (k >= exe->inplace_outputs.size() || exe->inplace_outputs[k] != inplace_outputs[k]))
+        throw Error(KILN_ERROR_INTERNAL, "output " + std::to_string(k) + " is computed over input " +
+                                             std::to_string(inplace_outputs[k]) +
+                                             "'s memory at the first size, but not at this one");
     entries_.insert(entries_.begin(), {sizes, exe});
     if (entries_.size() > keep_) entries_.pop_back();  // one running keeps its own reference
     return exe;
@@ -1146,10 +1156,16 @@ KilnError* init(const KilnHostApi* host, uint32_t host_major, uint32_t host_mino
         if (KILN_HAS_FIELD(args, KilnPluginCompileArgs, symbolic_accepted))
           args->symbolic_accepted =
               st->desc.symbolic_shapes && exe->serves_all_sizes && Graph(args->subgraph).symbolic();
-        if (inplace)
+        if (inplace) {
+          bool any = false;
           for (size_t k = 0; k < exe->inplace_outputs.size() && k < o.inplace_inputs.size(); ++k)
-            if (exe->inplace_outputs[k] >= 0 && exe->inplace_outputs[k] == o.inplace_inputs[k])
+            if (exe->inplace_outputs[k] >= 0 && exe->inplace_outputs[k] == o.inplace_inputs[k]) {
               args->inplace_accepted[k] = exe->inplace_outputs[k];
+              any = true;
+            }
+          if (any && KILN_HAS_FIELD(args, KilnPluginCompileArgs, inplace_atomic))
+            args->inplace_atomic = exe->inplace_atomic ? 1 : 0;
+        }
         auto box = std::make_unique<KilnExecutable>();
         box->impl = std::move(exe);
         args->executable = box.release();

@@ -24,7 +24,7 @@ static void check(const char* what, size_t actual, size_t expected) {
 
 int main(void) {
   check("KILN_ABI_VERSION_MAJOR", KILN_ABI_VERSION_MAJOR, 2);
-  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 4);
+  check("KILN_ABI_VERSION_MINOR", KILN_ABI_VERSION_MINOR, 5);
   check("sizeof(DLTensor)", sizeof(DLTensor), 48);
   check("sizeof(DLDataType)", sizeof(DLDataType), 4);
   check("sizeof(DLDevice)", sizeof(DLDevice), 8);
@@ -173,7 +173,7 @@ int main(void) {
   OFF(KilnPluginCompileArgs, inplace_inputs, 64);
   OFF(KilnPluginCompileArgs, inplace_accepted, 72);
   OFF(KilnPluginCompileArgs, symbolic_accepted, 80);
-  OFF(KilnPluginCompileArgs, reserved1, 84);
+  OFF(KilnPluginCompileArgs, inplace_atomic, 84);
   SIZE(KilnPluginShutdownArgs, KILN_PLUGIN_SHUTDOWN_ARGS_STRUCT_SIZE, 16);
   SIZE(KilnExecutableExecuteArgs, KILN_EXECUTABLE_EXECUTE_ARGS_STRUCT_SIZE, 88);
   OFF(KilnExecutableExecuteArgs, executable, 8);

@@ -219,6 +219,65 @@ TEST(PartitionedExecutor, WriteBacksOfACompiledGroupAreComputedOverTheirInputs) 
   }
 }
 
+// The inductor computes a write-back over the parameter it replaces and says (ABI 2.5) that a
+// failed execute has written nothing: the executor keeps no copy for it, and when an execute fails
+// (here: the run hands it w at another shape than it was compiled for, which it refuses before any
+// kernel) the group's nodes run eagerly in its place from the same inputs, the run goes on, and
+// later runs keep them eager.
+TEST(PartitionedExecutor, AFailureAtomicInPlaceGroupThatFailsRunsItsNodesEagerlyAndTheRunGoesOn) {
+  const ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[8,16]{16,1} param "w"
+  input %1 : f32[8,16]{16,1} grad "g"
+  %2 : f32[8,16]{16,1} = aten::exp(%0)
+  %3 : f32[8,16]{16,1} = aten::mul.Tensor(%1, %2)
+  %4 : f32[8,16]{16,1} = aten::sub.Tensor(%0, %3, scalar(0.1))
+  output %4 writeback 0 "w"
+}
+)");
+  auto plugin = PluginRegistry::load_file(KILN_INDUCTOR_PLUGIN, host());
+  PartitionedExecutor exec(g, plugin, KILN_MODE_DEFAULT);
+  ASSERT_EQ(exec.stats().groups_compiled, 1u);
+  ASSERT_EQ(exec.stats().inplace_accepted, 1u);
+  auto run = [&](const at::Tensor& w, const at::Tensor& grad) {
+    std::vector<at::Tensor> env(g.values.size());
+    env[0] = w;
+    env[1] = grad;
+    exec.run(env);
+    return env;
+  };
+  auto eager_w = [&](const at::Tensor& w, const at::Tensor& grad) { return run_eager(g, {w.clone(), grad})[0]; };
+  {
+    const at::Tensor w = at::randn({8, 16}), grad = at::randn({8, 16});
+    const at::Tensor want = eager_w(w, grad);
+    const auto env = run(w, grad);
+    EXPECT_TRUE(env[4].is_same(env[0])) << "computed over w";
+    EXPECT_TRUE(at::allclose(env[4], want, 1e-6, 1e-6));
+    EXPECT_EQ(exec.groups_failed_in_run(), 0u);
+  }
+  {
+    const at::Tensor w = at::randn({4, 16}), grad = at::randn({4, 16});
+    const at::Tensor before = w.clone(), want = eager_w(w, grad);
+    const auto env = run(w, grad);
+    EXPECT_EQ(exec.groups_failed_in_run(), 1u);
+    EXPECT_TRUE(at::equal(w, before)) << "the failed execute wrote into w";
+    ASSERT_TRUE(env[4].defined());
+    EXPECT_FALSE(env[4].is_same(env[0])) << "the eager nodes give a new tensor";
+    EXPECT_TRUE(at::equal(env[4], want));
+    const std::string why = exec.last_group_failure();
+    EXPECT_NE(why.find("another shape"), std::string::npos) << why;
+    EXPECT_NE(why.find("'inductor'"), std::string::npos) << why;
+    EXPECT_NE(why.find("ran eagerly in its place"), std::string::npos) << why;
+  }
+  {
+    const at::Tensor w = at::randn({8, 16}), grad = at::randn({8, 16});
+    const at::Tensor want = eager_w(w, grad);
+    const auto env = run(w, grad);
+    EXPECT_FALSE(env[4].is_same(env[0])) << "the group's nodes stay eager after its failure";
+    EXPECT_TRUE(at::equal(env[4], want));
+    EXPECT_EQ(exec.groups_failed_in_run(), 1u);
+  }
+}
+
 // The custom backend reads alpha as a run-time scalar on every call, so the host hands it
 // the node; the value changes between calls and the results follow.
 TEST(PartitionedExecutor, RunTimeScalarsReachAPluginThatTakesThem) {

@@ -1,6 +1,9 @@
+// CPU memory accounting: every tensor allocated under a ScopedCpuMemoryMeter, or from the block
+// cache, counts by its size from allocation to release; the peak holds the most at once.
 // CpuBlockCache: blocks come back for the same sizes, the cap holds, raw_allocate works (ATen
 // kernels use it), the scoped swap routes ATen's CPU allocations through the cache and restores
 // LibTorch's allocator, and many threads allocating and freeing at once leave it consistent.
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -9,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "cpu_block_cache.h"
+#include "kiln/memory.h"
 
 namespace {
 
@@ -115,6 +119,59 @@ TEST(CpuBlockCache, ThreadsAllocatingAndFreeingAtOnceKeepItConsistent) {
   EXPECT_GT(cache.cached_bytes(), 0u);
   cache.release();
   EXPECT_EQ(cache.cached_bytes(), 0u);
+}
+
+TEST(CpuMemoryMeter, CountsEveryTensorFromItsAllocationToItsRelease) {
+  ASSERT_EQ(c10::GetCPUAllocator(), c10::GetDefaultCPUAllocator());
+  at::Tensor kept;
+  int64_t before = 0;
+  {
+    kiln::ScopedCpuMemoryMeter meter;
+    ASSERT_TRUE(meter.active());
+    EXPECT_NE(c10::GetCPUAllocator(), c10::GetDefaultCPUAllocator());
+    before = kiln::cpu_allocated_bytes();
+    kiln::cpu_reset_peak_allocated();
+    EXPECT_EQ(kiln::cpu_peak_allocated_bytes(), before);
+    {
+      at::Tensor a = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+      EXPECT_EQ(kiln::cpu_allocated_bytes() - before, 4 << 20);
+      at::Tensor b = at::empty({1000}, at::kDouble);
+      EXPECT_EQ(kiln::cpu_allocated_bytes() - before, (4 << 20) + 8000);
+      a.fill_(1);
+      EXPECT_EQ(a.sum().item<double>(), static_cast<double>(1 << 20));
+    }
+    EXPECT_EQ(kiln::cpu_allocated_bytes(), before) << "both released";
+    EXPECT_GE(kiln::cpu_peak_allocated_bytes() - before, (4 << 20) + 8000) << "the peak holds the most at once";
+    kiln::cpu_reset_peak_allocated();
+    EXPECT_EQ(kiln::cpu_peak_allocated_bytes(), before);
+    // raw_allocate (some ATen kernels use it) needs the memory to be its own context.
+    void* p = c10::GetCPUAllocator()->raw_allocate(12345);
+    EXPECT_EQ(kiln::cpu_allocated_bytes() - before, 12345);
+    c10::GetCPUAllocator()->raw_deallocate(p);
+    EXPECT_EQ(kiln::cpu_allocated_bytes(), before);
+    kept = at::empty({1000}, at::kFloat);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), c10::GetDefaultCPUAllocator()) << "LibTorch's allocator is back";
+  EXPECT_EQ(kiln::cpu_allocated_bytes() - before, 4000);
+  kept = at::Tensor();
+  EXPECT_EQ(kiln::cpu_allocated_bytes(), before) << "a tensor outliving the meter is still counted out";
+}
+
+TEST(CpuMemoryMeter, TheBlockCacheTakesOverInsideAStepAndIsCountedAlike) {
+  kiln::ScopedCpuMemoryMeter meter;
+  ASSERT_TRUE(meter.active());
+  c10::Allocator* counting = c10::GetCPUAllocator();
+  const int64_t before = kiln::cpu_allocated_bytes();
+  {
+    kiln::ScopedCpuBlockCache scope;
+    EXPECT_EQ(c10::GetCPUAllocator(), &CpuBlockCache::get()) << "the step's own allocator, not the meter";
+    at::Tensor a = at::empty({3000}, at::kFloat);
+    at::Tensor b = kiln::empty_strided_step({500}, {1}, at::TensorOptions(at::kFloat));
+    EXPECT_EQ(kiln::cpu_allocated_bytes() - before, 12000 + 2000);
+  }
+  EXPECT_EQ(c10::GetCPUAllocator(), counting) << "the meter is back after the step";
+  EXPECT_EQ(kiln::cpu_allocated_bytes(), before) << "free blocks the cache keeps are not allocated memory";
+  EXPECT_GE(kiln::cpu_peak_allocated_bytes() - before, 14000);
 }
 
 }  // namespace

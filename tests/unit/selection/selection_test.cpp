@@ -326,14 +326,14 @@ TEST(Selection, InTreeBackendThatIsNotInstalledSaysSo) {
 TEST(Selection, NamedBackendWhosePluginFileWasRefusedGivesTheLoadersReason) {
   const std::vector<kiln::RefusedPlugin> refused = {
       {"vecops", "/opt/plugins/libkiln_vecops.so",
-       "plugin was built for kiln plugin ABI 1.2; this kiln speaks 2.4 — rebuild it against the kiln 2.x SDK"}};
+       "plugin was built for kiln plugin ABI 1.2; this kiln speaks 2.5 — rebuild it against the kiln 2.x SDK"}};
   try {
     select_backend(cpu_only(), {{"inductor", true, ""}}, "vecops", refused);
     FAIL() << "expected BackendSelectionError";
   } catch (const BackendSelectionError& e) {
     EXPECT_EQ(std::string(e.what()),
               "backend 'vecops' was found, but kiln refused its plugin file /opt/plugins/libkiln_vecops.so: plugin was "
-              "built for kiln plugin ABI 1.2; this kiln speaks 2.4 — rebuild it against the kiln 2.x SDK. Available "
+              "built for kiln plugin ABI 1.2; this kiln speaks 2.5 — rebuild it against the kiln 2.x SDK. Available "
               "backends: inductor (or \"auto\" to pick one)");
   }
   // Another name still gets the usual answer.

@@ -203,6 +203,9 @@ TEST(TrainerTrain, LinearWarmupFollowsHuggingFaceAndTheEagerLoop) {
       // As Hugging Face logs it: the scheduler's rate after the step, i.e. the next step's.
       EXPECT_DOUBLE_EQ(l.at("learning_rate"), lr_at(i + 1)) << "step " << i + 1;
       EXPECT_GT(l.at("steps_per_second"), 0);
+      // The interval's peak of CPU tensor memory allocated since train() began: at least the
+      // gradients, which live from each backward to the next zero_grad.
+      EXPECT_GT(l.at("peak_memory_mb"), 0) << "step " << i + 1;
       sum += want[static_cast<size_t>(i)];
     }
     EXPECT_EQ(lr_at(0), 0.0);
@@ -213,6 +216,8 @@ TEST(TrainerTrain, LinearWarmupFollowsHuggingFaceAndTheEagerLoop) {
     EXPECT_LT(rel_err(last.at("train_loss"), sum / 10), 1e-5);
     EXPECT_GT(last.at("train_runtime"), 0);
     EXPECT_GT(last.at("train_steps_per_second"), 0);
+    EXPECT_GT(last.at("peak_memory_mb"), 0);
+    EXPECT_EQ(out.metrics.at("peak_memory_mb"), last.at("peak_memory_mb"));
     EXPECT_EQ(out.metrics.at("epoch"), 2.5);
     expect_same_params(ref, s, 1e-5);
     // As after Hugging Face's last scheduler step: the rate after the last step.

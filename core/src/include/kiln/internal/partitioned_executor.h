@@ -11,6 +11,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,12 @@ class PartitionedExecutor {
   // an argument (a write-back computed in place with out=) or a group given an input's memory for
   // an output (in-place outputs). A run that fails before it has changed no tensor it was given.
   size_t first_writing_unit() const { return first_writing_unit_; }
+  // A group whose executable computes outputs over its inputs' memory and promised that a failed
+  // execute wrote none of them (ABI 2.5, inplace_atomic) needs no copy: if it fails, its nodes run
+  // eagerly in its place, from the same inputs, and the run goes on; that group's nodes run
+  // eagerly in every later run too. The failures so far, one message each ("" when none).
+  size_t groups_failed_in_run() const;
+  std::string last_group_failure() const;
   const PartitionStats& stats() const { return partition_->stats; }
   const std::vector<GroupOutcome>& groups() const { return partition_->outcomes; }
 
@@ -139,6 +146,9 @@ class PartitionedExecutor {
   // error of every output (a backend author's first tool when a step goes wrong).
   void verify_group(const CompiledGroup& grp, int32_t index, const std::vector<at::Tensor>& env,
                     const std::vector<c10::IValue>* scalars) const;
+  bool group_runs_eagerly(int32_t group) const;
+  void run_group_eagerly(const CompiledGroup& grp, std::vector<at::Tensor>& env,
+                         const std::vector<c10::IValue>* scalars) const;
 
   struct Unit {
     std::unique_ptr<PreparedNode> node;  // eager
@@ -152,6 +162,9 @@ class PartitionedExecutor {
   size_t first_writing_unit_ = 0;
   size_t save_at_ = 0;                     // units_.size(): nothing to save
   std::vector<ir::ValueId> saved_values_;  // what the units from save_at_ on write into
+  // By group: runs its nodes eagerly after a failure of its atomic in-place executable.
+  struct Failures;
+  std::unique_ptr<Failures> failures_;
 };
 
 // Whether the host may hand a node to a plugin: nodes with undefined results stay eager, and so do

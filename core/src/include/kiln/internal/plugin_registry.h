@@ -208,6 +208,9 @@ class PluginExecutable {
   // By output: the input whose memory the plugin accepted to receive this output too (ABI 2.2),
   // or -1. Empty when nothing was proposed or accepted.
   const std::vector<int64_t>& inplace_outputs() const { return inplace_; }
+  // ABI 2.5: an execute that fails has written into none of the inputs of inplace_outputs() (also
+  // true of an executable without in-place outputs: it writes no input at all).
+  bool failure_leaves_inputs() const { return inplace_.empty() || inplace_atomic_; }
   // Compiled from a symbolic view and accepted for every size (ABI 2.4).
   bool serves_all_sizes() const { return all_sizes_; }
 
@@ -218,6 +221,7 @@ class PluginExecutable {
   std::shared_ptr<const LoadedPlugin> plugin_;
   KilnExecutable* exe_;
   std::vector<int64_t> inplace_;
+  bool inplace_atomic_ = false;
   bool all_sizes_ = false;
 };
 
