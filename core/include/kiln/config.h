@@ -63,6 +63,11 @@ struct RuntimeOptions {                         // [runtime]
   bool writeback_copy = false;            // KILN_WRITEBACK_COPY: every write-back copies (no storage adoption)
   bool graph_copies = true;               // KILN_GRAPH_COPIES: a CUDA graph copies the batch in and results out itself
   int compile_threads = 0;                // KILN_COMPILE_THREADS: groups compiled at once; 0 = one per CPU core
+  // KILN_ACTIVATION_MEMORY_BUDGET (PyTorch's torch._functorch.config.activation_memory_budget): the
+  // share of the forward's activations the step keeps for its backward; what it drops, the backward
+  // computes again (element-wise ops, views, casts, layer norm; never matmuls, attention or random
+  // ops). 1 keeps everything; 0 recomputes all it can.
+  double activation_memory_budget = 1.0;
   // KILN_CHANNELS_LAST: CUDA convolutions on NHWC activations under a backend: "auto" (steps
   // recorded as a CUDA graph), "always" (every CUDA step), "never"
   std::string channels_last = "auto";

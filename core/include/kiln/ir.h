@@ -133,6 +133,7 @@ enum class Phase : uint8_t {
   Forward,
   Backward,   // recorded while autograd ran the backward
   Optimizer,  // after the backward
+  Recompute,  // a forward node computed again in the backward (rematerialize: [runtime] activation_memory_budget)
 };
 
 struct Node {

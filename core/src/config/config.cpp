@@ -1032,6 +1032,11 @@ const std::vector<Setting>& table() {
     v.push_back(integer(
         "runtime.compile_threads", "KILN_COMPILE_THREADS", [](auto& a) -> auto& { return a.runtime.compile_threads; },
         0, 1024));
+    Setting budget = real(
+        "runtime.activation_memory_budget", [](auto& a) -> auto& { return a.runtime.activation_memory_budget; }, 0.0,
+        1.0, "between 0 and 1");
+    budget.env = "KILN_ACTIVATION_MEMORY_BUDGET";
+    v.push_back(std::move(budget));
     // [debug]
     v.push_back(text(
         "debug.dump_dir", "KILN_DEBUG_DIR", [](auto& a) -> auto& { return a.debug.dump_dir; }));

@@ -145,6 +145,7 @@ const char* to_string(Phase p) {
     case Phase::Forward: return "forward";
     case Phase::Backward: return "backward";
     case Phase::Optimizer: return "optimizer";
+    case Phase::Recompute: return "recompute";
   }
   return "";
 }

@@ -593,6 +593,7 @@ class Parser {
       else if (extra == "forward") n.phase = Phase::Forward;
       else if (extra == "backward") n.phase = Phase::Backward;
       else if (extra == "optimizer") n.phase = Phase::Optimizer;
+      else if (extra == "recompute") n.phase = Phase::Recompute;
       else fail("unexpected '" + extra + "' after a node");
     }
     g_.nodes.push_back(std::move(n));

@@ -106,6 +106,14 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
         }
       }
     }
+    // Forward nodes computed again in the backward (Phase::Recompute) never share a group with
+    // forward nodes: merged, they would be computed in the forward and kept again.
+    std::vector<char> has_forward(static_cast<size_t>(n_groups), 0), has_recompute(static_cast<size_t>(n_groups), 0);
+    for (size_t i = 0; i < n_nodes; ++i) {
+      if (p.group_of[i] < 0) continue;
+      if (g.nodes[i].phase == ir::Phase::Forward) has_forward[static_cast<size_t>(p.group_of[i])] = 1;
+      if (g.nodes[i].phase == ir::Phase::Recompute) has_recompute[static_cast<size_t>(p.group_of[i])] = 1;
+    }
     // One merge per pass: two merges that are each safe on this pass's graph can together make
     // a cycle (A->B and C->D with paths A~>D and C~>B), so the graph is rebuilt after each.
     std::vector<int32_t> merged_into(n_groups, -1);
@@ -115,6 +123,9 @@ void merge_adjacent_groups(const ir::Graph& g, Partition& p) {
         if (ub < static_cast<int32_t>(n_nodes)) continue;
         const int32_t b = ub - static_cast<int32_t>(n_nodes);
         if (p.groups[b].backend != p.groups[a].backend || feeds[ua] != feeds[ub] || other_path(ua, ub)) continue;
+        if ((has_forward[static_cast<size_t>(a)] && has_recompute[static_cast<size_t>(b)]) ||
+            (has_recompute[static_cast<size_t>(a)] && has_forward[static_cast<size_t>(b)]))
+          continue;
         merged_into[b] = a;
         changed = true;
         break;
@@ -225,7 +236,8 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
 
   // group_deps[X]: the groups X's nodes have ancestors in.
   std::vector<std::vector<int32_t>> group_deps;
-  std::vector<char> sealed;  // a collective read the group: it takes no more nodes
+  std::vector<char> sealed;       // a collective read the group: it takes no more nodes
+  std::vector<char> has_forward;  // the group holds a forward node
   auto depends_on = [&](int32_t from, int32_t target) {
     std::vector<char> seen(group_deps.size(), 0);
     std::vector<int32_t> stack = {from};
@@ -250,6 +262,9 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
       for (auto v : inputs) {
         const int32_t candidate = producer_group(v);
         if (candidate < 0 || p.groups[candidate].backend != owner[i] || sealed[candidate]) continue;
+        // A forward node computed again in the backward stays out of the forward's groups (there it
+        // would be computed in the forward and kept again: rematerialize).
+        if (n.phase == ir::Phase::Recompute && has_forward[candidate]) continue;
         bool ok = true;
         for (auto u : inputs)
           if (producer_group(u) != candidate && contains(reach[u], candidate)) ok = false;
@@ -265,7 +280,9 @@ Partition partition_graph(const ir::Graph& g, const std::vector<int64_t>& claime
         p.groups.emplace_back().backend = owner[i];
         group_deps.emplace_back();
         sealed.push_back(0);
+        has_forward.push_back(0);
       }
+      if (n.phase == ir::Phase::Forward) has_forward[group] = 1;
       for (auto x : deps)
         if (x != group) merge_into(group_deps[group], {x});
       p.group_of[i] = group;

@@ -333,6 +333,7 @@ struct CompiledStep::Impl {
     po.batch_optimizer = args.experimental.batch_optimizer;
     po.overlap_collectives = !args.debug.no_comm_overlap;
     po.writeback_copy = args.runtime.writeback_copy;
+    po.activation_memory_budget = args.runtime.activation_memory_budget;
     po.channels_last = args.runtime.channels_last;
     po.compile_threads = args.runtime.compile_threads > 0
                              ? args.runtime.compile_threads

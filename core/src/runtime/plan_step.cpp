@@ -247,6 +247,16 @@ std::shared_ptr<const StepPlan> plan_step(const CapturedStep& cs, const ScalarSl
                  compiles ? "" : c10::str(" (backend '", backend.plugin->name(), "' compiles none of the step)")));
   }
 
+  // Under an activation memory budget, the backward computes again what the forward no longer keeps.
+  if (options.activation_memory_budget < 1.0) {
+    RematerializeResult rr;
+    runner.run("rematerialize", [&] { rr = rematerialize(g, options.activation_memory_budget); });
+    log_debug(c10::str("kiln: activation memory budget ", options.activation_memory_budget, ": the forward keeps ",
+                       rr.kept_bytes_after >> 10, " KiB for the backward instead of ", rr.kept_bytes_before >> 10,
+                       " KiB (", rr.dropped_tensors, " tensors computed again by ", rr.recomputed_nodes,
+                       " nodes in the backward)"));
+  }
+
   // The backend claims its nodes and compiles its groups; the rest runs on the eager executor.
   if (backend.plugin) {
     std::vector<std::shared_ptr<const LoadedPlugin>> plugins{backend.plugin};

@@ -35,13 +35,14 @@
 namespace kiln {
 
 struct PlanOptions {
-  std::string dump_dir;                // [debug] dump_dir: every pass's IR, the partition, the plan
-  bool lift_runtime_scalars = false;   // [debug]: lift run-time scalars without a CUDA graph too
-  bool batch_optimizer = false;        // [experimental]
-  bool overlap_collectives = true;     // all_reduces as early as their gradients allow (debug.no_comm_overlap off)
-  bool writeback_copy = false;         // [runtime]: write-backs always copy (no storage adoption)
-  int compile_threads = 1;             // [runtime]: groups the backend compiles at once (resolved, >= 1)
-  std::string channels_last = "auto";  // [runtime]: CUDA convolutions on channels-last activations (with a backend)
+  std::string dump_dir;                   // [debug] dump_dir: every pass's IR, the partition, the plan
+  bool lift_runtime_scalars = false;      // [debug]: lift run-time scalars without a CUDA graph too
+  bool batch_optimizer = false;           // [experimental]
+  bool overlap_collectives = true;        // all_reduces as early as their gradients allow (debug.no_comm_overlap off)
+  bool writeback_copy = false;            // [runtime]: write-backs always copy (no storage adoption)
+  double activation_memory_budget = 1.0;  // [runtime]: rematerialize's budget (1: nothing recomputed)
+  int compile_threads = 1;                // [runtime]: groups the backend compiles at once (resolved, >= 1)
+  std::string channels_last = "auto";     // [runtime]: CUDA convolutions on channels-last activations (with a backend)
   // The compiled groups shared by the plans of one family of shapes (dynamic shapes, backends with
   // symbolic shapes); null: every group is compiled for this plan.
   std::shared_ptr<SymbolicGroups> symbolic_groups;

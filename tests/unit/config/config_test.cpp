@@ -184,6 +184,7 @@ writeback_copy = true
 compile_threads = 3
 channels_last = "never"
 graph_copies = false
+activation_memory_budget = 0.25
 
 [debug]
 dump_dir = "/tmp/ir"
@@ -266,6 +267,7 @@ num_cycles = 1.5
   EXPECT_EQ(a.runtime.compile_threads, 3);
   EXPECT_EQ(a.runtime.channels_last, "never");
   EXPECT_FALSE(a.runtime.graph_copies);
+  EXPECT_EQ(a.runtime.activation_memory_budget, 0.25);
   EXPECT_EQ(a.debug.dump_dir, "/tmp/ir");
   EXPECT_TRUE(a.debug.check_meta);
   EXPECT_TRUE(a.debug.verify_groups);
@@ -280,8 +282,8 @@ num_cycles = 1.5
   EXPECT_EQ(a.origins.at("ddp_timeout").describe(), path + ":29:15");
   EXPECT_EQ(a.origins.at("adam_beta2").describe(), path + ":39:14");
   EXPECT_EQ(a.origins.at("runtime.recompile_limit").describe(), path + ":51:19");
-  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":72:19");
-  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":76:8");
+  EXPECT_EQ(a.origins.at("experimental.batch_optimizer").describe(), path + ":73:19");
+  EXPECT_EQ(a.origins.at("plugin.inductor.simd").describe(), path + ":77:8");
   // Every key of the table was set by this file.
   for (const auto& s : kiln::settings())
     if (s.key.rfind("plugin.", 0) != 0) {
@@ -363,6 +365,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     else if (s.key == "log_level") value = "error";
     else if (s.key == "runtime.cpu_block_cache_max_mb") value = "7";
     else if (s.key == "runtime.compile_threads") value = "2";
+    else if (s.key == "runtime.activation_memory_budget") value = "0.5";
     else if (s.key == "runtime.channels_last") value = "always";
     else if (s.key == "runtime.dynamic") value = "false";
     else if (s.key == "plugin.<name>.<option>")
@@ -374,7 +377,7 @@ TEST_F(ConfigTest, EveryEnvironmentVariableSetsItsKey) {
     ASSERT_EQ(a.origins.count(origin_key), 1u) << s.env << " did not set " << origin_key;
     EXPECT_EQ(a.origins.at(origin_key).describe(), "environment (" + s.env + ")");
   }
-  EXPECT_EQ(variables, 19u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
+  EXPECT_EQ(variables, 20u);  // KILN_BACKEND ... KILN_BATCH_OPTIMIZER, KILN_PLUGIN_OPTIONS
 }
 
 TEST_F(ConfigTest, EnvironmentBooleansFollowOneRule) {
@@ -628,6 +631,8 @@ const BadFile kCorpus[] = {
     BadFile{"unknown_ddp_backend.toml",
             "2:15: unknown ddp_backend 'ncl'; did you mean 'nccl'? Valid values: gloo, nccl"},
     BadFile{"zero_ddp_timeout.toml", "2:15: key 'ddp_timeout' must be between 1 and 2147483648, got 0"},
+    BadFile{"activation_memory_budget_above_one.toml",
+            "2:28: key 'runtime.activation_memory_budget' must be between 0 and 1, got 1.5"},
     BadFile{"ddp_find_unused_wrong_type.toml",
             "1:30: key 'ddp_find_unused_parameters' must be a boolean, not a string"},
     BadFile{"old_compile_table.toml", "3:1: key 'compile.fullgraph' moved to 'runtime.fullgraph'"},

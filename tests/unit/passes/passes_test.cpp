@@ -15,6 +15,7 @@
 
 #include "kiln/internal/executor.h"
 #include "kiln/internal/ir_text.h"
+#include "kiln/internal/partition.h"
 #include "kiln/internal/passes.h"
 
 using namespace kiln;
@@ -1017,4 +1018,112 @@ TEST(OverlapCollectives, EachAllReduceRightAfterItsGradientsWaitsStayLast) {
 }
 )");
   EXPECT_EQ(overlap_collectives(plain), 0u);
+}
+
+// ---- rematerialize ([runtime] activation_memory_budget) -------------------------------------
+
+namespace {
+
+// A linear layer, GELU and a second linear layer, with the backward that autograd records for
+// them: the backward reads the GELU's result (for the second weight's gradient, through a
+// transpose) and its input (for gelu_backward).
+const char* kMlpStep = R"(graph {
+  input %0 : f32[8,16]{16,1} input "x"
+  input %1 : f32[16,32]{32,1} param "w1"
+  input %2 : f32[32,16]{16,1} param "w2"
+  input %3 : f32[8,16]{16,1} input "dy"
+  %4 : f32[8,32]{32,1} = aten::mm(%0, %1) forward
+  %5 : f32[8,32]{32,1} = aten::gelu(%4, "none") forward
+  %6 : f32[8,16]{16,1} = aten::mm(%5, %2) forward
+  %7 : f32[32,8]{1,32} = aten::permute(%5, i[1, 0]) backward
+  %8 : f32[32,16]{16,1} = aten::mm(%7, %3) backward
+  %9 : f32[16,32]{1,16} = aten::permute(%2, i[1, 0]) backward
+  %10 : f32[8,32]{32,1} = aten::mm(%3, %9) backward
+  %11 : f32[8,32]{32,1} = aten::gelu_backward(%10, %4, "none") backward
+  output %6 result "y"
+  output %8 result "gw2"
+  output %11 result "dh"
+}
+)";
+
+}  // namespace
+
+// Budget 0: the GELU's result is computed again in the backward from its input, which the backward
+// keeps anyway (gelu_backward reads it); the matmul's result cannot be (a matmul is never
+// recomputed). The copy is a Recompute node just before the first backward reader, which reads
+// it; the forward's GELU is then read by the forward alone. The results are bit for bit the same.
+TEST(Rematerialize, TheBackwardComputesTheGeluAgainFromWhatItKeepsAnyway) {
+  ir::Graph g = ir::parse(kMlpStep);
+  const ir::Graph before = g;
+  const RematerializeResult r = rematerialize(g, 0.0);
+  g.verify();
+  EXPECT_EQ(r.kept_bytes_before, 2 * 8 * 32 * 4);
+  EXPECT_EQ(r.kept_bytes_after, 8 * 32 * 4) << "the matmul's result stays kept";
+  EXPECT_EQ(r.dropped_tensors, 1);
+  EXPECT_EQ(r.recomputed_nodes, 1);
+  ASSERT_EQ(g.nodes.size(), before.nodes.size() + 1);
+  const ir::Node& copy = g.nodes[3];
+  EXPECT_EQ(copy.op, "aten::gelu");
+  EXPECT_EQ(copy.phase, ir::Phase::Recompute);
+  EXPECT_EQ(g.nodes[4].op, "aten::permute");
+  EXPECT_EQ(g.nodes[4].args[0].value, copy.outputs[0]) << ir::print(g);
+  for (const auto& n : g.nodes) {
+    if (n.phase != ir::Phase::Backward) continue;
+    for (auto v : ir::Graph::node_inputs(n)) EXPECT_NE(v, 5) << "the backward still reads the forward's GELU";
+  }
+  // The text form keeps the phase.
+  EXPECT_EQ(ir::print(ir::parse(ir::print(g))), ir::print(g));
+  const std::vector<at::Tensor> in = {at::randn({8, 16}), at::randn({16, 32}), at::randn({32, 16}), at::randn({8, 16})};
+  const auto want = evaluate(before, in), got = evaluate(g, in);
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_TRUE(at::equal(got[k], want[k])) << "output " << k;
+}
+
+TEST(Rematerialize, ABudgetOfOneChangesNothingAndABudgetKeepsTheLargestUntilItHolds) {
+  ir::Graph g = ir::parse(kMlpStep);
+  const RematerializeResult all = rematerialize(g, 1.0);
+  EXPECT_EQ(all.dropped_tensors, 0);
+  EXPECT_EQ(ir::print(g), ir::print(ir::parse(kMlpStep)));
+  // 0.6 of 8 KiB: dropping the GELU's 4 KiB is enough (and the only drop there is).
+  const RematerializeResult some = rematerialize(g, 0.6);
+  EXPECT_EQ(some.dropped_tensors, 1);
+  EXPECT_LE(static_cast<double>(some.kept_bytes_after), 0.6 * static_cast<double>(some.kept_bytes_before));
+}
+
+// Dropout's mask is drawn once: a result that depends on it is never computed again (the backward
+// would draw other numbers), so what the backward reads of it stays kept.
+TEST(Rematerialize, NeverComputesARandomOpAgain) {
+  ir::Graph g = ir::parse(R"(graph {
+  input %0 : f32[8,32]{32,1} input "x"
+  input %1 : f32[8,32]{32,1} input "dy"
+  %2 : f32[8,32]{32,1}, %3 : bool[8,32]{32,1} = aten::native_dropout(%0, 0.5, true) forward
+  %4 : f32[8,32]{32,1} = aten::mul.Tensor(%2, %2) forward
+  %5 : f32[8,32]{32,1} = aten::mul.Tensor(%1, %2) backward
+  %6 : f32[8,32]{32,1} = aten::native_dropout_backward(%5, %3, 2.0) backward
+  output %4 result "y"
+  output %6 result "dx"
+}
+)");
+  const RematerializeResult r = rematerialize(g, 0.0);
+  EXPECT_EQ(r.kept_bytes_before, 8 * 32 * 4 + 8 * 32) << "the dropout's result and its mask";
+  EXPECT_EQ(r.dropped_tensors, 0) << ir::print(g);
+  EXPECT_EQ(r.kept_bytes_after, r.kept_bytes_before);
+}
+
+// A Recompute node never joins a group of forward nodes, directly or by a merge, even when the
+// backend claims every node around it: there it would be computed in the forward and kept again.
+TEST(Rematerialize, ThePartitionKeepsTheCopiesOutOfTheForwardsGroups) {
+  ir::Graph g = ir::parse(kMlpStep);
+  rematerialize(g, 0.0);
+  std::vector<int64_t> claimed;
+  for (size_t i = 0; i < g.nodes.size(); ++i) claimed.push_back(static_cast<int64_t>(i));
+  const Partition p = partition_graph(g, claimed, {}, /*views_at_ends_run_eagerly=*/false);
+  int32_t copy_group = -1;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].phase == ir::Phase::Recompute) copy_group = p.group_of[i];
+  ASSERT_GE(copy_group, 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].phase == ir::Phase::Forward) {
+      EXPECT_NE(p.group_of[i], copy_group) << "node " << i;
+    }
+  }
 }

@@ -63,6 +63,18 @@ std::vector<std::string> lift_runtime_scalars(ir::Graph& graph, std::vector<Lift
 // they are free. Returns how many nodes were folded into multi-tensor nodes.
 size_t batch_optimizer_updates(ir::Graph& graph);
 
+// Rematerialization under an activation memory budget (core/src/passes/rematerialize.cpp): of
+// the forward's values the backward reads, the largest ones that can be computed again exactly and
+// cheaply (element-wise ops, views, casts, layer norm; never matmuls, attention or random ops) from
+// what stays kept are, as Phase::Recompute copies placed before their first backward reader, until
+// what is kept is at most `budget` times what was. budget >= 1 changes nothing.
+struct RematerializeResult {
+  int64_t kept_bytes_before = 0;  // what the forward kept for the backward
+  int64_t kept_bytes_after = 0;
+  int dropped_tensors = 0;   // kept tensors now computed again
+  int recomputed_nodes = 0;  // nodes copied into the backward
+};
+RematerializeResult rematerialize(ir::Graph& graph, double budget);
 // Data parallelism: every all_reduce as early as its inputs allow (its bucket's gradients made),
 // the waits where they were, so communication overlaps the rest of the backward. Keeps the
 // all_reduces' order and the order of random and in-place ops among themselves. Returns how many
