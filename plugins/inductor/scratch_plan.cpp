@@ -6,6 +6,36 @@
 
 namespace kiln::inductor {
 
+namespace {
+
+// Index variables 0..rank-1 of a fresh pool: made in the same order in every pool, so that equal
+// indices have equal keys across pools.
+Idx index_vars(ExprPool& pool, size_t rank) {
+  Idx idx;
+  for (size_t d = 0; d < rank; ++d) idx.push_back(Index::var(pool.new_var()));
+  return idx;
+}
+
+// Stage `v`'s definition at its index variables, evaluated into `pool` (whose loads are what the
+// emitted code reads, or more): a reduction's body and scatter, else the value itself.
+void evaluate_stage(const LoweredGraph& L, int v, ExprPool& pool) {
+  const ValueInfo& info = L.values[static_cast<size_t>(v)];
+  const Idx idx = index_vars(pool, info.shape.size());
+  if (info.kind != ValueInfo::Kind::Reduction) {
+    L.compute(pool, v, idx);
+    return;
+  }
+  Idx red;
+  for (size_t d = 0; d < info.red.red_shape.size(); ++d) red.push_back(Index::var(pool.new_var()));
+  info.red.body(pool, idx, red);
+  if (info.red.scatter) {
+    info.red.scatter->key(pool, red);
+    info.red.scatter->term(pool, idx, red);
+  }
+}
+
+}  // namespace
+
 int buffer_of(const LoweredGraph& L, int64_t v) {
   if (v < 0) return -1;
   auto r = static_cast<size_t>(v);
@@ -92,23 +122,10 @@ std::vector<std::set<int>> cpu_step_touches(const LoweredGraph& L, const Program
       continue;
     }
     for (int v : P.kernels[static_cast<size_t>(st.kernel)].stages) {
-      const ValueInfo& info = L.values[static_cast<size_t>(v)];
       out.insert(buffer_of(L, v));
       // Every buffer the stage's definition loads (what the emitted code reads, or more).
       ExprPool trial;
-      Idx idx;
-      for (size_t d = 0; d < info.shape.size(); ++d) idx.push_back(Index::var(trial.new_var()));
-      if (info.kind == ValueInfo::Kind::Reduction) {
-        Idx red;
-        for (size_t d = 0; d < info.red.red_shape.size(); ++d) red.push_back(Index::var(trial.new_var()));
-        info.red.body(trial, idx, red);
-        if (info.red.scatter) {
-          info.red.scatter->key(trial, red);
-          info.red.scatter->term(trial, idx, red);
-        }
-      } else {
-        L.compute(trial, v, idx);
-      }
+      evaluate_stage(L, v, trial);
       for (size_t e = 0; e < trial.size(); ++e) {
         const Expr& x = trial.at(static_cast<int>(e));
         if (x.k == Expr::K::Load) out.insert(x.buf);
@@ -146,11 +163,6 @@ std::vector<int64_t> cpu_inplace_outputs(const LoweredGraph& L, const Program& P
     // Each stage in a pool of its own (a pool shares equal expressions), its index variables made
     // in the same order, so that equal indices have equal keys across pools: in a row kernel the
     // outer variables are the same for every stage.
-    auto index_vars = [](ExprPool& pool, size_t rank) {
-      Idx idx;
-      for (size_t d = 0; d < rank; ++d) idx.push_back(Index::var(pool.new_var()));
-      return idx;
-    };
     const ValueInfo& o = L.values[static_cast<size_t>(K.stages[static_cast<size_t>(stores_out)])];
     ExprPool at_pool;
     const std::string at = LoweredGraph::offset(o, index_vars(at_pool, o.shape.size())).key();
@@ -158,20 +170,9 @@ std::vector<int64_t> cpu_inplace_outputs(const LoweredGraph& L, const Program& P
       const int v = K.stages[p];
       const ValueInfo& info = L.values[static_cast<size_t>(v)];
       ExprPool trial;
-      const Idx idx = index_vars(trial, info.shape.size());
+      evaluate_stage(L, v, trial);
       const bool pointwise = info.kind == ValueInfo::Kind::Pointwise || info.kind == ValueInfo::Kind::View ||
                              info.kind == ValueInfo::Kind::Reshape;
-      if (info.kind == ValueInfo::Kind::Reduction) {
-        Idx red;
-        for (size_t d = 0; d < info.red.red_shape.size(); ++d) red.push_back(Index::var(trial.new_var()));
-        info.red.body(trial, idx, red);
-        if (info.red.scatter) {
-          info.red.scatter->key(trial, red);
-          info.red.scatter->term(trial, idx, red);
-        }
-      } else {
-        L.compute(trial, v, idx);
-      }
       // A stage that reads the input: element-wise, of the output's shape, at the element the
       // output's stage stores, and not after it (one thread computes a row's stages in turn, or
       // each stage finishes before the next begins).
